@@ -1,0 +1,56 @@
+//! The `burstvm` binary: a thin clap dispatcher over the library crates.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "burstvm", version, about = "Secure-container runtime: every sandbox a KVM microVM")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one microVM (one process per sandbox).
+    Vmm(vmm::VmmArgs),
+    /// Run the software SR-IOV NIC daemon.
+    Nic(nic::NicArgs),
+    /// Run a standalone page-pool server for VMMs started by hand.
+    Pool(guestmem::pool::PoolArgs),
+    /// Create one sandbox through every startup stage.
+    Run(runtime::RunArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Concurrent sandbox startup, per variant (FastIOV's evaluation).
+    Startup(runtime::BenchStartupArgs),
+    /// DMA-map and first-touch cost of each memory policy.
+    Memory(guestmem::bench::MemoryBenchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BURSTVM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Vmm(a) => vmm::run_cli(&a).context("burstvm vmm"),
+        Command::Nic(a) => nic::run_cli(&a).context("burstvm nic"),
+        Command::Pool(a) => guestmem::pool::run_cli(&a).context("burstvm pool"),
+        Command::Run(a) => runtime::run_cli(&a).context("burstvm run"),
+        Command::Bench(BenchCommand::Startup(a)) => {
+            runtime::bench_startup_cli(&a).context("burstvm bench startup")
+        }
+        Command::Bench(BenchCommand::Memory(a)) => {
+            guestmem::bench::run_cli(&a).context("burstvm bench memory")
+        }
+    }
+}
