@@ -1,18 +1,182 @@
-pub mod pool {
-    #[derive(Debug, clap::Args)]
-    pub struct PoolArgs {}
-    #[derive(Debug, thiserror::Error)]
-    pub enum Error {}
-    pub fn run_cli(_a: &PoolArgs) -> Result<(), Error> {
-        unreachable!("guestmem under construction")
+//! Guest memory for burstvm sandboxes: memfd-backed regions with a device view and a guest
+//! view, DMA-map policies (vanilla, pre-zeroing, lazy zeroing), a host-wide page pool, and
+//! the memory benchmark. See docs/guestmem.md.
+
+pub mod bench;
+mod device;
+mod lazy;
+mod memory;
+pub mod pool;
+mod region;
+mod sys;
+mod table;
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use device::DeviceMemory;
+pub use lazy::LazyStats;
+pub use memory::{GuestMemory, MemorySource};
+pub use region::Region;
+pub use sys::HUGE_PAGE_SIZE;
+pub use table::{table_size, PageStats};
+
+/// Page states of the shared page-state table (one byte per page).
+pub mod page_state {
+    pub use crate::table::{DIRTY, MAPPED, ZERO, ZEROING};
+}
+
+/// How a region is made DMA-ready (FastIOV §3.2.3, §4.3, §6.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemoryPolicy {
+    /// Fresh memory, populated and locked at map time: the kernel zeroes every page then.
+    Vanilla,
+    /// Pool pages, that percentage (10, 50 or 100) zeroed ahead of time, the rest at map time.
+    Pre(u8),
+    /// Pool pages still dirty; zeroed on first touch (userfaultfd MINOR) or in the background.
+    Lazy,
+}
+
+impl FromStr for MemoryPolicy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s.trim() {
+            "vanilla" => Ok(MemoryPolicy::Vanilla),
+            "lazy" => Ok(MemoryPolicy::Lazy),
+            other => {
+                if let Some(p) = other.strip_prefix("pre") {
+                    if let Ok(p) = p.parse::<u8>() {
+                        if (1..=100).contains(&p) {
+                            return Ok(MemoryPolicy::Pre(p));
+                        }
+                    }
+                }
+                Err(Error::BadPolicy(s.to_string()))
+            }
+        }
     }
 }
-pub mod bench {
-    #[derive(Debug, clap::Args)]
-    pub struct MemoryBenchArgs {}
-    #[derive(Debug, thiserror::Error)]
-    pub enum Error {}
-    pub fn run_cli(_a: &MemoryBenchArgs) -> Result<(), Error> {
-        unreachable!("guestmem under construction")
+
+impl fmt::Display for MemoryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryPolicy::Vanilla => write!(f, "vanilla"),
+            MemoryPolicy::Pre(p) => write!(f, "pre{p}"),
+            MemoryPolicy::Lazy => write!(f, "lazy"),
+        }
+    }
+}
+
+/// One region of guest physical memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionSpec {
+    pub name: String,
+    pub gpa: u64,
+    pub size: u64,
+    /// Whether a device may DMA into it (then it is made resident and locked by `dma_map`).
+    pub dma: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("unknown memory policy {0:?} (expected vanilla, pre10, pre50, pre100 or lazy)")]
+    BadPolicy(String),
+    #[error("bad size {0:?} (expected bytes or a number with K, M or G)")]
+    BadSize(String),
+    #[error("region {region:?}: {reason}")]
+    InvalidSpec { region: String, reason: String },
+    #[error("regions {a:?} and {b:?} overlap")]
+    Overlap { a: String, b: String },
+    #[error("no region named {0:?}")]
+    UnknownRegion(String),
+    #[error("guest range {gpa:#x}+{len:#x} is not inside one region")]
+    OutOfRange { gpa: u64, len: u64 },
+    #[error("region {0:?} has dma = false and is never DMA-mapped")]
+    NotDma(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{needed} free 2 MiB huge pages needed but only {free} are reserved and free; reserve \
+         them with `echo N > /proc/sys/vm/nr_hugepages` (N >= {needed} plus what is in use)"
+    )]
+    HugepagesNotReserved { needed: u64, free: u64 },
+    #[error(
+        "cannot lock {needed} bytes of guest memory: RLIMIT_MEMLOCK of this process is {limit} \
+         bytes (raise it with `ulimit -l` or run with CAP_IPC_LOCK)"
+    )]
+    MemlockLimit { needed: u64, limit: u64 },
+    #[error(
+        "cannot lock {needed} bytes of guest memory: /proc/meminfo MemAvailable is only {available} bytes"
+    )]
+    NotEnoughMemory { needed: u64, available: u64 },
+    #[error("page-state table: page {page} has invalid state {state}")]
+    CorruptTable { page: u64, state: u8 },
+    #[error("memfd {what}: {reason}")]
+    BadMemfd { what: String, reason: String },
+    #[error("userfaultfd for region {region:?}: {reason}")]
+    Userfaultfd { region: String, reason: String },
+    #[error("lazy-zeroing handler stopped: {0}")]
+    LazyHandler(String),
+    #[error(transparent)]
+    Pool(#[from] pool::Error),
+}
+
+impl Error {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// Parses "512M", "2G", "64K", "4096" (binary units).
+pub fn parse_size(s: &str) -> Result<u64, Error> {
+    let t = s.trim();
+    let (num, mul) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let mul = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(Error::BadSize(s.to_string())),
+            };
+            (&t[..i], mul)
+        }
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| Error::BadSize(s.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_parses_and_prints() {
+        for s in ["vanilla", "pre10", "pre50", "pre100", "lazy"] {
+            assert_eq!(s.parse::<MemoryPolicy>().unwrap().to_string(), s);
+        }
+        assert!("pre0".parse::<MemoryPolicy>().is_err());
+        assert!("pre101".parse::<MemoryPolicy>().is_err());
+        assert!("fast".parse::<MemoryPolicy>().is_err());
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("").is_err());
     }
 }

@@ -1,7 +1,149 @@
-#[derive(Debug, clap::Args)]
-pub struct NicArgs {}
+//! `burstvm nic`: a software SR-IOV NIC. Each PF owns a devset of VFs; each VF
+//! is a vhost-user-net backend a VMM connects to; an ixy-style dataplane
+//! switches frames between the VFs of a PF and its uplink. See docs/nic.md.
+
+pub mod bench;
+pub mod control;
+pub mod daemon;
+pub mod dataplane;
+pub mod devset;
+pub mod frontend;
+pub mod ids;
+pub mod memory;
+pub mod port;
+pub mod session;
+pub mod state;
+
+use std::path::PathBuf;
+
+use dataplane::uplink::UplinkSpec;
+pub use devset::LockPolicy;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct NicArgs {
+    /// A physical function (PF) name; repeat for several PFs.
+    #[arg(long = "pf", required = true)]
+    pub pf: Vec<String>,
+    /// VFs per PF: once for all PFs, or once per --pf in the same order.
+    #[arg(long = "vfs", default_value = "8")]
+    pub vfs: Vec<usize>,
+    /// Uplink of a PF: tap:NAME, veth:NETNS/IF or none; once per --pf in order (or omitted).
+    #[arg(long = "uplink")]
+    pub uplink: Vec<String>,
+    /// Control socket (line-delimited JSON, docs/nic.md).
+    #[arg(long, default_value = "/run/burstvm/nic.sock")]
+    pub control: PathBuf,
+    /// Directory of the state file (nic-state.json).
+    #[arg(long, default_value = "/run/burstvm/nic")]
+    pub state_dir: PathBuf,
+    /// Devset lock policy: global (VFIO) or hierarchical (FastIOV).
+    #[arg(long, value_enum, default_value = "hierarchical")]
+    pub devset_lock: LockPolicy,
+    /// Directory of the VF vhost-user sockets <pf>-vf<i>.sock (default: --state-dir).
+    #[arg(long)]
+    pub socket_dir: Option<PathBuf>,
+    /// Dataplane batch size (frames per queue per round).
+    #[arg(long, default_value_t = dataplane::DEFAULT_BATCH)]
+    pub batch: usize,
+}
+
+/// Most VFs a PF can have: 32 PCI devices × 8 functions on its bus.
+pub const MAX_VFS: usize = 256;
+
+impl NicArgs {
+    pub fn pf_list(&self) -> Result<Vec<(String, usize)>, Error> {
+        let n = self.pf.len();
+        if self.vfs.len() != 1 && self.vfs.len() != n {
+            return Err(Error::Config(format!(
+                "--vfs given {} times for {n} --pf: give it once or once per PF",
+                self.vfs.len()
+            )));
+        }
+        if n > 64 {
+            return Err(Error::Config(format!(
+                "--pf given {n} times: at most 64 PFs (bus 0xb1..)"
+            )));
+        }
+        let mut out = Vec::new();
+        for (k, name) in self.pf.iter().enumerate() {
+            let vfs = if self.vfs.len() == 1 {
+                self.vfs[0]
+            } else {
+                self.vfs[k]
+            };
+            let ok_name = !name.is_empty()
+                && name.len() <= 32
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if !ok_name {
+                return Err(Error::Config(format!(
+                    "--pf {name:?}: use 1..32 characters [A-Za-z0-9_-]"
+                )));
+            }
+            if out.iter().any(|(p, _)| p == name) {
+                return Err(Error::Config(format!("--pf {name}: given twice")));
+            }
+            if vfs == 0 || vfs > MAX_VFS {
+                return Err(Error::Config(format!(
+                    "--vfs {vfs} for PF {name}: must be 1..{MAX_VFS}"
+                )));
+            }
+            out.push((name.clone(), vfs));
+        }
+        if self.batch == 0 || self.batch > 1024 {
+            return Err(Error::Config(format!(
+                "--batch {}: must be 1..1024",
+                self.batch
+            )));
+        }
+        Ok(out)
+    }
+
+    pub fn uplink_list(&self, n: usize) -> Result<Vec<Option<UplinkSpec>>, Error> {
+        if self.uplink.is_empty() {
+            return Ok(vec![None; n]);
+        }
+        if self.uplink.len() != n {
+            return Err(Error::Config(format!(
+                "--uplink given {} times for {n} --pf: give it once per PF (none for no uplink)",
+                self.uplink.len()
+            )));
+        }
+        self.uplink
+            .iter()
+            .map(|s| {
+                if s == "none" {
+                    Ok(None)
+                } else {
+                    s.parse().map(Some).map_err(Error::Config)
+                }
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
-pub enum Error {}
-pub fn run_cli(_a: &NicArgs) -> Result<(), Error> {
-    unreachable!("nic under construction")
+pub enum Error {
+    #[error("nic configuration: {0}")]
+    Config(String),
+    #[error("nic: {what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    State(#[from] state::StateError),
+    #[error("PF {pf}: {source}")]
+    Uplink {
+        pf: String,
+        source: dataplane::uplink::UplinkError,
+    },
+    #[error(transparent)]
+    Bench(#[from] bench::BenchError),
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub fn run_cli(args: &NicArgs) -> Result<(), Error> {
+    daemon::run(args)
 }

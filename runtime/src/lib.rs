@@ -1,12 +1,310 @@
-#[derive(Debug, clap::Args)]
-pub struct RunArgs {}
-#[derive(Debug, clap::Args)]
-pub struct BenchStartupArgs {}
+//! The burstvm sandbox runtime: sandbox lifecycle through the startup stages,
+//! FastIOV's variants, the concurrent startup benchmark, its statistics and
+//! plots. See docs/runtime.md.
+
+pub mod bench;
+pub mod cgroup;
+pub mod cni;
+pub mod leaks;
+pub mod netns;
+pub mod plot;
+pub mod runtime;
+pub mod sandbox;
+pub mod stats;
+pub mod uplink;
+pub mod variant;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use runtime::{Runtime, RuntimeConfig, RuntimeError};
+pub use sandbox::{Sandbox, SandboxFailure, SandboxSpec};
+pub use variant::{Policy, Variant};
+
 #[derive(Debug, thiserror::Error)]
-pub enum Error {}
-pub fn run_cli(_a: &RunArgs) -> Result<(), Error> {
-    unreachable!("runtime under construction")
+pub enum Error {
+    #[error("{field}: {reason}")]
+    BadArg { field: &'static str, reason: String },
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxFailure),
+    #[error(transparent)]
+    Plot(#[from] plot::PlotError),
+    #[error("output {path}: {reason}")]
+    Output { path: PathBuf, reason: String },
+    #[error("{0}")]
+    Leaks(String),
+    #[error("interrupted (SIGINT); everything was torn down")]
+    Interrupted,
+    #[error("cannot find the burstvm binary: {0}")]
+    Bin(std::io::Error),
 }
-pub fn bench_startup_cli(_a: &BenchStartupArgs) -> Result<(), Error> {
-    unreachable!("runtime under construction")
+
+fn bad(field: &'static str, reason: impl Into<String>) -> Error {
+    Error::BadArg {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// Parses `64M`, `1G`, `4096`, `512K` into bytes.
+pub fn parse_size(field: &'static str, s: &str) -> Result<u64, Error> {
+    let t = s.trim();
+    let (num, mul) = match t.chars().last() {
+        Some(c) if c.is_ascii_alphabetic() => {
+            let mul = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err(bad(field, format!("{s:?}: unknown size suffix {c:?}"))),
+            };
+            (&t[..t.len() - 1], mul)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| bad(field, format!("{s:?} is not a size (e.g. 64M)")))?;
+    n.checked_mul(mul)
+        .ok_or_else(|| bad(field, format!("{s:?} is too large")))
+}
+
+fn burstvm_bin(given: &Option<PathBuf>) -> Result<PathBuf, Error> {
+    match given {
+        Some(p) => Ok(p.clone()),
+        None => std::env::current_exe().map_err(Error::Bin),
+    }
+}
+
+/// `burstvm run`: one sandbox through every stage.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Variant: no-net, tap, vanilla, fastiov, fastiov-L/-S/-D/-A, pre10/50/100.
+    #[arg(long, default_value = "fastiov")]
+    pub variant: Variant,
+    /// Guest memory (e.g. 64M).
+    #[arg(long, default_value = "64M")]
+    pub memory: String,
+    /// CPU limit of the sandbox cgroup, in CPUs.
+    #[arg(long, default_value_t = 1.0)]
+    pub cpus: f64,
+    /// Size of the app payload the guest agent checksums at app launch.
+    #[arg(long, default_value = "0")]
+    pub app_size: String,
+    /// Keep the sandbox running after READY until Ctrl-C.
+    #[arg(long)]
+    pub keep_running: bool,
+    /// Append the trace (JSON lines) to this file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Seconds the guest may take to become ready.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+    /// The burstvm binary to spawn VMMs and the NIC daemon from (default: this one).
+    #[arg(long)]
+    pub burstvm_bin: Option<PathBuf>,
+}
+
+/// `burstvm bench startup`: concurrent startup per variant.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchStartupArgs {
+    /// Sandboxes started at the same instant per variant.
+    #[arg(long, default_value_t = 50)]
+    pub concurrency: usize,
+    /// Comma-separated variants.
+    #[arg(long, value_delimiter = ',', default_value = "no-net,vanilla,fastiov")]
+    pub variants: Vec<Variant>,
+    /// Guest memory per sandbox.
+    #[arg(long, default_value = "64M")]
+    pub memory: String,
+    /// CPU limit per sandbox cgroup.
+    #[arg(long, default_value_t = 1.0)]
+    pub cpus: f64,
+    /// App payload size per sandbox.
+    #[arg(long, default_value = "0")]
+    pub app_size: String,
+    /// Run at each of these concurrencies instead (Fig. 13a), e.g. 10,50,100,200.
+    #[arg(long, value_delimiter = ',')]
+    pub sweep: Vec<usize>,
+    /// Output directory for trace.jsonl, summary.json and the PNG plots.
+    #[arg(long, default_value = "bench-startup")]
+    pub out: PathBuf,
+    /// Skip the uncounted warm-up round.
+    #[arg(long)]
+    pub no_warmup: bool,
+    /// Take sandbox cgroups from a RunD-style rename pool instead of mkdir.
+    #[arg(long)]
+    pub cgroup_pool: bool,
+    /// Seconds each guest may take to become ready.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    /// The burstvm binary (default: this one).
+    #[arg(long)]
+    pub burstvm_bin: Option<PathBuf>,
+}
+
+pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
+    runtime::install_sigint_handler();
+    let memory = parse_size("--memory", &a.memory)?;
+    let app_size = parse_size("--app-size", &a.app_size)?;
+    if !a.cpus.is_finite() || a.cpus <= 0.0 {
+        return Err(bad("--cpus", format!("{} must be positive", a.cpus)));
+    }
+    let policy = a.variant.policy();
+    let rt = Runtime::new(RuntimeConfig {
+        bin: burstvm_bin(&a.burstvm_bin)?,
+        trace_path: a.trace.clone(),
+        vfs: 4,
+        network: policy.net != variant::NetKind::None,
+        cgroup_pool: 0,
+        cgroup_limits: cgroup::Limits {
+            memory_bytes: memory,
+            cpus: a.cpus,
+        },
+    })?;
+    rt.prepare_variant(a.variant)?;
+    let id = format!(
+        "{}run-{}",
+        rt.sandbox_prefix(),
+        a.variant.name().to_lowercase()
+    );
+    let spec = SandboxSpec {
+        id: id.clone(),
+        variant: a.variant,
+        memory_bytes: memory,
+        cpus: a.cpus,
+        app_size,
+        keep_running: a.keep_running,
+        timeout_secs: a.timeout,
+    };
+    let start = trace::monotonic_ns();
+    let result = (|| -> Result<(), Error> {
+        let mut sb = Sandbox::start(&rt, spec)?;
+        let evs: Vec<_> = trace::read_trace(rt.trace_path())
+            .map_err(|e| Error::Output {
+                path: rt.trace_path().to_path_buf(),
+                reason: e.to_string(),
+            })?
+            .into_iter()
+            .filter(|e| e.sandbox == id)
+            .collect();
+        println!("sandbox {id} ({}) ready", a.variant);
+        for e in &evs {
+            println!(
+                "  {:<11} {:>10.3} ms  (+{:.3} ms)",
+                e.stage.name(),
+                e.duration_ns() as f64 / 1e6,
+                e.start_ns.saturating_sub(start) as f64 / 1e6
+            );
+        }
+        let total = evs.iter().map(|e| e.end_ns).max().unwrap_or(start) - start;
+        println!("  end-to-end  {:>10.3} ms", total as f64 / 1e6);
+        if let Some(ip) = sb.guest_ip {
+            let n = rt.server().replies().get(&ip).copied().unwrap_or(0);
+            println!("  guest {ip}: {n} request(s) answered by the echo server");
+        }
+        if a.keep_running {
+            println!("running; Ctrl-C to stop");
+            while !rt.interrupted()
+                && sb
+                    .vmm_pid()
+                    .is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            sb.teardown().map_err(Error::Leaks)?;
+        } else {
+            sb.wait_exit()?;
+            sb.teardown().map_err(Error::Leaks)?;
+        }
+        Ok(())
+    })();
+    let lc = leaks::check(&rt, Duration::from_secs(5));
+    println!("{}", lc.describe());
+    result?;
+    if !lc.is_clean() {
+        return Err(Error::Leaks(lc.describe()));
+    }
+    Ok(())
+}
+
+pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
+    runtime::install_sigint_handler();
+    let memory = parse_size("--memory", &a.memory)?;
+    let app_size = parse_size("--app-size", &a.app_size)?;
+    let levels = if a.sweep.is_empty() {
+        vec![a.concurrency]
+    } else {
+        a.sweep.clone()
+    };
+    if levels.contains(&0) {
+        return Err(bad("--concurrency", "must be at least 1"));
+    }
+    if a.variants.is_empty() {
+        return Err(bad("--variants", "at least one variant"));
+    }
+    if !a.cpus.is_finite() || a.cpus <= 0.0 {
+        return Err(bad("--cpus", format!("{} must be positive", a.cpus)));
+    }
+    let spec = bench::RoundSpec {
+        memory_bytes: memory,
+        cpus: a.cpus,
+        app_size,
+        timeout_secs: a.timeout,
+    };
+    let max_n = *levels.iter().max().expect("non-empty");
+    let need = max_n as u64 * bench::sandbox_bytes(&spec) + bench::MEMORY_MARGIN;
+    let avail = bench::mem_available();
+    if need > avail {
+        return Err(bad(
+            "--concurrency",
+            format!(
+                "{max_n} sandboxes of {} MiB need {} MiB but the host has {} MiB available",
+                bench::sandbox_bytes(&spec) >> 20,
+                need >> 20,
+                avail >> 20
+            ),
+        ));
+    }
+    let network = a
+        .variants
+        .iter()
+        .any(|v| v.policy().net != variant::NetKind::None);
+    let rt = Runtime::new(RuntimeConfig {
+        bin: burstvm_bin(&a.burstvm_bin)?,
+        trace_path: None,
+        vfs: max_n,
+        network,
+        cgroup_pool: if a.cgroup_pool { max_n } else { 0 },
+        cgroup_limits: cgroup::Limits {
+            memory_bytes: memory + (app_size + (4 << 20)).next_multiple_of(2 << 20),
+            cpus: a.cpus,
+        },
+    })?;
+    let plan = bench::BenchPlan {
+        variants: a.variants.clone(),
+        levels,
+        spec,
+        out: a.out.clone(),
+        warmup: !a.no_warmup,
+    };
+    let out = bench::run(&rt, &plan, &mut |l| eprintln!("{l}"))?;
+    print!("{}", out.table);
+    for p in &out.plots {
+        println!("wrote {}", p.display());
+    }
+    println!("wrote {}", a.out.join("trace.jsonl").display());
+    println!("wrote {}", a.out.join("summary.json").display());
+    drop(rt);
+    if runtime::sigint_received() {
+        return Err(Error::Interrupted);
+    }
+    if !out.clean {
+        return Err(Error::Leaks(
+            "leaks found after the benchmark (see above)".into(),
+        ));
+    }
+    println!("leak check: clean after every round");
+    Ok(())
 }

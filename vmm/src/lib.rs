@@ -1,7 +1,193 @@
-#[derive(Debug, clap::Args)]
-pub struct VmmArgs {}
-#[derive(Debug, thiserror::Error)]
-pub enum Error {}
-pub fn run_cli(_a: &VmmArgs) -> Result<(), Error> {
-    unreachable!("vmm under construction")
+//! `burstvm vmm`: one KVM microVM per process (Firecracker's model). The
+//! builder assembles the VM from a validated config; the main thread then
+//! waits for the guest agent's READY, a failure, a signal or the timeout.
+//! See docs/vmm.md.
+
+mod app;
+mod args;
+mod bootinfo;
+mod builder;
+pub mod bus;
+mod devices;
+mod error;
+mod events;
+mod layout;
+mod linux;
+mod mptable;
+mod vcpu;
+pub mod virtio;
+mod x86;
+
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::SignalFd;
+
+pub use args::VmmArgs;
+pub use bus::{DeviceContext, MmioDevice, NetBackend, VfInit};
+pub use error::{Error, GuestFailure};
+
+use args::VmConfig;
+use events::VmEvent;
+
+/// Start of the `vmm-spawn` stage: the spawner's timestamp if it passed one.
+fn spawn_start() -> u64 {
+    let now = trace::monotonic_ns();
+    std::env::var("BURSTVM_SPAWN_NS")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .filter(|&t| t > 0 && t <= now)
+        .unwrap_or(now)
+}
+
+/// Runs one microVM until READY (or until stopped with --keep-running).
+pub fn run_cli(args: &VmmArgs) -> Result<(), Error> {
+    let t0 = spawn_start();
+    let cfg = VmConfig::from_args(args)?;
+    let os_err = |what: &'static str| {
+        let sandbox = cfg.sandbox.clone();
+        move |e: nix::Error| Error::Os {
+            sandbox,
+            what,
+            source: std::io::Error::from(e),
+        }
+    };
+    // Termination signals go to a signalfd; blocked before any thread
+    // exists so that every thread inherits the mask.
+    let mut sigs = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        sigs.add(s);
+    }
+    sigs.thread_block()
+        .map_err(os_err("blocking termination signals"))?;
+    let sigfd = SignalFd::new(&sigs).map_err(os_err("signalfd"))?;
+    vcpu::install_kick_handler().map_err(|source| Error::Os {
+        sandbox: cfg.sandbox.clone(),
+        what: "vCPU kick signal handler",
+        source,
+    })?;
+
+    let kvm = builder::open_kvm(&cfg)?;
+    let vm = builder::build(&cfg, kvm, t0)?;
+    run_vm(&cfg, vm, &sigfd)
+}
+
+fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<(), Error> {
+    let sb = cfg.sandbox.clone();
+    let mut threads = Vec::new();
+    for (id, fd) in vm.vcpus.drain(..).enumerate() {
+        let v = vcpu::Vcpu {
+            id: id as u8,
+            fd,
+            pio: vm.pio.clone(),
+            mmio: vm.mmio.clone(),
+            sink: vm.sink.clone(),
+            stop: vm.stop.clone(),
+            start_ns: vm.vcpu_start.clone(),
+        };
+        match v.spawn() {
+            Ok(t) => threads.push(t),
+            Err(source) => {
+                vcpu::stop_all(&vm.stop, threads, Duration::from_secs(2));
+                return Err(Error::Os {
+                    sandbox: sb,
+                    what: "spawning a vCPU thread",
+                    source,
+                });
+            }
+        }
+    }
+
+    let outcome = wait(cfg, &vm, sigfd);
+
+    let stuck = vcpu::stop_all(&vm.stop, threads, Duration::from_secs(2));
+    if stuck > 0 {
+        tracing::warn!("sandbox {sb}: {stuck} vCPU thread(s) did not stop; exiting anyway");
+    }
+    let values = vm.values.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    for (i, v) in values.iter().enumerate() {
+        println!("value {i} {v:#010x}");
+    }
+    outcome.map_err(|failure| Error::Guest {
+        sandbox: sb,
+        failure,
+    })
+}
+
+/// The main loop: guest events, signals and the READY deadline.
+fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<(), GuestFailure> {
+    let deadline =
+        (cfg.timeout_secs > 0).then(|| Instant::now() + Duration::from_secs(cfg.timeout_secs));
+    let mut ready = false;
+    loop {
+        let timeout = match (ready, deadline) {
+            (false, Some(d)) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(GuestFailure::Timeout {
+                        secs: cfg.timeout_secs,
+                    });
+                }
+                PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
+                    .unwrap_or(PollTimeout::MAX)
+            }
+            _ => PollTimeout::NONE,
+        };
+        let mut fds = [
+            PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(vm.sink.wake_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(nix::Error::EINTR) => {}
+            Err(e) => {
+                return Err(GuestFailure::UnexpectedExit {
+                    vcpu: 0,
+                    what: format!("poll in the VMM main loop failed: {e}"),
+                })
+            }
+        }
+        if fds[0].any().unwrap_or(false) {
+            if let Ok(Some(si)) = sigfd.read_signal() {
+                let name = Signal::try_from(si.ssi_signo as i32)
+                    .map(|s| s.as_str().to_string())
+                    .unwrap_or_else(|_| format!("signal {}", si.ssi_signo));
+                if ready {
+                    return Ok(());
+                }
+                return Err(GuestFailure::Terminated { signal: name });
+            }
+        }
+        for ev in vm.sink.drain() {
+            match ev {
+                VmEvent::Ready if !ready => {
+                    ready = true;
+                    print!("{}", vm.trace.summary());
+                    if let Some(fd) = cfg.ready_fd {
+                        notify_ready(fd);
+                    }
+                    if !cfg.keep_running {
+                        return Ok(());
+                    }
+                }
+                VmEvent::Ready => {}
+                // After READY the agent ends with EXIT 0; with --keep-running
+                // the VM stays (idle) until a signal.
+                VmEvent::GuestExit(0) if ready => {}
+                VmEvent::GuestExit(0) if !cfg.probe.is_empty() => return Ok(()),
+                VmEvent::GuestExit(status) => return Err(GuestFailure::Exit { status }),
+                VmEvent::Failure(f) => return Err(f),
+            }
+        }
+    }
+}
+
+fn notify_ready(fd: i32) {
+    let msg = b"ready\n";
+    // SAFETY: writes from a valid buffer to a descriptor validated at startup.
+    let n = unsafe { libc::write(fd, msg.as_ptr().cast(), msg.len()) };
+    if n != msg.len() as isize {
+        tracing::warn!("--ready-fd {fd}: {}", std::io::Error::last_os_error());
+    }
 }

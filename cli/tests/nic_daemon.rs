@@ -1,0 +1,319 @@
+//! `burstvm nic` as a process: control API errors, restart with persisted
+//! assignments, SIGTERM cleanup, forwarding between VFs, and a frontend
+//! process killed with SIGKILL. Frontends are nic's test frontend (vhost crate
+//! Frontend, memfd memory, hand-written split rings).
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nic::control::{Client, ErrorCode, Response, VfInfo};
+use nic::devset::VfState;
+use nic::frontend::{SimFrontend, MIN_MEM};
+
+const T: Duration = Duration::from_secs(10);
+
+struct Daemon {
+    child: Option<Child>,
+    dir: PathBuf,
+    control: PathBuf,
+    args: Vec<String>,
+}
+
+impl Daemon {
+    fn start(name: &str, extra: &[&str]) -> Daemon {
+        let dir = PathBuf::from(format!("/tmp/nic-d{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let control = dir.join("ctl.sock");
+        let mut args: Vec<String> = vec![
+            "nic".into(),
+            "--control".into(),
+            control.display().to_string(),
+            "--state-dir".into(),
+            dir.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut d = Daemon {
+            child: None,
+            dir,
+            control,
+            args,
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_burstvm"))
+            .args(&self.args)
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while Client::connect(&self.control).is_err() {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!("burstvm nic exited: {st}");
+            }
+            assert!(t0.elapsed() < T, "burstvm nic did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child = Some(child);
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.control).unwrap()
+    }
+
+    fn wait_vf(&self, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
+        let mut c = self.client();
+        let t0 = Instant::now();
+        loop {
+            let v = c.get_by_sandbox(sandbox).unwrap();
+            if f(&v) {
+                return v;
+            }
+            assert!(t0.elapsed() < T, "VF of {sandbox} never {what}: {v:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM: exits 0 and leaves no socket behind.
+    fn terminate(&mut self) {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let st = child.wait().unwrap();
+        assert!(st.success(), "burstvm nic exit status {st}");
+        let socks: Vec<_> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "sock"))
+            .map(|e| e.path())
+            .collect();
+        assert!(socks.is_empty(), "sockets left behind: {socks:?}");
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn frame(dst: &str, src: &str, payload: &[u8]) -> Vec<u8> {
+    let mut f = nic::ids::parse_mac(dst).unwrap().to_vec();
+    f.extend_from_slice(&nic::ids::parse_mac(src).unwrap());
+    f.extend_from_slice(&[0x88, 0xb5]);
+    f.extend_from_slice(payload);
+    f
+}
+
+fn raw(c: &mut Client, line: &str) -> Response {
+    serde_json::from_str(&c.call_raw(line).unwrap()).unwrap()
+}
+
+#[test]
+fn nic_control_api_errors_and_restart_keeps_assignments() {
+    let mut d = Daemon::start(
+        "ctl",
+        &[
+            "--pf",
+            "pf0",
+            "--pf",
+            "pf1",
+            "--vfs",
+            "2",
+            "--vfs",
+            "1",
+            "--devset-lock",
+            "global",
+        ],
+    );
+    let mut c = d.client();
+    let all = c.list().unwrap();
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[2].id, "0000:b2:00.0");
+    assert!(all
+        .iter()
+        .all(|v| v.state == VfState::Free && v.socket.exists()));
+
+    let a = c
+        .alloc("pf0", "sb-a", Some("02:11:22:33:44:55"), Some(12))
+        .unwrap();
+    assert_eq!(
+        (a.id.as_str(), a.mac.as_str(), a.vlan),
+        ("0000:b1:00.0", "02:11:22:33:44:55", Some(12))
+    );
+    let r = raw(&mut c, r#"{"op":"alloc","pf":"pf0","sandbox":"sb-a"}"#);
+    assert_eq!((r.ok, r.code), (false, Some(ErrorCode::AlreadyAssigned)));
+    let r = raw(&mut c, r#"{"op":"alloc","pf":"pf9","sandbox":"sb-x"}"#);
+    assert_eq!(r.code, Some(ErrorCode::UnknownPf));
+    let r = raw(
+        &mut c,
+        r#"{"op":"alloc","pf":"pf0","sandbox":"sb-x","mac":"01:00:00:00:00:01"}"#,
+    );
+    assert_eq!(r.code, Some(ErrorCode::BadRequest), "multicast MAC refused");
+    let r = raw(
+        &mut c,
+        r#"{"op":"alloc","pf":"pf0","sandbox":"sb-x","vlan":4095}"#,
+    );
+    assert_eq!(r.code, Some(ErrorCode::BadRequest));
+    let r = raw(&mut c, "{this is not json");
+    assert_eq!((r.ok, r.code), (false, Some(ErrorCode::BadRequest)));
+    let r = raw(&mut c, r#"{"op":"frobnicate"}"#);
+    assert_eq!(r.code, Some(ErrorCode::BadRequest));
+    let r = raw(&mut c, r#"{"op":"get","sandbox":"nobody"}"#);
+    assert_eq!(r.code, Some(ErrorCode::NotFound));
+    // Release of an unknown sandbox is fine (idempotent).
+    assert!(raw(&mut c, r#"{"op":"release","sandbox":"nobody"}"#).ok);
+    c.alloc("pf0", "sb-b", None, None).unwrap();
+    let r = raw(&mut c, r#"{"op":"alloc","pf":"pf0","sandbox":"sb-c"}"#);
+    assert_eq!(r.code, Some(ErrorCode::NoFreeVf));
+    let p1 = c.alloc("pf1", "sb-c", None, None).unwrap();
+    assert_eq!(p1.mac, "02:42:bf:01:00:00");
+    // The connection survived every error.
+    assert_eq!(c.list().unwrap().len(), 3);
+
+    // Restart: assignments come back from the state file.
+    drop(c);
+    d.terminate();
+    d.spawn();
+    let mut c = d.client();
+    let a2 = c.get_by_sandbox("sb-a").unwrap();
+    assert_eq!(
+        (a2.id, a2.mac, a2.vlan, a2.state),
+        (a.id.clone(), a.mac.clone(), Some(12), VfState::Assigned)
+    );
+    assert_eq!(c.get_by_sandbox("sb-c").unwrap().id, "0000:b2:00.0");
+    c.release("sb-a").unwrap();
+    let freed = c.get_by_id(&a.id).unwrap();
+    assert_eq!(
+        (freed.state, freed.sandbox, freed.mac.as_str()),
+        (VfState::Free, None, "02:42:bf:00:00:00")
+    );
+    drop(c);
+    d.terminate();
+}
+
+#[test]
+fn nic_bad_arguments_are_refused() {
+    let dir = format!("/tmp/nic-d{}-args", std::process::id());
+    for args in [
+        vec!["--pf", "pf0", "--vfs", "0"],
+        vec!["--pf", "pf0", "--vfs", "300"],
+        vec!["--pf", "pf0", "--pf", "pf0"],
+        vec!["--pf", "pf0", "--uplink", "eth0"],
+        vec![
+            "--pf", "pf0", "--pf", "pf1", "--vfs", "1", "--vfs", "2", "--vfs", "3",
+        ],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_burstvm"))
+            .args([
+                "nic",
+                "--control",
+                &format!("{dir}/ctl.sock"),
+                "--state-dir",
+                &dir,
+            ])
+            .args(&args)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(!String::from_utf8_lossy(&out.stderr).trim().is_empty());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn nic_forwards_between_vfs_and_survives_bad_descriptors() {
+    let mut d = Daemon::start(
+        "fwd",
+        &["--pf", "pf0", "--vfs", "3", "--devset-lock", "hierarchical"],
+    );
+    let mut c = d.client();
+    let (a, b, x) = (
+        c.alloc("pf0", "sb-a", None, None).unwrap(),
+        c.alloc("pf0", "sb-b", None, None).unwrap(),
+        c.alloc("pf0", "sb-x", None, None).unwrap(),
+    );
+    let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    let mut fb = SimFrontend::connect(&b.socket, MIN_MEM).unwrap();
+    let mut fx = SimFrontend::connect(&x.socket, MIN_MEM).unwrap();
+    let f = frame(&b.mac, &a.mac, b"one");
+    fa.send(&f);
+    assert_eq!(fb.recv(T).as_deref(), Some(&f[..]));
+    // A bad VF goes to error; the others keep forwarding; the daemon lives.
+    fx.send_out_of_bounds();
+    d.wait_vf("sb-x", "in error", |v| {
+        v.state == VfState::Error && v.counters.bad_descriptors == 1
+    });
+    let g = frame(&a.mac, &b.mac, b"two");
+    fb.send(&g);
+    assert_eq!(fa.recv(T).as_deref(), Some(&g[..]));
+    let va = d.wait_vf("sb-a", "counted", |v| v.counters.rx_packets == 1);
+    assert_eq!(
+        (
+            va.counters.tx_packets,
+            va.counters.tx_bytes,
+            va.counters.rx_bytes
+        ),
+        (1, f.len() as u64, g.len() as u64)
+    );
+    // SIGTERM with sessions open: clean exit, sockets removed.
+    drop(c);
+    d.terminate();
+    drop((fa, fb, fx));
+}
+
+#[test]
+fn nic_frontend_killed_with_sigkill_frees_its_vf() {
+    const NAME: &str = "nic_frontend_killed_with_sigkill_frees_its_vf";
+    if let Ok(sock) = std::env::var("NIC_TEST_CHILD_SOCKET") {
+        // Child process: hold the VF open until killed.
+        let _fe = SimFrontend::connect(Path::new(&sock), MIN_MEM).expect("child frontend connects");
+        println!("CHILD-READY");
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    let mut d = Daemon::start(
+        "kill",
+        &["--pf", "pf0", "--vfs", "2", "--devset-lock", "global"],
+    );
+    let a = d.client().alloc("pf0", "sb-a", None, None).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env("NIC_TEST_CHILD_SOCKET", &a.socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("CHILD-READY") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "child frontend exited before connecting"
+        );
+    }
+    d.wait_vf("sb-a", "open", |v| v.state == VfState::Open);
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    d.wait_vf("sb-a", "closed and reset", |v| v.state == VfState::Reset);
+    let mut c = d.client();
+    c.release("sb-a").unwrap();
+    let again = c.alloc("pf0", "sb-new", None, None).unwrap();
+    assert_eq!(again.id, a.id);
+    let fe = SimFrontend::connect(&again.socket, MIN_MEM).unwrap();
+    d.wait_vf("sb-new", "open", |v| v.state == VfState::Open);
+    drop(fe);
+    drop(c);
+    d.terminate();
+}

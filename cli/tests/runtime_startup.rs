@@ -1,0 +1,396 @@
+//! Integration tests of the sandbox runtime: `burstvm run` and
+//! `burstvm bench startup` against the real VMM, NIC daemon and CNI plugin.
+//! They need root, /dev/kvm, iproute2 and host-local (in /opt/cni/bin).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_burstvm");
+const CNI_BIN: &str = env!("CARGO_BIN_EXE_burstvm-cni");
+
+/// The tests start many VMs on a 2-core machine: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const ALL_VARIANTS: &str =
+    "no-net,tap,vanilla,fastiov,fastiov-L,fastiov-S,fastiov-D,fastiov-A,pre10,pre50,pre100";
+
+fn burstvm(args: &[&str]) -> Output {
+    let cni_dir = Path::new(CNI_BIN).parent().unwrap();
+    Command::new(BIN)
+        .args(args)
+        .env("CNI_PATH", format!("{}:/opt/cni/bin", cni_dir.display()))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run burstvm")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn tempdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("burstvm-rt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Names under /run/netns and /sys/fs/cgroup/cpu/burstvm, and `burstvm vmm` processes.
+fn host_state() -> (HashSet<String>, HashSet<String>, usize) {
+    let list = |p: &str| -> HashSet<String> {
+        std::fs::read_dir(p)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let vmms = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| {
+                    c.starts_with(BIN.as_bytes()) && c.split(|&b| b == 0).nth(1) == Some(b"vmm")
+                })
+                .unwrap_or(false)
+        })
+        .count();
+    (list("/run/netns"), list("/sys/fs/cgroup/cpu/burstvm"), vmms)
+}
+
+fn assert_nothing_new(before: &(HashSet<String>, HashSet<String>, usize)) {
+    let after = host_state();
+    let new_ns: Vec<_> = after.0.difference(&before.0).collect();
+    let new_cg: Vec<_> = after.1.difference(&before.1).collect();
+    assert!(new_ns.is_empty(), "netns left: {new_ns:?}");
+    assert!(new_cg.is_empty(), "cgroups left: {new_cg:?}");
+    assert_eq!(after.2, 0, "burstvm vmm processes left");
+}
+
+struct Trace {
+    /// sandbox -> stage -> (start, end)
+    by_sandbox: BTreeMap<String, BTreeMap<String, (u64, u64)>>,
+}
+
+fn read_trace(path: &Path) -> Trace {
+    let mut by_sandbox: BTreeMap<String, BTreeMap<String, (u64, u64)>> = BTreeMap::new();
+    for line in std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty())
+    {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let sb = v["sandbox"].as_str().unwrap().to_string();
+        let st = v["stage"].as_str().unwrap().to_string();
+        let span = (
+            v["start_ns"].as_u64().unwrap(),
+            v["end_ns"].as_u64().unwrap(),
+        );
+        assert!(span.0 <= span.1, "{line}");
+        assert!(
+            by_sandbox.entry(sb).or_default().insert(st, span).is_none(),
+            "stage twice: {line}"
+        );
+    }
+    Trace { by_sandbox }
+}
+
+/// The stages every sandbox of `variant` must have, in their order.
+fn expected(variant: &str) -> Vec<&'static str> {
+    let net = variant != "no-net";
+    let vf = net && variant != "tap";
+    let dma_image = ["vanilla", "fastiov-S", "pre10", "pre50", "pre100"].contains(&variant);
+    let mut v = vec!["cgroup", "netns"];
+    if net {
+        v.push("cni-add");
+    }
+    v.push("vmm-spawn");
+    if vf {
+        v.push("dma-ram");
+    }
+    if dma_image {
+        v.push("dma-image");
+    }
+    if vf {
+        v.push("vf-open");
+    }
+    v.push("boot");
+    if net {
+        v.push("vf-driver");
+    }
+    v.extend(["app-launch", "ready"]);
+    v
+}
+
+fn check_stage_order(variant: &str, sb: &str, st: &BTreeMap<String, (u64, u64)>) {
+    let want = expected(variant);
+    let got: Vec<&str> = st.keys().map(|s| s.as_str()).collect();
+    let mut want_sorted = want.clone();
+    want_sorted.sort();
+    assert_eq!(got, want_sorted, "{variant} sandbox {sb}: stages present");
+    let s = |n: &str| st[n];
+    // The runtime's own stages run one after the other, then the VMM's.
+    let host: Vec<&str> = want
+        .iter()
+        .copied()
+        .take_while(|n| *n != "vmm-spawn")
+        .collect();
+    for w in host.windows(2) {
+        assert!(
+            s(w[0]).1 <= s(w[1]).0,
+            "{variant} {sb}: {} before {}",
+            w[0],
+            w[1]
+        );
+    }
+    assert!(
+        s(host[host.len() - 1]).1 <= s("vmm-spawn").0,
+        "{variant} {sb}: vmm-spawn after host stages"
+    );
+    let mut prev = s("vmm-spawn").1;
+    for d in ["dma-ram", "dma-image"] {
+        if st.contains_key(d) {
+            assert!(prev <= s(d).0, "{variant} {sb}: {d} in order");
+            prev = s(d).1;
+        }
+    }
+    assert!(
+        prev <= s("boot").0,
+        "{variant} {sb}: boot after memory setup"
+    );
+    assert!(
+        s("boot").1 <= s("app-launch").0,
+        "{variant} {sb}: app-launch after boot"
+    );
+    if st.contains_key("vf-driver") {
+        assert!(
+            s("boot").1 <= s("vf-driver").0,
+            "{variant} {sb}: vf-driver after boot"
+        );
+    }
+    if st.contains_key("vf-open") {
+        let sync = ["vanilla", "fastiov-A", "pre10", "pre50", "pre100"].contains(&variant);
+        if sync {
+            assert!(
+                s("vf-open").1 <= s("boot").0,
+                "{variant} {sb}: sync VF open before the vCPU starts"
+            );
+        } else {
+            // Launched before the vCPU starts, completed in the background.
+            assert!(
+                s("vf-open").0 <= s("boot").0,
+                "{variant} {sb}: async VF open starts before boot"
+            );
+        }
+        assert!(
+            s("vf-open").1 <= s("ready").1,
+            "{variant} {sb}: VF open before the first packet"
+        );
+    }
+    let last = st.values().map(|v| v.1).max().unwrap();
+    assert_eq!(s("ready").1, last, "{variant} {sb}: ready ends last");
+}
+
+/// One sandbox of every variant reaches `ready`, gets its reply, has exactly
+/// its variant's stages in order; nothing is left behind.
+#[test]
+fn every_variant_reaches_ready_with_its_stages() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = host_state();
+    let out = tempdir("variants");
+    let o = burstvm(&[
+        "bench",
+        "startup",
+        "--concurrency",
+        "1",
+        "--no-warmup",
+        "--variants",
+        ALL_VARIANTS,
+        "--memory",
+        "32M",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("leak check: clean after every round"),
+        "{}",
+        text(&o)
+    );
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let groups = summary["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 11);
+    for g in groups {
+        let v = g["variant"].as_str().unwrap();
+        assert_eq!(g["ready"], 1, "{v}: {g}");
+        assert_eq!(g["failed"], 0, "{v}: {g}");
+        if v == "no-net" {
+            assert!(g["answered"].is_null(), "{v}");
+        } else {
+            assert_eq!(
+                g["answered"], 1,
+                "{v}: the echo server answered the guest's request"
+            );
+        }
+    }
+    let trace = read_trace(&out.join("trace.jsonl"));
+    assert_eq!(trace.by_sandbox.len(), 11);
+    for (sb, st) in &trace.by_sandbox {
+        let v = ALL_VARIANTS
+            .split(',')
+            .filter(|v| sb.ends_with(&format!("-{}-0", v.to_lowercase())))
+            .max_by_key(|v| v.len())
+            .unwrap_or_else(|| panic!("variant of {sb}"));
+        check_stage_order(v, sb, st);
+    }
+    for png in [
+        "breakdown.png",
+        "cdf.png",
+        "timeline-fastiov.png",
+        "timeline-vanilla.png",
+    ] {
+        let b = std::fs::read(out.join(png)).unwrap();
+        assert!(b.starts_with(b"\x89PNG"), "{png}");
+    }
+    assert_nothing_new(&before);
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// 20 fastiov sandboxes issued at once all become ready; no leak.
+#[test]
+fn twenty_concurrent_fastiov_sandboxes_leave_nothing() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = host_state();
+    let out = tempdir("c20");
+    let o = burstvm(&[
+        "bench",
+        "startup",
+        "--concurrency",
+        "20",
+        "--variants",
+        "fastiov",
+        "--memory",
+        "32M",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let g = &summary["groups"][0];
+    assert_eq!(g["ready"], 20, "{g}");
+    assert_eq!(g["failed"], 0, "{g}");
+    assert_eq!(g["answered"], 20, "{g}");
+    for lc in summary["leak_checks"].as_array().unwrap() {
+        assert_eq!(lc["clean"], true, "{lc}");
+    }
+    let trace = read_trace(&out.join("trace.jsonl"));
+    assert_eq!(trace.by_sandbox.len(), 20);
+    for (sb, st) in &trace.by_sandbox {
+        check_stage_order("fastiov", sb, st);
+    }
+    assert_nothing_new(&before);
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// A VMM killed during boot: the sandbox is reported with its stage and torn
+/// down (VF released, CNI DEL, netns and cgroup removed).
+#[test]
+fn vmm_killed_mid_boot_is_torn_down() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = host_state();
+    let dir = tempdir("kill");
+    // A stand-in for `burstvm` that runs the real VMM and SIGKILLs it as soon
+    // as it has recorded vmm-spawn (guest memory set up, before dma-ram ends).
+    let wrapper = dir.join("burstvm");
+    std::fs::write(
+        &wrapper,
+        format!(
+            r#"#!/bin/bash
+REAL={BIN}
+[ "$1" = vmm ] || exec "$REAL" "$@"
+args=("$@"); trace=""; sb=""
+for ((i=0; i<${{#args[@]}}; i++)); do
+  case "${{args[$i]}}" in --trace) trace="${{args[$((i+1))]}}";; --sandbox) sb="${{args[$((i+1))]}}";; esac
+done
+"$REAL" "$@" &
+pid=$!
+for i in $(seq 1 2000); do
+  grep -q "\"sandbox\":\"$sb\",\"stage\":\"vmm-spawn\"" "$trace" 2>/dev/null && break
+  sleep 0.005
+done
+kill -9 $pid
+wait $pid
+echo "test: killed the VMM of $sb" >&2
+exit 137
+"#
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = burstvm(&[
+        "run",
+        "--variant",
+        "vanilla",
+        "--memory",
+        "256M",
+        "--burstvm-bin",
+        wrapper.to_str().unwrap(),
+    ]);
+    let all = text(&o);
+    assert!(!o.status.success(), "{all}");
+    assert!(
+        all.contains("without READY") && all.contains("killed the VMM"),
+        "{all}"
+    );
+    // The stage named is one the VMM had not finished.
+    assert!(
+        [
+            "stage dma-ram",
+            "stage dma-image",
+            "stage vf-open",
+            "stage boot"
+        ]
+        .iter()
+        .any(|s| all.contains(s)),
+        "{all}"
+    );
+    assert!(all.contains("leak check: clean"), "{all}");
+    assert_nothing_new(&before);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Bad input is refused with the flag named, before anything is created.
+#[test]
+fn bad_arguments_name_the_flag() {
+    let o = burstvm(&["bench", "startup", "--variants", "fastiov,bogus"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("bogus"), "{}", text(&o));
+    let o = burstvm(&[
+        "bench",
+        "startup",
+        "--concurrency",
+        "100000",
+        "--memory",
+        "64M",
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--concurrency"), "{}", text(&o));
+    let o = burstvm(&["run", "--memory", "12Q"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--memory"), "{}", text(&o));
+}

@@ -1,0 +1,178 @@
+//! `burstvm vmm` boots the built-in agent to READY: exit status, summary,
+//! trace stages and their order, --ready-fd, policies, SIGTERM.
+
+mod vmm_common;
+
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use vmm_common::*;
+
+/// A pipe whose write end the child inherits (no O_CLOEXEC).
+fn ready_pipe() -> (std::fs::File, OwnedFd) {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into the array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned here.
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            OwnedFd::from_raw_fd(fds[1]),
+        )
+    }
+}
+
+fn names(st: &[(String, String, u64, u64)]) -> Vec<&str> {
+    st.iter().map(|s| s.1.as_str()).collect()
+}
+
+#[test]
+fn agent_boots_to_ready_with_ordered_stages() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let dir = tempdir();
+    let trace = dir.path().join("trace.jsonl");
+    let sb = unique("vmmboot");
+    let (mut rd, wr) = ready_pipe();
+    let out = run(burstvm()
+        .args(["--sandbox", &sb, "--memory", "64M", "--app-size", "256K"])
+        .args(["--trace", trace.to_str().unwrap()])
+        .args(["--ready-fd", &wr.as_raw_fd().to_string()]));
+    drop(wr);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        text(&out.stderr)
+    );
+    // The summary names every stage, one line each.
+    for s in ["vmm-spawn", "boot", "app-launch", "ready"] {
+        assert!(
+            stdout.lines().any(|l| l.contains(&sb) && l.contains(s)),
+            "{s} missing in {stdout}"
+        );
+    }
+    let mut msg = String::new();
+    rd.read_to_string(&mut msg).unwrap();
+    assert_eq!(msg, "ready\n");
+
+    let st = stages(&trace);
+    assert!(st.iter().all(|s| s.0 == sb && s.2 <= s.3), "{st:?}");
+    assert_eq!(names(&st), ["vmm-spawn", "boot", "app-launch", "ready"]);
+    // Stages follow each other in time; ready starts where app-launch ended.
+    for w in st.windows(2) {
+        assert!(
+            w[0].3 <= w[1].2,
+            "{} ends after {} starts: {st:?}",
+            w[0].1,
+            w[1].1
+        );
+    }
+    assert_eq!(st[3].2, st[2].3);
+}
+
+#[test]
+fn dma_stages_follow_the_dma_flags() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let dir = tempdir();
+    for (dma_image, policy) in [("false", "lazy"), ("true", "vanilla")] {
+        let trace = dir.path().join(format!("trace-{dma_image}.jsonl"));
+        let sb = unique(&format!("vmmdma{dma_image}"));
+        let out = run(burstvm()
+            .args([
+                "--sandbox",
+                &sb,
+                "--memory",
+                "32M",
+                "--memory-policy",
+                policy,
+            ])
+            .args(["--dma-ram", "true", "--dma-image", dma_image])
+            .args(["--trace", trace.to_str().unwrap()]));
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let st = stages(&trace);
+        let n = names(&st);
+        let want: Vec<&str> = if dma_image == "true" {
+            vec![
+                "vmm-spawn",
+                "dma-ram",
+                "dma-image",
+                "boot",
+                "app-launch",
+                "ready",
+            ]
+        } else {
+            vec!["vmm-spawn", "dma-ram", "boot", "app-launch", "ready"]
+        };
+        assert_eq!(n, want);
+    }
+}
+
+#[test]
+fn spawn_time_from_the_environment_starts_vmm_spawn() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let dir = tempdir();
+    let trace = dir.path().join("t.jsonl");
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let t0 = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+    let out = run(burstvm().env("BURSTVM_SPAWN_NS", t0.to_string()).args([
+        "--sandbox",
+        &unique("vmmenv"),
+        "--trace",
+        trace.to_str().unwrap(),
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let st = stages(&trace);
+    assert_eq!(st[0].1, "vmm-spawn");
+    assert_eq!(st[0].2, t0);
+}
+
+#[test]
+fn two_vcpus_boot() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let out = run(burstvm().args(["--sandbox", &unique("vmmsmp"), "--vcpus", "2"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn sigterm_ends_a_kept_running_vm_promptly() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let (mut rd, wr) = ready_pipe();
+    let mut child = burstvm()
+        .args(["--sandbox", &unique("vmmterm"), "--keep-running"])
+        .args(["--ready-fd", &wr.as_raw_fd().to_string()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(wr);
+    let mut buf = [0u8; 6];
+    rd.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ready\n");
+    // Still running after READY.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "--keep-running VMM exited after READY"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    // Bounded wait so a hang fails the test instead of blocking the suite.
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("VMM did not exit on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // After READY a SIGTERM is the normal way to stop it: status 0.
+    assert!(status.success(), "{status:?}");
+}

@@ -1,0 +1,183 @@
+//! Bad input to `burstvm vmm`: each gets one clear error naming the thing,
+//! a non-zero exit, and leaves nothing behind.
+
+mod vmm_common;
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::Command;
+
+use vmm_common::*;
+
+fn fails_with(args: &[&str], needles: &[&str]) -> String {
+    let out = run(burstvm().args(args));
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    for n in needles {
+        assert!(stderr.contains(n), "{args:?}: stderr lacks {n:?}: {stderr}");
+    }
+    stderr
+}
+
+#[test]
+fn missing_kvm_device_is_named() {
+    let dir = tempdir();
+    let trace = dir.path().join("t.jsonl");
+    let bad = dir.path().join("no-kvm-here");
+    fails_with(
+        &[
+            "--sandbox",
+            "e1",
+            "--kvm-device",
+            bad.to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+        ],
+        &[bad.to_str().unwrap()],
+    );
+    // Not a KVM device at all: a regular file.
+    let file = dir.path().join("plainfile");
+    std::fs::write(&file, b"x").unwrap();
+    fails_with(
+        &["--sandbox", "e1", "--kvm-device", file.to_str().unwrap()],
+        &["plainfile"],
+    );
+    assert!(
+        !trace.exists(),
+        "trace file created although the VM never started"
+    );
+}
+
+#[test]
+fn non_elf_kernel_is_named() {
+    let dir = tempdir();
+    let trace = dir.path().join("t.jsonl");
+    let k = dir.path().join("bogus-kernel");
+    std::fs::write(&k, vec![0x4du8; 8192]).unwrap();
+    fails_with(
+        &[
+            "--sandbox",
+            "e2",
+            "--kernel",
+            k.to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+        ],
+        &["bogus-kernel", "not a bootable"],
+    );
+    // A bzImage is not a vmlinux either.
+    if let Some(vmlinuz) = std::fs::read_dir("/boot").ok().and_then(|d| {
+        d.filter_map(|e| e.ok())
+            .find(|e| e.file_name().to_string_lossy().starts_with("vmlinuz-"))
+    }) {
+        let p = vmlinuz.path();
+        fails_with(
+            &["--sandbox", "e2", "--kernel", p.to_str().unwrap()],
+            &[p.to_str().unwrap(), "extracted"],
+        );
+    }
+    let missing = dir.path().join("missing-kernel");
+    fails_with(
+        &["--sandbox", "e2", "--kernel", missing.to_str().unwrap()],
+        &["missing-kernel"],
+    );
+    assert!(!trace.exists());
+}
+
+#[test]
+fn bad_memory_sizes_are_rejected() {
+    fails_with(
+        &["--sandbox", "e3", "--memory", "0"],
+        &["--memory", "greater than 0"],
+    );
+    fails_with(
+        &["--sandbox", "e3", "--memory", "4G"],
+        &["--memory", "3 GiB"],
+    );
+    fails_with(
+        &["--sandbox", "e3", "--memory", "1T"],
+        &["--memory", "host can back"],
+    );
+    fails_with(&["--sandbox", "e3", "--memory", "lots"], &["--memory"]);
+}
+
+#[test]
+fn other_bad_flags_are_named() {
+    fails_with(
+        &["--sandbox", "e4", "--memory-policy", "fast"],
+        &["--memory-policy"],
+    );
+    fails_with(
+        &["--sandbox", "e4", "--mac", "01:02:03:04:05:06"],
+        &["--mac"],
+    );
+    fails_with(&["--sandbox", "e4", "--ready-fd", "987"], &["--ready-fd"]);
+    fails_with(&["--sandbox", &"x".repeat(70)], &["--sandbox"]);
+}
+
+#[test]
+fn missing_tap_is_named_and_not_created() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let name = unique("bvmiss");
+    fails_with(
+        &["--sandbox", "e5", "--net", &format!("tap:{name}")],
+        &[&name, "no such interface"],
+    );
+    assert!(
+        !Path::new("/sys/class/net").join(&name).exists(),
+        "the VMM created tap {name}"
+    );
+}
+
+/// Deletes the tap when the test ends, also on failure.
+struct TapGuard(String);
+impl Drop for TapGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.0]).status();
+    }
+}
+
+fn attach_tap(name: &str) -> std::io::Result<std::fs::File> {
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        flags: libc::c_short,
+        _pad: [u8; 22],
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    let mut req = IfReq {
+        name: [0; 16],
+        flags: (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short,
+        _pad: [0; 22],
+    };
+    req.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: TUNSETIFF reads/writes an ifreq, which IfReq is laid out as.
+    if unsafe { libc::ioctl(f.as_raw_fd(), 0x4004_54ca, &mut req) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(f)
+}
+
+#[test]
+fn busy_tap_is_named_and_released() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let name = unique("bvbusy");
+    let st = Command::new("ip")
+        .args(["tuntap", "add", "dev", &name, "mode", "tap"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "ip tuntap add {name}");
+    let _guard = TapGuard(name.clone());
+    let holder = attach_tap(&name).expect("attach the tap in the test");
+    fails_with(
+        &["--sandbox", "e6", "--net", &format!("tap:{name}")],
+        &[&name, "busy"],
+    );
+    drop(holder);
+    // The tap is still there and free: the failed VMM neither deleted nor kept it.
+    assert!(Path::new("/sys/class/net").join(&name).exists());
+    attach_tap(&name).expect("tap is free again after the VMM exited");
+}

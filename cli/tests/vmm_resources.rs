@@ -1,0 +1,176 @@
+//! Resources of a running VMM are released when it ends: the tap it
+//! attached, and the pool memory it took (`--pool-socket`, lazy zeroing).
+
+mod vmm_common;
+
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vmm_common::*;
+
+struct TapGuard(String);
+impl Drop for TapGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.0]).status();
+    }
+}
+
+struct ChildGuard(Child);
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn attach_tap(name: &str) -> std::io::Result<std::fs::File> {
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; 16],
+        flags: libc::c_short,
+        _pad: [u8; 22],
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    let mut req = IfReq {
+        name: [0; 16],
+        flags: (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short,
+        _pad: [0; 22],
+    };
+    req.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: TUNSETIFF reads/writes an ifreq, which IfReq is laid out as.
+    if unsafe { libc::ioctl(f.as_raw_fd(), 0x4004_54ca, &mut req) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(f)
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(t.elapsed() < limit, "VMM did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sigterm_releases_the_tap() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let name = unique("bvrel");
+    let st = Command::new("ip")
+        .args(["tuntap", "add", "dev", &name, "mode", "tap"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let _tap = TapGuard(name.clone());
+    let child = burstvm()
+        .args([
+            "--sandbox",
+            &unique("vmmrel"),
+            "--timeout",
+            "0",
+            "--net",
+            &format!("tap:{name}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut vmm = ChildGuard(child);
+    // Wait until the VMM holds the tap (attaching it ourselves fails with EBUSY).
+    let t = Instant::now();
+    loop {
+        match attach_tap(&name) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => break,
+            Ok(f) => drop(f),
+            Err(e) => panic!("attach {name}: {e}"),
+        }
+        assert!(
+            vmm.0.try_wait().unwrap().is_none(),
+            "VMM exited before attaching the tap"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "VMM never attached {name}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(vmm.0.id() as i32, libc::SIGTERM) };
+    let status = wait_exit(&mut vmm.0, Duration::from_secs(20));
+    let mut err = String::new();
+    std::io::Read::read_to_string(vmm.0.stderr.as_mut().unwrap(), &mut err).unwrap();
+    // Unless the guest finished first, the signal ended it and the error says so.
+    assert!(
+        status.success() || err.contains("sandbox"),
+        "{status:?}: {err}"
+    );
+    assert!(
+        Path::new("/sys/class/net").join(&name).exists(),
+        "VMM deleted a tap it did not create"
+    );
+    attach_tap(&name).expect("tap released after the VMM ended");
+}
+
+#[test]
+fn pool_memory_with_lazy_zeroing_boots_and_goes_back() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let dir = tempdir();
+    let sock = dir.path().join("pool.sock");
+    let pool = Command::new(env!("CARGO_BIN_EXE_burstvm"))
+        .args([
+            "pool",
+            "--socket",
+            sock.to_str().unwrap(),
+            "--fill",
+            "32M:1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _pool = ChildGuard(pool);
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "pool socket never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let trace = dir.path().join("t.jsonl");
+    // Twice: the second VMM gets the memory the first one gave back, still dirty.
+    for round in 0..2 {
+        let sb = unique(&format!("vmmpool{round}"));
+        let out = run(burstvm()
+            .args(["--sandbox", &sb, "--memory", "32M", "--app-size", "64K"])
+            .args([
+                "--memory-policy",
+                "lazy",
+                "--dma-ram",
+                "true",
+                "--dma-image",
+                "false",
+            ])
+            .args([
+                "--pool-socket",
+                sock.to_str().unwrap(),
+                "--trace",
+                trace.to_str().unwrap(),
+            ]));
+        assert!(out.status.success(), "round {round}: {}", text(&out.stderr));
+        let st: Vec<String> = stages(&trace)
+            .into_iter()
+            .filter(|s| s.0 == sb)
+            .map(|s| s.1)
+            .collect();
+        assert_eq!(st, ["vmm-spawn", "dma-ram", "boot", "app-launch", "ready"]);
+    }
+}

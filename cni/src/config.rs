@@ -1,0 +1,257 @@
+//! The network configuration on stdin (docs/design.md "CNI").
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::error::{code, PluginError};
+use crate::types::CniResult;
+use crate::version::Version;
+
+pub const DEFAULT_NIC_SOCKET: &str = "/run/burstvm/nic.sock";
+
+/// `cni.dev/valid-attachments` entry of a GC request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct NetConf {
+    /// The exact bytes read from stdin: delegated plugins get them unchanged.
+    pub raw: Vec<u8>,
+    pub version: Version,
+    pub nic_socket: PathBuf,
+    pub pf: String,
+    pub mac: Option<String>,
+    pub vlan: Option<u16>,
+    /// `ipam.type`, when the config delegates address management.
+    pub ipam: Option<String>,
+    pub prev_result: Option<CniResult>,
+    pub valid_attachments: Vec<Attachment>,
+}
+
+/// The `cniVersion` of a config, if it has a string one (for error results).
+pub fn peek_version(raw: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(raw).ok()?;
+    v.get("cniVersion")?.as_str().map(str::to_string)
+}
+
+/// Decodes and validates a network config: 6 if it is not JSON, 1 for an
+/// unsupported `cniVersion`, 7 for a missing or wrong field.
+pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
+    let v: Value = serde_json::from_slice(raw)
+        .map_err(|e| PluginError::decode("network config from stdin", e.to_string()))?;
+    let o = v
+        .as_object()
+        .ok_or_else(|| PluginError::decode("network config from stdin", "not a JSON object"))?;
+    let version = match o.get("cniVersion") {
+        None => {
+            return Err(PluginError::new(
+                code::INCOMPATIBLE_VERSION,
+                "network config has no cniVersion",
+                "cniVersion 0.1.0 is implied, burstvm-cni supports 0.3.0 and later",
+            ))
+        }
+        Some(Value::String(s)) => Version::parse(s)?,
+        Some(other) => {
+            return Err(PluginError::decode(
+                "network config field \"cniVersion\"",
+                format!("{other} is not a string"),
+            ))
+        }
+    };
+    let string = |field: &str| -> Result<Option<String>, PluginError> {
+        match o.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if !s.is_empty() => Ok(Some(s.clone())),
+            Some(other) => Err(PluginError::invalid_config(
+                field,
+                format!("{other} is not a non-empty string"),
+            )),
+        }
+    };
+    string("name")?.ok_or_else(|| PluginError::invalid_config("name", "missing"))?;
+    let pf = string("pf")?.ok_or_else(|| {
+        PluginError::invalid_config("pf", "missing: name the physical function to take VFs from")
+    })?;
+    let nic_socket =
+        PathBuf::from(string("nicSocket")?.unwrap_or_else(|| DEFAULT_NIC_SOCKET.into()));
+    let mac = string("mac")?;
+    if let Some(m) = &mac {
+        if !valid_unicast_mac(m) {
+            return Err(PluginError::invalid_config(
+                "mac",
+                format!("{m:?} is not a unicast MAC address like 02:00:00:00:00:01"),
+            ));
+        }
+    }
+    let vlan = match o.get("vlan") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(id @ 1..=4094) => Some(id as u16),
+            _ => {
+                return Err(PluginError::invalid_config(
+                    "vlan",
+                    format!("{v} is not a VLAN id in 1..=4094"),
+                ))
+            }
+        },
+    };
+    let ipam = match o.get("ipam") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(i)) => match i.get("type") {
+            Some(Value::String(t))
+                if !t.is_empty() && !t.contains('/') && t != "." && t != ".." =>
+            {
+                Some(t.clone())
+            }
+            other => {
+                return Err(PluginError::invalid_config(
+                    "ipam.type",
+                    format!(
+                        "{} is not a plugin name",
+                        other.map_or("missing".to_string(), |v| v.to_string())
+                    ),
+                ))
+            }
+        },
+        Some(other) => {
+            return Err(PluginError::invalid_config(
+                "ipam",
+                format!("{other} is not an object"),
+            ))
+        }
+    };
+    let prev_result = match o.get("prevResult") {
+        None | Some(Value::Null) => None,
+        Some(p) => Some(CniResult::from_json(p).map_err(|e| PluginError::decode("prevResult", e))?),
+    };
+    let valid_attachments = match o.get("cni.dev/valid-attachments") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|a| {
+                let s = |k: &str| a.get(k).and_then(Value::as_str).map(str::to_string);
+                match (s("containerID"), s("ifname")) {
+                    (Some(container_id), Some(ifname)) => Ok(Attachment {
+                        container_id,
+                        ifname,
+                    }),
+                    _ => Err(PluginError::invalid_config(
+                        "cni.dev/valid-attachments",
+                        format!("{a} lacks a string containerID or ifname"),
+                    )),
+                }
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(PluginError::invalid_config(
+                "cni.dev/valid-attachments",
+                format!("{other} is not an array"),
+            ))
+        }
+    };
+    Ok(NetConf {
+        raw: raw.to_vec(),
+        version,
+        nic_socket,
+        pf,
+        mac,
+        vlan,
+        ipam,
+        prev_result,
+        valid_attachments,
+    })
+}
+
+fn valid_unicast_mac(s: &str) -> bool {
+    let parts: Vec<&str> = s.split(':').collect();
+    parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && u8::from_str_radix(p, 16).is_ok())
+        && u8::from_str_radix(parts[0], 16).is_ok_and(|b| b & 1 == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf(extra: &str) -> Result<NetConf, PluginError> {
+        parse(
+            format!(
+                r#"{{"cniVersion":"1.1.0","name":"n","type":"burstvm-cni","pf":"pf0"{extra}}}"#
+            )
+            .as_bytes(),
+        )
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = conf("").unwrap();
+        assert_eq!(c.version, Version::V1_1_0);
+        assert_eq!(c.nic_socket, PathBuf::from(DEFAULT_NIC_SOCKET));
+        assert!(c.ipam.is_none() && c.mac.is_none() && c.vlan.is_none());
+        let c = conf(r#","ipam":{"type":"host-local"},"vlan":12,"mac":"02:00:00:00:00:01","nicSocket":"/x.sock""#).unwrap();
+        assert_eq!(c.ipam.as_deref(), Some("host-local"));
+        assert_eq!(c.vlan, Some(12));
+        assert_eq!(c.nic_socket, PathBuf::from("/x.sock"));
+    }
+
+    #[test]
+    fn errors_carry_the_spec_codes() {
+        assert_eq!(parse(b"{not json").unwrap_err().code, code::DECODE_FAILURE);
+        assert_eq!(parse(b"[1]").unwrap_err().code, code::DECODE_FAILURE);
+        assert_eq!(
+            parse(br#"{"cniVersion":"9.9.9","name":"n","pf":"pf0"}"#)
+                .unwrap_err()
+                .code,
+            code::INCOMPATIBLE_VERSION
+        );
+        assert_eq!(
+            parse(br#"{"name":"n","pf":"pf0"}"#).unwrap_err().code,
+            code::INCOMPATIBLE_VERSION
+        );
+        assert_eq!(
+            parse(br#"{"cniVersion":"1.1.0","name":"n"}"#)
+                .unwrap_err()
+                .code,
+            code::INVALID_CONFIG
+        );
+        for bad in [
+            r#","vlan":0"#,
+            r#","vlan":"12""#,
+            r#","mac":"03:00:00:00:00:01""#,
+            r#","mac":"zz""#,
+            r#","ipam":{}"#,
+            r#","ipam":{"type":"../evil"}"#,
+            r#","ipam":"host-local""#,
+            r#","nicSocket":5"#,
+            r#","cni.dev/valid-attachments":[{"containerID":"a"}]"#,
+        ] {
+            let e = conf(bad).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}: {e}");
+        }
+        assert_eq!(
+            conf(r#","prevResult":{"ips":[{"address":"nope"}]}"#)
+                .unwrap_err()
+                .code,
+            code::DECODE_FAILURE
+        );
+    }
+
+    #[test]
+    fn gc_attachments_are_read() {
+        let c =
+            conf(r#","cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"}]"#).unwrap();
+        assert_eq!(
+            c.valid_attachments,
+            vec![Attachment {
+                container_id: "a".into(),
+                ifname: "eth0".into()
+            }]
+        );
+    }
+}

@@ -1,0 +1,246 @@
+/* burstvm built-in guest agent: main flow.
+ *
+ * boot → (virtio-net driver init) → app launch → (link up, UDP request,
+ * reply) → READY → EXIT, each step reported on the agent port. Guest code
+ * runs ~1000x slower than native here, so every loop is short and every wait
+ * sleeps in `hlt` until an interrupt (device or LAPIC timer) arrives. */
+#include "agent.h"
+#include "bootinfo.h"
+#include "net.h"
+#include "virtio.h"
+
+/* ---- freestanding libc subset ------------------------------------------ */
+
+void *memset(void *d, int c, size_t n) {
+  uint8_t *p = d;
+  while (n--) *p++ = (uint8_t)c;
+  return d;
+}
+
+void *memcpy(void *d, const void *s, size_t n) {
+  uint8_t *p = d;
+  const uint8_t *q = s;
+  while (n--) *p++ = *q++;
+  return d;
+}
+
+/* ---- ending --------------------------------------------------------------- */
+
+__attribute__((noreturn)) static void agent_exit(uint32_t status) {
+  report_data(EV_EXIT, status);
+  for (;;) __asm__ volatile("cli; hlt");
+}
+
+__attribute__((noreturn)) void fail(uint32_t code) {
+  report_data(EV_ERROR, code);
+  agent_exit(1);
+}
+
+__attribute__((noreturn)) void exception_handler(uint64_t vector, uint64_t rip, uint64_t cr2) {
+  report_data(EV_VALUE, (uint32_t)vector);
+  report_data(EV_VALUE, (uint32_t)rip);
+  report_data(EV_VALUE, (uint32_t)cr2);
+  fail(ERR_EXCEPTION);
+}
+
+/* ---- memory: bump allocator over boot_info.mem[0] ------------------------ */
+
+static uint64_t heap_next, heap_end;
+
+/* The VMM guarantees guest RAM reads as zero on first use. */
+void *alloc_pages(uint32_t n) {
+  uint64_t p = heap_next;
+  if (heap_end - heap_next < (uint64_t)n * 4096) fail(ERR_NO_MEMORY);
+  heap_next += (uint64_t)n * 4096;
+  return (void *)p;
+}
+
+static void heap_init(const struct boot_info *bi) {
+  if (bi->n_mem == 0) fail(ERR_NO_MEMORY);
+  heap_next = (bi->mem[0].base + 4095) & ~4095ULL;
+  heap_end = bi->mem[0].base + bi->mem[0].size;
+  if (heap_end < heap_next || heap_end > 0x100000000ULL) fail(ERR_NO_MEMORY);
+}
+
+/* ---- interrupts: IDT, LAPIC, IOAPIC ---------------------------------------- */
+
+#define IDT_GPA 0x1000
+#define IDT_GATES 64
+#define VEC_TIMER 0x20
+#define VEC_DEV0 0x21 /* device i uses VEC_DEV0 + i */
+#define VEC_SPURIOUS 0x3f
+
+#define LAPIC 0xfee00000ULL
+#define LAPIC_TPR 0x080
+#define LAPIC_SVR 0x0f0
+#define LAPIC_LVT_TIMER 0x320
+#define LAPIC_LVT_LINT0 0x350
+#define LAPIC_TIMER_INIT 0x380
+#define LAPIC_TIMER_DIV 0x3e0
+#define IOAPIC 0xfec00000ULL
+
+/* KVM's LAPIC timer runs at 1 GHz; divided by 128 this is a 250 ms tick. */
+#define TIMER_DIV_128 0xa
+#define TIMER_COUNT 1953125
+#define TIMER_PERIODIC (1u << 17)
+#define WAIT_TICKS 240        /* 60 s per wait, a backstop behind the VMM's --timeout */
+#define MAX_WAKEUPS 100000
+#define RESEND_TICKS 4        /* resend the request every second until answered */
+
+extern char exc_stubs[], irq_stub[], timer_stub[], spurious_stub[];
+volatile uint64_t timer_ticks;
+
+struct idt_gate { uint16_t off0, sel; uint8_t ist, type; uint16_t off1; uint32_t off2, zero; };
+
+static void set_gate(struct idt_gate *idt, int v, void *handler) {
+  uint64_t h = (uint64_t)handler;
+  idt[v] = (struct idt_gate){(uint16_t)h, 0x08, 0, 0x8e, (uint16_t)(h >> 16), (uint32_t)(h >> 32), 0};
+}
+
+static void lapic_write(uint32_t reg, uint32_t v) { mmio_write32(LAPIC + reg, v); }
+
+/* Route IOAPIC pin `gsi` to `vector` on CPU 0: edge-triggered, active high. */
+static void ioapic_route(uint32_t gsi, uint8_t vector) {
+  mmio_write32(IOAPIC, 0x10 + 2 * gsi + 1);
+  mmio_write32(IOAPIC + 0x10, 0); /* destination APIC id 0 */
+  mmio_write32(IOAPIC, 0x10 + 2 * gsi);
+  mmio_write32(IOAPIC + 0x10, vector); /* unmasked */
+}
+
+static void irq_setup(const struct boot_info *bi) {
+  struct idt_gate *idt = (struct idt_gate *)IDT_GPA;
+  for (int v = 0; v < 32; v++) set_gate(idt, v, exc_stubs + 16 * v);
+  for (int v = 32; v < IDT_GATES; v++) set_gate(idt, v, irq_stub);
+  set_gate(idt, VEC_TIMER, timer_stub);
+  set_gate(idt, VEC_SPURIOUS, spurious_stub);
+  struct __attribute__((packed)) { uint16_t limit; uint64_t base; } idtr = {IDT_GATES * 16 - 1, IDT_GPA};
+  __asm__ volatile("lidt %0" ::"m"(idtr));
+
+  outb(0x21, 0xff); /* mask the legacy PICs: all interrupts come via the IOAPIC */
+  outb(0xa1, 0xff);
+  lapic_write(LAPIC_LVT_LINT0, 1u << 16); /* masked: no ExtINT from the PIC */
+  lapic_write(LAPIC_TPR, 0);
+  lapic_write(LAPIC_SVR, 0x100 | VEC_SPURIOUS); /* software-enable the LAPIC */
+  for (uint32_t i = 0; i < bi->n_dev && i < 4; i++)
+    if (bi->dev[i].irq < 24) ioapic_route(bi->dev[i].irq, VEC_DEV0 + i);
+  lapic_write(LAPIC_TIMER_DIV, TIMER_DIV_128);
+  lapic_write(LAPIC_LVT_TIMER, VEC_TIMER | TIMER_PERIODIC);
+  lapic_write(LAPIC_TIMER_INIT, TIMER_COUNT);
+}
+
+/* Sleep until cond(n) holds. Interrupts stay off while cond is checked;
+ * `sti; hlt` is atomic (sti's one-instruction shadow), so an interrupt that
+ * arrives after the check still wakes the hlt. */
+static void wait_until(int (*cond)(struct vnet *), struct vnet *n, uint32_t err) {
+  uint64_t start = timer_ticks;
+  for (uint32_t wakeups = 0; !cond(n); wakeups++) {
+    if (timer_ticks - start >= WAIT_TICKS || wakeups >= MAX_WAKEUPS) fail(err);
+    __asm__ volatile("sti; hlt; cli" ::: "memory");
+    vnet_ack_irq(n);
+  }
+}
+
+/* ---- the application ------------------------------------------------------ */
+
+/* App checksum (docs/guest.md): wrapping sum of the payload as little-endian
+ * u64 words, the last partial word zero-padded, folded to 32 bits as
+ * low ^ high. Cheap per byte, yet every byte counts. */
+static uint32_t app_checksum(const uint8_t *p, uint64_t len) {
+  uint64_t sum = 0, i = 0;
+  for (; i + 8 <= len; i += 8) sum += *(const uint64_t *)(p + i);
+  uint64_t tail = 0;
+  for (unsigned s = 0; i < len; i++, s += 8) tail |= (uint64_t)p[i] << s;
+  sum += tail;
+  return (uint32_t)sum ^ (uint32_t)(sum >> 32);
+}
+
+static void app_launch(const struct boot_info *bi) {
+  report(EV_APP_LAUNCH_START);
+  uint32_t sum = app_checksum((const uint8_t *)bi->app_gpa, bi->app_len);
+  report_data(EV_APP_LAUNCH_END, sum);
+}
+
+/* Probe mode: report the 8 bytes at each address as two VALUEs (low, high). */
+static void probe(const struct boot_info *bi) {
+  for (uint32_t i = 0; i < bi->n_probe && i < 64; i++) {
+    uint64_t v = *(volatile uint64_t *)bi->probe_gpa[i];
+    report_data(EV_VALUE, (uint32_t)v);
+    report_data(EV_VALUE, (uint32_t)(v >> 32));
+  }
+}
+
+/* The request/reply exchange, driven from wait_until. */
+static const struct boot_info *req_bi;
+static uint8_t req_mac[6];
+static uint64_t req_sent_at;
+static uint32_t reply_len;
+
+static void send_request(struct vnet *n) {
+  vnet_send(n, net_build_request(req_bi, req_mac, vnet_tx_frame(n)));
+  req_sent_at = timer_ticks;
+}
+
+static int got_reply(struct vnet *n) {
+  uint8_t *f;
+  uint32_t len, plen = 0;
+  while (vnet_rx(n, &f, &len)) {
+    enum frame_kind k = net_classify(req_bi, req_mac, f, len, &plen);
+    if (k == FRAME_ARP_REQUEST) {
+      wait_until(vnet_tx_idle, n, ERR_TX_TIMEOUT);
+      vnet_send(n, net_build_arp_reply(req_bi, req_mac, f, vnet_tx_frame(n)));
+    }
+    vnet_rx_done(n);
+    if (k == FRAME_REPLY) {
+      reply_len = plen;
+      return 1;
+    }
+  }
+  if (timer_ticks - req_sent_at >= RESEND_TICKS && vnet_tx_idle(n)) send_request(n);
+  return 0;
+}
+
+static const struct boot_dev *find_net(const struct boot_info *bi) {
+  for (uint32_t i = 0; i < bi->n_dev && i < 4; i++)
+    if (bi->dev[i].virtio_type == VIRTIO_ID_NET) return &bi->dev[i];
+  return 0;
+}
+
+void agent_main(struct boot_info *bi) {
+  if (bi->magic != BOOTINFO_MAGIC || bi->version != BOOTINFO_VERSION) fail(ERR_BAD_MAGIC);
+  report(EV_BOOT);
+
+  const struct boot_dev *dev = find_net(bi);
+  if (!dev) { /* no network: the app launch is all there is */
+    app_launch(bi);
+    if (bi->flags & BI_PROBE_MODE) probe(bi);
+    report_data(EV_READY, 0);
+    agent_exit(0);
+  }
+
+  static struct vnet net;
+  int async = bi->flags & BI_ASYNC_VF_INIT;
+  heap_init(bi);
+  irq_setup(bi);
+
+  /* FastIOV §4.2.2: the sync driver waits for the VF before the app starts;
+   * the async one lets the app launch overlap the VF becoming ready, and
+   * waits for the link only before its first packet. */
+  report(EV_VF_DRIVER_START);
+  vnet_init(&net, dev, bi->flags & BI_TOUCH_RX);
+  if (!async) wait_until(vnet_link_up, &net, ERR_LINK_TIMEOUT);
+  report(EV_VF_DRIVER_END);
+
+  app_launch(bi);
+  if (bi->flags & BI_PROBE_MODE) probe(bi);
+  if (async) wait_until(vnet_link_up, &net, ERR_LINK_TIMEOUT);
+
+  req_bi = bi;
+  memcpy(req_mac, bi->mac, 6);
+  if (!(req_mac[0] | req_mac[1] | req_mac[2] | req_mac[3] | req_mac[4] | req_mac[5]) &&
+      (net.features & VIRTIO_NET_F_MAC))
+    vnet_read_mac(&net, req_mac);
+  send_request(&net);
+  wait_until(got_reply, &net, ERR_REPLY_TIMEOUT);
+  report_data(EV_READY, reply_len);
+  agent_exit(0);
+}

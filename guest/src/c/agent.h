@@ -1,0 +1,56 @@
+/* Agent-wide definitions: the agent port protocol, error codes, helpers. */
+#ifndef AGENT_H
+#define AGENT_H
+#include <stdint.h>
+#include <stddef.h>
+
+/* Agent port (docs/design.md): DATA is latched, EVENT is timestamped. */
+#define PORT_EVENT 0x0f00
+#define PORT_DATA  0x0f04
+
+enum agent_event {
+  EV_BOOT = 0x01,
+  EV_VF_DRIVER_START = 0x02,
+  EV_VF_DRIVER_END = 0x03,
+  EV_APP_LAUNCH_START = 0x04,
+  EV_APP_LAUNCH_END = 0x05,
+  EV_READY = 0x06,
+  EV_VALUE = 0x07,
+  EV_ERROR = 0x08,
+  EV_EXIT = 0x09,
+};
+
+/* ERROR codes (DATA of EV_ERROR); the VMM names them (docs/guest.md). */
+enum agent_error {
+  ERR_BAD_MAGIC = 1,        /* boot info magic or version wrong */
+  ERR_NO_MEMORY = 2,        /* bump allocator exhausted / no usable RAM range */
+  ERR_BAD_DEVICE = 3,       /* virtio-mmio magic/version/device id mismatch */
+  ERR_FEATURES = 4,         /* device lacks VIRTIO_F_VERSION_1 or refused FEATURES_OK */
+  ERR_QUEUE = 5,            /* queue unavailable or too small */
+  ERR_LINK_TIMEOUT = 6,     /* link never came up */
+  ERR_REPLY_TIMEOUT = 7,    /* no UDP reply arrived */
+  ERR_TX_TIMEOUT = 8,       /* device never returned the TX buffer */
+  ERR_DEVICE_FAILED = 9,    /* device set DEVICE_NEEDS_RESET */
+  ERR_EXCEPTION = 10,       /* CPU exception (vector in a VALUE before it) */
+};
+
+static inline void outb(uint16_t port, uint8_t v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }
+static inline void outl(uint16_t port, uint32_t v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(port)); }
+
+static inline void report(uint8_t ev) { outb(PORT_EVENT, ev); }
+static inline void report_data(uint8_t ev, uint32_t data) { outl(PORT_DATA, data); outb(PORT_EVENT, ev); }
+
+/* Memory-mapped register access: volatile so the compiler never merges/elides. */
+static inline uint32_t mmio_read32(uint64_t a) { return *(volatile uint32_t *)a; }
+static inline void mmio_write32(uint64_t a, uint32_t v) { *(volatile uint32_t *)a = v; }
+static inline uint8_t mmio_read8(uint64_t a) { return *(volatile uint8_t *)a; }
+
+static inline void barrier(void) { __asm__ volatile("" ::: "memory"); }
+
+__attribute__((noreturn)) void fail(uint32_t code);
+
+/* Freestanding libc subset (agent.c); gcc may emit calls to these. */
+void *memset(void *d, int c, size_t n);
+void *memcpy(void *d, const void *s, size_t n);
+
+#endif

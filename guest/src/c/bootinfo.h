@@ -1,0 +1,31 @@
+/* Boot info block the VMM writes at GPA 0x7000 (docs/design.md, binding). */
+#ifndef BOOTINFO_H
+#define BOOTINFO_H
+#include <stdint.h>
+
+#define BOOTINFO_MAGIC 0x42555253544d5631ULL /* "BURSTVM1" */
+#define BOOTINFO_VERSION 1
+
+#define BI_ASYNC_VF_INIT 1
+#define BI_PROBE_MODE 2
+#define BI_TOUCH_RX 4
+
+struct boot_mem   { uint64_t base, size; };
+struct boot_dev   { uint64_t mmio_base; uint32_t irq; uint32_t virtio_type; };
+struct boot_info {
+  uint64_t magic;
+  uint32_t version;           /* 1 */
+  uint32_t flags;             /* BI_ASYNC_VF_INIT=1, BI_PROBE_MODE=2, BI_TOUCH_RX=4 */
+  char     sandbox_id[64];    /* NUL-terminated */
+  uint32_t n_mem, n_dev;
+  struct boot_mem mem[4];     /* usable RAM ranges for the agent's allocator */
+  struct boot_dev dev[4];
+  uint64_t app_gpa, app_len;  /* app payload the agent checksums (app-launch) */
+  uint8_t  mac[6], server_mac[6]; /* guest MAC; server MAC or all-zero = broadcast */
+  uint32_t ip, netmask, gateway, server_ip; /* network byte order */
+  uint16_t server_port, client_port;
+  uint32_t n_probe;           /* probe mode: addresses to read and report */
+  uint64_t probe_gpa[64];
+};
+
+#endif

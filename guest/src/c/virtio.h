@@ -1,0 +1,104 @@
+/* virtio-mmio (version 2) and split-virtqueue definitions, and the
+ * virtio-net driver's interface (virtio_net.c). */
+#ifndef VIRTIO_H
+#define VIRTIO_H
+#include <stdint.h>
+#include "bootinfo.h"
+
+/* virtio-mmio registers (virtio 1.2 §4.2.2). */
+#define VIRTIO_MMIO_MAGIC_VALUE       0x000 /* "virt" */
+#define VIRTIO_MMIO_VERSION           0x004
+#define VIRTIO_MMIO_DEVICE_ID         0x008
+#define VIRTIO_MMIO_DEVICE_FEATURES   0x010
+#define VIRTIO_MMIO_DEVICE_FEATURES_SEL 0x014
+#define VIRTIO_MMIO_DRIVER_FEATURES   0x020
+#define VIRTIO_MMIO_DRIVER_FEATURES_SEL 0x024
+#define VIRTIO_MMIO_QUEUE_SEL         0x030
+#define VIRTIO_MMIO_QUEUE_NUM_MAX     0x034
+#define VIRTIO_MMIO_QUEUE_NUM         0x038
+#define VIRTIO_MMIO_QUEUE_READY       0x044
+#define VIRTIO_MMIO_QUEUE_NOTIFY      0x050
+#define VIRTIO_MMIO_INTERRUPT_STATUS  0x060
+#define VIRTIO_MMIO_INTERRUPT_ACK     0x064
+#define VIRTIO_MMIO_STATUS            0x070
+#define VIRTIO_MMIO_QUEUE_DESC_LOW    0x080
+#define VIRTIO_MMIO_QUEUE_DESC_HIGH   0x084
+#define VIRTIO_MMIO_QUEUE_DRIVER_LOW  0x090
+#define VIRTIO_MMIO_QUEUE_DRIVER_HIGH 0x094
+#define VIRTIO_MMIO_QUEUE_DEVICE_LOW  0x0a0
+#define VIRTIO_MMIO_QUEUE_DEVICE_HIGH 0x0a4
+#define VIRTIO_MMIO_CONFIG            0x100
+
+#define VIRTIO_MMIO_MAGIC 0x74726976
+#define VIRTIO_ID_NET 1
+
+/* Device status bits. */
+#define VIRTIO_STATUS_ACKNOWLEDGE 1
+#define VIRTIO_STATUS_DRIVER      2
+#define VIRTIO_STATUS_DRIVER_OK   4
+#define VIRTIO_STATUS_FEATURES_OK 8
+#define VIRTIO_STATUS_NEEDS_RESET 64
+
+/* Feature bits we may negotiate: nothing else (no offloads, no mergeable
+ * buffers, no event index), so the device does the simplest thing. */
+#define VIRTIO_NET_F_MAC    (1ULL << 5)
+#define VIRTIO_NET_F_STATUS (1ULL << 16)
+#define VIRTIO_F_VERSION_1  (1ULL << 32)
+
+/* virtio-net config space. */
+#define VIRTIO_NET_CFG_MAC    0
+#define VIRTIO_NET_CFG_STATUS 6
+#define VIRTIO_NET_S_LINK_UP  1
+
+/* With VERSION_1 every packet is preceded by this 12-byte header. */
+struct virtio_net_hdr {
+  uint8_t flags, gso_type;
+  uint16_t hdr_len, gso_size, csum_start, csum_offset, num_buffers;
+};
+#define VNET_HDR_LEN 12
+
+/* Split virtqueue (virtio 1.2 §2.7). */
+#define VIRTQ_DESC_F_NEXT  1
+#define VIRTQ_DESC_F_WRITE 2
+struct virtq_desc { uint64_t addr; uint32_t len; uint16_t flags, next; };
+struct virtq_avail { uint16_t flags, idx, ring[]; };
+struct virtq_used_elem { uint32_t id, len; };
+struct virtq_used { uint16_t flags, idx; struct virtq_used_elem ring[]; };
+
+/* Queue size we ask for (the device may offer fewer). One page holds the
+ * descriptor table, avail and used ring of a queue this small. */
+#define VQ_SIZE 8
+#define RX_BUF_SIZE 2048 /* header + a 1514-byte frame, two per page */
+
+struct virtq {
+  uint16_t index, num;    /* queue index on the device, size */
+  uint16_t last_used;     /* next used entry we have not consumed */
+  uint16_t avail_idx;     /* our copy of avail->idx */
+  volatile struct virtq_desc *desc;
+  volatile struct virtq_avail *avail;
+  volatile struct virtq_used *used;
+};
+
+struct vnet {
+  uint64_t base;          /* MMIO base */
+  uint64_t features;      /* negotiated */
+  struct virtq rx, tx;
+  uint8_t *rx_buf[VQ_SIZE];
+  uint8_t *tx_buf;
+  uint16_t rx_cur;        /* descriptor of the frame handed out by vnet_rx */
+};
+
+/* Bump allocator over boot_info.mem (agent.c). Returned pages are zero. */
+void *alloc_pages(uint32_t n);
+
+void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx);
+int vnet_link_up(struct vnet *n);
+void vnet_ack_irq(struct vnet *n);
+int vnet_tx_idle(struct vnet *n);
+uint8_t *vnet_tx_frame(struct vnet *n);
+void vnet_send(struct vnet *n, uint32_t frame_len);
+int vnet_rx(struct vnet *n, uint8_t **frame, uint32_t *len);
+void vnet_rx_done(struct vnet *n);
+void vnet_read_mac(struct vnet *n, uint8_t mac[6]);
+
+#endif

@@ -1,0 +1,472 @@
+//! Lazy zeroing (FastIOV §4.3.2, §5): a userfaultfd MINOR-fault handler on the guest view and
+//! a background zeroer at the lowest priority, both zeroing through the device view.
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use userfaultfd::{Event, EventBuffer, FeatureFlags, RegisterMode, Uffd, UffdBuilder};
+
+use crate::sys::{self, EventFd};
+use crate::table::{PageTable, MAPPED, ZERO};
+use crate::{Error, Region};
+
+const UFFD_FEATURE_MINOR_HUGETLBFS: u64 = 1 << 9;
+const UFFD_FEATURE_MINOR_SHMEM: u64 = 1 << 10;
+/// Pages zeroed per background batch: short enough that a waiter never waits long.
+const BATCH_PAGES: u64 = 64;
+/// Bytes the fault handler zeroes and maps per fault (one page at least).
+const FAULT_AROUND_BYTES: u64 = 256 << 10;
+
+/// Counters of the lazy-zeroing machinery of one GuestMemory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LazyStats {
+    /// MINOR faults served by the handler.
+    pub faults: u64,
+    /// Pages the handler zeroed (the rest were already zeroed by someone else).
+    pub fault_zeroed: u64,
+    /// Pages the background zeroer zeroed.
+    pub background_zeroed: u64,
+    /// Pages the background zeroer mapped into the guest view ahead of the guest.
+    pub background_mapped: u64,
+}
+
+type ErrorCallback = Box<dyn Fn(&str) + Send + Sync>;
+
+/// First error of a lazy-zeroing thread; the VMM polls it (or its fd) and stops the VM.
+pub(crate) struct ErrorSlot {
+    first: Mutex<Option<String>>,
+    fd: EventFd,
+    callback: Mutex<Option<ErrorCallback>>,
+}
+
+impl ErrorSlot {
+    pub fn new() -> Result<ErrorSlot, Error> {
+        Ok(ErrorSlot {
+            first: Mutex::new(None),
+            fd: EventFd::new().map_err(|e| Error::io("eventfd for lazy-zeroing errors", e))?,
+            callback: Mutex::new(None),
+        })
+    }
+
+    pub fn report(&self, msg: String) {
+        tracing::error!("lazy zeroing: {msg}");
+        {
+            let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+            if first.is_some() {
+                return;
+            }
+            *first = Some(msg.clone());
+        }
+        self.fd.signal();
+        if let Some(cb) = &*self.callback.lock().unwrap_or_else(|p| p.into_inner()) {
+            cb(&msg);
+        }
+    }
+
+    pub fn get(&self) -> Option<String> {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.fd()
+    }
+
+    pub fn set_callback(&self, cb: Box<dyn Fn(&str) + Send + Sync>) {
+        let pending = self.get();
+        *self.callback.lock().unwrap_or_else(|p| p.into_inner()) = Some(cb);
+        if let Some(msg) = pending {
+            if let Some(cb) = &*self.callback.lock().unwrap_or_else(|p| p.into_inner()) {
+                cb(&msg);
+            }
+        }
+    }
+}
+
+struct LazyRegion {
+    name: String,
+    guest: usize,
+    len: u64,
+    table: PageTable,
+}
+
+struct Shared {
+    uffd: Uffd,
+    regions: Vec<LazyRegion>,
+    stop: AtomicBool,
+    wake: EventFd,
+    errors: Arc<ErrorSlot>,
+    faults: AtomicU64,
+    fault_zeroed: AtomicU64,
+    background_zeroed: AtomicU64,
+    background_mapped: AtomicU64,
+}
+
+/// The uffd, its handler thread and (once started) the background zeroer.
+pub(crate) struct Lazy {
+    shared: Arc<Shared>,
+    handler: Option<JoinHandle<()>>,
+    zeroer: Option<JoinHandle<()>>,
+}
+
+fn uffd_errno(e: &userfaultfd::Error) -> Option<i32> {
+    match e {
+        userfaultfd::Error::SystemError(n) => Some(*n as i32),
+        _ => None,
+    }
+}
+
+impl Lazy {
+    /// Registers the guest views of `regions` (MINOR mode) and starts the fault handler.
+    /// The regions must outlive the returned value's threads (`stop` joins them).
+    pub fn new(regions: &[&Region], errors: Arc<ErrorSlot>) -> Result<Lazy, Error> {
+        let names = regions
+            .iter()
+            .map(|r| r.name())
+            .collect::<Vec<_>>()
+            .join(",");
+        let uffd = UffdBuilder::new()
+            .close_on_exec(true)
+            .non_blocking(true)
+            // KVM touches guest memory from kernel mode: those faults must reach us too.
+            .user_mode_only(false)
+            .require_features(FeatureFlags::from_bits_retain(
+                UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_MINOR_HUGETLBFS,
+            ))
+            .create()
+            .map_err(|e| Error::Userfaultfd {
+                region: names.clone(),
+                reason: format!("create with MINOR_SHMEM|MINOR_HUGETLBFS: {e} ({e:?})"),
+            })?;
+        let mut lazy_regions = Vec::new();
+        for r in regions {
+            uffd.register_with_mode(
+                r.guest_view_ptr() as *mut libc::c_void,
+                r.size() as usize,
+                RegisterMode::MINOR,
+            )
+            .map_err(|e| Error::Userfaultfd {
+                region: r.name().to_string(),
+                reason: format!("register guest view in MINOR mode: {e} ({e:?})"),
+            })?;
+            lazy_regions.push(LazyRegion {
+                name: r.name().to_string(),
+                guest: r.guest_view_ptr() as usize,
+                len: r.size(),
+                table: *r.table(),
+            });
+        }
+        let shared = Arc::new(Shared {
+            uffd,
+            regions: lazy_regions,
+            stop: AtomicBool::new(false),
+            wake: EventFd::new().map_err(|e| Error::io("eventfd for lazy-zeroing stop", e))?,
+            errors,
+            faults: AtomicU64::new(0),
+            fault_zeroed: AtomicU64::new(0),
+            background_zeroed: AtomicU64::new(0),
+            background_mapped: AtomicU64::new(0),
+        });
+        let s = shared.clone();
+        let handler = std::thread::Builder::new()
+            .name("uffd-handler".into())
+            .spawn(move || handler_loop(&s))
+            .map_err(|e| Error::io("spawn uffd handler thread", e))?;
+        Ok(Lazy {
+            shared,
+            handler: Some(handler),
+            zeroer: None,
+        })
+    }
+
+    pub fn start_zeroer(&mut self, idle: bool) -> Result<(), Error> {
+        if self.zeroer.is_some() {
+            return Ok(());
+        }
+        let s = self.shared.clone();
+        self.zeroer = Some(
+            std::thread::Builder::new()
+                .name("bg-zeroer".into())
+                .spawn(move || zeroer_loop(&s, idle))
+                .map_err(|e| Error::io("spawn background zeroer thread", e))?,
+        );
+        Ok(())
+    }
+
+    pub fn stats(&self) -> LazyStats {
+        let s = &self.shared;
+        LazyStats {
+            faults: s.faults.load(Ordering::Relaxed),
+            fault_zeroed: s.fault_zeroed.load(Ordering::Relaxed),
+            background_zeroed: s.background_zeroed.load(Ordering::Relaxed),
+            background_mapped: s.background_mapped.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stops and joins both threads. The uffd stays open until `self` is dropped, which
+    /// must happen after the guest views are unmapped: closing a uffd wakes blocked faults
+    /// and would let them map pages that were never zeroed.
+    pub fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake.signal();
+        if let Some(h) = self.handler.take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.zeroer.take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Waits until the background zeroer has gone over every page (tests, benchmark).
+    pub fn wait_zeroer_done(&self) {
+        if let Some(h) = &self.zeroer {
+            while !h.is_finished() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+impl Drop for Lazy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn handler_loop(s: &Shared) {
+    let mut buf = EventBuffer::new(64);
+    loop {
+        let ready = match sys::poll_readable(&[s.uffd_fd(), s.wake.fd()], -1) {
+            Ok(r) => r,
+            Err(e) => return s.errors.report(format!("poll on userfaultfd: {e}")),
+        };
+        if s.stop.load(Ordering::Acquire) {
+            return;
+        }
+        if !ready[0] {
+            continue;
+        }
+        let events = match s.uffd.read_events(&mut buf) {
+            Ok(ev) => ev.collect::<Vec<_>>(),
+            Err(e) => {
+                return s
+                    .errors
+                    .report(format!("read userfaultfd events: {e} ({e:?})"))
+            }
+        };
+        for ev in events {
+            let res = match ev {
+                Ok(Event::Pagefault { addr, .. }) => handle_fault(s, addr as usize),
+                Ok(other) => Err(format!("unexpected userfaultfd event {other:?}")),
+                Err(e) => Err(format!("bad userfaultfd event: {e}")),
+            };
+            if let Err(msg) = res {
+                // Stop serving faults: the faulting vCPU stays blocked and never sees
+                // unzeroed memory; the VMM sees the error and tears the VM down.
+                return s.errors.report(msg);
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn uffd_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the uffd lives as long as `self`.
+        unsafe { BorrowedFd::borrow_raw(self.uffd.as_raw_fd()) }
+    }
+
+    fn region_of(&self, addr: usize) -> Option<&LazyRegion> {
+        self.regions
+            .iter()
+            .find(|r| addr >= r.guest && addr < r.guest + r.len as usize)
+    }
+
+    /// UFFDIO_CONTINUE for `[addr, addr+len)`.
+    fn continue_range(&self, addr: usize, len: u64) -> Result<Continued, userfaultfd::Error> {
+        loop {
+            match self
+                .uffd
+                .r#continue(addr as *mut libc::c_void, len as usize, true)
+            {
+                Ok(n) if n == len => return Ok(Continued::Mapped),
+                // Partial (EAGAIN): retry the whole range; mapped pages then report EEXIST.
+                Ok(_) => continue,
+                Err(e) if uffd_errno(&e) == Some(libc::EAGAIN) => continue,
+                Err(e) if uffd_errno(&e) == Some(libc::EEXIST) => return Ok(Continued::Exists),
+                // A hole in the memfd (never populated): the kernel zero-fills it on touch.
+                Err(e) if uffd_errno(&e) == Some(libc::EFAULT) => {
+                    return Ok(Continued::NotResident)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Continued {
+    Mapped,
+    Exists,
+    NotResident,
+}
+
+fn handle_fault(s: &Shared, addr: usize) -> Result<(), String> {
+    s.faults.fetch_add(1, Ordering::Relaxed);
+    let r = s
+        .region_of(addr)
+        .ok_or_else(|| format!("fault at {addr:#x} outside every lazy region"))?;
+    let ps = r.table.page_size();
+    let page = (addr - r.guest) as u64 / ps;
+    // Fault-around (as the kernel does for file mappings): zero and map the aligned block
+    // around the faulting page, so a guest walking its memory takes one fault per block.
+    let block = (FAULT_AROUND_BYTES / ps).max(1);
+    let first = page / block * block;
+    let end = (first + block).min(r.table.npages());
+    let zero_err = |e: Error| format!("region {:?}: {e}", r.name);
+    // The faulting page first: a racing device or vCPU waits on it soonest.
+    for p in std::iter::once(page).chain((first..end).filter(|p| *p != page)) {
+        if r.table.ensure_zeroed(p).map_err(zero_err)? {
+            s.fault_zeroed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let cont_err = |p: u64, e: userfaultfd::Error| {
+        format!("region {:?}: UFFDIO_CONTINUE page {p}: {e:?}", r.name)
+    };
+    if (first..end).all(|p| r.table.state(p) == ZERO) {
+        let a = r.guest + (first * ps) as usize;
+        if s.continue_range(a, (end - first) * ps)
+            .map_err(|e| cont_err(first, e))?
+            == Continued::Mapped
+        {
+            for p in first..end {
+                r.table.transition(p, ZERO, MAPPED);
+            }
+            return Ok(());
+        }
+    }
+    // Some pages of the block are mapped already (or holes): page by page.
+    for p in first..end {
+        if p != page && r.table.state(p) != ZERO {
+            continue;
+        }
+        let a = r.guest + (p * ps) as usize;
+        match s.continue_range(a, ps).map_err(|e| cont_err(p, e))? {
+            Continued::Mapped => {}
+            Continued::Exists => {
+                if p == page {
+                    // Mapped by someone else meanwhile: make sure the faulter wakes.
+                    s.uffd
+                        .wake(a as *mut libc::c_void, ps as usize)
+                        .map_err(|e| format!("region {:?}: UFFDIO_WAKE page {p}: {e:?}", r.name))?;
+                }
+            }
+            Continued::NotResident if p == page => {
+                return Err(format!(
+                    "region {:?}: UFFDIO_CONTINUE page {page}: page not in the memfd",
+                    r.name
+                ))
+            }
+            Continued::NotResident => continue,
+        }
+        r.table.transition(p, ZERO, MAPPED);
+    }
+    Ok(())
+}
+
+fn zeroer_loop(s: &Shared, idle: bool) {
+    // Lowest priority between batches; normal priority while holding pages in ZEROING so a
+    // fault waiting on one of them is not stuck behind an idle-class thread.
+    let can_switch = idle && sys::set_thread_sched(true).is_ok();
+    if idle && !can_switch {
+        sys::set_thread_nice(19);
+    }
+    // Top down: guests allocate from low addresses, so the zeroer and the guest's first
+    // touches meet once instead of contending page after page.
+    for r in &s.regions {
+        let ps = r.table.page_size();
+        let mut end = r.table.npages();
+        while end > 0 {
+            if s.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let start = end.saturating_sub(BATCH_PAGES);
+            if can_switch {
+                std::thread::yield_now();
+                let _ = sys::set_thread_sched(false);
+            }
+            let mut err = None;
+            for p in start..end {
+                match r.table.ensure_zeroed(p) {
+                    Ok(true) => {
+                        s.background_zeroed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        err = Some(format!("region {:?}: {e}", r.name));
+                        break;
+                    }
+                }
+            }
+            if can_switch {
+                let _ = sys::set_thread_sched(true);
+            }
+            if let Some(msg) = err {
+                return s.errors.report(msg);
+            }
+            if let Err(msg) = map_ahead(s, r, start, end, ps) {
+                return s.errors.report(msg);
+            }
+            end = start;
+        }
+    }
+}
+
+/// Maps zeroed pages `[start, end)` into the guest view so the guest never faults on them.
+fn map_ahead(s: &Shared, r: &LazyRegion, start: u64, end: u64, ps: u64) -> Result<(), String> {
+    let addr = r.guest + (start * ps) as usize;
+    let all_unmapped = (start..end).all(|p| r.table.state(p) == ZERO);
+    if all_unmapped {
+        match s.continue_range(addr, (end - start) * ps) {
+            Ok(Continued::Mapped) => {
+                for p in start..end {
+                    r.table.transition(p, ZERO, MAPPED);
+                }
+                s.background_mapped
+                    .fetch_add(end - start, Ordering::Relaxed);
+                return Ok(());
+            }
+            // Raced with the handler, or holes: go page by page.
+            Ok(_) => {}
+            Err(e) => {
+                return Err(format!(
+                    "region {:?}: UFFDIO_CONTINUE pages {start}..{end}: {e:?}",
+                    r.name
+                ))
+            }
+        }
+    }
+    for p in start..end {
+        if r.table.state(p) != ZERO {
+            continue;
+        }
+        let a = r.guest + (p * ps) as usize;
+        match s.continue_range(a, ps) {
+            Ok(Continued::Mapped) => {
+                r.table.transition(p, ZERO, MAPPED);
+                s.background_mapped.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Continued::Exists) => {
+                r.table.transition(p, ZERO, MAPPED);
+            }
+            Ok(Continued::NotResident) => {}
+            Err(e) => {
+                return Err(format!(
+                    "region {:?}: UFFDIO_CONTINUE page {p}: {e:?}",
+                    r.name
+                ))
+            }
+        }
+    }
+    Ok(())
+}

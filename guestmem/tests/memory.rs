@@ -1,0 +1,480 @@
+//! GuestMemory API, policies and the canary tests (no old byte ever visible).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use guestmem::{DeviceMemory, Error, GuestMemory, MemoryPolicy, MemorySource, RegionSpec};
+use vm_memory::{Bytes, GuestAddress};
+
+fn ram(size: u64, dma: bool) -> RegionSpec {
+    RegionSpec {
+        name: "ram".into(),
+        gpa: 0,
+        size,
+        dma,
+    }
+}
+
+fn image(size: u64, dma: bool) -> RegionSpec {
+    RegionSpec {
+        name: "image".into(),
+        gpa: 0xC000_0000,
+        size,
+        dma,
+    }
+}
+
+#[test]
+fn fresh_vanilla_regions_and_views() {
+    let specs = [ram(4 << 20, true), image(2 << 20, false)];
+    let mut gm =
+        GuestMemory::new(&specs, MemoryPolicy::Vanilla, MemorySource::Fresh, false).unwrap();
+    let r = gm.regions();
+    assert_eq!(r.len(), 2);
+    assert_eq!(
+        (r[0].name(), r[0].gpa(), r[0].size(), r[0].dma()),
+        ("ram", 0, 4 << 20, true)
+    );
+    assert_eq!(
+        (r[1].name(), r[1].gpa(), r[1].size(), r[1].dma()),
+        ("image", 0xC000_0000, 2 << 20, false)
+    );
+    assert!(!r[0].pooled() && !r[1].pooled());
+    assert!(r[0].memfd_size() > r[0].size());
+    assert_ne!(r[0].guest_view_ptr(), r[0].device_view_ptr());
+
+    gm.write_instant(0x7000, b"bootinfo").unwrap();
+    gm.write_instant(0xC000_0010, b"agent").unwrap();
+    gm.dma_map("ram").unwrap();
+    assert!(gm.regions()[0].dma_mapped());
+    assert!(matches!(gm.dma_map("image"), Err(Error::NotDma(n)) if n == "image"));
+    assert!(matches!(gm.dma_map("nope"), Err(Error::UnknownRegion(_))));
+    gm.start_lazy_zeroing().unwrap(); // no-op for vanilla
+
+    // Both views and the vm-memory view show the same bytes.
+    let r = &gm.regions()[0];
+    let guest = unsafe { std::slice::from_raw_parts(r.guest_view_ptr().add(0x7000), 8) };
+    assert_eq!(guest, b"bootinfo");
+    let mem = gm.device_guest_memory().unwrap();
+    let mut buf = [0u8; 5];
+    mem.read_slice(&mut buf, GuestAddress(0xC000_0010)).unwrap();
+    assert_eq!(&buf, b"agent");
+    mem.write_slice(b"dev", GuestAddress(0x2000)).unwrap();
+    let guest = unsafe { std::slice::from_raw_parts(r.guest_view_ptr().add(0x2000), 3) };
+    assert_eq!(guest, b"dev");
+
+    // Out-of-range and spanning accesses are errors, not crashes.
+    assert!(matches!(
+        gm.write_instant((4 << 20) - 2, b"abcd"),
+        Err(Error::OutOfRange { .. })
+    ));
+    assert!(gm.prepare_for_device_write(0xB000_0000, 16).is_err());
+    assert!(gm.prepare_for_device_write(u64::MAX - 4, 16).is_err());
+}
+
+#[test]
+fn bad_specs_are_rejected() {
+    let f = |specs: &[RegionSpec]| {
+        GuestMemory::new(specs, MemoryPolicy::Vanilla, MemorySource::Fresh, false).unwrap_err()
+    };
+    assert!(matches!(f(&[]), Error::InvalidSpec { .. }));
+    assert!(matches!(f(&[ram(4097, true)]), Error::InvalidSpec { region, .. } if region == "ram"));
+    let mut a = image(1 << 20, true);
+    a.gpa = 0x1000;
+    assert!(matches!(f(&[ram(1 << 20, true), a]), Error::Overlap { .. }));
+    let mut b = ram(1 << 20, true);
+    b.gpa = 0x4000_0000;
+    assert!(matches!(
+        f(&[ram(1 << 20, true), b]),
+        Error::InvalidSpec { .. }
+    ));
+}
+
+#[test]
+fn more_than_the_host_can_lock_is_refused_up_front() {
+    let e = GuestMemory::new(
+        &[ram(1 << 50, true)],
+        MemoryPolicy::Vanilla,
+        MemorySource::Fresh,
+        false,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::NotEnoughMemory { .. } | Error::MemlockLimit { .. }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("MemAvailable") || e.to_string().contains("RLIMIT_MEMLOCK"));
+}
+
+/// Canary test for one policy: pool memory full of a previous tenant's bytes.
+fn canary(policy: MemoryPolicy, background: bool) {
+    const SIZE: u64 = 8 << 20;
+    let server = canary_pool(&policy.to_string(), SIZE, 1);
+    let specs = [ram(SIZE, true), image(2 << 20, false)];
+    let mut gm =
+        GuestMemory::new(&specs, policy, MemorySource::Pool(client(&server)), false).unwrap();
+    let pooled = gm.regions()[0].pooled();
+    assert_eq!(pooled, policy != MemoryPolicy::Vanilla);
+    assert!(
+        !gm.regions()[1].pooled(),
+        "dma=false regions are always fresh"
+    );
+    if policy == MemoryPolicy::Vanilla {
+        assert_eq!(
+            server.pool().stats().lent_memfds,
+            0,
+            "vanilla took pool memory"
+        );
+    } else {
+        assert_eq!(server.pool().stats().hits, 1);
+        assert!(gm.regions()[0].page_stats().dirty > 0);
+    }
+
+    // Instant-zero list: boot info at 0x7000 and page tables across a page boundary.
+    let boot = vec![0x42u8; 100];
+    let tables = vec![0x17u8; 3 * PAGE as usize];
+    gm.write_instant(0x7000 + 8, &boot).unwrap();
+    gm.write_instant(0x9000 + 16, &tables).unwrap();
+    gm.dma_map("ram").unwrap();
+    if background {
+        gm.start_lazy_zeroing().unwrap();
+    }
+    if policy == MemoryPolicy::Lazy {
+        // Lazy: nothing zeroed at map time beyond the instant pages.
+        if !background {
+            assert!(gm.regions()[0].page_stats().dirty >= SIZE / PAGE - 8);
+        }
+    } else {
+        assert_eq!(gm.regions()[0].page_stats().dirty, 0);
+    }
+
+    // A device writes into a never-touched page after preparing it, and reads another.
+    let dev_gpa = 0x40_0000;
+    gm.prepare_for_device_write(dev_gpa, 2 * PAGE).unwrap();
+    let r = &gm.regions()[0];
+    unsafe { std::ptr::write_bytes(r.device_view_ptr().add(dev_gpa as usize), 0x3C, 100) };
+    gm.prepare_for_device_write(0x50_0000, PAGE).unwrap();
+    assert_eq!(
+        count_byte(unsafe { r.device_view_ptr().add(0x50_0000) }, PAGE, CANARY),
+        0
+    );
+
+    // The guest (host threads reading the guest view fault like KVM would) reads it all.
+    let gm = Arc::new(gm);
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let gm = gm.clone();
+            std::thread::spawn(move || {
+                let r = &gm.regions()[0];
+                let quarter = SIZE / 4;
+                count_byte(
+                    unsafe { r.guest_view_ptr().add((t * quarter) as usize) },
+                    quarter,
+                    CANARY,
+                )
+            })
+        })
+        .collect();
+    let seen: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(seen, 0, "{policy}: guest saw {seen} canary bytes");
+    gm.wait_background_zeroing();
+    assert!(gm.lazy_error().is_none());
+
+    let r = &gm.regions()[0];
+    let g = |off: u64, len: usize| unsafe {
+        std::slice::from_raw_parts(r.guest_view_ptr().add(off as usize), len).to_vec()
+    };
+    assert_eq!(g(0x7000 + 8, 100), boot, "{policy}: instant write wiped");
+    assert_eq!(g(0x7000, 8), vec![0; 8]);
+    assert_eq!(
+        g(0x9000 + 16, tables.len()),
+        tables,
+        "{policy}: instant write wiped"
+    );
+    assert_eq!(
+        g(dev_gpa, 100),
+        vec![0x3C; 100],
+        "{policy}: device write wiped"
+    );
+    assert_eq!(g(dev_gpa + 100, 100), vec![0; 100]);
+    assert_eq!(gm.regions()[0].page_stats().dirty, 0);
+    if policy == MemoryPolicy::Lazy {
+        let s = gm.lazy_stats();
+        assert!(s.faults > 0 || s.background_mapped > 0, "{s:?}");
+    }
+
+    // The image region (fresh, on-demand) reads as zero too.
+    let img = &gm.regions()[1];
+    assert_eq!(count_byte(img.guest_view_ptr(), img.size(), CANARY), 0);
+    drop(gm);
+    wait_no_clients(&server);
+    let st = server.pool().stats();
+    assert_eq!(st.lent_memfds, 0);
+    assert_eq!(st.cached_memfds, 1);
+}
+
+#[test]
+fn canary_lazy() {
+    canary(MemoryPolicy::Lazy, false);
+}
+
+#[test]
+fn canary_lazy_with_background_zeroer() {
+    canary(MemoryPolicy::Lazy, true);
+}
+
+#[test]
+fn canary_pre50() {
+    canary(MemoryPolicy::Pre(50), false);
+}
+
+#[test]
+fn canary_vanilla() {
+    canary(MemoryPolicy::Vanilla, false);
+}
+
+#[test]
+fn pre_policy_zeroes_only_what_was_not_zeroed_ahead() {
+    const SIZE: u64 = 4 << 20;
+    let server = canary_pool("pre10", SIZE, 1);
+    server.pool().prezero_now(10).unwrap();
+    let st = server.pool().stats();
+    assert_eq!(st.classes[0].zeroed_ahead_bytes, SIZE / 10 / PAGE * PAGE);
+    let mut gm = GuestMemory::new(
+        &[ram(SIZE, true)],
+        MemoryPolicy::Pre(10),
+        MemorySource::Pool(client(&server)),
+        false,
+    )
+    .unwrap();
+    let s = gm.regions()[0].page_stats();
+    assert_eq!(s.zero, SIZE / PAGE / 10);
+    assert_eq!(s.dirty, SIZE / PAGE - SIZE / PAGE / 10);
+    gm.dma_map("ram").unwrap();
+    let r = &gm.regions()[0];
+    assert_eq!(r.page_stats().zero, SIZE / PAGE);
+    assert_eq!(count_byte(r.guest_view_ptr(), SIZE, CANARY), 0);
+}
+
+#[test]
+fn device_process_attaches_by_fd_and_prepares_pages() {
+    const SIZE: u64 = 2 << 20;
+    if let Ok(fd) = std::env::var("GUESTMEM_CHILD_DEVICE_FD") {
+        // Child: the "NIC" process with only the memfd.
+        let fd: i32 = fd.parse().unwrap();
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let dm = DeviceMemory::attach(fd, 0, SIZE).unwrap();
+        assert!(dm.tracked());
+        assert!(dm.prepare_for_device_write(SIZE - 10, 20).is_err());
+        dm.prepare_for_device_write(0x3000, 2 * PAGE).unwrap();
+        unsafe { std::ptr::write_bytes(dm.as_ptr().add(0x3000), 0x61, 2 * PAGE as usize) };
+        dm.prepare_for_device_write(0x8000, PAGE).unwrap();
+        let seen = count_byte(unsafe { dm.as_ptr().add(0x8000) }, PAGE, CANARY);
+        assert_eq!(seen, 0);
+        return;
+    }
+    let server = canary_pool("device", SIZE, 1);
+    let gm = GuestMemory::new(
+        &[ram(SIZE, true)],
+        MemoryPolicy::Lazy,
+        MemorySource::Pool(client(&server)),
+        false,
+    )
+    .unwrap();
+    let fd = inheritable(gm.regions()[0].memfd());
+    let status = child(
+        "device_process_attaches_by_fd_and_prepares_pages",
+        &[("GUESTMEM_CHILD_DEVICE_FD", fd.to_string())],
+    )
+    .output()
+    .unwrap();
+    close_fd(fd);
+    assert!(
+        status.status.success(),
+        "device child failed: {}\n{}",
+        status.status,
+        String::from_utf8_lossy(&status.stdout)
+    );
+    let r = &gm.regions()[0];
+    // The guest's first touch of the device-written pages must not wipe them.
+    let data =
+        unsafe { std::slice::from_raw_parts(r.guest_view_ptr().add(0x3000), 2 * PAGE as usize) };
+    assert!(data.iter().all(|b| *b == 0x61));
+    assert_eq!(count_byte(r.guest_view_ptr(), SIZE, CANARY), 0);
+
+    // A fresh (vanilla) memfd has a table too, with nothing to do.
+    let v = GuestMemory::new(
+        &[ram(SIZE, true)],
+        MemoryPolicy::Vanilla,
+        MemorySource::Fresh,
+        false,
+    )
+    .unwrap();
+    let dm = DeviceMemory::attach(v.regions()[0].memfd(), 0, SIZE).unwrap();
+    dm.prepare_for_device_write(0, SIZE).unwrap();
+    assert_eq!(v.regions()[0].page_stats().zero, SIZE / PAGE);
+}
+
+#[test]
+fn device_attach_ignores_guest_forged_trailer() {
+    // A plain memfd (no table) whose last bytes a guest filled with a forged trailer.
+    const SIZE: u64 = 1 << 20;
+    let v = GuestMemory::new(
+        &[ram(SIZE, true)],
+        MemoryPolicy::Vanilla,
+        MemorySource::Fresh,
+        false,
+    )
+    .unwrap();
+    let r = &v.regions()[0];
+    // Attach only to a range that covers the real table: it must not be trusted.
+    let dm = DeviceMemory::attach(r.memfd(), 0, r.memfd_size()).unwrap();
+    assert!(!dm.tracked());
+}
+
+#[test]
+fn handler_error_stops_the_guest_and_is_reported() {
+    const SIZE: u64 = 1 << 20;
+    if std::env::var("GUESTMEM_CHILD_HANDLER_ERROR").is_ok() {
+        let server = canary_pool("handler", SIZE, 1);
+        let gm = Arc::new(
+            GuestMemory::new(
+                &[ram(SIZE, true)],
+                MemoryPolicy::Lazy,
+                MemorySource::Pool(client(&server)),
+                false,
+            )
+            .unwrap(),
+        );
+        let called = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let c2 = called.clone();
+        gm.set_lazy_error_callback(Box::new(move |_| {
+            c2.store(true, std::sync::atomic::Ordering::SeqCst)
+        }));
+        // Corrupt the state of page 5 in the shared table (as a buggy device could).
+        let r = &gm.regions()[0];
+        unsafe { *r.device_view_ptr().add(SIZE as usize + 5) = 77 };
+        let g = gm.clone();
+        let reader = std::thread::spawn(move || {
+            let r = &g.regions()[0];
+            count_byte(
+                unsafe { r.guest_view_ptr().add(5 * PAGE as usize) },
+                PAGE,
+                CANARY,
+            )
+        });
+        let mut pfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&gm.lazy_error_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        assert_eq!(
+            unsafe { libc::poll(&mut pfd, 1, 10_000) },
+            1,
+            "no error reported"
+        );
+        let e = gm.lazy_error().expect("error set");
+        assert!(e.to_string().contains("page 5"), "{e}");
+        assert!(called.load(std::sync::atomic::Ordering::SeqCst));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(!reader.is_finished(), "the guest read past a failed fault");
+        println!("HANDLER-ERROR-OK");
+        // Exit with the reader still blocked: the VMM's way out.
+        unsafe { libc::_exit(0) };
+    }
+    let out = child(
+        "handler_error_stops_the_guest_and_is_reported",
+        &[("GUESTMEM_CHILD_HANDLER_ERROR", "1".into())],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("HANDLER-ERROR-OK"),
+        "child: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn memlock_limit_is_checked_before_anything_is_allocated() {
+    if std::env::var("GUESTMEM_CHILD_MEMLOCK").is_ok() {
+        // Child: drop CAP_IPC_LOCK from this thread and lower RLIMIT_MEMLOCK to 1 MiB.
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let h = Header {
+            version: 0x2008_0522,
+            pid: 0,
+        };
+        let mut d = [Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        unsafe {
+            assert_eq!(libc::syscall(libc::SYS_capget, &h, d.as_mut_ptr()), 0);
+            d[0].effective &= !(1 << 14); // CAP_IPC_LOCK
+            assert_eq!(libc::syscall(libc::SYS_capset, &h, d.as_ptr()), 0);
+            let rl = libc::rlimit {
+                rlim_cur: 1 << 20,
+                rlim_max: 1 << 20,
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_MEMLOCK, &rl), 0);
+        }
+        let e = GuestMemory::new(
+            &[ram(64 << 20, true), image(2 << 20, false)],
+            MemoryPolicy::Vanilla,
+            MemorySource::Fresh,
+            false,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, Error::MemlockLimit { needed, limit } if needed == 64 << 20 && limit == 1 << 20),
+            "{e}"
+        );
+        assert!(e.to_string().contains("RLIMIT_MEMLOCK"));
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(
+            !maps.contains("memfd:burstvm"),
+            "memory created before the check"
+        );
+        // Within the limit it works (dma=false regions are not locked).
+        GuestMemory::new(
+            &[ram(2 << 20, false)],
+            MemoryPolicy::Vanilla,
+            MemorySource::Fresh,
+            false,
+        )
+        .unwrap();
+        println!("MEMLOCK-OK");
+        return;
+    }
+    let out = child(
+        "memlock_limit_is_checked_before_anything_is_allocated",
+        &[("GUESTMEM_CHILD_MEMLOCK", "1".into())],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("MEMLOCK-OK"),
+        "child: {}\n{stdout}",
+        out.status
+    );
+}

@@ -1,0 +1,259 @@
+//! Page pool: accounting, shrinking, the socket protocol and a killed client.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use guestmem::pool::{self, Pool, PoolClient, PoolServer, SizeClass};
+use guestmem::{DeviceMemory, GuestMemory, MemoryPolicy, MemorySource, RegionSpec};
+
+fn class(mib: u64) -> SizeClass {
+    SizeClass {
+        size: mib << 20,
+        hugepages: false,
+    }
+}
+
+#[test]
+fn take_return_shrink_accounting() {
+    let pool = Pool::new(None);
+    let (a, b, c) = (class(1), class(2), class(4));
+    pool.fill(a, 4, None).unwrap();
+    pool.fill(b, 2, Some(CANARY)).unwrap();
+    let st = pool.stats();
+    assert_eq!(st.cached_memfds, 6);
+    assert_eq!(st.cached_bytes, 4 * a.memfd_size() + 2 * b.memfd_size());
+    assert_eq!(st.classes.len(), 2);
+
+    assert!(matches!(
+        pool.take(a, MemoryPolicy::Vanilla),
+        Err(pool::Error::VanillaFromPool)
+    ));
+    let la = pool.take(a, MemoryPolicy::Lazy).unwrap();
+    assert!(la.recycled);
+    let lc = pool.take(c, MemoryPolicy::Lazy).unwrap();
+    assert!(!lc.recycled, "empty class must create a new memfd");
+    let st = pool.stats();
+    assert_eq!(
+        (st.hits, st.misses, st.lent_memfds, st.cached_memfds),
+        (1, 1, 2, 5)
+    );
+    assert_eq!(st.lent_bytes, a.memfd_size() + c.memfd_size());
+
+    // A returned memfd is marked dirty (nothing zeroed): its table says so.
+    let dm = DeviceMemory::attach(std::os::fd::AsFd::as_fd(la.memfd()), 0, a.size).unwrap();
+    dm.prepare_for_device_write(0, a.size).unwrap();
+    assert_eq!(dm.page_stats().unwrap().zero, a.size / PAGE);
+    pool.give_back(la);
+    let s = dm.page_stats().unwrap();
+    assert_eq!((s.dirty, s.zeroed_total), (a.size / PAGE, 0));
+    drop(dm);
+    pool.give_back(lc);
+    let st = pool.stats();
+    assert_eq!((st.returned, st.lent_memfds, st.cached_memfds), (2, 0, 7));
+
+    // Shrink by count (from the class holding the most bytes: 4 x 1 MiB), by percentage,
+    // and by threshold.
+    assert_eq!(pool.shrink_count(1), 1);
+    let st = pool.stats();
+    assert_eq!(
+        st.classes
+            .iter()
+            .find(|c| c.size == 1 << 20)
+            .unwrap()
+            .cached,
+        3
+    );
+    assert_eq!(pool.shrink_percent(50), 3); // ceil(6 * 50%)
+    assert_eq!(pool.stats().cached_memfds, 3);
+    let released = pool.set_max_bytes(Some(a.memfd_size()));
+    assert_eq!(released, 2);
+    let st = pool.stats();
+    assert!(st.cached_bytes <= a.memfd_size());
+    assert_eq!(st.released, 6);
+    // Above the threshold after a return: shrinks by itself.
+    let l = pool.take(b, MemoryPolicy::Lazy).unwrap();
+    pool.give_back(l);
+    assert!(pool.stats().cached_bytes <= a.memfd_size());
+    let left = pool.stats().cached_memfds;
+    assert_eq!(pool.shrink_percent(100), left);
+    assert_eq!(pool.stats().cached_memfds, 0);
+    assert_eq!(pool.shrink_count(5), 0);
+}
+
+#[test]
+fn socket_protocol_and_bad_requests() {
+    let server = canary_pool("proto", 2 << 20, 2);
+    let ctl = client(&server);
+    let st = ctl.stats().unwrap();
+    assert_eq!(st.cached_memfds, 2);
+    ctl.fill(1 << 20, false, 3, None).unwrap();
+    assert_eq!(ctl.stats().unwrap().cached_memfds, 5);
+    assert!(ctl.take(1 << 20, false, MemoryPolicy::Vanilla).is_err());
+    let e = ctl.take(12345, false, MemoryPolicy::Lazy).unwrap_err();
+    assert!(e.to_string().contains("page size"), "{e}");
+    let fd = ctl.take(1 << 20, false, MemoryPolicy::Lazy).unwrap();
+    assert_eq!(
+        std::fs::metadata(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&fd)
+        ))
+        .unwrap()
+        .len(),
+        class(1).memfd_size()
+    );
+    assert_eq!(ctl.stats().unwrap().lent_memfds, 1);
+    assert_eq!(ctl.shrink_count(1).unwrap(), 1);
+    assert_eq!(ctl.shrink_percent(50).unwrap(), 2);
+    assert!(ctl.shrink_percent(101).is_err());
+    ctl.prezero(50).unwrap();
+    let st = ctl.stats().unwrap();
+    assert_eq!(st.prezero_percent, 50);
+    // The canary class is now half zeroed; the filled-without-pattern class was all zero.
+    for c in &st.classes {
+        let want = if c.size == 2 << 20 {
+            c.size / 2
+        } else {
+            c.size
+        };
+        assert_eq!(c.zeroed_ahead_bytes, c.cached * want, "{c:?}");
+    }
+    assert_eq!(ctl.shrink_to(0).unwrap(), st.cached_memfds);
+    drop(fd);
+    drop(ctl);
+    wait_no_clients(&server);
+    assert_eq!(server.pool().stats().lent_memfds, 0);
+    assert_eq!(server.pool().stats().cached_memfds, 1);
+
+    // Garbage on the socket gets an error answer, not a crash.
+    use nix::sys::socket::*;
+    let s = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::empty(),
+        None,
+    )
+    .unwrap();
+    connect(
+        std::os::fd::AsRawFd::as_raw_fd(&s),
+        &UnixAddr::new(server.path()).unwrap(),
+    )
+    .unwrap();
+    send(
+        std::os::fd::AsRawFd::as_raw_fd(&s),
+        b"{not json",
+        MsgFlags::empty(),
+    )
+    .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = recv(
+        std::os::fd::AsRawFd::as_raw_fd(&s),
+        &mut buf,
+        MsgFlags::empty(),
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&buf[..n]).unwrap();
+    assert_eq!(v["ok"], false);
+    assert!(v["error"].as_str().unwrap().contains("bad request"));
+    let path = server.path().to_path_buf();
+    server.shutdown();
+    assert!(!path.exists(), "socket file left behind");
+}
+
+#[test]
+fn idle_prezeroer_keeps_the_share_zeroed() {
+    let pool = Arc::new(Pool::new(None));
+    pool.fill(class(4), 2, Some(CANARY)).unwrap();
+    let server = PoolServer::start(socket_path("idle"), pool.clone()).unwrap();
+    pool.set_prezero_percent(50);
+    let want = 2 * (4 << 20) / 2;
+    for _ in 0..5000 {
+        if pool.stats().classes[0].zeroed_ahead_bytes == want {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(pool.stats().classes[0].zeroed_ahead_bytes, want);
+    // A pre50 sandbox then finds the first half zero, the rest dirty.
+    let gm = GuestMemory::new(
+        &[RegionSpec {
+            name: "ram".into(),
+            gpa: 0,
+            size: 4 << 20,
+            dma: true,
+        }],
+        MemoryPolicy::Pre(50),
+        MemorySource::Pool(client(&server)),
+        false,
+    )
+    .unwrap();
+    let s = gm.regions()[0].page_stats();
+    assert_eq!((s.zero, s.dirty), (512, 512));
+    drop(gm);
+    server.shutdown();
+}
+
+/// A VMM killed with SIGKILL while holding pool memory gives it back, marked dirty.
+#[test]
+fn killed_client_returns_its_memory() {
+    const SIZE: u64 = 4 << 20;
+    let spec = RegionSpec {
+        name: "ram".into(),
+        gpa: 0,
+        size: SIZE,
+        dma: true,
+    };
+    if let Ok(sock) = std::env::var("GUESTMEM_CHILD_POOL_SOCKET") {
+        // Child: a "VMM" that takes lazy memory, writes its secrets through the guest view
+        // and waits to be killed.
+        let c = PoolClient::connect(&sock).unwrap();
+        let mut gm =
+            GuestMemory::new(&[spec], MemoryPolicy::Lazy, MemorySource::Pool(c), false).unwrap();
+        gm.dma_map("ram").unwrap();
+        let r = &gm.regions()[0];
+        unsafe { std::ptr::write_bytes(r.guest_view_ptr(), 0x5E, SIZE as usize) };
+        println!("READY");
+        std::thread::sleep(Duration::from_secs(60));
+        unreachable!("the parent kills this process");
+    }
+    let server = canary_pool("kill", SIZE, 1);
+    let mut child = child(
+        "killed_client_returns_its_memory",
+        &[(
+            "GUESTMEM_CHILD_POOL_SOCKET",
+            server.path().display().to_string(),
+        )],
+    )
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.map(|l| l.contains("READY")).unwrap_or(false)),
+        "child never got ready"
+    );
+    assert_eq!(server.pool().stats().lent_memfds, 1);
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    wait_no_clients(&server);
+    let st = server.pool().stats();
+    assert_eq!((st.lent_memfds, st.returned, st.cached_memfds), (0, 1, 1));
+
+    // The next tenant gets the same memory back; none of the secret is visible.
+    let gm = GuestMemory::new(
+        &[spec],
+        MemoryPolicy::Lazy,
+        MemorySource::Pool(client(&server)),
+        false,
+    )
+    .unwrap();
+    let r = &gm.regions()[0];
+    assert!(r.pooled());
+    assert_eq!(r.page_stats().dirty, SIZE / PAGE);
+    assert_eq!(count_byte(r.guest_view_ptr(), SIZE, 0x5E), 0);
+    assert_eq!(count_byte(r.guest_view_ptr(), SIZE, 0), SIZE);
+    assert_eq!(server.pool().stats().hits, 2);
+}

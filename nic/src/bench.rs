@@ -1,0 +1,173 @@
+//! `bench devset`: N frontends open N VFs of one PF at the same time (real
+//! vhost-user sessions with a memory table of `--mem` bytes each) under each
+//! lock policy; prints total time, mean and p99 per open and the ratio.
+//! The lead wires it as `burstvm bench devset` (args: `BenchDevsetArgs`).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use crate::daemon::Nic;
+use crate::devset::LockPolicy;
+use crate::frontend::{FrontendMemory, SimFrontend};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchDevsetArgs {
+    /// VFs opened concurrently (one frontend thread each).
+    #[arg(long, default_value_t = 200)]
+    pub vfs: usize,
+    /// Lock policies to compare.
+    #[arg(long, value_delimiter = ',', default_value = "global,hierarchical")]
+    pub policy: Vec<LockPolicy>,
+    /// Memory table size per VF (bytes, with K/M/G suffix): the DMA-mapped RAM.
+    #[arg(long, default_value = "32M")]
+    pub mem: String,
+    /// Populate the sandboxes' memory before the opens (the NIC then only maps
+    /// it); by default the NIC's mapping allocates and zeroes fresh pages.
+    #[arg(long)]
+    pub populated: bool,
+    /// Work directory for sockets and state (a fresh temporary one by default).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("bench devset: {0}")]
+    Config(String),
+    #[error("bench devset: {0}")]
+    Run(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchResult {
+    pub policy: LockPolicy,
+    pub total_ms: f64,
+    pub mean_ms: f64,
+    pub p99_ms: f64,
+}
+
+fn parse_size(s: &str) -> Option<usize> {
+    let (num, mul) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1 << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mul)
+}
+
+/// One run: a fresh in-process NIC with `n` VFs, `n` concurrent opens.
+pub fn run_once(
+    policy: LockPolicy,
+    n: usize,
+    mem: usize,
+    populated: bool,
+    dir: &std::path::Path,
+) -> Result<BenchResult, BenchError> {
+    let err = |e: String| BenchError::Run(e);
+    std::fs::create_dir_all(dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
+    let nic = Arc::new(
+        Nic::new(
+            &[("pf0".into(), n)],
+            policy,
+            dir,
+            dir.join(format!("state-{policy:?}.json")),
+        )
+        .map_err(|e| err(e.to_string()))?,
+    );
+    let server =
+        crate::daemon::BackgroundServer::start(nic.clone()).map_err(|e| err(e.to_string()))?;
+    for i in 0..n {
+        nic.pfs[0]
+            .devset
+            .assign(i, &format!("bench-{i}"))
+            .map_err(|e| err(e.to_string()))?;
+    }
+    let barrier = Arc::new(Barrier::new(n + 1));
+    // The sandboxes' memory exists before the opens start.
+    let mems = (0..n)
+        .map(|_| FrontendMemory::new(mem, populated))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err(e.to_string()))?;
+    let threads: Vec<_> = mems
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let (b, sock) = (barrier.clone(), nic.pfs[0].ports[i].socket.clone());
+            std::thread::spawn(move || {
+                b.wait();
+                let t = Instant::now();
+                let fe = SimFrontend::connect_mem(&sock, m);
+                (t.elapsed().as_secs_f64() * 1e3, fe)
+            })
+        })
+        .collect();
+    barrier.wait();
+    let t0 = Instant::now();
+    let mut times = Vec::with_capacity(n);
+    let mut fes = Vec::with_capacity(n);
+    for t in threads {
+        let (ms, fe) = t
+            .join()
+            .map_err(|_| err("frontend thread panicked".into()))?;
+        fes.push(fe.map_err(|e| err(e.to_string()))?);
+        times.push(ms);
+    }
+    let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+    drop(fes);
+    server.stop();
+    times.sort_by(|a, b| a.total_cmp(b));
+    let mean_ms = times.iter().sum::<f64>() / n as f64;
+    let p99_ms = times[((n as f64 * 0.99).ceil() as usize).clamp(1, n) - 1];
+    Ok(BenchResult {
+        policy,
+        total_ms,
+        mean_ms,
+        p99_ms,
+    })
+}
+
+pub fn run_cli(args: &BenchDevsetArgs) -> Result<(), BenchError> {
+    let mem = parse_size(&args.mem).ok_or_else(|| {
+        BenchError::Config(format!("--mem {:?}: expected BYTES[K|M|G]", args.mem))
+    })?;
+    if args.vfs == 0 || args.vfs > crate::MAX_VFS {
+        return Err(BenchError::Config(format!(
+            "--vfs {}: must be 1..{}",
+            args.vfs,
+            crate::MAX_VFS
+        )));
+    }
+    let dir = args.dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("burstvm-bench-devset-{}", std::process::id()))
+    });
+    let mut results = Vec::new();
+    println!("policy        vfs  mem       total_ms   mean_ms   p99_ms");
+    for &p in &args.policy {
+        let r = run_once(p, args.vfs, mem, args.populated, &dir)?;
+        println!(
+            "{:<12} {:>4}  {:<8} {:>9.1} {:>9.1} {:>8.1}",
+            format!("{p:?}").to_lowercase(),
+            args.vfs,
+            args.mem,
+            r.total_ms,
+            r.mean_ms,
+            r.p99_ms
+        );
+        results.push(r);
+    }
+    let get = |p| results.iter().find(|r| r.policy == p);
+    if let (Some(g), Some(h)) = (get(LockPolicy::Global), get(LockPolicy::Hierarchical)) {
+        println!(
+            "hierarchical/global: total {:.2}, mean {:.2}, p99 {:.2}",
+            h.total_ms / g.total_ms,
+            h.mean_ms / g.mean_ms,
+            h.p99_ms / g.p99_ms
+        );
+    }
+    if args.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(())
+}

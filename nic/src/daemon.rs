@@ -1,0 +1,662 @@
+//! `burstvm nic`: the PFs and their VFs, the vhost-user listeners (one socket
+//! per VF, bound once at start), the control server, the dataplane threads,
+//! and a clean shutdown on SIGTERM/SIGINT.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::control::{parse_request, ErrorCode, Request, Response, VfInfo};
+use crate::dataplane::uplink::{Uplink, UplinkSpec};
+use crate::dataplane::Dataplane;
+use crate::devset::{Devset, LockPolicy, VfState};
+use crate::ids::{default_mac, format_mac, parse_mac, vf_id};
+use crate::port::{Port, PortConfig, VfHw};
+use crate::state::{self, Assignment, StateFile};
+use crate::{Error, NicArgs};
+
+pub struct Pf {
+    pub index: usize,
+    pub name: String,
+    pub devset: Arc<Devset<VfHw>>,
+    pub ports: Vec<Arc<Port>>,
+    pub wake: Arc<EventFd>,
+}
+
+/// Everything the control server and the acceptors share.
+pub struct Nic {
+    pub pfs: Vec<Pf>,
+    state_path: PathBuf,
+    /// Serializes control operations: an assignment and its state-file write
+    /// happen together.
+    control: Mutex<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Nic {
+    pub fn new(
+        pfs: &[(String, usize)],
+        policy: LockPolicy,
+        socket_dir: &Path,
+        state_path: PathBuf,
+    ) -> Result<Self, Error> {
+        let mut out = Vec::new();
+        for (k, (name, n)) in pfs.iter().enumerate() {
+            let wake = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| Error::Io {
+                what: format!("PF {name}: eventfd"),
+                source: e,
+            })?);
+            let ports: Vec<Arc<Port>> = (0..*n)
+                .map(|i| {
+                    let socket = socket_dir.join(format!("{name}-vf{i}.sock"));
+                    Arc::new(Port::new(
+                        name,
+                        i,
+                        vf_id(k, i),
+                        socket,
+                        default_mac(k, i),
+                        wake.clone(),
+                    ))
+                })
+                .collect();
+            let devset = Arc::new(Devset::new(name, *n, policy, |i| VfHw {
+                port: ports[i].clone(),
+            }));
+            out.push(Pf {
+                index: k,
+                name: name.clone(),
+                devset,
+                ports,
+                wake,
+            });
+        }
+        let nic = Nic {
+            pfs: out,
+            state_path,
+            control: Mutex::new(()),
+        };
+        nic.restore()?;
+        Ok(nic)
+    }
+
+    /// Re-applies the assignments of the state file (daemon restart).
+    fn restore(&self) -> Result<(), Error> {
+        let st = state::load(&self.state_path)?;
+        for a in st.assignments {
+            let Some(pf) = self.pfs.iter().find(|p| p.name == a.pf) else {
+                tracing::warn!(
+                    "state {}: PF {} no longer configured; assignment of {} dropped",
+                    self.state_path.display(),
+                    a.pf,
+                    a.sandbox
+                );
+                continue;
+            };
+            let (Some(port), Some(mac)) = (pf.ports.get(a.index), parse_mac(&a.mac)) else {
+                tracing::warn!(
+                    "state {}: VF {}/{} invalid; assignment of {} dropped",
+                    self.state_path.display(),
+                    a.pf,
+                    a.index,
+                    a.sandbox
+                );
+                continue;
+            };
+            if let Err(e) = pf.devset.assign(a.index, &a.sandbox) {
+                tracing::warn!("state {}: {e}", self.state_path.display());
+                continue;
+            }
+            port.set_config(PortConfig { mac, vlan: a.vlan });
+        }
+        self.save()
+    }
+
+    fn save(&self) -> Result<(), Error> {
+        let mut st = StateFile {
+            version: 1,
+            assignments: vec![],
+        };
+        for pf in &self.pfs {
+            for (i, (_, sandbox)) in pf.devset.snapshot().into_iter().enumerate() {
+                if let Some(sandbox) = sandbox {
+                    let cfg = pf.ports[i].config();
+                    st.assignments.push(Assignment {
+                        pf: pf.name.clone(),
+                        index: i,
+                        sandbox,
+                        mac: format_mac(&cfg.mac),
+                        vlan: cfg.vlan,
+                    });
+                }
+            }
+        }
+        state::save(&self.state_path, &st)?;
+        Ok(())
+    }
+
+    fn info(&self, pf: &Pf, i: usize, state: VfState, sandbox: Option<String>) -> VfInfo {
+        let port = &pf.ports[i];
+        let cfg = port.config();
+        VfInfo {
+            id: port.id.clone(),
+            pf: pf.name.clone(),
+            index: i,
+            mac: format_mac(&cfg.mac),
+            vlan: cfg.vlan,
+            socket: port.socket.clone(),
+            state,
+            sandbox,
+            counters: port.counters.snapshot(),
+        }
+    }
+
+    fn all(&self) -> Vec<VfInfo> {
+        let mut v = Vec::new();
+        for pf in &self.pfs {
+            for (i, (st, sb)) in pf.devset.snapshot().into_iter().enumerate() {
+                v.push(self.info(pf, i, st, sb));
+            }
+        }
+        v
+    }
+
+    fn find_sandbox(&self, sandbox: &str) -> Option<(&Pf, usize)> {
+        self.pfs.iter().find_map(|pf| {
+            pf.devset
+                .snapshot()
+                .iter()
+                .position(|(_, sb)| sb.as_deref() == Some(sandbox))
+                .map(|i| (pf, i))
+        })
+    }
+
+    pub fn handle(&self, req: Request) -> Response {
+        let _g = lock(&self.control);
+        match req {
+            Request::Alloc {
+                pf,
+                sandbox,
+                mac,
+                vlan,
+            } => self.alloc(&pf, &sandbox, mac.as_deref(), vlan),
+            Request::Release { sandbox } => {
+                let Some((pf, i)) = self.find_sandbox(&sandbox) else {
+                    return Response::ok();
+                };
+                if let Err(e) = pf.devset.release(i) {
+                    return Response::err(ErrorCode::Internal, e.to_string());
+                }
+                if pf.devset.snapshot()[i].0 == VfState::Free {
+                    pf.ports[i].set_config(PortConfig {
+                        mac: pf.ports[i].default_mac,
+                        vlan: None,
+                    });
+                }
+                match self.save() {
+                    Ok(()) => Response::ok(),
+                    Err(e) => Response::err(ErrorCode::Internal, e.to_string()),
+                }
+            }
+            Request::Get { sandbox, vf } => {
+                let found = match (sandbox, vf) {
+                    (Some(sb), None) => self.find_sandbox(&sb).map(|(pf, i)| {
+                        let (st, sb) = pf.devset.snapshot().swap_remove(i);
+                        self.info(pf, i, st, sb)
+                    }),
+                    (None, Some(id)) => self.all().into_iter().find(|v| v.id == id),
+                    _ => {
+                        return Response::err(
+                            ErrorCode::BadRequest,
+                            "get: give exactly one of \"sandbox\" or \"vf\"",
+                        )
+                    }
+                };
+                match found {
+                    Some(v) => Response::with_vf(v),
+                    None => Response::err(ErrorCode::NotFound, "get: no such VF or sandbox"),
+                }
+            }
+            Request::List => Response::with_vfs(self.all()),
+        }
+    }
+
+    fn alloc(
+        &self,
+        pf_name: &str,
+        sandbox: &str,
+        mac: Option<&str>,
+        vlan: Option<u16>,
+    ) -> Response {
+        let bad = |m: String| Response::err(ErrorCode::BadRequest, m);
+        let Some(pf) = self.pfs.iter().find(|p| p.name == pf_name) else {
+            return Response::err(
+                ErrorCode::UnknownPf,
+                format!("alloc: unknown PF {pf_name:?}"),
+            );
+        };
+        if sandbox.is_empty() || sandbox.len() > 256 {
+            return bad("alloc: sandbox id must be 1..256 bytes".into());
+        }
+        if let Some((p, i)) = self.find_sandbox(sandbox) {
+            return Response::err(
+                ErrorCode::AlreadyAssigned,
+                format!("alloc: sandbox {sandbox} already has VF {}", p.ports[i].id),
+            );
+        }
+        if let Some(v) = vlan {
+            if !(1..=4094).contains(&v) {
+                return bad(format!("alloc: vlan {v} out of range 1..4094"));
+            }
+        }
+        let mac = match mac {
+            None => None,
+            Some(s) => match parse_mac(s) {
+                Some(m) if m[0] & 1 == 0 && m != [0; 6] => Some(m),
+                _ => {
+                    return bad(format!(
+                        "alloc: mac {s:?} is not a unicast MAC aa:bb:cc:dd:ee:ff"
+                    ))
+                }
+            },
+        };
+        if let Some(m) = mac {
+            let snap = pf.devset.snapshot();
+            if pf
+                .ports
+                .iter()
+                .enumerate()
+                .any(|(i, p)| snap[i].1.is_some() && p.config().mac == m)
+            {
+                return bad(format!(
+                    "alloc: mac {} already used by another VF of {pf_name}",
+                    format_mac(&m)
+                ));
+            }
+        }
+        let Some(i) = pf.devset.assign_any(sandbox) else {
+            return Response::err(
+                ErrorCode::NoFreeVf,
+                format!("alloc: no free VF on PF {pf_name}"),
+            );
+        };
+        let port = &pf.ports[i];
+        port.set_config(PortConfig {
+            mac: mac.unwrap_or(port.default_mac),
+            vlan,
+        });
+        if let Err(e) = self.save() {
+            let _ = pf.devset.release(i);
+            return Response::err(ErrorCode::Internal, e.to_string());
+        }
+        let (st, sb) = pf.devset.snapshot().swap_remove(i);
+        Response::with_vf(self.info(pf, i, st, sb))
+    }
+}
+
+/// Threads and sockets of a running daemon; `shutdown` undoes everything.
+struct Running {
+    stop: Arc<AtomicBool>,
+    stop_fd: Arc<EventFd>,
+    threads: Vec<JoinHandle<()>>,
+    sessions: Arc<Mutex<Sessions>>,
+    sockets: Vec<PathBuf>,
+}
+
+#[derive(Default)]
+struct Sessions {
+    streams: HashMap<u64, UnixStream>,
+    threads: Vec<JoinHandle<()>>,
+    next: u64,
+}
+
+impl Sessions {
+    fn spawn(
+        this: &Arc<Mutex<Sessions>>,
+        stream: &UnixStream,
+        name: String,
+        f: impl FnOnce() + Send + 'static,
+    ) {
+        let mut s = lock(this);
+        s.threads.retain(|t| !t.is_finished());
+        let key = s.next;
+        s.next += 1;
+        if let Ok(c) = stream.try_clone() {
+            s.streams.insert(key, c);
+        }
+        let reg = this.clone();
+        let t = std::thread::Builder::new().name(name).spawn(move || {
+            f();
+            lock(&reg).streams.remove(&key);
+        });
+        match t {
+            Ok(t) => s.threads.push(t),
+            Err(e) => {
+                tracing::warn!("cannot spawn a session thread: {e}");
+                s.streams.remove(&key);
+            }
+        }
+    }
+}
+
+fn wait_readable(fds: &[i32], timeout_ms: i32) -> Vec<bool> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: poll on a valid array of fds owned by the caller.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+    if r <= 0 {
+        return vec![false; fds.len()];
+    }
+    p.iter().map(|x| x.revents != 0).collect()
+}
+
+fn bind(path: &Path) -> Result<UnixListener, Error> {
+    let io = |e| Error::Io {
+        what: format!("socket {}", path.display()),
+        source: e,
+    };
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let l = UnixListener::bind(path).map_err(io)?;
+    l.set_nonblocking(true).map_err(io)?;
+    Ok(l)
+}
+
+/// One acceptor thread per PF: a connection on VF i's socket becomes a
+/// session thread (concurrent opens really run concurrently).
+fn acceptor(
+    pf_devset: Arc<Devset<VfHw>>,
+    ports: Vec<Arc<Port>>,
+    listeners: Vec<UnixListener>,
+    stop: Arc<AtomicBool>,
+    stop_fd: Arc<EventFd>,
+    sessions: Arc<Mutex<Sessions>>,
+) {
+    let mut fds: Vec<i32> = listeners.iter().map(|l| l.as_raw_fd()).collect();
+    fds.push(stop_fd.as_raw_fd());
+    while !stop.load(Ordering::Relaxed) {
+        let ready = wait_readable(&fds, 1000);
+        for (i, l) in listeners.iter().enumerate() {
+            if !ready[i] {
+                continue;
+            }
+            while let Ok((stream, _)) = l.accept() {
+                let _ = stream.set_nonblocking(false);
+                let (d, p) = (pf_devset.clone(), ports[i].clone());
+                let s2 = match stream.try_clone() {
+                    Ok(s) => s,
+                    Err(_) => continue,
+                };
+                Sessions::spawn(&sessions, &stream, format!("vf-{}", p.id), move || {
+                    crate::session::serve(d, p, i, s2)
+                });
+            }
+        }
+    }
+}
+
+fn control_server(
+    nic: Arc<Nic>,
+    listener: UnixListener,
+    stop: Arc<AtomicBool>,
+    stop_fd: Arc<EventFd>,
+    sessions: Arc<Mutex<Sessions>>,
+) {
+    let fds = [listener.as_raw_fd(), stop_fd.as_raw_fd()];
+    while !stop.load(Ordering::Relaxed) {
+        if !wait_readable(&fds, 1000)[0] {
+            continue;
+        }
+        while let Ok((stream, _)) = listener.accept() {
+            let _ = stream.set_nonblocking(false);
+            let nic = nic.clone();
+            let Ok(s2) = stream.try_clone() else { continue };
+            Sessions::spawn(&sessions, &stream, "nic-control".into(), move || {
+                serve_control(&nic, s2)
+            });
+        }
+    }
+}
+
+fn serve_control(nic: &Nic, stream: UnixStream) {
+    let Ok(mut w) = stream.try_clone() else {
+        return;
+    };
+    for line in BufReader::new(stream).lines() {
+        let Ok(line) = line else { return };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let resp = match parse_request(&line) {
+            Ok(req) => nic.handle(req),
+            Err(resp) => *resp,
+        };
+        let mut out = serde_json::to_string(&resp).expect("responses serialize");
+        out.push('\n');
+        if w.write_all(out.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+pub fn run(args: &NicArgs) -> Result<(), Error> {
+    // Signals are taken synchronously through a signalfd; block them before any
+    // thread exists so that every thread inherits the mask.
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGTERM);
+    mask.add(Signal::SIGINT);
+    mask.thread_block().map_err(|e| Error::Io {
+        what: "sigprocmask".into(),
+        source: e.into(),
+    })?;
+    let sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC).map_err(|e| Error::Io {
+        what: "signalfd".into(),
+        source: e.into(),
+    })?;
+    run_until(args, move || {
+        let _ = sigfd.read_signal();
+    })
+}
+
+/// Runs the daemon until `wait` returns, then shuts it down: every session
+/// ends (closing its VF), threads are joined, sockets removed.
+pub fn run_until(args: &NicArgs, wait: impl FnOnce()) -> Result<(), Error> {
+    let pfs = args.pf_list()?;
+    let uplinks = args.uplink_list(pfs.len())?;
+    let socket_dir = args
+        .socket_dir
+        .clone()
+        .unwrap_or_else(|| args.state_dir.clone());
+    for d in [&args.state_dir, &socket_dir] {
+        std::fs::create_dir_all(d).map_err(|e| Error::Io {
+            what: format!("directory {}", d.display()),
+            source: e,
+        })?;
+    }
+    if let Some(parent) = args.control.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| Error::Io {
+            what: format!("directory {}", parent.display()),
+            source: e,
+        })?;
+    }
+    if UnixStream::connect(&args.control).is_ok() {
+        return Err(Error::Config(format!(
+            "control socket {}: another nic daemon is running",
+            args.control.display()
+        )));
+    }
+    let nic = Arc::new(Nic::new(
+        &pfs,
+        args.devset_lock,
+        &socket_dir,
+        args.state_dir.join("nic-state.json"),
+    )?);
+    let mut run = Running::new()?;
+    let r = start(&nic, args, uplinks, &mut run);
+    if r.is_ok() {
+        tracing::info!(
+            "nic: {} PF(s) up, control at {}",
+            nic.pfs.len(),
+            args.control.display()
+        );
+        wait();
+    }
+    run.shutdown(&nic);
+    r
+}
+
+fn start(
+    nic: &Arc<Nic>,
+    args: &NicArgs,
+    uplinks: Vec<Option<UplinkSpec>>,
+    run: &mut Running,
+) -> Result<(), Error> {
+    for (pf, up) in nic.pfs.iter().zip(uplinks) {
+        let uplink = up
+            .map(|u| Uplink::open(&u))
+            .transpose()
+            .map_err(|e| Error::Uplink {
+                pf: pf.name.clone(),
+                source: e,
+            })?;
+        let dp = Dataplane::new(
+            pf.devset.clone(),
+            pf.ports.clone(),
+            uplink,
+            pf.wake.clone(),
+            args.batch,
+        );
+        let stop = run.stop.clone();
+        run.threads
+            .push(spawn(format!("dp-{}", pf.name), move || dp.run(&stop))?);
+    }
+    start_vfs(nic, run)?;
+    let l = bind(&args.control)?;
+    run.sockets.push(args.control.clone());
+    let (n, s, sf, ss) = (
+        nic.clone(),
+        run.stop.clone(),
+        run.stop_fd.clone(),
+        run.sessions.clone(),
+    );
+    run.threads
+        .push(spawn("nic-control-accept".into(), move || {
+            control_server(n, l, s, sf, ss)
+        })?);
+    Ok(())
+}
+
+/// Binds every VF's vhost-user socket and starts one acceptor per PF.
+fn start_vfs(nic: &Arc<Nic>, run: &mut Running) -> Result<(), Error> {
+    for pf in &nic.pfs {
+        let mut listeners = Vec::new();
+        for port in &pf.ports {
+            listeners.push(bind(&port.socket)?);
+            run.sockets.push(port.socket.clone());
+        }
+        let (d, p, s, sf, ss) = (
+            pf.devset.clone(),
+            pf.ports.clone(),
+            run.stop.clone(),
+            run.stop_fd.clone(),
+            run.sessions.clone(),
+        );
+        run.threads
+            .push(spawn(format!("accept-{}", pf.name), move || {
+                acceptor(d, p, listeners, s, sf, ss)
+            })?);
+    }
+    Ok(())
+}
+
+/// The VF sockets of a `Nic` served in the background, without dataplane or
+/// control socket: what `bench devset` measures.
+pub struct BackgroundServer {
+    nic: Arc<Nic>,
+    run: Running,
+}
+
+impl BackgroundServer {
+    pub fn start(nic: Arc<Nic>) -> Result<Self, Error> {
+        let mut run = Running::new()?;
+        if let Err(e) = start_vfs(&nic, &mut run) {
+            run.shutdown(&nic);
+            return Err(e);
+        }
+        Ok(BackgroundServer { nic, run })
+    }
+    pub fn stop(self) {
+        self.run.shutdown(&self.nic);
+    }
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, Error> {
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(f)
+        .map_err(|e| Error::Io {
+            what: format!("thread {name}"),
+            source: e,
+        })
+}
+
+impl Running {
+    fn new() -> Result<Self, Error> {
+        Ok(Running {
+            stop: Arc::new(AtomicBool::new(false)),
+            stop_fd: Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| Error::Io {
+                what: "eventfd".into(),
+                source: e,
+            })?),
+            threads: vec![],
+            sessions: Default::default(),
+            sockets: vec![],
+        })
+    }
+
+    fn shutdown(self, nic: &Nic) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.stop_fd.write(1);
+        for pf in &nic.pfs {
+            let _ = pf.wake.write(1);
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+        // Ends every vhost-user and control session; each closes its VF.
+        let threads = {
+            let mut s = lock(&self.sessions);
+            for st in s.streams.values() {
+                let _ = st.shutdown(std::net::Shutdown::Both);
+            }
+            std::mem::take(&mut s.threads)
+        };
+        for t in threads {
+            let _ = t.join();
+        }
+        for p in &self.sockets {
+            let _ = std::fs::remove_file(p);
+        }
+        tracing::info!("nic: shut down");
+    }
+}

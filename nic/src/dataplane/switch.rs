@@ -1,0 +1,220 @@
+//! The L2 switch between the VFs of one PF and its uplink (a VEB, as in an
+//! SR-IOV NIC). Each VF has a fixed MAC (frames with another source MAC are
+//! dropped: spoof check) and an optional VLAN; VFs and uplink traffic with the
+//! same VLAN (or none) form one segment. MACs behind the uplink are learned.
+
+use std::collections::HashMap;
+
+pub const ETH_P_8021Q: u16 = 0x8100;
+const LEARN_MAX: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PortId {
+    Uplink,
+    Vf(usize),
+}
+
+/// What the switch knows about a VF (from its config and session).
+#[derive(Debug, Clone, Copy)]
+pub struct VfView {
+    pub mac: [u8; 6],
+    pub vlan: Option<u16>,
+    pub active: bool,
+}
+
+#[derive(Default)]
+pub struct Switch {
+    vfs: Vec<VfView>,
+    learned: HashMap<([u8; 6], Option<u16>), PortId>,
+}
+
+pub fn dst_mac(frame: &[u8]) -> [u8; 6] {
+    frame[0..6].try_into().expect("frame has 14 bytes")
+}
+pub fn src_mac(frame: &[u8]) -> [u8; 6] {
+    frame[6..12].try_into().expect("frame has 14 bytes")
+}
+
+impl Switch {
+    pub fn new(n_vfs: usize) -> Self {
+        Switch {
+            vfs: vec![
+                VfView {
+                    mac: [0; 6],
+                    vlan: None,
+                    active: false
+                };
+                n_vfs
+            ],
+            learned: HashMap::new(),
+        }
+    }
+
+    pub fn set_vf(&mut self, i: usize, v: VfView) {
+        self.vfs[i] = v;
+        // A VF's MAC or VLAN may have changed: forget what was learned.
+        self.learned.clear();
+    }
+
+    pub fn vf_vlan(&self, i: usize) -> Option<u16> {
+        self.vfs[i].vlan
+    }
+
+    /// Output ports for a frame that entered at `from` in VLAN segment `vlan`
+    /// (the frame is untagged here). `None` means: drop (spoofed source).
+    pub fn route(
+        &mut self,
+        from: PortId,
+        vlan: Option<u16>,
+        frame: &[u8],
+        out: &mut Vec<PortId>,
+    ) -> bool {
+        out.clear();
+        let (dst, src) = (dst_mac(frame), src_mac(frame));
+        match from {
+            PortId::Vf(i) if self.vfs[i].mac != src => return false,
+            PortId::Uplink
+                if src[0] & 1 == 0
+                    && !self.vfs.iter().any(|v| v.mac == src)
+                    && (self.learned.len() < LEARN_MAX
+                        || self.learned.contains_key(&(src, vlan))) =>
+            {
+                self.learned.insert((src, vlan), PortId::Uplink);
+            }
+            _ => {}
+        }
+        if dst[0] & 1 == 0 {
+            if let Some(i) = self
+                .vfs
+                .iter()
+                .position(|v| v.active && v.mac == dst && v.vlan == vlan)
+            {
+                if PortId::Vf(i) != from {
+                    out.push(PortId::Vf(i));
+                }
+                return true;
+            }
+            if self.learned.get(&(dst, vlan)) == Some(&PortId::Uplink) {
+                if from != PortId::Uplink {
+                    out.push(PortId::Uplink);
+                }
+                return true;
+            }
+        }
+        // Broadcast, multicast or unknown unicast: flood the segment.
+        for (i, v) in self.vfs.iter().enumerate() {
+            if v.active && v.vlan == vlan && PortId::Vf(i) != from {
+                out.push(PortId::Vf(i));
+            }
+        }
+        if from != PortId::Uplink {
+            out.push(PortId::Uplink);
+        }
+        true
+    }
+}
+
+/// Removes an 802.1Q tag in place; returns the VLAN id and the new length.
+pub fn untag(buf: &mut [u8], len: usize) -> (Option<u16>, usize) {
+    if len >= 18 && u16::from_be_bytes([buf[12], buf[13]]) == ETH_P_8021Q {
+        let vid = u16::from_be_bytes([buf[14], buf[15]]) & 0x0fff;
+        buf.copy_within(16..len, 12);
+        (Some(vid), len - 4)
+    } else {
+        (None, len)
+    }
+}
+
+/// Inserts an 802.1Q tag in place (the buffer must have 4 spare bytes).
+pub fn tag(buf: &mut [u8], len: usize, vid: u16) -> usize {
+    buf.copy_within(12..len, 16);
+    buf[12..14].copy_from_slice(&ETH_P_8021Q.to_be_bytes());
+    buf[14..16].copy_from_slice(&(vid & 0x0fff).to_be_bytes());
+    len + 4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
+        let mut f = dst.to_vec();
+        f.extend_from_slice(&src);
+        f.extend_from_slice(&[0x08, 0x00, 1, 2, 3]);
+        f
+    }
+
+    #[test]
+    fn forwards_floods_learns_and_checks_spoofing() {
+        let (a, b, c, x) = (
+            [2, 0, 0, 0, 0, 1],
+            [2, 0, 0, 0, 0, 2],
+            [2, 0, 0, 0, 0, 3],
+            [2, 9, 9, 9, 9, 9],
+        );
+        let mut s = Switch::new(3);
+        s.set_vf(
+            0,
+            VfView {
+                mac: a,
+                vlan: None,
+                active: true,
+            },
+        );
+        s.set_vf(
+            1,
+            VfView {
+                mac: b,
+                vlan: None,
+                active: true,
+            },
+        );
+        s.set_vf(
+            2,
+            VfView {
+                mac: c,
+                vlan: Some(5),
+                active: true,
+            },
+        );
+        let mut out = vec![];
+        assert!(s.route(PortId::Vf(0), None, &frame(b, a), &mut out));
+        assert_eq!(out, vec![PortId::Vf(1)]);
+        assert!(
+            !s.route(PortId::Vf(0), None, &frame(b, x), &mut out),
+            "spoofed source"
+        );
+        assert!(s.route(PortId::Vf(0), None, &frame([0xff; 6], a), &mut out));
+        assert_eq!(
+            out,
+            vec![PortId::Vf(1), PortId::Uplink],
+            "VLAN 5 VF not flooded"
+        );
+        assert!(s.route(PortId::Vf(0), None, &frame(x, a), &mut out));
+        assert_eq!(
+            out,
+            vec![PortId::Vf(1), PortId::Uplink],
+            "unknown unicast floods"
+        );
+        assert!(s.route(PortId::Uplink, None, &frame(a, x), &mut out));
+        assert_eq!(out, vec![PortId::Vf(0)]);
+        assert!(s.route(PortId::Vf(0), None, &frame(x, a), &mut out));
+        assert_eq!(out, vec![PortId::Uplink], "learned behind uplink");
+        assert!(s.route(PortId::Uplink, Some(5), &frame(c, x), &mut out));
+        assert_eq!(out, vec![PortId::Vf(2)]);
+        assert!(s.route(PortId::Uplink, None, &frame(c, x), &mut out));
+        assert!(!out.contains(&PortId::Vf(2)), "VLAN mismatch");
+    }
+
+    #[test]
+    fn tag_untag_roundtrip() {
+        let mut buf = vec![0u8; 64];
+        let f = frame([1; 6], [2; 6]);
+        buf[..f.len()].copy_from_slice(&f);
+        let l = tag(&mut buf, f.len(), 42);
+        assert_eq!(l, f.len() + 4);
+        let (v, l2) = untag(&mut buf, l);
+        assert_eq!((v, l2), (Some(42), f.len()));
+        assert_eq!(&buf[..l2], &f[..]);
+    }
+}

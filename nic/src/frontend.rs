@@ -1,0 +1,344 @@
+//! A minimal vhost-user-net frontend that drives one VF like a guest driver
+//! would: memfd-backed "guest" memory, split virtqueues written by hand. Used
+//! by `bench devset` (real vhost-user sessions) and by the daemon tests; it is
+//! not the VMM's frontend (vmm/src/virtio/).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::Path;
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// Queue size of both rings.
+pub const QSIZE: u16 = 256;
+const HDR_LEN: usize = 12;
+const BUF: u64 = 2048;
+const RING_AREA: u64 = 0x10000; // per queue: desc, avail, used
+const BUFFERS: u64 = 2 * RING_AREA; // then QSIZE rx buffers, QSIZE tx buffers
+/// Smallest memory a frontend needs.
+pub const MIN_MEM: usize = (BUFFERS + 2 * QSIZE as u64 * BUF) as usize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrontendError {
+    #[error("test frontend on {socket}: {what}: {source}")]
+    Io {
+        socket: String,
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error("test frontend on {socket}: {what}: {source}")]
+    Vhost {
+        socket: String,
+        what: &'static str,
+        source: vhost::Error,
+    },
+    #[error("test frontend: memory size {0} below the minimum {MIN_MEM}")]
+    Size(usize),
+}
+
+pub struct SimFrontend {
+    socket: String,
+    fe: Frontend,
+    mem: FrontendMemory,
+    kick: [EventFd; 2],
+    call: [EventFd; 2],
+    rx_avail: u16,
+    rx_used_seen: u16,
+    tx_avail: u16,
+}
+
+/// The frontend's "guest memory": a memfd mapped shared; `populate` touches
+/// every page first (as a VMM that DMA-mapped its RAM itself), otherwise the
+/// NIC's mapping allocates and zeroes the pages (fresh memory, vanilla).
+pub struct FrontendMemory {
+    memfd: File,
+    base: *mut u8,
+    size: usize,
+}
+
+// SAFETY: `base` is a shared mapping owned by this struct.
+unsafe impl Send for FrontendMemory {}
+
+impl FrontendMemory {
+    pub fn new(size: usize, populate: bool) -> Result<Self, FrontendError> {
+        if size < MIN_MEM {
+            return Err(FrontendError::Size(size));
+        }
+        let io = |what: &'static str| {
+            move |source| FrontendError::Io {
+                socket: String::new(),
+                what,
+                source,
+            }
+        };
+        // SAFETY: memfd_create with a valid name.
+        let fd = unsafe { libc::memfd_create(c"nic-test-frontend".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io("memfd_create")(io::Error::last_os_error()));
+        }
+        // SAFETY: fd was just created and is owned here.
+        let memfd = unsafe { File::from_raw_fd(fd) };
+        memfd.set_len(size as u64).map_err(io("ftruncate"))?;
+        // SAFETY: shared mapping of the whole memfd.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 },
+                fd,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io("mmap")(io::Error::last_os_error()));
+        }
+        Ok(FrontendMemory {
+            memfd,
+            base: base.cast(),
+            size,
+        })
+    }
+}
+
+impl Drop for FrontendMemory {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping.
+        unsafe { libc::munmap(self.base.cast(), self.size) };
+    }
+}
+
+impl SimFrontend {
+    /// Connects and sets the VF up (the whole "open"): features, memory table
+    /// (one region, GPA 0, `mem_size` bytes), both vrings; posts all RX buffers.
+    pub fn connect(socket: &Path, mem_size: usize) -> Result<Self, FrontendError> {
+        Self::connect_mem(socket, FrontendMemory::new(mem_size, false)?)
+    }
+
+    /// As `connect`, with memory made beforehand, as a VMM's is.
+    pub fn connect_mem(socket: &Path, mem: FrontendMemory) -> Result<Self, FrontendError> {
+        let sock = socket.display().to_string();
+        let io = |what: &'static str| {
+            let s = sock.clone();
+            move |source| FrontendError::Io {
+                socket: s,
+                what,
+                source,
+            }
+        };
+        let vu = |what: &'static str| {
+            let s = sock.clone();
+            move |source| FrontendError::Vhost {
+                socket: s,
+                what,
+                source,
+            }
+        };
+        let mk = || EventFd::new(EFD_NONBLOCK).map_err(io("eventfd"));
+        let (kick, call) = ([mk()?, mk()?], [mk()?, mk()?]);
+        let fe = Frontend::connect(socket, 2).map_err(vu("connect"))?;
+        let fd = mem.memfd.as_raw_fd();
+        let mut me = SimFrontend {
+            socket: sock.clone(),
+            fe,
+            mem,
+            kick,
+            call,
+            rx_avail: 0,
+            rx_used_seen: 0,
+            tx_avail: 0,
+        };
+        me.setup(fd).map_err(vu("session set-up"))?;
+        me.post_rx(QSIZE);
+        Ok(me)
+    }
+
+    fn setup(&mut self, memfd: i32) -> Result<(), vhost::Error> {
+        self.fe.set_owner()?;
+        let features = self.fe.get_features()?;
+        let want = (1u64 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1)
+            | vhost::vhost_user::message::VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        self.fe.set_features(features & want)?;
+        let proto = self.fe.get_protocol_features()?;
+        self.fe.set_protocol_features(
+            proto & (VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::CONFIG),
+        )?;
+        let region = VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: self.mem.size as u64,
+            userspace_addr: self.mem.base as u64,
+            mmap_offset: 0,
+            mmap_handle: memfd,
+        };
+        self.fe.set_mem_table(&[region])?;
+        for q in 0..2usize {
+            let area = self.mem.base as u64 + q as u64 * RING_AREA;
+            self.fe.set_vring_num(q, QSIZE)?;
+            self.fe.set_vring_addr(
+                q,
+                &VringConfigData {
+                    queue_max_size: QSIZE,
+                    queue_size: QSIZE,
+                    flags: 0,
+                    desc_table_addr: area,
+                    avail_ring_addr: area + 0x1000,
+                    used_ring_addr: area + 0x2000,
+                    log_addr: None,
+                },
+            )?;
+            self.fe.set_vring_base(q, 0)?;
+            self.fe.set_vring_call(q, &self.call[q])?;
+            self.fe.set_vring_kick(q, &self.kick[q])?;
+            self.fe.set_vring_enable(q, true)?;
+        }
+        Ok(())
+    }
+
+    fn ptr(&self, gpa: u64, len: usize) -> *mut u8 {
+        assert!(
+            gpa as usize + len <= self.mem.size,
+            "test frontend: own layout stays in memory"
+        );
+        // SAFETY: in bounds (asserted).
+        unsafe { self.mem.base.add(gpa as usize) }
+    }
+    fn w16(&self, gpa: u64, v: u16) {
+        // SAFETY: in-bounds, aligned ring field.
+        unsafe { std::ptr::write_volatile(self.ptr(gpa, 2) as *mut u16, v.to_le()) }
+    }
+    fn w32(&self, gpa: u64, v: u32) {
+        // SAFETY: in-bounds, aligned ring field.
+        unsafe { std::ptr::write_volatile(self.ptr(gpa, 4) as *mut u32, v.to_le()) }
+    }
+    fn w64(&self, gpa: u64, v: u64) {
+        // SAFETY: in-bounds, aligned ring field.
+        unsafe { std::ptr::write_volatile(self.ptr(gpa, 8) as *mut u64, v.to_le()) }
+    }
+    fn r16(&self, gpa: u64) -> u16 {
+        // SAFETY: in-bounds, aligned ring field.
+        u16::from_le(unsafe { std::ptr::read_volatile(self.ptr(gpa, 2) as *const u16) })
+    }
+    fn r32(&self, gpa: u64) -> u32 {
+        // SAFETY: in-bounds, aligned ring field.
+        u32::from_le(unsafe { std::ptr::read_volatile(self.ptr(gpa, 4) as *const u32) })
+    }
+
+    fn write_desc(&self, q: usize, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let d = q as u64 * RING_AREA + i as u64 * 16;
+        self.w64(d, addr);
+        self.w32(d + 8, len);
+        self.w16(d + 12, flags);
+        self.w16(d + 14, next);
+    }
+
+    /// Publishes descriptor head `head` in queue `q`'s avail ring and kicks.
+    fn publish(&mut self, q: usize, head: u16) {
+        let avail = q as u64 * RING_AREA + 0x1000;
+        let old = if q == 0 { self.rx_avail } else { self.tx_avail };
+        self.w16(avail + 4 + (old % QSIZE) as u64 * 2, head);
+        let v = old.wrapping_add(1);
+        if q == 0 {
+            self.rx_avail = v;
+        } else {
+            self.tx_avail = v;
+        }
+        fence(Ordering::SeqCst);
+        self.w16(avail + 2, v);
+        fence(Ordering::SeqCst);
+        let _ = self.kick[q].write(1);
+    }
+
+    fn used_idx(&self, q: usize) -> u16 {
+        fence(Ordering::SeqCst);
+        self.r16(q as u64 * RING_AREA + 0x2000 + 2)
+    }
+
+    fn post_rx(&mut self, n: u16) {
+        for _ in 0..n {
+            let slot = self.rx_avail % QSIZE;
+            self.write_desc(
+                0,
+                slot,
+                BUFFERS + slot as u64 * BUF,
+                BUF as u32,
+                2, /* WRITE */
+                0,
+            );
+            self.publish(0, slot);
+        }
+    }
+
+    /// Transmits one frame (virtio-net header + frame in one descriptor).
+    pub fn send(&mut self, frame: &[u8]) {
+        assert!(
+            HDR_LEN + frame.len() <= BUF as usize,
+            "test frames fit one buffer"
+        );
+        let slot = self.tx_avail % QSIZE;
+        let gpa = BUFFERS + (QSIZE as u64 + slot as u64) * BUF;
+        let p = self.ptr(gpa, HDR_LEN + frame.len());
+        // SAFETY: in-bounds buffer of our own memory.
+        unsafe {
+            std::ptr::write_bytes(p, 0, HDR_LEN);
+            std::ptr::copy_nonoverlapping(frame.as_ptr(), p.add(HDR_LEN), frame.len());
+        }
+        self.write_desc(1, slot, gpa, (HDR_LEN + frame.len()) as u32, 0, 0);
+        self.publish(1, slot);
+    }
+
+    /// Posts a transmit descriptor whose buffer lies outside the memory table.
+    pub fn send_out_of_bounds(&mut self) {
+        let slot = self.tx_avail % QSIZE;
+        self.write_desc(1, slot, self.mem.size as u64 + 0x10_0000, 64, 0, 0);
+        self.publish(1, slot);
+    }
+
+    /// Transmit descriptors the VF has consumed.
+    pub fn tx_done(&self) -> u16 {
+        self.used_idx(1)
+    }
+
+    /// Waits up to `timeout` for a received frame (header stripped); the buffer
+    /// is posted again.
+    pub fn recv(&mut self, timeout: Duration) -> Option<Vec<u8>> {
+        let end = Instant::now() + timeout;
+        loop {
+            if self.used_idx(0) != self.rx_used_seen {
+                let e = 0x2000 + 4 + (self.rx_used_seen % QSIZE) as u64 * 8;
+                let (id, len) = (self.r32(e) as u16, self.r32(e + 4) as usize);
+                self.rx_used_seen = self.rx_used_seen.wrapping_add(1);
+                let gpa = BUFFERS + (id % QSIZE) as u64 * BUF;
+                let len = len.min(BUF as usize);
+                let mut v = vec![0u8; len];
+                // SAFETY: in-bounds buffer of our own memory.
+                unsafe { std::ptr::copy_nonoverlapping(self.ptr(gpa, len), v.as_mut_ptr(), len) };
+                self.write_desc(0, id % QSIZE, gpa, BUF as u32, 2, 0);
+                self.publish(0, id % QSIZE);
+                return Some(v.split_off(HDR_LEN.min(v.len())));
+            }
+            let now = Instant::now();
+            if now >= end {
+                return None;
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.call[0].as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = (end - now).as_millis().clamp(1, 50) as i32;
+            // SAFETY: poll on our own eventfd.
+            unsafe { libc::poll(&mut pfd, 1, ms) };
+            let _ = self.call[0].read();
+        }
+    }
+
+    pub fn socket(&self) -> &str {
+        &self.socket
+    }
+}

@@ -1,0 +1,406 @@
+//! The vhost-user-net backend of one VF: one session per frontend connection.
+//!
+//! The session is the "open" of the VF: the connection is accepted only if the
+//! devset lets the VF be opened, every message that touches VF-local state runs
+//! under the devset's VF-side lock (so the lock policy wraps the whole session
+//! set-up, memory table mapping included), and the end of the connection, also a
+//! killed frontend, closes the VF (which may reset the devset).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex};
+
+use vhost::vhost_user::message::*;
+use vhost::vhost_user::{
+    Backend, BackendReqHandler, Error as VuError, GpuBackend, VhostUserBackendReqHandlerMut,
+};
+use vhost::VhostUserMemoryRegionBase;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
+};
+use virtio_queue::QueueT;
+use vm_memory::GuestAddress;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::devset::{Devset, VfLocal};
+use crate::memory::VfMemory;
+use crate::port::{Port, VfHw, MAX_QUEUE_SIZE};
+
+type Result<T> = std::result::Result<T, VuError>;
+
+pub const VIRTIO_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+    | (1 << VIRTIO_NET_F_MAC)
+    | (1 << VIRTIO_NET_F_STATUS)
+    | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+
+fn fail(what: String) -> VuError {
+    tracing::warn!("{what}");
+    VuError::ReqHandlerError(io::Error::other(what))
+}
+
+pub struct VfSession {
+    devset: Arc<Devset<VfHw>>,
+    port: Arc<Port>,
+    index: usize,
+    acked_features: u64,
+    acked_protocol: u64,
+}
+
+impl VfSession {
+    /// VF-local operation under the devset's VF-side lock.
+    fn vf<R>(&self, f: impl FnOnce(&mut VfLocal<VfHw>) -> Result<R>) -> Result<R> {
+        self.devset
+            .with_vf(self.index, f)
+            .map_err(|e| fail(e.to_string()))?
+    }
+
+    fn queue_index(&self, index: u32) -> Result<usize> {
+        match index {
+            0 | 1 => Ok(index as usize),
+            _ => Err(fail(format!(
+                "VF {}: vring index {index} out of range (2 queues)",
+                self.port.id
+            ))),
+        }
+    }
+
+    fn protocol_features_acked(&self) -> bool {
+        self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
+    }
+}
+
+/// Makes an eventfd from the frontend non-blocking so that draining it never blocks.
+fn eventfd_from(file: File) -> io::Result<EventFd> {
+    let fd: OwnedFd = file.into();
+    // SAFETY: fcntl on a valid fd we own.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0
+        || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the fd is owned and valid; EventFd takes ownership.
+    Ok(unsafe { EventFd::from_raw_fd(fd.into_raw_fd()) })
+}
+
+impl VhostUserBackendReqHandlerMut for VfSession {
+    fn set_owner(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn reset_owner(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn reset_device(&mut self) -> Result<()> {
+        Err(fail(format!(
+            "VF {}: RESET_DEVICE not supported; disconnect to reset",
+            self.port.id
+        )))
+    }
+    fn get_features(&mut self) -> Result<u64> {
+        Ok(VIRTIO_FEATURES)
+    }
+    fn set_features(&mut self, features: u64) -> Result<()> {
+        if features & !VIRTIO_FEATURES != 0 {
+            return Err(fail(format!(
+                "VF {}: frontend acked unoffered features {features:#x}",
+                self.port.id
+            )));
+        }
+        self.acked_features = features;
+        let hdr_len = if features & ((1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_NET_F_MRG_RXBUF)) != 0
+        {
+            12
+        } else {
+            10
+        };
+        let start_enabled = !self.protocol_features_acked();
+        self.vf(|vf| {
+            let mut rt = vf.dev.port.runtime();
+            rt.hdr_len = hdr_len;
+            // Without VHOST_USER_F_PROTOCOL_FEATURES rings start enabled.
+            for vr in rt.vrings.iter_mut() {
+                vr.enabled = start_enabled;
+            }
+            Ok(())
+        })
+    }
+    fn set_mem_table(
+        &mut self,
+        ctx: &[VhostUserMemoryRegion],
+        files: Vec<File>,
+        _postcopy: Option<bool>,
+    ) -> Result<Option<Vec<VhostUserMemoryRegionBase>>> {
+        let id = self.port.id.clone();
+        // The DMA mapping: mmap + populate + mlock, under the VF-side lock.
+        self.vf(|vf| {
+            let mem = VfMemory::map(&id, ctx, files).map_err(|e| fail(e.to_string()))?;
+            vf.dev.port.runtime().mem = Some(mem);
+            Ok(())
+        })?;
+        Ok(None)
+    }
+    fn set_vring_num(&mut self, index: u32, num: u32) -> Result<()> {
+        let q = self.queue_index(index)?;
+        let id = self.port.id.clone();
+        self.vf(|vf| {
+            let mut rt = vf.dev.port.runtime();
+            if num == 0 || num > MAX_QUEUE_SIZE as u32 || !num.is_power_of_two() {
+                return Err(fail(format!("VF {id}: vring {q} size {num} invalid")));
+            }
+            rt.vrings[q].queue.set_size(num as u16);
+            Ok(())
+        })
+    }
+    fn set_vring_addr(
+        &mut self,
+        index: u32,
+        _flags: VhostUserVringAddrFlags,
+        descriptor: u64,
+        used: u64,
+        available: u64,
+        _log: u64,
+    ) -> Result<()> {
+        let q = self.queue_index(index)?;
+        let id = self.port.id.clone();
+        self.vf(|vf| {
+            let mut rt = vf.dev.port.runtime();
+            let mem = rt
+                .mem
+                .as_ref()
+                .ok_or_else(|| fail(format!("VF {id}: SET_VRING_ADDR before SET_MEM_TABLE")))?;
+            let tr = |va: u64, what: &str| {
+                mem.va_to_gpa(va).ok_or_else(|| {
+                    fail(format!(
+                        "VF {id}: vring {q} {what} address {va:#x} not in the memory table"
+                    ))
+                })
+            };
+            let (d, a, u): (GuestAddress, GuestAddress, GuestAddress) = (
+                tr(descriptor, "descriptor")?,
+                tr(available, "avail")?,
+                tr(used, "used")?,
+            );
+            let queue = &mut rt.vrings[q].queue;
+            queue
+                .try_set_desc_table_address(d)
+                .and_then(|_| queue.try_set_avail_ring_address(a))
+                .and_then(|_| queue.try_set_used_ring_address(u))
+                .map_err(|e| fail(format!("VF {id}: vring {q} addresses: {e}")))?;
+            Ok(())
+        })
+    }
+    fn set_vring_base(&mut self, index: u32, base: u32) -> Result<()> {
+        let q = self.queue_index(index)?;
+        self.vf(|vf| {
+            let mut rt = vf.dev.port.runtime();
+            rt.vrings[q].queue.set_next_avail(base as u16);
+            rt.vrings[q].queue.set_next_used(base as u16);
+            Ok(())
+        })
+    }
+    fn get_vring_base(&mut self, index: u32) -> Result<VhostUserVringState> {
+        let q = self.queue_index(index)?;
+        // GET_VRING_BASE stops the ring.
+        let base = self.vf(|vf| {
+            let mut rt = vf.dev.port.runtime();
+            let vr = &mut rt.vrings[q];
+            vr.queue.set_ready(false);
+            vr.kick = None;
+            Ok(vr.queue.next_avail())
+        })?;
+        self.port.bump();
+        Ok(VhostUserVringState::new(index, base as u32))
+    }
+    fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        let q = self.queue_index(index as u32)?;
+        let id = self.port.id.clone();
+        let kick = fd
+            .map(eventfd_from)
+            .transpose()
+            .map_err(|e| fail(format!("VF {id}: vring {q} kick fd: {e}")))?
+            .ok_or_else(|| {
+                fail(format!(
+                    "VF {id}: vring {q}: polling mode (no kick fd) not supported"
+                ))
+            })?;
+        self.vf(|vf| {
+            let mut rt = vf.dev.port.runtime();
+            let rt = &mut *rt;
+            let mem = rt
+                .mem
+                .as_ref()
+                .ok_or_else(|| fail(format!("VF {id}: SET_VRING_KICK before SET_MEM_TABLE")))?;
+            let vr = &mut rt.vrings[q];
+            // The rings must lie in the memory table (checked on a ready queue).
+            vr.queue.set_ready(true);
+            if !vr.queue.is_valid(&mem.gm) {
+                vr.queue.set_ready(false);
+                return Err(fail(format!(
+                    "VF {id}: vring {q} is not valid in the memory table"
+                )));
+            }
+            vr.kick = Some(Arc::new(kick));
+            Ok(())
+        })?;
+        self.port.bump();
+        Ok(())
+    }
+    fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        let q = self.queue_index(index as u32)?;
+        let id = self.port.id.clone();
+        let call = fd
+            .map(eventfd_from)
+            .transpose()
+            .map_err(|e| fail(format!("VF {id}: vring {q} call fd: {e}")))?;
+        self.vf(|vf| {
+            vf.dev.port.runtime().vrings[q].call = call;
+            Ok(())
+        })
+    }
+    fn set_vring_err(&mut self, _index: u8, _fd: Option<File>) -> Result<()> {
+        Ok(())
+    }
+    fn get_protocol_features(&mut self) -> Result<VhostUserProtocolFeatures> {
+        Ok(VhostUserProtocolFeatures::CONFIG)
+    }
+    fn set_protocol_features(&mut self, features: u64) -> Result<()> {
+        self.acked_protocol = features;
+        Ok(())
+    }
+    fn get_queue_num(&mut self) -> Result<u64> {
+        Ok(2)
+    }
+    fn set_vring_enable(&mut self, index: u32, enable: bool) -> Result<()> {
+        let q = self.queue_index(index)?;
+        self.vf(|vf| {
+            vf.dev.port.runtime().vrings[q].enabled = enable;
+            Ok(())
+        })?;
+        self.port.bump();
+        Ok(())
+    }
+    fn get_config(
+        &mut self,
+        offset: u32,
+        size: u32,
+        _flags: VhostUserConfigFlags,
+    ) -> Result<Vec<u8>> {
+        // struct virtio_net_config: mac[6], status u16, max_virtqueue_pairs u16, mtu u16.
+        let mut cfg = Vec::with_capacity(12);
+        cfg.extend_from_slice(&self.port.config().mac);
+        cfg.extend_from_slice(&(VIRTIO_NET_S_LINK_UP as u16).to_le_bytes());
+        cfg.extend_from_slice(&1u16.to_le_bytes());
+        cfg.extend_from_slice(&1500u16.to_le_bytes());
+        let (o, s) = (offset as usize, size as usize);
+        if o.checked_add(s).is_none_or(|end| end > cfg.len()) {
+            return Err(fail(format!(
+                "VF {}: GET_CONFIG {offset}+{size} beyond the 12-byte config",
+                self.port.id
+            )));
+        }
+        Ok(cfg[o..o + s].to_vec())
+    }
+    fn set_config(
+        &mut self,
+        _offset: u32,
+        _buf: &[u8],
+        _flags: VhostUserConfigFlags,
+    ) -> Result<()> {
+        Err(fail(format!(
+            "VF {}: config space is read-only",
+            self.port.id
+        )))
+    }
+    fn set_backend_req_fd(&mut self, _backend: Backend) {}
+    fn set_gpu_socket(&mut self, _gpu_backend: GpuBackend) -> Result<()> {
+        Err(VuError::InvalidOperation("VF: no GPU socket"))
+    }
+    fn get_shared_object(&mut self, _uuid: VhostUserSharedMsg) -> Result<File> {
+        Err(VuError::InvalidOperation("VF: no shared objects"))
+    }
+    fn get_inflight_fd(
+        &mut self,
+        _inflight: &VhostUserInflight,
+    ) -> Result<(VhostUserInflight, File)> {
+        Err(VuError::InvalidOperation("VF: no inflight fd"))
+    }
+    fn set_inflight_fd(&mut self, _inflight: &VhostUserInflight, _file: File) -> Result<()> {
+        Err(VuError::InvalidOperation("VF: no inflight fd"))
+    }
+    fn get_max_mem_slots(&mut self) -> Result<u64> {
+        Err(VuError::InvalidOperation("VF: no memory slots"))
+    }
+    fn add_mem_region(
+        &mut self,
+        _region: &VhostUserSingleMemoryRegion,
+        _fd: File,
+        _postcopy: Option<bool>,
+    ) -> Result<Option<VhostUserMemoryRegionBase>> {
+        Err(VuError::InvalidOperation("VF: ADD_MEM_REG not supported"))
+    }
+    fn remove_mem_region(&mut self, _region: &VhostUserSingleMemoryRegion) -> Result<()> {
+        Err(VuError::InvalidOperation("VF: REM_MEM_REG not supported"))
+    }
+    fn set_device_state_fd(
+        &mut self,
+        _direction: VhostTransferStateDirection,
+        _phase: VhostTransferStatePhase,
+        _fd: File,
+    ) -> Result<Option<File>> {
+        Err(VuError::InvalidOperation("VF: no device state transfer"))
+    }
+    fn check_device_state(&mut self) -> Result<()> {
+        Err(VuError::InvalidOperation("VF: no device state transfer"))
+    }
+    fn get_shmem_config(&mut self) -> Result<VhostUserShMemConfig> {
+        Err(VuError::InvalidOperation("VF: no shared memory regions"))
+    }
+    fn set_log_base(&mut self, _log: &VhostUserLog, _file: File) -> Result<()> {
+        Err(VuError::InvalidOperation("VF: no dirty logging"))
+    }
+}
+
+/// Serves one frontend connection on VF `index` until it disconnects, then
+/// closes the VF. Returns without serving if the devset refuses the open.
+pub fn serve(devset: Arc<Devset<VfHw>>, port: Arc<Port>, index: usize, stream: UnixStream) {
+    let id = port.id.clone();
+    match devset.open(index, |_| Ok::<(), ()>(())) {
+        Ok(Ok(())) => {}
+        Ok(Err(())) => return,
+        Err(e) => {
+            tracing::warn!("VF {id}: connection refused: {e}");
+            return;
+        }
+    }
+    tracing::info!("VF {id}: frontend connected");
+    let session = Arc::new(Mutex::new(VfSession {
+        devset: devset.clone(),
+        port: port.clone(),
+        index,
+        acked_features: 0,
+        acked_protocol: 0,
+    }));
+    let mut handler = BackendReqHandler::from_stream(stream, session);
+    loop {
+        match handler.handle_request() {
+            Ok(()) => {}
+            Err(VuError::Disconnected | VuError::PartialMessage) => break,
+            Err(VuError::SocketBroken(_) | VuError::SocketError(_)) => break,
+            // A protocol error from the frontend ends the session, like a disconnect.
+            Err(e) => {
+                tracing::warn!("VF {id}: vhost-user session ended: {e}");
+                break;
+            }
+        }
+    }
+    match devset.close(index) {
+        Ok(out) => tracing::info!(
+            "VF {id}: frontend gone, VF closed (devset reset {} VFs)",
+            out.reset_vfs
+        ),
+        Err(e) => tracing::warn!("VF {id}: close: {e}"),
+    }
+}

@@ -1,0 +1,226 @@
+//! An in-process `burstvm nic` daemon for tests, on its own directory.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nic::control::{Client, VfInfo};
+use nic::{LockPolicy, NicArgs};
+use vmm_sys_util::eventfd::EventFd;
+
+pub struct TestNic {
+    pub dir: PathBuf,
+    pub control: PathBuf,
+    stop: Arc<EventFd>,
+    thread: Option<JoinHandle<Result<(), nic::Error>>>,
+}
+
+impl TestNic {
+    pub fn start(name: &str, vfs: usize, uplink: Option<String>, policy: LockPolicy) -> TestNic {
+        let dir = PathBuf::from(format!("/tmp/nic-t{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let control = dir.join("ctl.sock");
+        let args = NicArgs {
+            pf: vec!["pf0".into()],
+            vfs: vec![vfs],
+            uplink: uplink.into_iter().collect(),
+            control: control.clone(),
+            state_dir: dir.clone(),
+            devset_lock: policy,
+            socket_dir: None,
+            batch: 32,
+        };
+        let stop = Arc::new(EventFd::new(0).unwrap());
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            nic::daemon::run_until(&args, move || {
+                let _ = s.read();
+            })
+        });
+        let t0 = Instant::now();
+        while Client::connect(&control).is_err() {
+            assert!(!thread.is_finished(), "daemon exited: {:?}", thread.join());
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "daemon did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        TestNic {
+            dir,
+            control,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.control).unwrap()
+    }
+
+    /// Polls `get` until the VF of `sandbox` satisfies `f`.
+    pub fn wait_vf(&self, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
+        let mut c = self.client();
+        let t0 = Instant::now();
+        loop {
+            let v = c.get_by_sandbox(sandbox).unwrap();
+            if f(&v) {
+                return v;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "VF of {sandbox} never {what}: {v:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn stop(mut self) {
+        self.stop.write(1).unwrap();
+        self.thread.take().unwrap().join().unwrap().unwrap();
+        // Clean shutdown: no socket left behind.
+        let socks: Vec<_> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "sock"))
+            .collect();
+        assert!(socks.is_empty(), "sockets left: {socks:?}");
+        std::fs::remove_dir_all(&self.dir).unwrap();
+    }
+}
+
+impl Drop for TestNic {
+    /// A failed test still stops its daemon and removes its directory.
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = self.stop.write(1);
+            let _ = t.join();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub fn frame(dst: &str, src: &str, payload: &[u8]) -> Vec<u8> {
+    let mut f = nic::ids::parse_mac(dst).unwrap().to_vec();
+    f.extend_from_slice(&nic::ids::parse_mac(src).unwrap());
+    f.extend_from_slice(&[0x88, 0xb5]); // local experimental ethertype
+    f.extend_from_slice(payload);
+    f
+}
+
+pub fn path_exists(p: &Path) -> bool {
+    p.exists()
+}
+
+/// A raw AF_PACKET socket on one interface (the test's view of an uplink).
+pub struct PacketSocket {
+    fd: i32,
+    ifindex: i32,
+}
+
+impl PacketSocket {
+    pub fn open(ifname: &str) -> PacketSocket {
+        let name = std::ffi::CString::new(ifname).unwrap();
+        // SAFETY: plain libc calls with valid arguments.
+        unsafe {
+            let ifindex = libc::if_nametoindex(name.as_ptr()) as i32;
+            assert!(ifindex > 0, "interface {ifname} missing");
+            let proto = (libc::ETH_P_ALL as u16).to_be();
+            let fd = libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                proto as i32,
+            );
+            assert!(fd >= 0);
+            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
+            sll.sll_family = libc::AF_PACKET as u16;
+            sll.sll_protocol = proto;
+            sll.sll_ifindex = ifindex;
+            assert_eq!(
+                libc::bind(
+                    fd,
+                    &sll as *const _ as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_ll>() as u32
+                ),
+                0
+            );
+            nic::dataplane::uplink::enable_auxdata(fd).unwrap();
+            PacketSocket { fd, ifindex }
+        }
+    }
+
+    pub fn send(&self, frame: &[u8]) {
+        // SAFETY: valid buffer on a bound packet socket.
+        let n = unsafe { libc::send(self.fd, frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(n, frame.len() as isize, "send on ifindex {}", self.ifindex);
+    }
+
+    /// Next incoming frame with `ethertype` (at offset 12, or 16 after a VLAN tag).
+    pub fn recv_type(&self, ethertype: u16, timeout: std::time::Duration) -> Option<Vec<u8>> {
+        let end = Instant::now() + timeout;
+        let mut buf = vec![0u8; 4096];
+        while Instant::now() < end {
+            let mut p = libc::pollfd {
+                fd: self.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll/recvfrom on our socket with valid buffers.
+            unsafe {
+                if libc::poll(&mut p, 1, 50) <= 0 {
+                    continue;
+                }
+                let n = match nic::dataplane::uplink::recv_packet(self.fd, &mut buf) {
+                    Ok(Some((n, false))) if n >= 14 => n,
+                    _ => continue,
+                };
+                let f = &buf[..n];
+                let t = u16::from_be_bytes([f[12], f[13]]);
+                let inner = if t == 0x8100 && f.len() >= 18 {
+                    u16::from_be_bytes([f[16], f[17]])
+                } else {
+                    t
+                };
+                if inner == ethertype {
+                    return Some(f.to_vec());
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Drop for PacketSocket {
+    fn drop(&mut self) {
+        // SAFETY: closing our own fd.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+pub const TEST_ETHERTYPE: u16 = 0x88b5;
+
+/// Receives frames on a test frontend until one has the test ethertype
+/// (the kernel sends IPv6 noise on fresh links).
+pub fn recv_test_frame(fe: &mut nic::frontend::SimFrontend, timeout: Duration) -> Option<Vec<u8>> {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if let Some(f) = fe.recv(end - Instant::now()) {
+            if f.len() >= 14 && u16::from_be_bytes([f[12], f[13]]) == TEST_ETHERTYPE {
+                return Some(f);
+            }
+        }
+    }
+    None
+}
+
+pub fn sh(cmd: &str) {
+    let st = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .status()
+        .unwrap();
+    assert!(st.success(), "{cmd}");
+}

@@ -1,0 +1,261 @@
+//! The VF vhost-user backends and the dataplane, driven by test frontends
+//! (vhost crate Frontend, memfd memory, hand-written split rings).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{frame, TestNic};
+use nic::devset::VfState;
+use nic::frontend::{SimFrontend, MIN_MEM};
+use nic::LockPolicy;
+
+const T: Duration = Duration::from_secs(5);
+
+#[test]
+fn frames_cross_between_vfs_and_counters_match() {
+    for policy in [LockPolicy::Global, LockPolicy::Hierarchical] {
+        let nic = TestNic::start(&format!("fwd-{policy:?}"), 3, None, policy);
+        let mut c = nic.client();
+        let a = c.alloc("pf0", "sb-a", None, None).unwrap();
+        let b = c
+            .alloc("pf0", "sb-b", Some("02:00:00:00:0b:0b"), None)
+            .unwrap();
+        assert_eq!(a.state, VfState::Assigned);
+        let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+        let mut fb = SimFrontend::connect(&b.socket, MIN_MEM).unwrap();
+        nic.wait_vf("sb-a", "open", |v| v.state == VfState::Open);
+
+        let f1 = frame(&b.mac, &a.mac, b"hello from a");
+        fa.send(&f1);
+        assert_eq!(
+            fb.recv(T).as_deref(),
+            Some(&f1[..]),
+            "{policy:?}: unicast a -> b"
+        );
+        let f2 = frame("ff:ff:ff:ff:ff:ff", &b.mac, &[7u8; 300]);
+        fb.send(&f2);
+        assert_eq!(
+            fa.recv(T).as_deref(),
+            Some(&f2[..]),
+            "{policy:?}: broadcast b -> a"
+        );
+        // A spoofed source MAC is dropped and counted.
+        fa.send(&frame(&b.mac, "02:66:66:66:66:66", b"spoof"));
+        assert_eq!(fb.recv(Duration::from_millis(300)), None);
+
+        let va = nic.wait_vf("sb-a", "counted", |v| {
+            v.counters.tx_packets == 2 && v.counters.tx_drops == 1
+        });
+        let vb = nic.wait_vf("sb-b", "counted", |v| {
+            v.counters.rx_packets == 1 && v.counters.tx_packets == 1
+        });
+        assert_eq!(
+            va.counters.tx_bytes,
+            (f1.len() + frame(&b.mac, "02:66:66:66:66:66", b"spoof").len()) as u64
+        );
+        assert_eq!(va.counters.rx_packets, 1);
+        assert_eq!(va.counters.rx_bytes, f2.len() as u64);
+        assert_eq!(vb.counters.rx_bytes, f1.len() as u64);
+        assert_eq!(vb.counters.tx_bytes, f2.len() as u64);
+        assert_eq!(va.counters.bad_descriptors + vb.counters.bad_descriptors, 0);
+        drop((fa, fb));
+        nic.wait_vf("sb-a", "reset", |v| v.state == VfState::Reset);
+        nic.stop();
+    }
+}
+
+#[test]
+fn descriptors_outside_memory_fail_only_that_vf() {
+    let nic = TestNic::start("bad", 3, None, LockPolicy::Hierarchical);
+    let mut c = nic.client();
+    let (a, b, d) = (
+        c.alloc("pf0", "sb-a", None, None).unwrap(),
+        c.alloc("pf0", "sb-b", None, None).unwrap(),
+        c.alloc("pf0", "sb-d", None, None).unwrap(),
+    );
+    let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    let mut fb = SimFrontend::connect(&b.socket, MIN_MEM).unwrap();
+    let mut fd = SimFrontend::connect(&d.socket, MIN_MEM).unwrap();
+    fa.send_out_of_bounds();
+    let va = nic.wait_vf("sb-a", "in error", |v| v.state == VfState::Error);
+    assert_eq!(va.counters.bad_descriptors, 1);
+    // The failed VF neither sends nor receives; the others keep forwarding.
+    fa.send(&frame(&b.mac, &a.mac, b"after error"));
+    let f = frame(&d.mac, &b.mac, b"still forwarding");
+    fb.send(&f);
+    assert_eq!(fd.recv(T).as_deref(), Some(&f[..]));
+    fb.send(&frame(&a.mac, &b.mac, b"to the failed VF"));
+    assert_eq!(fa.recv(Duration::from_millis(300)), None);
+    assert_eq!(
+        nic.client()
+            .get_by_sandbox("sb-a")
+            .unwrap()
+            .counters
+            .tx_packets,
+        0
+    );
+    // Once every VF is closed, the devset reset brings the failed VF back.
+    drop((fa, fb, fd));
+    let va = nic.wait_vf("sb-a", "reset", |v| v.state == VfState::Reset);
+    assert_eq!(va.counters.bad_descriptors, 0, "reset clears the counters");
+    let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    let mut fb = SimFrontend::connect(&b.socket, MIN_MEM).unwrap();
+    let f = frame(&a.mac, &b.mac, b"works again");
+    fb.send(&f);
+    assert_eq!(fa.recv(T).as_deref(), Some(&f[..]));
+    drop((fa, fb));
+    nic.stop();
+}
+
+#[test]
+fn second_frontend_on_an_open_vf_is_refused() {
+    let nic = TestNic::start("excl", 2, None, LockPolicy::Global);
+    let a = nic.client().alloc("pf0", "sb-a", None, None).unwrap();
+    let fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    assert!(SimFrontend::connect(&a.socket, MIN_MEM).is_err());
+    // A free VF cannot be opened either.
+    let free = nic
+        .client()
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|v| v.state == VfState::Free)
+        .unwrap();
+    assert!(SimFrontend::connect(&free.socket, MIN_MEM).is_err());
+    assert_eq!(
+        nic.client().get_by_sandbox("sb-a").unwrap().state,
+        VfState::Open
+    );
+    drop(fa);
+    nic.stop();
+}
+
+#[test]
+fn killed_frontend_process_closes_and_resets_its_vf() {
+    const NAME: &str = "killed_frontend_process_closes_and_resets_its_vf";
+    if let Ok(sock) = std::env::var("NIC_TEST_CHILD_SOCKET") {
+        // Child: hold the VF open until killed.
+        let _fe = SimFrontend::connect(std::path::Path::new(&sock), MIN_MEM)
+            .expect("child frontend connects");
+        println!("CHILD-READY");
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    use std::io::BufRead;
+    let nic = TestNic::start("kill", 2, None, LockPolicy::Global);
+    let a = nic.client().alloc("pf0", "sb-a", None, None).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env("NIC_TEST_CHILD_SOCKET", &a.socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("CHILD-READY") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "child frontend exited before connecting"
+        );
+    }
+    nic.wait_vf("sb-a", "open", |v| v.state == VfState::Open);
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    nic.wait_vf("sb-a", "closed and reset", |v| v.state == VfState::Reset);
+    let mut c = nic.client();
+    c.release("sb-a").unwrap();
+    assert_eq!(c.get_by_id(&a.id).unwrap().state, VfState::Free);
+    let again = c.alloc("pf0", "sb-new", None, None).unwrap();
+    assert_eq!(again.id, a.id, "the reset VF is allocated again");
+    let fe = SimFrontend::connect(&again.socket, MIN_MEM).unwrap();
+    nic.wait_vf("sb-new", "open", |v| v.state == VfState::Open);
+    drop(fe);
+    nic.stop();
+}
+
+#[test]
+fn tap_uplink_carries_frames_both_ways_with_vlan_tags() {
+    let tap = format!("nt{}", std::process::id() % 1_000_000);
+    let nic = TestNic::start(
+        "tap",
+        2,
+        Some(format!("tap:{tap}")),
+        LockPolicy::Hierarchical,
+    );
+    let mut c = nic.client();
+    let a = c.alloc("pf0", "sb-a", None, None).unwrap();
+    let b = c.alloc("pf0", "sb-b", None, Some(7)).unwrap();
+    let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    let mut fb = SimFrontend::connect(&b.socket, MIN_MEM).unwrap();
+    let up = common::PacketSocket::open(&tap);
+    // VF → uplink (unknown destination goes out of the uplink).
+    let f = frame("02:aa:aa:aa:aa:aa", &a.mac, b"to the wire");
+    fa.send(&f);
+    assert_eq!(
+        up.recv_type(common::TEST_ETHERTYPE, T).as_deref(),
+        Some(&f[..])
+    );
+    // VLAN VF → uplink: tagged with 7.
+    fb.send(&frame("02:aa:aa:aa:aa:aa", &b.mac, b"tagged"));
+    let got = up
+        .recv_type(common::TEST_ETHERTYPE, T)
+        .expect("tagged frame on the uplink");
+    assert_eq!(&got[12..16], &[0x81, 0x00, 0x00, 0x07]);
+    // Uplink → VF, learned the sender: untagged to a, tagged 7 to b only.
+    let f = frame(&a.mac, "02:aa:aa:aa:aa:aa", b"from the wire");
+    up.send(&f);
+    assert_eq!(common::recv_test_frame(&mut fa, T).as_deref(), Some(&f[..]));
+    let plain = frame(&b.mac, "02:aa:aa:aa:aa:aa", b"vlan 7");
+    let mut tagged = plain[..12].to_vec();
+    tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x07]);
+    tagged.extend_from_slice(&plain[12..]);
+    up.send(&tagged);
+    assert_eq!(
+        common::recv_test_frame(&mut fb, T).as_deref(),
+        Some(&plain[..])
+    );
+    up.send(&plain); // untagged: not b's VLAN
+    assert_eq!(
+        common::recv_test_frame(&mut fb, Duration::from_millis(300)),
+        None
+    );
+    drop((fa, fb, up));
+    nic.stop();
+    // The daemon's tap is gone with it (netdev unregistration is asynchronous).
+    let t0 = std::time::Instant::now();
+    while std::path::Path::new(&format!("/sys/class/net/{tap}")).exists() {
+        assert!(t0.elapsed() < T, "tap {tap} left behind");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn veth_uplink_in_a_netns() {
+    let id = std::process::id() % 1_000_000;
+    let (ns, host_if, ns_if) = (format!("nicns{id}"), format!("nvh{id}"), format!("nvn{id}"));
+    common::sh(&format!("ip netns add {ns} && ip link add {host_if} type veth peer name {ns_if} netns {ns} && ip link set {host_if} up"));
+    let nic = TestNic::start(
+        "veth",
+        1,
+        Some(format!("veth:{ns}/{ns_if}")),
+        LockPolicy::Global,
+    );
+    let a = nic.client().alloc("pf0", "sb-a", None, None).unwrap();
+    let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    let host = common::PacketSocket::open(&host_if);
+    let f = frame("02:bb:bb:bb:bb:bb", &a.mac, b"through the veth");
+    fa.send(&f);
+    let got = host.recv_type(common::TEST_ETHERTYPE, T);
+    let f2 = frame(&a.mac, "02:bb:bb:bb:bb:bb", b"back");
+    host.send(&f2);
+    let back = common::recv_test_frame(&mut fa, T);
+    drop((fa, host));
+    nic.stop();
+    common::sh(&format!("ip link del {host_if}; ip netns del {ns}"));
+    assert_eq!(got.as_deref(), Some(&f[..]));
+    assert_eq!(back.as_deref(), Some(&f2[..]));
+}

@@ -1,0 +1,414 @@
+//! `burstvm bench startup`: N sandbox creations issued at the same instant per
+//! variant, after an uncounted warm-up round of the same size.
+
+use std::path::{Path, PathBuf};
+use std::sync::Barrier;
+use std::time::Duration;
+
+use serde::Serialize;
+use trace::TraceEvent;
+
+use crate::leaks::{self, LeakReport};
+use crate::runtime::Runtime;
+use crate::sandbox::{Sandbox, SandboxFailure, SandboxSpec};
+use crate::stats::{self, GroupStats};
+use crate::variant::Variant;
+
+/// Host memory kept free on top of what a round needs.
+pub const MEMORY_MARGIN: u64 = 1 << 30;
+
+/// One round's outcome.
+pub struct Round {
+    pub variant: Variant,
+    pub concurrency: usize,
+    pub issue_ns: u64,
+    pub ids: Vec<String>,
+    pub failures: Vec<SandboxFailure>,
+    pub teardown_errors: Vec<String>,
+    /// Ready sandboxes whose request the echo server answered (None: no network).
+    pub answered: Option<usize>,
+}
+
+/// Parameters shared by every sandbox of a round.
+#[derive(Debug, Clone)]
+pub struct RoundSpec {
+    pub memory_bytes: u64,
+    pub cpus: f64,
+    pub app_size: u64,
+    pub timeout_secs: u64,
+}
+
+/// Starts `n` sandboxes at once (a barrier), waits for each to be ready and
+/// for its VMM to exit, and tears each down.
+pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &RoundSpec) -> Round {
+    let ids: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                "{}{}-{}-{}",
+                rt.sandbox_prefix(),
+                label,
+                variant.name().to_lowercase(),
+                i
+            )
+        })
+        .collect();
+    let barrier = Barrier::new(n + 1);
+    let mut issue_ns = 0;
+    type Outcome = Result<(Option<String>, Option<bool>), SandboxFailure>;
+    let results: Vec<Outcome> = std::thread::scope(|s| {
+        let handles: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let barrier = &barrier;
+                let sspec = SandboxSpec {
+                    id: id.clone(),
+                    variant,
+                    memory_bytes: spec.memory_bytes,
+                    cpus: spec.cpus,
+                    app_size: spec.app_size,
+                    keep_running: false,
+                    timeout_secs: spec.timeout_secs,
+                };
+                std::thread::Builder::new()
+                    .name(format!("sb-{id}"))
+                    .stack_size(256 << 10)
+                    .spawn_scoped(s, move || {
+                        barrier.wait();
+                        let mut sb = Sandbox::start(rt, sspec)?;
+                        // READY already means the agent got its reply; the
+                        // echo server's count is the server-side proof.
+                        let answered = sb
+                            .guest_ip
+                            .map(|ip| rt.server().replies().get(&ip).copied().unwrap_or(0) > 0);
+                        let r = sb.wait_exit();
+                        let td = sb.teardown().err();
+                        r.map(|_| (td, answered))
+                    })
+                    .expect("spawn sandbox thread")
+            })
+            .collect();
+        barrier.wait();
+        issue_ns = trace::monotonic_ns();
+        handles
+            .into_iter()
+            .zip(&ids)
+            .map(|(h, id)| {
+                h.join().unwrap_or_else(|_| {
+                    Err(SandboxFailure {
+                        sandbox: id.clone(),
+                        stage: "?".into(),
+                        error: "sandbox thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut failures = Vec::new();
+    let mut teardown_errors = Vec::new();
+    let mut answered = None;
+    for r in results {
+        match r {
+            Ok((td, ans)) => {
+                teardown_errors.extend(td);
+                if let Some(a) = ans {
+                    *answered.get_or_insert(0) += a as usize;
+                }
+            }
+            Err(f) => failures.push(f),
+        }
+    }
+    Round {
+        variant,
+        concurrency: n,
+        issue_ns,
+        ids,
+        failures,
+        teardown_errors,
+        answered,
+    }
+}
+
+/// MemAvailable of /proc/meminfo, bytes.
+pub fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
+}
+
+/// Guest bytes one sandbox backs: RAM plus the image region (agent + app, 2 MiB aligned).
+pub fn sandbox_bytes(spec: &RoundSpec) -> u64 {
+    spec.memory_bytes + (spec.app_size + (2 << 20)).next_multiple_of(2 << 20)
+}
+
+/// Before a round of fresh-memory sandboxes: shrink the pool so that its
+/// cached memory plus the round's fresh memory fits the host. Returns the
+/// memfds released.
+pub fn fit_pool_for_fresh_round(rt: &Runtime, n: usize, spec: &RoundSpec) -> u64 {
+    let need =
+        n as u64 * (sandbox_bytes(spec) + crate::cgroup::VMM_OVERHEAD_BYTES / 4) + MEMORY_MARGIN;
+    let cached = rt.pool().stats().cached_bytes;
+    let avail_if_empty = mem_available() + cached;
+    rt.pool().shrink_to(avail_if_empty.saturating_sub(need))
+}
+
+/// Everything the bench writes to summary.json.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    pub memory_bytes: u64,
+    pub app_size: u64,
+    pub cpus: f64,
+    pub groups: Vec<GroupStats>,
+    pub failures: Vec<SandboxFailure>,
+    pub leak_checks: Vec<LeakCheck>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LeakCheck {
+    pub after: String,
+    pub clean: bool,
+    pub report: LeakReport,
+}
+
+/// The measured rounds' events, taken from the runtime's trace.
+pub fn round_events(all: &[TraceEvent], ids: &[String]) -> Vec<TraceEvent> {
+    let set: std::collections::HashSet<&str> = ids.iter().map(|s| s.as_str()).collect();
+    all.iter()
+        .filter(|e| set.contains(e.sandbox.as_str()))
+        .cloned()
+        .collect()
+}
+
+pub struct BenchPlan {
+    pub variants: Vec<Variant>,
+    pub levels: Vec<usize>,
+    pub spec: RoundSpec,
+    pub out: PathBuf,
+    pub warmup: bool,
+}
+
+pub struct BenchOutput {
+    pub summary: Summary,
+    pub table: String,
+    pub plots: Vec<PathBuf>,
+    pub clean: bool,
+}
+
+/// Runs every (concurrency, variant) pair and writes trace.jsonl, summary.json and the plots.
+pub fn run(
+    rt: &Runtime,
+    plan: &BenchPlan,
+    log: &mut dyn FnMut(&str),
+) -> Result<BenchOutput, crate::Error> {
+    std::fs::create_dir_all(&plan.out).map_err(|e| crate::Error::Output {
+        path: plan.out.clone(),
+        reason: e.to_string(),
+    })?;
+    let mut measured: Vec<(Round, Vec<TraceEvent>)> = Vec::new();
+    let mut leak_checks = Vec::new();
+    let mut clean = true;
+    'levels: for &n in &plan.levels {
+        for &v in &plan.variants {
+            if rt.interrupted() {
+                break 'levels;
+            }
+            rt.prepare_variant(v)?;
+            if !v.policy().uses_pool() {
+                let released = fit_pool_for_fresh_round(rt, n, &plan.spec);
+                if released > 0 {
+                    log(&format!("pool: released {released} cached memfds so that {n} fresh sandboxes fit in host memory"));
+                }
+            }
+            if plan.warmup {
+                log(&format!("{v} x{n}: warm-up round"));
+                let w = run_round(rt, v, n, "w", &plan.spec);
+                for f in &w.failures {
+                    log(&format!("  warm-up failure: {f}"));
+                }
+                let lc = leaks::check(rt, Duration::from_secs(5));
+                if !lc.is_clean() {
+                    log(&format!("  after warm-up: {}", lc.describe()));
+                    clean = false;
+                }
+            }
+            let mp = v.policy().memory_policy;
+            if let Some(p) = mp.strip_prefix("pre").and_then(|p| p.parse::<u8>().ok()) {
+                // What the idle pre-zeroer would have done between bursts.
+                rt.pool()
+                    .prezero_now(p)
+                    .map_err(crate::runtime::RuntimeError::from)?;
+            } else {
+                rt.pool().set_prezero_percent(0);
+            }
+            if rt.interrupted() {
+                break 'levels;
+            }
+            log(&format!("{v} x{n}: measured round"));
+            let r = run_round(rt, v, n, "m", &plan.spec);
+            for f in &r.failures {
+                log(&format!("  failure: {f}"));
+            }
+            for e in &r.teardown_errors {
+                log(&format!("  teardown: {e}"));
+            }
+            let lc = leaks::check(rt, Duration::from_secs(5));
+            log(&format!("  {}", lc.describe()));
+            clean &= lc.is_clean() && r.teardown_errors.is_empty();
+            leak_checks.push(LeakCheck {
+                after: format!("{v} x{n}"),
+                clean: lc.is_clean(),
+                report: lc,
+            });
+            let all = trace::read_trace(rt.trace_path()).map_err(|e| crate::Error::Output {
+                path: rt.trace_path().to_path_buf(),
+                reason: e.to_string(),
+            })?;
+            let evs = round_events(&all, &r.ids);
+            measured.push((r, evs));
+        }
+    }
+    // Outputs.
+    let mut groups = Vec::new();
+    let mut failures = Vec::new();
+    let mut trace_out = String::new();
+    for (r, evs) in &measured {
+        let failed: std::collections::HashSet<&str> =
+            r.failures.iter().map(|f| f.sandbox.as_str()).collect();
+        let ok: Vec<TraceEvent> = evs
+            .iter()
+            .filter(|e| !failed.contains(e.sandbox.as_str()))
+            .cloned()
+            .collect();
+        let times = stats::per_sandbox(&ok, Some(r.issue_ns));
+        let mut g = stats::group_stats(r.variant.name(), r.concurrency, &times, r.failures.len());
+        g.answered = r.answered;
+        groups.push(g);
+        failures.extend(r.failures.iter().cloned());
+        for e in evs {
+            trace_out.push_str(&serde_json::to_string(e).expect("event serializes"));
+            trace_out.push('\n');
+        }
+    }
+    stats::add_reductions(&mut groups);
+    write(&plan.out.join("trace.jsonl"), trace_out.as_bytes())?;
+    let top = *plan.levels.iter().max().unwrap_or(&0);
+    let main: Vec<GroupStats> = groups
+        .iter()
+        .filter(|g| g.concurrency == top)
+        .cloned()
+        .collect();
+    let table = stats::format_table(&main);
+    let mut sweep_table = String::new();
+    if plan.levels.len() > 1 {
+        sweep_table.push_str("\n== sweep: end-to-end ms (avg / p99) against concurrency\n");
+        for g in &groups {
+            sweep_table.push_str(&format!(
+                "{:<10} {:>5}  avg {:>9.1}  p99 {:>9.1}  failed {}\n",
+                g.variant, g.concurrency, g.avg_ms, g.p99_ms, g.failed
+            ));
+        }
+    }
+    let summary = Summary {
+        memory_bytes: plan.spec.memory_bytes,
+        app_size: plan.spec.app_size,
+        cpus: plan.spec.cpus,
+        groups,
+        failures,
+        leak_checks,
+    };
+    write(
+        &plan.out.join("summary.json"),
+        &serde_json::to_vec_pretty(&summary).expect("summary serializes"),
+    )?;
+    let plots = draw(plan, &measured, &summary.groups, top)?;
+    Ok(BenchOutput {
+        table: table + &sweep_table,
+        summary,
+        plots,
+        clean,
+    })
+}
+
+fn write(path: &Path, data: &[u8]) -> Result<(), crate::Error> {
+    std::fs::write(path, data).map_err(|e| crate::Error::Output {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+fn draw(
+    plan: &BenchPlan,
+    measured: &[(Round, Vec<TraceEvent>)],
+    groups: &[GroupStats],
+    top: usize,
+) -> Result<Vec<PathBuf>, crate::Error> {
+    use crate::plot;
+    let mut out = Vec::new();
+    let mib = plan.spec.memory_bytes >> 20;
+    let mut cdf_series = Vec::new();
+    for (r, evs) in measured.iter().filter(|(r, _)| r.concurrency == top) {
+        let failed: std::collections::HashSet<&str> =
+            r.failures.iter().map(|f| f.sandbox.as_str()).collect();
+        let ok: Vec<TraceEvent> = evs
+            .iter()
+            .filter(|e| !failed.contains(e.sandbox.as_str()))
+            .cloned()
+            .collect();
+        if ok.is_empty() {
+            continue;
+        }
+        let p = plan.out.join(format!("timeline-{}.png", r.variant.name()));
+        plot::timeline(
+            &p,
+            &format!(
+                "{} startup timeline: {} sandboxes, {mib} MiB",
+                r.variant, top
+            ),
+            &ok,
+            r.issue_ns,
+        )?;
+        out.push(p);
+        let e2e: Vec<u64> = stats::per_sandbox(&ok, Some(r.issue_ns))
+            .iter()
+            .map(|s| s.e2e_ns)
+            .collect();
+        cdf_series.push((r.variant.name().to_string(), e2e));
+    }
+    let main: Vec<GroupStats> = groups
+        .iter()
+        .filter(|g| g.concurrency == top && g.ready > 0)
+        .cloned()
+        .collect();
+    if !main.is_empty() {
+        let p = plan.out.join("breakdown.png");
+        plot::breakdown(
+            &p,
+            &format!("average startup breakdown: {top} sandboxes, {mib} MiB"),
+            &main,
+        )?;
+        out.push(p);
+        let p = plan.out.join("cdf.png");
+        plot::cdf(
+            &p,
+            &format!("startup time distribution: {top} sandboxes, {mib} MiB"),
+            &cdf_series,
+        )?;
+        out.push(p);
+    }
+    if plan.levels.len() > 1 && groups.iter().any(|g| g.ready > 0) {
+        let p = plan.out.join("sweep.png");
+        plot::sweep(
+            &p,
+            &format!("startup time against concurrency, {mib} MiB"),
+            groups,
+        )?;
+        out.push(p);
+    }
+    Ok(out)
+}

@@ -1,0 +1,493 @@
+//! Per-sandbox cgroups: cpu, cpuacct, cpuset, memory and blkio on cgroup v1
+//! (`/sys/fs/cgroup/<controller>/burstvm/<id>`), or one cgroup2 directory
+//! (`/sys/fs/cgroup/unified/burstvm/<id>`) when the v1 controllers are absent.
+//!
+//! Optionally a RunD-style pool (rund.txt §4.4): idle groups are created ahead
+//! of time as `burstvm/pool-<k>` and a sandbox takes one with `rename(2)`,
+//! which needs no global cgroup lock, instead of `mkdir` in every hierarchy.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+pub const V1_CONTROLLERS: [&str; 5] = ["cpu", "cpuacct", "cpuset", "memory", "blkio"];
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const CFS_PERIOD_US: u64 = 100_000;
+/// Headroom above the guest memory for the VMM process itself (page tables,
+/// thread stacks, vhost-user rings, the binary).
+pub const VMM_OVERHEAD_BYTES: u64 = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("no cgroup hierarchy found: neither v1 controllers under {CGROUP_ROOT}/<controller> nor cgroup2 at {CGROUP_ROOT}/unified")]
+    NoHierarchy,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
+    move |source| CgroupError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Which hierarchy layout this host has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// One directory per v1 controller, each `<root>/<controller>`.
+    V1(PathBuf),
+    /// One cgroup2 mount.
+    V2(PathBuf),
+}
+
+impl Layout {
+    pub fn detect() -> Result<Layout, CgroupError> {
+        let root = Path::new(CGROUP_ROOT);
+        if V1_CONTROLLERS
+            .iter()
+            .all(|c| root.join(c).join("cgroup.procs").exists())
+        {
+            return Ok(Layout::V1(root.to_path_buf()));
+        }
+        for p in [root.join("unified"), root.to_path_buf()] {
+            if p.join("cgroup.controllers").exists() {
+                return Ok(Layout::V2(p));
+            }
+        }
+        Err(CgroupError::NoHierarchy)
+    }
+
+    /// The `burstvm` parent directories, one per hierarchy.
+    fn parents(&self) -> Vec<PathBuf> {
+        match self {
+            Layout::V1(root) => V1_CONTROLLERS
+                .iter()
+                .map(|c| root.join(c).join("burstvm"))
+                .collect(),
+            Layout::V2(root) => vec![root.join("burstvm")],
+        }
+    }
+
+    /// Creates the `burstvm` parents (and, for cpuset, copies the parent's
+    /// cpus and mems, which v1 requires before any task can join).
+    pub fn ensure_parents(&self) -> Result<(), CgroupError> {
+        for p in self.parents() {
+            if !p.exists() {
+                match fs::create_dir(&p) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(io_err(&p)(e)),
+                }
+            }
+            if p.parent().is_some_and(|pp| pp.ends_with("cpuset")) {
+                inherit_cpuset(&p)?;
+            }
+        }
+        if let Layout::V2(root) = self {
+            // Delegate what the root offers so that limits can be set below.
+            let avail = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+            let want: Vec<String> = avail
+                .split_whitespace()
+                .filter(|c| ["cpu", "cpuset", "memory", "io"].contains(c))
+                .map(|c| format!("+{c}"))
+                .collect();
+            for p in [root.clone(), root.join("burstvm")] {
+                for w in &want {
+                    // A controller that cannot be enabled (e.g. bound to v1) is skipped.
+                    let _ = fs::write(p.join("cgroup.subtree_control"), w);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every directory of group `name` (one per hierarchy).
+    pub fn dirs(&self, name: &str) -> Vec<PathBuf> {
+        self.parents().into_iter().map(|p| p.join(name)).collect()
+    }
+
+    /// Names of the groups currently under `burstvm/` (first hierarchy).
+    pub fn list(&self) -> Vec<String> {
+        let Some(parent) = self.parents().into_iter().next() else {
+            return Vec::new();
+        };
+        let Ok(rd) = fs::read_dir(parent) else {
+            return Vec::new();
+        };
+        rd.filter_map(|e| e.ok())
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect()
+    }
+}
+
+fn inherit_cpuset(dir: &Path) -> Result<(), CgroupError> {
+    let parent = dir.parent().expect("cgroup dir has a parent");
+    for f in ["cpuset.cpus", "cpuset.mems"] {
+        let cur = fs::read_to_string(dir.join(f)).map_err(io_err(&dir.join(f)))?;
+        if cur.trim().is_empty() {
+            let v = fs::read_to_string(parent.join(f)).map_err(io_err(&parent.join(f)))?;
+            fs::write(dir.join(f), v.trim()).map_err(io_err(&dir.join(f)))?;
+        }
+    }
+    Ok(())
+}
+
+/// Resource limits of one sandbox.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    pub memory_bytes: u64,
+    pub cpus: f64,
+}
+
+fn write_limits(layout: &Layout, dirs: &[PathBuf], l: Limits) -> Result<(), CgroupError> {
+    let quota = ((l.cpus * CFS_PERIOD_US as f64).round() as u64).max(1000);
+    let mem = l.memory_bytes + VMM_OVERHEAD_BYTES;
+    let set = |p: PathBuf, v: String| fs::write(&p, v).map_err(io_err(&p));
+    match layout {
+        Layout::V1(_) => {
+            for d in dirs {
+                let ctl = d
+                    .parent()
+                    .and_then(|p| p.parent())
+                    .and_then(|p| p.file_name())
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("");
+                match ctl {
+                    "cpu" => {
+                        set(d.join("cpu.cfs_period_us"), CFS_PERIOD_US.to_string())?;
+                        set(d.join("cpu.cfs_quota_us"), quota.to_string())?;
+                    }
+                    "memory" => set(d.join("memory.limit_in_bytes"), mem.to_string())?,
+                    "cpuset" => inherit_cpuset(d)?,
+                    _ => {}
+                }
+            }
+        }
+        Layout::V2(_) => {
+            let d = &dirs[0];
+            // Files exist only for the controllers delegated to this subtree.
+            if d.join("memory.max").exists() {
+                set(d.join("memory.max"), mem.to_string())?;
+            }
+            if d.join("cpu.max").exists() {
+                set(d.join("cpu.max"), format!("{quota} {CFS_PERIOD_US}"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A sandbox's cgroup (one directory per hierarchy). Removed (or returned to
+/// its pool) by `delete` or on drop.
+pub struct Cgroup {
+    name: String,
+    dirs: Vec<PathBuf>,
+    pool: Option<(std::sync::Arc<CgroupPool>, String)>,
+    deleted: bool,
+}
+
+impl Cgroup {
+    /// Creates `burstvm/<name>` in every hierarchy with the given limits.
+    pub fn create(layout: &Layout, name: &str, limits: Limits) -> Result<Cgroup, CgroupError> {
+        let dirs = layout.dirs(name);
+        let mut cg = Cgroup {
+            name: name.to_string(),
+            dirs: Vec::new(),
+            pool: None,
+            deleted: false,
+        };
+        for d in &dirs {
+            fs::create_dir(d).map_err(io_err(d))?;
+            cg.dirs.push(d.clone());
+        }
+        write_limits(layout, &cg.dirs, limits)?;
+        Ok(cg)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
+    }
+
+    /// Opens every `cgroup.procs` for writing, so that a child can join all
+    /// hierarchies between fork and exec (see `join_self`).
+    pub fn open_procs(&self) -> Result<ProcsFiles, CgroupError> {
+        let mut files = Vec::new();
+        for d in &self.dirs {
+            let p = d.join("cgroup.procs");
+            files.push(
+                OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .map_err(io_err(&p))?,
+            );
+        }
+        Ok(ProcsFiles(files))
+    }
+
+    /// Moves a process into every hierarchy of this group.
+    pub fn add_pid(&self, pid: u32) -> Result<(), CgroupError> {
+        for d in &self.dirs {
+            let p = d.join("cgroup.procs");
+            fs::write(&p, pid.to_string()).map_err(io_err(&p))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the group (its tasks must have exited), or renames it back
+    /// into the pool it came from.
+    pub fn delete(&mut self) -> Result<(), CgroupError> {
+        if self.deleted {
+            return Ok(());
+        }
+        self.deleted = true;
+        if let Some((pool, slot)) = self.pool.take() {
+            return pool.give_back(&self.dirs, slot);
+        }
+        let mut first_err = None;
+        for d in self.dirs.iter().rev() {
+            if let Err(e) = rmdir_retry(d) {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        if let Err(e) = self.delete() {
+            tracing::warn!("cgroup {}: {e}", self.name);
+        }
+    }
+}
+
+/// `cgroup.procs` files opened ahead of a fork.
+pub struct ProcsFiles(Vec<File>);
+
+impl ProcsFiles {
+    pub fn raw_fds(&self) -> Vec<RawFd> {
+        self.0.iter().map(|f| f.as_raw_fd()).collect()
+    }
+}
+
+/// Writes "0" (the calling process) to each fd. Async-signal-safe: only
+/// `write(2)`, so it may run between fork and exec.
+pub fn join_self(fds: &[RawFd]) -> io::Result<()> {
+    for &fd in fds {
+        // SAFETY: writes two bytes from a static buffer to an fd we own.
+        let r = unsafe { libc::write(fd, b"0\n".as_ptr().cast(), 2) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A removed cgroup's tasks may take a moment to leave it after being reaped.
+fn rmdir_retry(d: &Path) -> Result<(), CgroupError> {
+    for i in 0.. {
+        match fs::remove_dir(d) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && i < 100 => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            Err(e) => return Err(io_err(d)(e)),
+        }
+    }
+    unreachable!()
+}
+
+/// Idle pre-created groups (RunD's rename-based cgroup pool).
+pub struct CgroupPool {
+    layout: Layout,
+    prefix: String,
+    limits: Limits,
+    idle: Mutex<Vec<String>>,
+    all: Vec<String>,
+}
+
+impl CgroupPool {
+    /// Pre-creates `count` idle groups `burstvm/<prefix>-<k>` with `limits`.
+    pub fn new(
+        layout: &Layout,
+        prefix: &str,
+        count: usize,
+        limits: Limits,
+    ) -> Result<std::sync::Arc<CgroupPool>, CgroupError> {
+        let mut all = Vec::new();
+        let pool = |all: Vec<String>| CgroupPool {
+            layout: layout.clone(),
+            prefix: prefix.to_string(),
+            limits,
+            idle: Mutex::new(all.clone()),
+            all,
+        };
+        for k in 0..count {
+            let slot = format!("{prefix}-{k}");
+            match Cgroup::create(layout, &slot, limits) {
+                Ok(mut cg) => {
+                    cg.deleted = true; // owned by the pool from now on
+                    all.push(slot);
+                }
+                Err(e) => {
+                    drop(pool(all)); // removes what was made
+                    return Err(e);
+                }
+            }
+        }
+        Ok(std::sync::Arc::new(pool(all)))
+    }
+
+    /// Takes an idle group and renames it to `name` in every hierarchy.
+    /// Falls back to creating a new group when the pool is empty.
+    pub fn take(self: &std::sync::Arc<Self>, name: &str) -> Result<Cgroup, CgroupError> {
+        let slot = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let Some(slot) = slot else {
+            return Cgroup::create(&self.layout, name, self.limits);
+        };
+        let from = self.layout.dirs(&slot);
+        let to = self.layout.dirs(name);
+        for (i, (f, t)) in from.iter().zip(&to).enumerate() {
+            if let Err(e) = fs::rename(f, t) {
+                // Undo the renames done so far and keep the slot.
+                for (f2, t2) in from.iter().zip(&to).take(i) {
+                    let _ = fs::rename(t2, f2);
+                }
+                self.idle
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(slot);
+                return Err(io_err(f)(e));
+            }
+        }
+        Ok(Cgroup {
+            name: name.to_string(),
+            dirs: to,
+            pool: Some((self.clone(), slot)),
+            deleted: false,
+        })
+    }
+
+    fn give_back(&self, dirs: &[PathBuf], slot: String) -> Result<(), CgroupError> {
+        let to = self.layout.dirs(&slot);
+        for (f, t) in dirs.iter().zip(&to) {
+            fs::rename(f, t).map_err(io_err(f))?;
+        }
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(slot);
+        Ok(())
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+}
+
+impl Drop for CgroupPool {
+    fn drop(&mut self) {
+        for slot in &self.all {
+            for d in self.layout.dirs(slot).iter().rev() {
+                if let Err(e) = rmdir_retry(d) {
+                    tracing::warn!("cgroup pool: {e}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> Option<Layout> {
+        // Needs root and a cgroup mount: present on the project's machines.
+        let l = Layout::detect().ok()?;
+        l.ensure_parents().ok()?;
+        Some(l)
+    }
+
+    #[test]
+    fn create_limit_join_and_delete() {
+        let l = layout().expect("cgroup hierarchy (run as root)");
+        let name = format!("test-{}", std::process::id());
+        let lim = Limits {
+            memory_bytes: 32 << 20,
+            cpus: 0.5,
+        };
+        let mut cg = Cgroup::create(&l, &name, lim).unwrap();
+        for d in cg.dirs() {
+            assert!(d.is_dir(), "{}", d.display());
+        }
+        if let Layout::V1(root) = &l {
+            let q = fs::read_to_string(
+                root.join("cpu/burstvm")
+                    .join(&name)
+                    .join("cpu.cfs_quota_us"),
+            );
+            assert_eq!(q.unwrap().trim(), "50000");
+            let m = fs::read_to_string(
+                root.join("memory/burstvm")
+                    .join(&name)
+                    .join("memory.limit_in_bytes"),
+            );
+            assert_eq!(
+                m.unwrap().trim(),
+                ((32u64 << 20) + VMM_OVERHEAD_BYTES).to_string()
+            );
+        }
+        // A child joins through the pre-opened procs files before exec.
+        let procs = cg.open_procs().unwrap();
+        let fds = procs.raw_fds();
+        let mut cmd = std::process::Command::new("cat");
+        cmd.arg("/proc/self/cgroup");
+        use std::os::unix::process::CommandExt;
+        // SAFETY: join_self only calls write(2).
+        unsafe { cmd.pre_exec(move || join_self(&fds)) };
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(&format!("/burstvm/{name}")), "{text}");
+        drop(procs);
+        cg.delete().unwrap();
+        for d in cg.dirs() {
+            assert!(!d.exists(), "{}", d.display());
+        }
+    }
+
+    #[test]
+    fn pool_renames_and_returns() {
+        let l = layout().expect("cgroup hierarchy (run as root)");
+        let prefix = format!("tpool-{}", std::process::id());
+        let lim = Limits {
+            memory_bytes: 16 << 20,
+            cpus: 1.0,
+        };
+        let pool = CgroupPool::new(&l, &prefix, 2, lim).unwrap();
+        let name = format!("tsb-{}", std::process::id());
+        let mut cg = pool.take(&name).unwrap();
+        assert!(l.dirs(&name).iter().all(|d| d.is_dir()));
+        assert_eq!(pool.idle.lock().unwrap().len(), 1);
+        cg.delete().unwrap();
+        assert!(l.dirs(&name).iter().all(|d| !d.exists()));
+        assert_eq!(pool.idle.lock().unwrap().len(), 2);
+        let slots = pool.all.clone();
+        drop(pool);
+        for s in slots {
+            assert!(l.dirs(&s).iter().all(|d| !d.exists()));
+        }
+    }
+}

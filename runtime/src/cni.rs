@@ -1,0 +1,315 @@
+//! Executes a CNI plugin as a container engine does (CNI spec 1.x): the
+//! network config from a file on stdin, the `CNI_*` environment, the result
+//! or error JSON on stdout.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CniError {
+    #[error("CNI config {path}: {reason}")]
+    Config { path: PathBuf, reason: String },
+    #[error("CNI plugin {plugin}: cannot run: {source}")]
+    Exec {
+        plugin: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("CNI {command} of sandbox {container}: plugin {plugin} failed with code {code}: {msg}{details}")]
+    Plugin {
+        command: &'static str,
+        container: String,
+        plugin: PathBuf,
+        code: u64,
+        msg: String,
+        details: String,
+    },
+    #[error("CNI {command} of sandbox {container}: plugin {plugin} exited with {status} and no error JSON: {output}")]
+    Status {
+        command: &'static str,
+        container: String,
+        plugin: PathBuf,
+        status: std::process::ExitStatus,
+        output: String,
+    },
+    #[error("CNI ADD of sandbox {container}: result: {reason}")]
+    Result { container: String, reason: String },
+}
+
+/// The parts of a CNI 1.x result the runtime uses.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CniResult {
+    #[serde(default)]
+    pub interfaces: Vec<Interface>,
+    #[serde(default)]
+    pub ips: Vec<IpConfig>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Interface {
+    pub name: String,
+    #[serde(default)]
+    pub mac: Option<String>,
+    #[serde(default)]
+    pub sandbox: Option<String>,
+    #[serde(default, rename = "pciID")]
+    pub pci_id: Option<String>,
+    #[serde(default, rename = "socketPath")]
+    pub socket_path: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct IpConfig {
+    pub address: String,
+    #[serde(default)]
+    pub gateway: Option<String>,
+    #[serde(default)]
+    pub interface: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ErrorJson {
+    code: u64,
+    #[serde(default)]
+    msg: String,
+    #[serde(default)]
+    details: String,
+}
+
+/// One network: a config file and the plugin binary it names.
+#[derive(Debug, Clone)]
+pub struct CniNetwork {
+    pub config_path: PathBuf,
+    config: Vec<u8>,
+    plugin: PathBuf,
+    /// Directories searched for plugins (`CNI_PATH`).
+    path: Vec<PathBuf>,
+}
+
+/// What a sandbox's ADD returned, reduced to what the VMM needs.
+#[derive(Debug, Clone)]
+pub struct Attachment {
+    pub ifname: String,
+    pub mac: Option<String>,
+    pub ip_cidr: Option<String>,
+    pub gateway: Option<String>,
+    pub vf_id: Option<String>,
+    pub vf_socket: Option<PathBuf>,
+}
+
+impl CniNetwork {
+    /// Loads the config file; the plugin (`type`) is looked up in `path`.
+    pub fn load(config_path: &Path, path: Vec<PathBuf>) -> Result<CniNetwork, CniError> {
+        let bad = |reason: String| CniError::Config {
+            path: config_path.to_path_buf(),
+            reason,
+        };
+        let config = std::fs::read(config_path).map_err(|e| bad(e.to_string()))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&config).map_err(|e| bad(format!("not JSON: {e}")))?;
+        let ty = v
+            .get("type")
+            .and_then(|t| t.as_str())
+            .ok_or_else(|| bad("missing string field \"type\"".into()))?;
+        if ty.contains('/') {
+            return Err(bad(format!("plugin type {ty:?} must be a bare name")));
+        }
+        let plugin = path
+            .iter()
+            .map(|d| d.join(ty))
+            .find(|p| p.is_file())
+            .ok_or_else(|| bad(format!("plugin {ty:?} not found in CNI_PATH {path:?}")))?;
+        Ok(CniNetwork {
+            config_path: config_path.to_path_buf(),
+            config,
+            plugin,
+            path,
+        })
+    }
+
+    fn exec(
+        &self,
+        command: &'static str,
+        container: &str,
+        netns: &Path,
+        ifname: &str,
+    ) -> Result<Vec<u8>, CniError> {
+        let cni_path = std::env::join_paths(&self.path).map_err(|e| CniError::Config {
+            path: self.config_path.clone(),
+            reason: format!("CNI_PATH: {e}"),
+        })?;
+        let mut child = Command::new(&self.plugin)
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", container)
+            .env("CNI_NETNS", netns)
+            .env("CNI_IFNAME", ifname)
+            .env("CNI_PATH", cni_path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| CniError::Exec {
+                plugin: self.plugin.clone(),
+                source,
+            })?;
+        // The config fits a pipe buffer; writing before reading cannot deadlock.
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(&self.config);
+        }
+        let out = child.wait_with_output().map_err(|source| CniError::Exec {
+            plugin: self.plugin.clone(),
+            source,
+        })?;
+        if out.status.success() {
+            return Ok(out.stdout);
+        }
+        match serde_json::from_slice::<ErrorJson>(&out.stdout) {
+            Ok(e) => Err(CniError::Plugin {
+                command,
+                container: container.to_string(),
+                plugin: self.plugin.clone(),
+                code: e.code,
+                msg: e.msg,
+                details: if e.details.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", e.details)
+                },
+            }),
+            Err(_) => Err(CniError::Status {
+                command,
+                container: container.to_string(),
+                plugin: self.plugin.clone(),
+                status: out.status,
+                output: format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout).trim(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            }),
+        }
+    }
+
+    /// CNI ADD; returns the raw result and what the VMM needs from it.
+    pub fn add(&self, container: &str, netns: &Path, ifname: &str) -> Result<Attachment, CniError> {
+        let out = self.exec("ADD", container, netns, ifname)?;
+        let bad = |reason: String| CniError::Result {
+            container: container.to_string(),
+            reason,
+        };
+        let r: CniResult = serde_json::from_slice(&out)
+            .map_err(|e| bad(format!("{e}: {}", String::from_utf8_lossy(&out))))?;
+        attachment(&r, ifname).map_err(bad)
+    }
+
+    /// CNI DEL (idempotent by spec).
+    pub fn del(&self, container: &str, netns: &Path, ifname: &str) -> Result<(), CniError> {
+        self.exec("DEL", container, netns, ifname).map(|_| ())
+    }
+}
+
+/// Picks the sandbox interface named `ifname` and its address.
+pub fn attachment(r: &CniResult, ifname: &str) -> Result<Attachment, String> {
+    let (idx, iface) = r
+        .interfaces
+        .iter()
+        .enumerate()
+        .find(|(_, i)| i.name == ifname && i.sandbox.is_some())
+        .or_else(|| {
+            r.interfaces
+                .iter()
+                .enumerate()
+                .find(|(_, i)| i.name == ifname)
+        })
+        .ok_or_else(|| format!("no interface {ifname:?} in the result"))?;
+    let ip = r
+        .ips
+        .iter()
+        .find(|ip| ip.interface == Some(idx))
+        .or_else(|| r.ips.first());
+    Ok(Attachment {
+        ifname: ifname.to_string(),
+        mac: iface.mac.clone(),
+        ip_cidr: ip.map(|i| i.address.clone()),
+        gateway: ip.and_then(|i| i.gateway.clone()),
+        vf_id: iface.pci_id.clone(),
+        vf_socket: iface.socket_path.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_parsing_picks_the_sandbox_interface() {
+        let json = r#"{"cniVersion":"1.1.0",
+            "interfaces":[{"name":"eth0","mac":"02:42:bf:00:00:03","sandbox":"/run/netns/x",
+                           "pciID":"0000:b1:00.3","socketPath":"/run/burstvm/nic/pf0-vf3.sock"}],
+            "ips":[{"address":"10.77.0.5/16","gateway":"10.77.0.1","interface":0}]}"#;
+        let r: CniResult = serde_json::from_str(json).unwrap();
+        let a = attachment(&r, "eth0").unwrap();
+        assert_eq!(a.mac.as_deref(), Some("02:42:bf:00:00:03"));
+        assert_eq!(a.ip_cidr.as_deref(), Some("10.77.0.5/16"));
+        assert_eq!(a.gateway.as_deref(), Some("10.77.0.1"));
+        assert_eq!(a.vf_id.as_deref(), Some("0000:b1:00.3"));
+        assert_eq!(
+            a.vf_socket.unwrap(),
+            PathBuf::from("/run/burstvm/nic/pf0-vf3.sock")
+        );
+        assert!(attachment(&r, "eth1").is_err());
+    }
+
+    #[test]
+    fn plugin_errors_and_env_are_passed_through() {
+        // A shell-script plugin that echoes its env on ADD and fails on DEL.
+        let dir = std::env::temp_dir().join(format!("burstvm-cni-exec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let plugin = dir.join("fake-plugin");
+        std::fs::write(
+            &plugin,
+            "#!/bin/sh\nread -r cfg\nif [ \"$CNI_COMMAND\" = ADD ]; then\n\
+             printf '{\"interfaces\":[{\"name\":\"%s\",\"mac\":\"02:00:00:00:00:01\",\"sandbox\":\"%s\"}],\"ips\":[{\"address\":\"10.9.0.2/24\",\"interface\":0}]}' \"$CNI_IFNAME\" \"$CNI_NETNS\"\n\
+             else printf '{\"cniVersion\":\"1.1.0\",\"code\":11,\"msg\":\"busy %s\",\"details\":\"stdin %s bytes\"}' \"$CNI_CONTAINERID\" \"${#cfg}\"; exit 1; fi\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let conf = dir.join("net.conf");
+        std::fs::write(
+            &conf,
+            "{\"cniVersion\":\"1.1.0\",\"name\":\"n\",\"type\":\"fake-plugin\"}\n",
+        )
+        .unwrap();
+        let net =
+            CniNetwork::load(&conf, vec![PathBuf::from("/nonexistent"), dir.clone()]).unwrap();
+        let a = net.add("sb1", Path::new("/run/netns/sb1"), "eth7").unwrap();
+        assert_eq!(a.ifname, "eth7");
+        assert_eq!(a.ip_cidr.as_deref(), Some("10.9.0.2/24"));
+        let e = net
+            .del("sb1", Path::new("/run/netns/sb1"), "eth7")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("code 11") && e.contains("busy sb1") && e.contains("fake-plugin"),
+            "{e}"
+        );
+        let conf_len = std::fs::read_to_string(&conf).unwrap().trim_end().len();
+        assert!(
+            e.contains(&format!("stdin {conf_len} bytes")),
+            "config reached stdin: {e}"
+        );
+        std::fs::write(&conf, "{\"type\":\"missing-plugin\"}").unwrap();
+        let e = CniNetwork::load(&conf, vec![dir.clone()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("missing-plugin") && e.contains("net.conf"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

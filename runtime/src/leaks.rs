@@ -1,0 +1,114 @@
+//! After every run: nothing this runtime created may be left behind.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::netns;
+use crate::runtime::Runtime;
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct LeakReport {
+    pub netns: Vec<String>,
+    pub links: Vec<String>,
+    pub cgroups: Vec<String>,
+    pub assigned_vfs: Vec<String>,
+    pub vmm_pids: Vec<u32>,
+    pub pool_lent_memfds: u64,
+    pub pool_clients: usize,
+    /// A check that could not run (e.g. the NIC daemon did not answer).
+    pub errors: Vec<String>,
+}
+
+impl LeakReport {
+    pub fn is_clean(&self) -> bool {
+        *self == LeakReport::default()
+    }
+
+    pub fn describe(&self) -> String {
+        if self.is_clean() {
+            return "leak check: clean (no netns, link, cgroup, assigned VF, VMM process or lent pool memory left)".into();
+        }
+        let mut parts = Vec::new();
+        let mut add = |what: &str, v: &[String]| {
+            if !v.is_empty() {
+                parts.push(format!("{what}: {}", v.join(", ")));
+            }
+        };
+        add("netns", &self.netns);
+        add("links", &self.links);
+        add("cgroups", &self.cgroups);
+        add("assigned VFs", &self.assigned_vfs);
+        add("errors", &self.errors);
+        if !self.vmm_pids.is_empty() {
+            parts.push(format!("VMM pids: {:?}", self.vmm_pids));
+        }
+        if self.pool_lent_memfds > 0 || self.pool_clients > 0 {
+            parts.push(format!(
+                "pool: {} memfds lent, {} clients connected",
+                self.pool_lent_memfds, self.pool_clients
+            ));
+        }
+        format!("leak check: LEAKS FOUND: {}", parts.join("; "))
+    }
+}
+
+/// Looks for anything of this runtime's sandboxes still alive. Pool memory
+/// comes back asynchronously when a VMM's connection closes, so the check
+/// waits up to `grace` for it.
+pub fn check(rt: &Runtime, grace: Duration) -> LeakReport {
+    let prefix = rt.sandbox_prefix();
+    let deadline = Instant::now() + grace;
+    loop {
+        let mut r = LeakReport {
+            netns: netns::list(&prefix),
+            cgroups: rt
+                .layout()
+                .list()
+                .into_iter()
+                .filter(|c| c.starts_with(&prefix))
+                .collect(),
+            vmm_pids: vmm_processes(&prefix),
+            pool_lent_memfds: rt.pool().stats().lent_memfds,
+            pool_clients: rt.pool_clients(),
+            ..Default::default()
+        };
+        match rt.assigned_vfs() {
+            Ok(v) => r.assigned_vfs = v,
+            Err(e) => r.errors.push(format!("NIC daemon: {e}")),
+        }
+        match rt.leftover_links() {
+            Ok(v) => r.links = v,
+            Err(e) => r.errors.push(e),
+        }
+        if r.is_clean() || Instant::now() >= deadline {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Pids of `burstvm vmm --sandbox <prefix>...` processes.
+pub fn vmm_processes(prefix: &str) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.filter_map(|e| e.ok()) {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+        let is_vmm = args.get(1) == Some(&&b"vmm"[..]);
+        let ours = args
+            .windows(2)
+            .any(|w| w[0] == b"--sandbox" && w[1].starts_with(prefix.as_bytes()));
+        if is_vmm && ours {
+            out.push(pid);
+        }
+    }
+    out
+}

@@ -1,0 +1,610 @@
+//! The long-lived runtime process: it owns the page-pool server (a thread),
+//! the NIC daemon (a child), the server netns with the echo server, the CNI
+//! network config, and the state directory. Sandboxes borrow it.
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use guestmem::pool::{Pool, PoolServer};
+use trace::Stage;
+
+use crate::cgroup::{Cgroup, CgroupError, CgroupPool, Layout, Limits};
+use crate::cni::{Attachment, CniNetwork};
+use crate::uplink::{self, Addressing, ServerNet};
+use crate::variant::{DevsetLock, NetKind, Variant};
+
+/// The guest-side interface for the `tap` variant, inside the sandbox netns.
+pub const TAP_IF: &str = "tap0";
+const PF: &str = "pf0";
+/// VF-variant guests get addresses from host-local in this part of the /16 …
+const VF_RANGE: (&str, &str) = ("10.77.1.1", "10.77.127.254");
+/// … and `tap` guests from the runtime's own allocator in this part.
+const TAP_RANGE: (u32, u32) = (0x0a4d_8001, 0x0a4d_fffe); // 10.77.128.1 ..= 10.77.255.254
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("runtime state directory {path}: {source}")]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error(transparent)]
+    Uplink(#[from] uplink::UplinkError),
+    #[error(transparent)]
+    Cni(#[from] crate::cni::CniError),
+    #[error(transparent)]
+    Pool(#[from] guestmem::pool::Error),
+    #[error("NIC daemon ({bin} nic): {reason}")]
+    Nic { bin: PathBuf, reason: String },
+    #[error("CNI plugin burstvm-cni not found next to {bin} nor in {path:?}")]
+    NoCniPlugin { bin: PathBuf, path: Vec<PathBuf> },
+}
+
+/// How to set the runtime up.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// The `burstvm` binary spawned as `burstvm vmm` / `burstvm nic`.
+    pub bin: PathBuf,
+    /// Trace file every stage of every sandbox is appended to.
+    pub trace_path: Option<PathBuf>,
+    /// Number of VFs the NIC daemon creates (≥ the largest concurrency).
+    pub vfs: usize,
+    /// Whether any variant with a network will run (starts NIC, server netns, CNI).
+    pub network: bool,
+    /// Pre-create this many cgroups and take them by rename (RunD); 0 = mkdir per sandbox.
+    pub cgroup_pool: usize,
+    /// Cgroup limits of pooled groups (must match the sandboxes').
+    pub cgroup_limits: Limits,
+}
+
+/// One runtime instance; everything it created is removed on drop.
+pub struct Runtime {
+    cfg: RuntimeConfig,
+    /// Short unique tag in every name this runtime creates (netns, links, cgroups).
+    tag: String,
+    state_dir: PathBuf,
+    trace_path: PathBuf,
+    layout: Layout,
+    cgroup_pool: Option<Arc<CgroupPool>>,
+    pool: Option<PoolServer>,
+    nic: Mutex<Option<NicDaemon>>,
+    cni: Option<CniNetwork>,
+    server: Option<ServerNet>,
+    tap_free: Mutex<BTreeSet<u32>>,
+    interrupted: Arc<AtomicBool>,
+}
+
+/// The guest's link parameters as read back from the sandbox netns.
+#[derive(Debug, Clone)]
+pub struct GuestLink {
+    pub vf_id: String,
+    pub mac: [u8; 6],
+    pub ip: Ipv4Addr,
+    pub prefix_len: u8,
+    pub gateway: Option<Ipv4Addr>,
+}
+
+static SIGINT: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    SIGINT.store(true, Ordering::SeqCst);
+}
+
+/// Ctrl-C sets a flag that every wait loop checks; teardown then runs normally.
+pub fn install_sigint_handler() {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_sigint as *const () as libc::sighandler_t);
+    }
+}
+
+pub fn sigint_received() -> bool {
+    SIGINT.load(Ordering::SeqCst)
+}
+
+impl Runtime {
+    pub fn new(cfg: RuntimeConfig) -> Result<Runtime, RuntimeError> {
+        let tag = unique_tag();
+        let state_dir = PathBuf::from(format!("/run/burstvm/rt-{tag}"));
+        std::fs::create_dir_all(&state_dir).map_err(|source| RuntimeError::StateDir {
+            path: state_dir.clone(),
+            source,
+        })?;
+        let trace_path = cfg
+            .trace_path
+            .clone()
+            .unwrap_or_else(|| state_dir.join("trace.jsonl"));
+        let layout = Layout::detect()?;
+        let mut rt = Runtime {
+            tag: tag.clone(),
+            trace_path,
+            layout: layout.clone(),
+            cgroup_pool: None,
+            pool: None,
+            nic: Mutex::new(None),
+            cni: None,
+            server: None,
+            tap_free: Mutex::new((TAP_RANGE.0..=TAP_RANGE.1).collect()),
+            interrupted: Arc::new(AtomicBool::new(false)),
+            state_dir,
+            cfg,
+        };
+        // From here on, a failure drops `rt`, which removes what was made.
+        rt.layout.ensure_parents()?;
+        if rt.cfg.cgroup_pool > 0 {
+            rt.cgroup_pool = Some(CgroupPool::new(
+                &layout,
+                &format!("pool-{tag}"),
+                rt.cfg.cgroup_pool,
+                rt.cfg.cgroup_limits,
+            )?);
+        }
+        // The pool is filled by the tenants themselves; pre-zeroing only on request, so that
+        // every variant starts from the same state.
+        rt.pool = Some(PoolServer::start_with(
+            rt.state_dir.join("pool.sock"),
+            Arc::new(Pool::new(None)),
+            false,
+        )?);
+        if rt.cfg.network {
+            rt.server = Some(ServerNet::create(&tag, Addressing::default())?);
+            rt.write_cni_config()?;
+        }
+        Ok(rt)
+    }
+
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    pub fn bin(&self) -> &Path {
+        &self.cfg.bin
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    pub fn trace_path(&self) -> &Path {
+        &self.trace_path
+    }
+
+    pub fn interrupted(&self) -> bool {
+        sigint_received() || self.interrupted.load(Ordering::Relaxed)
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        self.pool
+            .as_ref()
+            .expect("pool server runs while the runtime lives")
+            .pool()
+    }
+
+    pub fn pool_socket(&self) -> Option<&Path> {
+        self.pool.as_ref().map(|p| p.path())
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn cni(&self) -> Option<&CniNetwork> {
+        self.cni.as_ref()
+    }
+
+    pub fn server(&self) -> &ServerNet {
+        self.server
+            .as_ref()
+            .expect("network variants run with the server netns")
+    }
+
+    pub fn has_network(&self) -> bool {
+        self.server.is_some()
+    }
+
+    pub fn cgroup_for(&self, id: &str, limits: Limits) -> Result<Cgroup, CgroupError> {
+        match &self.cgroup_pool {
+            Some(p) => p.take(id),
+            None => Cgroup::create(&self.layout, id, limits),
+        }
+    }
+
+    /// Sandbox names made by this runtime start with this.
+    pub fn sandbox_prefix(&self) -> String {
+        format!("bv{}-", self.tag)
+    }
+
+    fn write_cni_config(&mut self) -> Result<(), RuntimeError> {
+        let a = self.server().addressing();
+        let conf = serde_json::json!({
+            "cniVersion": "1.1.0",
+            "name": format!("burstvm-{}", self.tag),
+            "type": "burstvm-cni",
+            "nicSocket": self.nic_socket(),
+            "pf": PF,
+            "ipam": {
+                "type": "host-local",
+                "dataDir": self.state_dir.join("ipam"),
+                "ranges": [[{
+                    "subnet": format!("{}/{}", Ipv4Addr::from(u32::from(a.server_ip) & !((1u32 << (32 - a.prefix_len)) - 1)), a.prefix_len),
+                    "rangeStart": VF_RANGE.0,
+                    "rangeEnd": VF_RANGE.1,
+                    "gateway": a.server_ip.to_string(),
+                }]],
+                "routes": [{"dst": "0.0.0.0/0"}],
+            }
+        });
+        let path = self.state_dir.join("net.conf");
+        std::fs::write(&path, serde_json::to_vec_pretty(&conf).expect("json")).map_err(
+            |source| RuntimeError::StateDir {
+                path: path.clone(),
+                source,
+            },
+        )?;
+        let cni_path = cni_path(&self.cfg.bin);
+        if !cni_path.iter().any(|d| d.join("burstvm-cni").is_file()) {
+            return Err(RuntimeError::NoCniPlugin {
+                bin: self.cfg.bin.clone(),
+                path: cni_path,
+            });
+        }
+        self.cni = Some(CniNetwork::load(&path, cni_path)?);
+        Ok(())
+    }
+
+    pub fn nic_socket(&self) -> PathBuf {
+        self.state_dir.join("nic.sock")
+    }
+
+    /// Makes sure the NIC daemon runs with the lock policy `variant` needs;
+    /// restarts it when the policy differs (no sandbox may be alive then).
+    pub fn prepare_variant(&self, variant: Variant) -> Result<(), RuntimeError> {
+        let Some(lock) = variant.policy().devset_lock else {
+            return Ok(());
+        };
+        let mut nic = self.nic.lock().unwrap_or_else(|e| e.into_inner());
+        if nic.as_ref().is_some_and(|n| n.lock == lock) {
+            return Ok(());
+        }
+        if let Some(old) = nic.take() {
+            old.stop();
+        }
+        *nic = Some(NicDaemon::spawn(self, lock)?);
+        Ok(())
+    }
+
+    /// The VF's vhost-user socket, asked from the NIC daemon.
+    pub fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, String> {
+        let mut c = nic::control::Client::connect(&self.nic_socket()).map_err(|e| e.to_string())?;
+        Ok(c.get_by_id(vf_id).map_err(|e| e.to_string())?.socket)
+    }
+
+    /// VFs the NIC daemon still has assigned (leak check).
+    pub fn assigned_vfs(&self) -> Result<Vec<String>, String> {
+        if self.nic.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            return Ok(Vec::new());
+        }
+        let mut c = nic::control::Client::connect(&self.nic_socket()).map_err(|e| e.to_string())?;
+        Ok(c.list()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|v| v.sandbox.is_some())
+            .map(|v| format!("{} ({})", v.id, v.sandbox.unwrap_or_default()))
+            .collect())
+    }
+
+    pub fn pool_clients(&self) -> usize {
+        self.pool.as_ref().map_or(0, |p| p.clients())
+    }
+
+    /// `tap`-variant veth ends still in the server netns.
+    pub fn leftover_links(&self) -> Result<Vec<String>, String> {
+        let Some(srv) = &self.server else {
+            return Ok(Vec::new());
+        };
+        let names = crate::netns::run_in_path(&srv.netns_path(), || {
+            nix::net::if_::if_nameindex().map(|l| {
+                l.iter()
+                    .map(|i| i.name().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("list links of {}: {e}", srv.netns_name()))?;
+        Ok(names.into_iter().filter(|n| n.starts_with("vt")).collect())
+    }
+
+    pub fn alloc_tap_ip(&self) -> Option<Ipv4Addr> {
+        self.tap_free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_first()
+            .map(Ipv4Addr::from)
+    }
+
+    pub fn free_tap_ip(&self, ip: Ipv4Addr) {
+        self.tap_free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(u32::from(ip));
+    }
+
+    /// Software CNI for `tap`: in the sandbox netns a tap and a veth bridged
+    /// together; the veth's peer joins the server bridge.
+    pub fn tap_attach(&self, id: &str, ns: &str, ip: Ipv4Addr) -> Result<GuestLink, String> {
+        let peer = self.tap_peer_name(id);
+        let srv = self.server();
+        let sns = srv.netns_name().to_string();
+        let batch = format!(
+            "tuntap add dev {TAP_IF} mode tap\n\
+             link add br0 type bridge forward_delay 0\n\
+             link add eth0 type veth peer name {peer} netns {sns}\n\
+             link set {TAP_IF} master br0\nlink set eth0 master br0\n\
+             link set {TAP_IF} up\nlink set eth0 up\nlink set br0 up\n"
+        );
+        ip_batch(Some(ns), &batch)?;
+        ip_batch(
+            Some(&sns),
+            &format!(
+                "link set {peer} master {}\nlink set {peer} up\n",
+                uplink::SERVER_BRIDGE
+            ),
+        )?;
+        let a = srv.addressing();
+        Ok(GuestLink {
+            vf_id: String::new(),
+            mac: tap_guest_mac(ip),
+            ip,
+            prefix_len: a.prefix_len,
+            gateway: Some(a.server_ip),
+        })
+    }
+
+    /// Removes the server-side veth end (the sandbox side goes with its netns).
+    pub fn tap_detach(&self, id: &str) -> Result<(), String> {
+        let peer = self.tap_peer_name(id);
+        let sns = self.server().netns_name().to_string();
+        match ip_batch(Some(&sns), &format!("link del {peer}\n")) {
+            Err(e) if e.contains("Cannot find device") => Ok(()),
+            r => r,
+        }
+    }
+
+    fn tap_peer_name(&self, id: &str) -> String {
+        // IFNAMSIZ: "vt" + a hash of the sandbox id.
+        let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+        format!("vt{:012x}", h & 0xffff_ffff_ffff)
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(n) = self.nic.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            n.stop();
+        }
+        self.cni = None;
+        self.server = None;
+        if let Some(p) = self.pool.take() {
+            p.shutdown();
+        }
+        self.cgroup_pool = None;
+        // BURSTVM_KEEP_LOGS=1 keeps the state directory (NIC log, VMM stderr) for debugging.
+        if std::env::var_os("BURSTVM_KEEP_LOGS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.state_dir);
+        }
+    }
+}
+
+/// A locally administered MAC for a `tap` guest, derived from its address.
+pub fn tap_guest_mac(ip: Ipv4Addr) -> [u8; 6] {
+    let o = ip.octets();
+    [0x02, 0x42, 0xb7, o[1], o[2], o[3]]
+}
+
+fn ip_batch(ns: Option<&str>, batch: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut cmd = Command::new("ip");
+    if let Some(ns) = ns {
+        cmd.args(["-n", ns]);
+    }
+    let mut child = cmd
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("run ip: {e}"))?;
+    if let Some(mut i) = child.stdin.take() {
+        let _ = i.write_all(batch.as_bytes());
+    }
+    let out = child.wait_with_output().map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip -n {} -batch: {}",
+            ns.unwrap_or("-"),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Directories searched for CNI plugins: next to `burstvm`, then the usual places.
+pub fn cni_path(bin: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Some(d) = bin.parent() {
+        v.push(d.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("CNI_PATH") {
+        v.extend(std::env::split_paths(&p));
+    }
+    v.push(PathBuf::from("/opt/cni/bin"));
+    if let Some(h) = std::env::var_os("HOME") {
+        v.push(Path::new(&h).join("go/bin"));
+    }
+    v
+}
+
+/// The placeholder link the CNI plugin left in the sandbox netns: VF id,
+/// MAC, address and gateway (as Kata reads a VF's host interface).
+pub fn read_link(netns: &Path, ifname: &str, att: &Attachment) -> Result<GuestLink, String> {
+    let p = cni::placeholder::read_placeholder(netns, ifname).map_err(|e| e.to_string())?;
+    let v4 = p
+        .addresses
+        .iter()
+        .find_map(|a| match a.addr {
+            std::net::IpAddr::V4(ip) => Some((ip, a.prefix)),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            format!(
+                "placeholder {ifname} in {}: no IPv4 address",
+                netns.display()
+            )
+        })?;
+    let gateway = match p.gateway {
+        Some(std::net::IpAddr::V4(g)) => Some(g),
+        _ => att.gateway.as_deref().and_then(|g| g.parse().ok()),
+    };
+    Ok(GuestLink {
+        vf_id: p.vf_id.clone(),
+        mac: p.mac,
+        ip: v4.0,
+        prefix_len: v4.1,
+        gateway,
+    })
+}
+
+/// The stages a sandbox of `variant` goes through, in order.
+pub fn expected_stages(variant: Variant) -> Vec<Stage> {
+    let p = variant.policy();
+    let mut v = vec![Stage::Cgroup, Stage::Netns];
+    if p.net != NetKind::None {
+        v.push(Stage::CniAdd);
+    }
+    v.push(Stage::VmmSpawn);
+    if p.dma_ram {
+        v.push(Stage::DmaRam);
+    }
+    if p.dma_image {
+        v.push(Stage::DmaImage);
+    }
+    if p.net == NetKind::Vf {
+        v.push(Stage::VfOpen);
+    }
+    v.push(Stage::Boot);
+    if p.net != NetKind::None {
+        v.push(Stage::VfDriver);
+    }
+    v.extend([Stage::AppLaunch, Stage::Ready]);
+    v
+}
+
+fn unique_tag() -> String {
+    // pid plus a per-process counter, base 36, short enough for interface names.
+    use std::sync::atomic::AtomicU32;
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = (std::process::id() as u64) * 64 + (N.fetch_add(1, Ordering::Relaxed) % 64) as u64;
+    let mut s = String::new();
+    let mut x = n;
+    loop {
+        s.insert(0, char::from_digit((x % 36) as u32, 36).unwrap());
+        x /= 36;
+        if x == 0 {
+            break;
+        }
+    }
+    s
+}
+
+/// The NIC daemon child, with the lock policy it was started with.
+pub struct NicDaemon {
+    child: Child,
+    pub lock: DevsetLock,
+}
+
+impl NicDaemon {
+    fn spawn(rt: &Runtime, lock: DevsetLock) -> Result<NicDaemon, RuntimeError> {
+        let err = |reason: String| RuntimeError::Nic {
+            bin: rt.cfg.bin.clone(),
+            reason,
+        };
+        let sock = rt.nic_socket();
+        let _ = std::fs::remove_file(&sock);
+        let log =
+            std::fs::File::create(rt.state_dir.join("nic.log")).map_err(|e| err(e.to_string()))?;
+        let mut cmd = Command::new(&rt.cfg.bin);
+        cmd.arg("nic")
+            .args(["--pf", PF])
+            .args(["--vfs", &rt.cfg.vfs.clamp(1, nic::MAX_VFS).to_string()])
+            .args(["--devset-lock", lock.as_arg()])
+            .arg("--control")
+            .arg(&sock)
+            .arg("--state-dir")
+            .arg(rt.state_dir.join("nic"))
+            .arg("--uplink")
+            .arg(format!(
+                "veth:{}/{}",
+                rt.server().netns_name(),
+                rt.server().uplink_if()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        // SAFETY: setpgid/prctl are async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::setpgid(0, 0);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| err(format!("spawn: {e}")))?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if nic::control::Client::connect(&sock).is_ok() {
+                return Ok(NicDaemon { child, lock });
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                let log = std::fs::read_to_string(rt.state_dir.join("nic.log")).unwrap_or_default();
+                return Err(err(format!("exited with {st}: {}", log.trim())));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(err(format!(
+                    "control socket {} did not appear within 20 s",
+                    sock.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(mut self) {
+        // SIGTERM first so that it removes its sockets; SIGKILL if it hangs.
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,356 @@
+//! Startup statistics over merged traces: end-to-end time per sandbox and the
+//! per-stage shares of FastIOV's Table 1.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use trace::{Stage, TraceEvent};
+
+/// One sandbox's startup, derived from its trace events.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxTimes {
+    pub sandbox: String,
+    /// From the round's issue instant to the end of the sandbox's last stage.
+    pub e2e_ns: u64,
+    /// Summed duration of each stage present.
+    pub stages: BTreeMap<Stage, u64>,
+}
+
+impl SandboxTimes {
+    pub fn vf_related_ns(&self) -> u64 {
+        self.stages
+            .iter()
+            .filter(|(s, _)| s.is_vf_related())
+            .map(|(_, d)| d)
+            .sum()
+    }
+}
+
+/// Groups `events` by sandbox; `origin_ns` is the instant the creations were
+/// issued (None: each sandbox's own first start).
+pub fn per_sandbox(events: &[TraceEvent], origin_ns: Option<u64>) -> Vec<SandboxTimes> {
+    let mut by: BTreeMap<&str, Vec<&TraceEvent>> = BTreeMap::new();
+    for e in events {
+        by.entry(e.sandbox.as_str()).or_default().push(e);
+    }
+    by.into_iter()
+        .map(|(sb, evs)| {
+            let start = evs.iter().map(|e| e.start_ns).min().unwrap_or(0);
+            let end = evs.iter().map(|e| e.end_ns).max().unwrap_or(0);
+            let origin = origin_ns.unwrap_or(start).min(start);
+            let mut stages = BTreeMap::new();
+            for e in &evs {
+                *stages.entry(e.stage).or_insert(0) += e.duration_ns();
+            }
+            SandboxTimes {
+                sandbox: sb.to_string(),
+                e2e_ns: end.saturating_sub(origin),
+                stages,
+            }
+        })
+        .collect()
+}
+
+/// Nearest-rank percentile (q in 0..=1) of unsorted values; 0 when empty.
+pub fn percentile(values: &[u64], q: f64) -> u64 {
+    if values.is_empty() {
+        return 0;
+    }
+    let mut v = values.to_vec();
+    v.sort_unstable();
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+fn mean(values: &[u64]) -> f64 {
+    if values.is_empty() {
+        0.0
+    } else {
+        values.iter().map(|&v| v as f64).sum::<f64>() / values.len() as f64
+    }
+}
+
+fn ms(ns: f64) -> f64 {
+    ns / 1e6
+}
+
+fn share(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        part / whole
+    } else {
+        0.0
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageStats {
+    pub stage: Stage,
+    /// Sandboxes in which the stage appears.
+    pub count: usize,
+    pub avg_ms: f64,
+    /// avg stage time / avg end-to-end time.
+    pub avg_share: f64,
+    pub p99_ms: f64,
+    /// p99 stage time / p99 end-to-end time.
+    pub p99_share: f64,
+}
+
+/// Reduction of a variant against vanilla: 1 - variant/vanilla.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reduction {
+    pub avg: f64,
+    pub p99: f64,
+    pub vf_related_avg: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupStats {
+    pub variant: String,
+    pub concurrency: usize,
+    /// Sandboxes that reached `ready`.
+    pub ready: usize,
+    pub failed: usize,
+    pub avg_ms: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub stages: Vec<StageStats>,
+    pub vf_related_avg_ms: f64,
+    pub vf_related_avg_share: f64,
+    pub vf_related_p99_ms: f64,
+    pub vf_related_p99_share: f64,
+    pub vs_vanilla: Option<Reduction>,
+    /// Ready sandboxes whose first request the echo server answered (None: no network).
+    #[serde(default)]
+    pub answered: Option<usize>,
+}
+
+/// Statistics of one round (the sandboxes that reached `ready`).
+pub fn group_stats(
+    variant: &str,
+    concurrency: usize,
+    sandboxes: &[SandboxTimes],
+    failed: usize,
+) -> GroupStats {
+    let e2e: Vec<u64> = sandboxes.iter().map(|s| s.e2e_ns).collect();
+    let avg = mean(&e2e);
+    let p99 = percentile(&e2e, 0.99) as f64;
+    let mut stages = Vec::new();
+    for st in Stage::ALL {
+        let d: Vec<u64> = sandboxes
+            .iter()
+            .filter_map(|s| s.stages.get(&st).copied())
+            .collect();
+        if d.is_empty() {
+            continue;
+        }
+        // Averaged over all sandboxes, so that shares add up like Table 1.
+        let st_avg = d.iter().sum::<u64>() as f64 / sandboxes.len() as f64;
+        let st_p99 = percentile(&d, 0.99) as f64;
+        stages.push(StageStats {
+            stage: st,
+            count: d.len(),
+            avg_ms: ms(st_avg),
+            avg_share: share(st_avg, avg),
+            p99_ms: ms(st_p99),
+            p99_share: share(st_p99, p99),
+        });
+    }
+    let vf: Vec<u64> = sandboxes.iter().map(|s| s.vf_related_ns()).collect();
+    let vf_avg = mean(&vf);
+    let vf_p99 = percentile(&vf, 0.99) as f64;
+    GroupStats {
+        variant: variant.to_string(),
+        concurrency,
+        ready: sandboxes.len(),
+        failed,
+        avg_ms: ms(avg),
+        p50_ms: ms(percentile(&e2e, 0.5) as f64),
+        p99_ms: ms(p99),
+        max_ms: ms(e2e.iter().copied().max().unwrap_or(0) as f64),
+        stages,
+        vf_related_avg_ms: ms(vf_avg),
+        vf_related_avg_share: share(vf_avg, avg),
+        vf_related_p99_ms: ms(vf_p99),
+        vf_related_p99_share: share(vf_p99, p99),
+        vs_vanilla: None,
+        answered: None,
+    }
+}
+
+/// Fills `vs_vanilla` of every group that has a vanilla group at the same concurrency.
+pub fn add_reductions(groups: &mut [GroupStats]) {
+    let base: Vec<(usize, f64, f64, f64)> = groups
+        .iter()
+        .filter(|g| g.variant == "vanilla" && g.ready > 0)
+        .map(|g| (g.concurrency, g.avg_ms, g.p99_ms, g.vf_related_avg_ms))
+        .collect();
+    let red = |b: f64, v: f64| if b > 0.0 { 1.0 - v / b } else { 0.0 };
+    for g in groups.iter_mut() {
+        if let Some(&(_, a, p, vf)) = base.iter().find(|b| b.0 == g.concurrency) {
+            if g.variant != "vanilla" && g.ready > 0 {
+                g.vs_vanilla = Some(Reduction {
+                    avg: red(a, g.avg_ms),
+                    p99: red(p, g.p99_ms),
+                    vf_related_avg: red(vf, g.vf_related_avg_ms),
+                });
+            }
+        }
+    }
+}
+
+/// The stdout table: one block per variant, Table 1 shape.
+pub fn format_table(groups: &[GroupStats]) -> String {
+    let mut out = String::new();
+    for g in groups {
+        out.push_str(&format!(
+            "\n== {} (concurrency {}, {} ready, {} failed)\n",
+            g.variant, g.concurrency, g.ready, g.failed
+        ));
+        out.push_str(&format!(
+            "end-to-end ms: avg {:.1}  p50 {:.1}  p99 {:.1}  max {:.1}\n",
+            g.avg_ms, g.p50_ms, g.p99_ms, g.max_ms
+        ));
+        if let Some(a) = g.answered {
+            out.push_str(&format!(
+                "requests answered by the echo server: {a}/{}\n",
+                g.ready
+            ));
+        }
+        out.push_str(&format!(
+            "{:<12} {:>10} {:>8} {:>10} {:>8}\n",
+            "stage", "avg ms", "% avg", "p99 ms", "% p99"
+        ));
+        for s in &g.stages {
+            out.push_str(&format!(
+                "{:<12} {:>10.2} {:>7.1}% {:>10.2} {:>7.1}%\n",
+                s.stage.name(),
+                s.avg_ms,
+                s.avg_share * 100.0,
+                s.p99_ms,
+                s.p99_share * 100.0
+            ));
+        }
+        out.push_str(&format!(
+            "{:<12} {:>10.2} {:>7.1}% {:>10.2} {:>7.1}%\n",
+            "VF-related",
+            g.vf_related_avg_ms,
+            g.vf_related_avg_share * 100.0,
+            g.vf_related_p99_ms,
+            g.vf_related_p99_share * 100.0
+        ));
+        if let Some(r) = &g.vs_vanilla {
+            // Signed change against vanilla: -65.7% means 65.7% less time.
+            out.push_str(&format!(
+                "vs vanilla: avg {:+.1}%  p99 {:+.1}%  VF-related {:+.1}%\n",
+                -r.avg * 100.0,
+                -r.p99 * 100.0,
+                -r.vf_related_avg * 100.0
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(sb: &str, stage: Stage, s: u64, e: u64) -> TraceEvent {
+        TraceEvent {
+            sandbox: sb.into(),
+            stage,
+            start_ns: s,
+            end_ns: e,
+        }
+    }
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn percentile_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.5), 50);
+        assert_eq!(percentile(&v, 0.99), 99);
+        assert_eq!(percentile(&v, 1.0), 100);
+        assert_eq!(percentile(&[7], 0.99), 7);
+        assert_eq!(percentile(&[], 0.5), 0);
+        assert_eq!(percentile(&[3, 1, 2], 0.5), 2);
+    }
+
+    #[test]
+    fn e2e_is_measured_from_the_issue_instant() {
+        let evs = vec![
+            ev("a", Stage::Cgroup, 10 * MS, 12 * MS),
+            ev("a", Stage::Ready, 20 * MS, 30 * MS),
+            ev("b", Stage::Cgroup, 15 * MS, 16 * MS),
+            ev("b", Stage::VfOpen, 16 * MS, 26 * MS),
+            ev("b", Stage::VfOpen, 26 * MS, 27 * MS),
+        ];
+        let t = per_sandbox(&evs, Some(10 * MS));
+        assert_eq!(t.len(), 2);
+        assert_eq!(t[0].e2e_ns, 20 * MS);
+        assert_eq!(t[1].e2e_ns, 17 * MS); // waited 5 ms before its first stage
+        assert_eq!(t[1].stages[&Stage::VfOpen], 11 * MS);
+        assert_eq!(t[1].vf_related_ns(), 11 * MS);
+        let own = per_sandbox(&evs, None);
+        assert_eq!(own[1].e2e_ns, 12 * MS);
+    }
+
+    fn synthetic(variant_scale: u64, n: u64) -> Vec<SandboxTimes> {
+        (0..n)
+            .map(|i| {
+                let mut stages = BTreeMap::new();
+                stages.insert(Stage::Cgroup, MS);
+                stages.insert(Stage::VfOpen, variant_scale * (i + 1) * MS);
+                stages.insert(Stage::Boot, 4 * MS);
+                SandboxTimes {
+                    sandbox: format!("s{i}"),
+                    e2e_ns: MS + variant_scale * (i + 1) * MS + 4 * MS,
+                    stages,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn shares_and_reductions() {
+        let van = synthetic(10, 100);
+        let fast = synthetic(1, 100);
+        let mut gs = vec![
+            group_stats("vanilla", 100, &van, 0),
+            group_stats("fastiov", 100, &fast, 1),
+        ];
+        add_reductions(&mut gs);
+        let v = &gs[0];
+        // e2e_i = 5 + 10*(i+1) ms: mean 510, p50 = 505, p99 = 995, max 1005.
+        assert!((v.avg_ms - 510.0).abs() < 1e-9);
+        assert!((v.p50_ms - 505.0).abs() < 1e-9);
+        assert!((v.p99_ms - 995.0).abs() < 1e-9);
+        assert!((v.max_ms - 1005.0).abs() < 1e-9);
+        let vf = v.stages.iter().find(|s| s.stage == Stage::VfOpen).unwrap();
+        assert!((vf.avg_share - 505.0 / 510.0).abs() < 1e-9);
+        assert!((vf.p99_share - 990.0 / 995.0).abs() < 1e-9);
+        assert!((v.vf_related_avg_share - 505.0 / 510.0).abs() < 1e-9);
+        let shares: f64 = v.stages.iter().map(|s| s.avg_share).sum();
+        assert!((shares - 1.0).abs() < 1e-9, "disjoint stages cover e2e");
+        assert!(v.vs_vanilla.is_none());
+        let r = gs[1].vs_vanilla.as_ref().unwrap();
+        // fastiov e2e mean = 5 + 50.5 = 55.5 ms.
+        assert!((r.avg - (1.0 - 55.5 / 510.0)).abs() < 1e-9);
+        assert!((r.vf_related_avg - 0.9).abs() < 1e-9);
+        assert_eq!(gs[1].failed, 1);
+        let table = format_table(&gs);
+        assert!(table.contains("== vanilla (concurrency 100, 100 ready, 0 failed)"));
+        assert!(table.contains("vf-open"));
+        assert!(table.contains("vs vanilla: avg -89.1%"));
+    }
+
+    #[test]
+    fn empty_group_is_all_zero() {
+        let g = group_stats("fastiov", 5, &[], 5);
+        assert_eq!(g.ready, 0);
+        assert_eq!(g.avg_ms, 0.0);
+        assert!(g.stages.is_empty());
+    }
+}

@@ -1,0 +1,301 @@
+//! Variants: one name selects every startup policy (docs/design.md, "Variants").
+//! The policy table lives here and nowhere else.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// How the NIC daemon serialises VF opens inside a devset (`burstvm nic --devset-lock`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DevsetLock {
+    /// One mutex per devset (the vanilla VFIO driver).
+    Global,
+    /// Devset rwlock plus one mutex per VF (FastIOV's lock decomposition).
+    Hierarchical,
+}
+
+impl DevsetLock {
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            DevsetLock::Global => "global",
+            DevsetLock::Hierarchical => "hierarchical",
+        }
+    }
+}
+
+/// The sandbox's network attachment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetKind {
+    None,
+    /// virtio-net over a tap (software CNI baseline).
+    Tap,
+    /// A VF of the software SR-IOV NIC via the burstvm-cni plugin.
+    Vf,
+}
+
+/// Everything a variant decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub devset_lock: Option<DevsetLock>,
+    pub dma_ram: bool,
+    pub dma_image: bool,
+    /// `burstvm vmm --memory-policy` value.
+    pub memory_policy: &'static str,
+    /// `burstvm vmm --vf-init` value (None: no VF).
+    pub vf_init: Option<&'static str>,
+    pub net: NetKind,
+}
+
+impl Policy {
+    /// Whether the VMM takes its memory from the runtime's page pool.
+    /// Fresh-memory policies (`vanilla`) do not; every other policy does.
+    pub fn uses_pool(&self) -> bool {
+        self.memory_policy != "vanilla"
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Variant {
+    NoNet,
+    Tap,
+    Vanilla,
+    Fastiov,
+    FastiovL,
+    FastiovS,
+    FastiovD,
+    FastiovA,
+    Pre10,
+    Pre50,
+    Pre100,
+}
+
+use DevsetLock::{Global, Hierarchical};
+
+/// (variant, name, policy): the table of docs/design.md as data.
+const TABLE: [(Variant, &str, Policy); 11] = [
+    (
+        Variant::NoNet,
+        "no-net",
+        p(None, false, false, "vanilla", None, NetKind::None),
+    ),
+    (
+        Variant::Tap,
+        "tap",
+        p(None, false, false, "vanilla", None, NetKind::Tap),
+    ),
+    (
+        Variant::Vanilla,
+        "vanilla",
+        p(
+            Some(Global),
+            true,
+            true,
+            "vanilla",
+            Some("sync"),
+            NetKind::Vf,
+        ),
+    ),
+    (
+        Variant::Fastiov,
+        "fastiov",
+        p(
+            Some(Hierarchical),
+            true,
+            false,
+            "lazy",
+            Some("async"),
+            NetKind::Vf,
+        ),
+    ),
+    (
+        Variant::FastiovL,
+        "fastiov-L",
+        p(
+            Some(Global),
+            true,
+            false,
+            "lazy",
+            Some("async"),
+            NetKind::Vf,
+        ),
+    ),
+    (
+        Variant::FastiovS,
+        "fastiov-S",
+        p(
+            Some(Hierarchical),
+            true,
+            true,
+            "lazy",
+            Some("async"),
+            NetKind::Vf,
+        ),
+    ),
+    (
+        Variant::FastiovD,
+        "fastiov-D",
+        p(
+            Some(Hierarchical),
+            true,
+            false,
+            "vanilla",
+            Some("async"),
+            NetKind::Vf,
+        ),
+    ),
+    (
+        Variant::FastiovA,
+        "fastiov-A",
+        p(
+            Some(Hierarchical),
+            true,
+            false,
+            "lazy",
+            Some("sync"),
+            NetKind::Vf,
+        ),
+    ),
+    (
+        Variant::Pre10,
+        "pre10",
+        p(Some(Global), true, true, "pre10", Some("sync"), NetKind::Vf),
+    ),
+    (
+        Variant::Pre50,
+        "pre50",
+        p(Some(Global), true, true, "pre50", Some("sync"), NetKind::Vf),
+    ),
+    (
+        Variant::Pre100,
+        "pre100",
+        p(
+            Some(Global),
+            true,
+            true,
+            "pre100",
+            Some("sync"),
+            NetKind::Vf,
+        ),
+    ),
+];
+
+const fn p(
+    devset_lock: Option<DevsetLock>,
+    dma_ram: bool,
+    dma_image: bool,
+    memory_policy: &'static str,
+    vf_init: Option<&'static str>,
+    net: NetKind,
+) -> Policy {
+    Policy {
+        devset_lock,
+        dma_ram,
+        dma_image,
+        memory_policy,
+        vf_init,
+        net,
+    }
+}
+
+impl Variant {
+    pub const ALL: [Variant; 11] = [
+        Variant::NoNet,
+        Variant::Tap,
+        Variant::Vanilla,
+        Variant::Fastiov,
+        Variant::FastiovL,
+        Variant::FastiovS,
+        Variant::FastiovD,
+        Variant::FastiovA,
+        Variant::Pre10,
+        Variant::Pre50,
+        Variant::Pre100,
+    ];
+
+    fn row(self) -> &'static (Variant, &'static str, Policy) {
+        TABLE
+            .iter()
+            .find(|r| r.0 == self)
+            .expect("every variant has a row in TABLE")
+    }
+
+    pub fn name(self) -> &'static str {
+        self.row().1
+    }
+
+    pub fn policy(self) -> Policy {
+        self.row().2
+    }
+}
+
+impl fmt::Display for Variant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown variant {0:?} (expected one of: no-net, tap, vanilla, fastiov, fastiov-L, fastiov-S, fastiov-D, fastiov-A, pre10, pre50, pre100)")]
+pub struct UnknownVariant(pub String);
+
+impl FromStr for Variant {
+    type Err = UnknownVariant;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TABLE
+            .iter()
+            .find(|r| r.1.eq_ignore_ascii_case(s))
+            .map(|r| r.0)
+            .ok_or_else(|| UnknownVariant(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_table_is_complete() {
+        for v in Variant::ALL {
+            assert_eq!(v.name().parse::<Variant>().unwrap(), v);
+        }
+        assert_eq!("FASTIOV-s".parse::<Variant>().unwrap(), Variant::FastiovS);
+        assert!("fastiov-X".parse::<Variant>().is_err());
+        assert_eq!(TABLE.len(), Variant::ALL.len());
+    }
+
+    #[test]
+    fn ablations_differ_from_fastiov_in_exactly_one_policy() {
+        let f = Variant::Fastiov.policy();
+        let diff = |o: Policy| {
+            [
+                o.devset_lock != f.devset_lock,
+                o.dma_image != f.dma_image,
+                o.memory_policy != f.memory_policy,
+                o.vf_init != f.vf_init,
+            ]
+        };
+        assert_eq!(
+            diff(Variant::FastiovL.policy()),
+            [true, false, false, false]
+        );
+        assert_eq!(
+            diff(Variant::FastiovS.policy()),
+            [false, true, false, false]
+        );
+        assert_eq!(
+            diff(Variant::FastiovD.policy()),
+            [false, false, true, false]
+        );
+        assert_eq!(
+            diff(Variant::FastiovA.policy()),
+            [false, false, false, true]
+        );
+    }
+
+    #[test]
+    fn pool_use_follows_memory_policy() {
+        assert!(!Variant::Vanilla.policy().uses_pool());
+        assert!(Variant::Fastiov.policy().uses_pool());
+        assert!(Variant::Pre50.policy().uses_pool());
+        assert!(!Variant::NoNet.policy().uses_pool());
+    }
+}

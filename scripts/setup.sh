@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what burstvm needs on a fresh Debian 12 machine (run as root).
+# Idempotent: a second run only checks.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+pkgs=(gcc binutils libclang-dev iproute2 fonts-dejavu-core linux-image-amd64 zstd xz-utils)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+command -v cargo >/dev/null || { echo "setup: cargo (Rust >= 1.80) is required; install it with rustup" >&2; exit 1; }
+command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || { apt-get install -y -qq golang-go >/dev/null; }
+export PATH="$PATH:/usr/local/go/bin"
+
+# The reference CNI tools: cnitool and the host-local IPAM plugin, in /opt/cni/bin.
+mkdir -p /opt/cni/bin
+if [ ! -x /opt/cni/bin/cnitool ] || [ ! -x /opt/cni/bin/host-local ]; then
+  GOBIN=/opt/cni/bin go install github.com/containernetworking/cni/cnitool@latest
+  GOBIN=/opt/cni/bin go install github.com/containernetworking/plugins/plugins/ipam/host-local@latest
+fi
+
+[ -c /dev/kvm ] || echo "setup: warning: /dev/kvm is missing; sandboxes cannot start" >&2
+mkdir -p /run/burstvm
+echo "setup: ok"

@@ -1,0 +1,144 @@
+//! The boot-info block (VMM → agent) at GPA 0x7000; same layout as
+//! guest/src/c/bootinfo.h.
+
+use crate::args::VmConfig;
+
+pub const MAGIC: u64 = 0x4255_5253_544d_5631; // "BURSTVM1"
+pub const VERSION: u32 = 1;
+pub const BI_ASYNC_VF_INIT: u32 = 1;
+pub const BI_PROBE_MODE: u32 = 2;
+pub const BI_TOUCH_RX: u32 = 4;
+pub const VIRTIO_ID_NET: u32 = 1;
+/// UDP source port the agent uses for its request.
+pub const CLIENT_PORT: u16 = 40000;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct BootMem {
+    pub base: u64,
+    pub size: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct BootDev {
+    pub mmio_base: u64,
+    pub irq: u32,
+    pub virtio_type: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BootInfo {
+    pub magic: u64,
+    pub version: u32,
+    pub flags: u32,
+    pub sandbox_id: [u8; 64],
+    pub n_mem: u32,
+    pub n_dev: u32,
+    pub mem: [BootMem; 4],
+    pub dev: [BootDev; 4],
+    pub app_gpa: u64,
+    pub app_len: u64,
+    pub mac: [u8; 6],
+    pub server_mac: [u8; 6],
+    pub ip: u32,
+    pub netmask: u32,
+    pub gateway: u32,
+    pub server_ip: u32,
+    pub server_port: u16,
+    pub client_port: u16,
+    pub n_probe: u32,
+    /// Explicit so that every byte of the block is initialized.
+    pub _pad: u32,
+    pub probe_gpa: [u64; 64],
+}
+
+impl BootInfo {
+    /// Builds the block for `cfg`, with usable RAM `mem`, devices `(mmio_base, gsi)`.
+    pub fn new(cfg: &VmConfig, mem: &[BootMem], devs: &[(u64, u32)], app_gpa: u64) -> Self {
+        let mut bi = BootInfo {
+            magic: MAGIC,
+            version: VERSION,
+            flags: 0,
+            sandbox_id: [0; 64],
+            n_mem: mem.len() as u32,
+            n_dev: devs.len() as u32,
+            mem: [BootMem::default(); 4],
+            dev: [BootDev::default(); 4],
+            app_gpa,
+            app_len: cfg.app_size,
+            mac: cfg.netcfg.mac,
+            server_mac: cfg.netcfg.server_mac,
+            // Network byte order in memory = the address octets in order.
+            ip: u32::from_ne_bytes(cfg.netcfg.ip.octets()),
+            netmask: u32::from_ne_bytes(cfg.netcfg.netmask.octets()),
+            gateway: u32::from_ne_bytes(cfg.netcfg.gateway.octets()),
+            server_ip: cfg
+                .netcfg
+                .server
+                .map_or(0, |s| u32::from_ne_bytes(s.ip().octets())),
+            server_port: cfg.netcfg.server.map_or(0, |s| s.port()),
+            client_port: CLIENT_PORT,
+            n_probe: cfg.probe.len() as u32,
+            _pad: 0,
+            probe_gpa: [0; 64],
+        };
+        if cfg.vf_init == crate::bus::VfInit::Async {
+            bi.flags |= BI_ASYNC_VF_INIT;
+        }
+        if !cfg.probe.is_empty() {
+            bi.flags |= BI_PROBE_MODE;
+        }
+        if cfg.policy == guestmem::MemoryPolicy::Lazy {
+            bi.flags |= BI_TOUCH_RX;
+        }
+        bi.sandbox_id[..cfg.sandbox.len()].copy_from_slice(cfg.sandbox.as_bytes());
+        for (d, m) in bi.mem.iter_mut().zip(mem) {
+            *d = *m;
+        }
+        for (d, &(base, irq)) in bi.dev.iter_mut().zip(devs) {
+            *d = BootDev {
+                mmio_base: base,
+                irq,
+                virtio_type: VIRTIO_ID_NET,
+            };
+        }
+        for (d, &g) in bi.probe_gpa.iter_mut().zip(&cfg.probe) {
+            *d = g;
+        }
+        bi
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: repr(C) of integers and arrays with explicit padding, so
+        // every byte is initialized.
+        unsafe {
+            std::slice::from_raw_parts(
+                self as *const Self as *const u8,
+                std::mem::size_of::<Self>(),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn layout_matches_bootinfo_h() {
+        assert_eq!(offset_of!(BootInfo, sandbox_id), 16);
+        assert_eq!(offset_of!(BootInfo, n_mem), 80);
+        assert_eq!(offset_of!(BootInfo, mem), 88);
+        assert_eq!(offset_of!(BootInfo, dev), 88 + 64);
+        assert_eq!(offset_of!(BootInfo, app_gpa), 88 + 64 + 64);
+        assert_eq!(offset_of!(BootInfo, mac), 232);
+        assert_eq!(offset_of!(BootInfo, ip), 244);
+        assert_eq!(offset_of!(BootInfo, server_port), 260);
+        assert_eq!(offset_of!(BootInfo, n_probe), 264);
+        assert_eq!(offset_of!(BootInfo, probe_gpa), 272);
+        assert_eq!(size_of::<BootInfo>(), 272 + 512);
+    }
+}

@@ -1,0 +1,210 @@
+//! The device bus shared by the VM core and the virtio devices.
+//!
+//! One `Bus` serves port I/O (serial, agent port) and another MMIO (virtio-mmio
+//! devices). Both use the same device trait: `offset` is always relative to
+//! the base the device was inserted at. Accesses that hit no device are the
+//! caller's business (the vCPU loop ignores them), never a crash.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// A device behind the PIO or MMIO bus.
+pub trait MmioDevice: Send {
+    /// `offset` from the device's base; fill `data` (its length is the access size).
+    fn read(&mut self, offset: u64, data: &mut [u8]);
+    fn write(&mut self, offset: u64, data: &[u8]);
+}
+
+impl MmioDevice for Box<dyn MmioDevice> {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        (**self).read(offset, data)
+    }
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        (**self).write(offset, data)
+    }
+}
+
+/// How the guest's VF driver init relates to the vCPU start (FastIOV §4.2.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum VfInit {
+    /// `vf-open` completes before the vCPU starts; DRIVER_OK waits for the NIC.
+    #[default]
+    Sync,
+    /// `vf-open` runs on a thread; link-up is signalled by a config interrupt.
+    Async,
+}
+
+/// The backend of a virtio-net device, parsed from `--net tap:NAME` / `--net vf:SOCKET`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetBackend {
+    Tap(String),
+    VhostUser(PathBuf),
+}
+
+impl std::str::FromStr for NetBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            Some(("tap", name)) if !name.is_empty() && name.len() < libc::IFNAMSIZ => {
+                Ok(NetBackend::Tap(name.to_string()))
+            }
+            Some(("tap", name)) => Err(format!(
+                "--net tap:{name}: interface name must be 1..{} bytes",
+                libc::IFNAMSIZ - 1
+            )),
+            Some(("vf", path)) if !path.is_empty() => {
+                Ok(NetBackend::VhostUser(PathBuf::from(path)))
+            }
+            _ => Err(format!("--net {s:?}: expected tap:NAME or vf:SOCKET")),
+        }
+    }
+}
+
+/// What a device gets from the VM core when it is created.
+pub struct DeviceContext {
+    /// For irqfd / ioeventfd registration.
+    pub vm: Arc<kvm_ioctls::VmFd>,
+    /// Device view of every region (VMM writes go here).
+    pub mem: vm_memory::GuestMemoryMmap,
+    /// prepare_for_device_write, memfds for SET_MEM_TABLE.
+    pub guestmem: Arc<guestmem::GuestMemory>,
+    pub mmio_base: u64,
+    pub gsi: u32,
+    pub trace: Arc<trace::TraceWriter>,
+    pub vf_init: VfInit,
+}
+
+/// A device as the bus holds it: shared between vCPU threads.
+pub type SharedDevice = Arc<Mutex<dyn MmioDevice>>;
+
+#[derive(Debug, thiserror::Error)]
+#[error("bus range {base:#x}+{len:#x} for {name} overlaps an existing device or is empty")]
+pub struct BusError {
+    pub name: String,
+    pub base: u64,
+    pub len: u64,
+}
+
+/// Address → device map (non-overlapping ranges).
+#[derive(Default, Clone)]
+pub struct Bus {
+    devices: BTreeMap<u64, (u64, SharedDevice)>,
+}
+
+impl Bus {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn insert(
+        &mut self,
+        name: &str,
+        base: u64,
+        len: u64,
+        dev: SharedDevice,
+    ) -> Result<(), BusError> {
+        let err = || BusError {
+            name: name.to_string(),
+            base,
+            len,
+        };
+        let end = base.checked_add(len).filter(|_| len > 0).ok_or_else(err)?;
+        // The closest device below `end` is the only one that can overlap.
+        if let Some((&b, &(l, _))) = self.devices.range(..end).next_back() {
+            if b + l > base {
+                return Err(err());
+            }
+        }
+        self.devices.insert(base, (len, dev));
+        Ok(())
+    }
+
+    fn find(&self, addr: u64, size: usize) -> Option<(u64, &SharedDevice)> {
+        let (&base, (len, dev)) = self.devices.range(..=addr).next_back()?;
+        let off = addr - base;
+        (off + size as u64 <= *len).then_some((off, dev))
+    }
+
+    /// Returns false when no device covers the access.
+    pub fn read(&self, addr: u64, data: &mut [u8]) -> bool {
+        match self.find(addr, data.len()) {
+            Some((off, dev)) => {
+                dev.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .read(off, data);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Returns false when no device covers the access.
+    pub fn write(&self, addr: u64, data: &[u8]) -> bool {
+        match self.find(addr, data.len()) {
+            Some((off, dev)) => {
+                dev.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .write(off, data);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Reg(Vec<u8>);
+    impl MmioDevice for Reg {
+        fn read(&mut self, offset: u64, data: &mut [u8]) {
+            let o = offset as usize;
+            data.copy_from_slice(&self.0[o..o + data.len()]);
+        }
+        fn write(&mut self, offset: u64, data: &[u8]) {
+            let o = offset as usize;
+            self.0[o..o + data.len()].copy_from_slice(data);
+        }
+    }
+
+    #[test]
+    fn routes_by_offset_and_rejects_overlap_and_misses() {
+        let mut bus = Bus::new();
+        bus.insert("a", 0x1000, 0x10, Arc::new(Mutex::new(Reg(vec![0; 0x10]))))
+            .unwrap();
+        bus.insert("b", 0x1010, 0x10, Arc::new(Mutex::new(Reg(vec![0; 0x10]))))
+            .unwrap();
+        assert!(bus
+            .insert("c", 0x100f, 2, Arc::new(Mutex::new(Reg(vec![0; 2]))))
+            .is_err());
+        assert!(bus
+            .insert("d", 0x0ff8, 0x10, Arc::new(Mutex::new(Reg(vec![0; 0x10]))))
+            .is_err());
+        assert!(bus
+            .insert("e", 0x2000, 0, Arc::new(Mutex::new(Reg(vec![]))))
+            .is_err());
+        assert!(bus.write(0x1014, &[1, 2, 3, 4]));
+        let mut d = [0u8; 4];
+        assert!(bus.read(0x1014, &mut d));
+        assert_eq!(d, [1, 2, 3, 4]);
+        assert!(bus.read(0x1000, &mut d));
+        assert_eq!(d, [0; 4]);
+        // Straddling the end of a device, or hitting nothing: not handled.
+        assert!(!bus.read(0x101e, &mut d));
+        assert!(!bus.write(0x3000, &[0]));
+    }
+
+    #[test]
+    fn net_backend_parses() {
+        assert_eq!("tap:tap0".parse(), Ok(NetBackend::Tap("tap0".into())));
+        assert_eq!(
+            "vf:/run/x.sock".parse(),
+            Ok(NetBackend::VhostUser("/run/x.sock".into()))
+        );
+        assert!("tap:".parse::<NetBackend>().is_err());
+        assert!("tap:averyveryverylongname".parse::<NetBackend>().is_err());
+        assert!("eth0".parse::<NetBackend>().is_err());
+    }
+}

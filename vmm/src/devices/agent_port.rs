@@ -1,0 +1,215 @@
+//! The agent port (docs/design.md): DATA at +4 is latched, every EVENT write
+//! at +0 is timestamped on CLOCK_MONOTONIC and turned into trace stages.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use trace::{monotonic_ns, Stage, TraceWriter};
+
+use crate::bus::MmioDevice;
+use crate::error::GuestFailure;
+use crate::events::{EventSink, VmEvent};
+
+pub const EV_BOOT: u8 = 0x01;
+pub const EV_VF_DRIVER_START: u8 = 0x02;
+pub const EV_VF_DRIVER_END: u8 = 0x03;
+pub const EV_APP_LAUNCH_START: u8 = 0x04;
+pub const EV_APP_LAUNCH_END: u8 = 0x05;
+pub const EV_READY: u8 = 0x06;
+pub const EV_VALUE: u8 = 0x07;
+pub const EV_ERROR: u8 = 0x08;
+pub const EV_EXIT: u8 = 0x09;
+
+/// Stage boundaries seen so far (0 = not yet).
+#[derive(Default)]
+struct Marks {
+    boot_end: u64,
+    vf_start: u64,
+    vf_end: u64,
+    app_start: u64,
+    app_end: u64,
+    ready: bool,
+}
+
+pub struct AgentPort {
+    data: u32,
+    marks: Marks,
+    /// When vCPU 0 first entered the guest (set by the vCPU thread).
+    vcpu_start: Arc<AtomicU64>,
+    expected_checksum: u32,
+    trace: Arc<TraceWriter>,
+    sink: Arc<EventSink>,
+    values: Arc<Mutex<Vec<u32>>>,
+}
+
+impl AgentPort {
+    pub fn new(
+        vcpu_start: Arc<AtomicU64>,
+        expected_checksum: u32,
+        trace: Arc<TraceWriter>,
+        sink: Arc<EventSink>,
+        values: Arc<Mutex<Vec<u32>>>,
+    ) -> Self {
+        AgentPort {
+            data: 0,
+            marks: Marks::default(),
+            vcpu_start,
+            expected_checksum,
+            trace,
+            sink,
+            values,
+        }
+    }
+
+    fn record(&self, stage: Stage, start: u64, end: u64) {
+        if let Err(e) = self.trace.record(stage, start, end) {
+            tracing::warn!("sandbox {}: {e}", self.trace.sandbox());
+        }
+    }
+
+    fn event(&mut self, code: u8, now: u64) {
+        let m = &mut self.marks;
+        match code {
+            EV_BOOT if m.boot_end == 0 => {
+                m.boot_end = now;
+                self.record(Stage::Boot, self.vcpu_start.load(Ordering::Acquire), now);
+            }
+            EV_VF_DRIVER_START => m.vf_start = now,
+            EV_VF_DRIVER_END if m.vf_end == 0 => {
+                m.vf_end = now;
+                let start = if m.vf_start != 0 {
+                    m.vf_start
+                } else {
+                    m.boot_end
+                };
+                self.record(Stage::VfDriver, start, now);
+            }
+            EV_APP_LAUNCH_START => m.app_start = now,
+            EV_APP_LAUNCH_END if m.app_end == 0 => {
+                m.app_end = now;
+                let start = if m.app_start != 0 {
+                    m.app_start
+                } else {
+                    m.boot_end
+                };
+                self.record(Stage::AppLaunch, start, now);
+                if self.data != self.expected_checksum {
+                    self.sink.post(VmEvent::Failure(GuestFailure::AppChecksum {
+                        expected: self.expected_checksum,
+                        got: self.data,
+                    }));
+                }
+            }
+            EV_READY if !m.ready => {
+                m.ready = true;
+                // ready = max(app-launch end, vf-driver end) → READY.
+                let start = [
+                    m.app_end.max(m.vf_end),
+                    m.boot_end,
+                    self.vcpu_start.load(Ordering::Acquire),
+                ]
+                .into_iter()
+                .find(|&t| t != 0)
+                .unwrap_or(now);
+                self.record(Stage::Ready, start, now);
+                self.sink.post(VmEvent::Ready);
+            }
+            EV_VALUE => self
+                .values
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(self.data),
+            EV_ERROR => self.sink.post(VmEvent::Failure(GuestFailure::AgentError {
+                code: self.data,
+            })),
+            EV_EXIT => self.sink.post(VmEvent::GuestExit(self.data)),
+            other => tracing::debug!("agent port: ignored event {other:#x}"),
+        }
+    }
+}
+
+impl MmioDevice for AgentPort {
+    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        let now = monotonic_ns();
+        match offset {
+            0 => {
+                if let Some(&code) = data.first() {
+                    self.event(code, now);
+                }
+            }
+            4..=7 => {
+                // Latch the bytes written; an `outl` replaces the whole word.
+                let mut bytes = self.data.to_le_bytes();
+                for (i, b) in data.iter().enumerate() {
+                    if let Some(slot) = bytes.get_mut(offset as usize - 4 + i) {
+                        *slot = *b;
+                    }
+                }
+                self.data = u32::from_le_bytes(bytes);
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_become_stages_in_order() {
+        let trace = Arc::new(TraceWriter::new("sb", None).unwrap());
+        let sink = Arc::new(EventSink::new().unwrap());
+        let values = Arc::new(Mutex::new(Vec::new()));
+        let start = Arc::new(AtomicU64::new(monotonic_ns()));
+        let mut p = AgentPort::new(start, 0x1234, trace.clone(), sink.clone(), values.clone());
+        p.write(0, &[EV_BOOT]);
+        p.write(0, &[EV_VF_DRIVER_START]);
+        p.write(0, &[EV_APP_LAUNCH_START]);
+        p.write(0, &[EV_VF_DRIVER_END]);
+        p.write(4, &0x1234u32.to_le_bytes());
+        p.write(0, &[EV_APP_LAUNCH_END]);
+        p.write(4, &7u32.to_le_bytes());
+        p.write(0, &[EV_VALUE]);
+        p.write(0, &[EV_READY]);
+        p.write(0, &[EV_READY]);
+        p.write(0, &[0x77]);
+        let stages: Vec<Stage> = trace.events().iter().map(|e| e.stage).collect();
+        assert_eq!(
+            stages,
+            [Stage::Boot, Stage::VfDriver, Stage::AppLaunch, Stage::Ready]
+        );
+        let ev = trace.events();
+        // ready starts at the later of app-launch end and vf-driver end.
+        assert_eq!(ev[3].start_ns, ev[2].end_ns.max(ev[1].end_ns));
+        assert!(ev.windows(2).all(|w| w[0].end_ns <= w[1].end_ns));
+        assert_eq!(sink.drain(), vec![VmEvent::Ready]);
+        assert_eq!(*values.lock().unwrap(), vec![7]);
+    }
+
+    #[test]
+    fn checksum_mismatch_and_error_are_reported() {
+        let trace = Arc::new(TraceWriter::new("sb", None).unwrap());
+        let sink = Arc::new(EventSink::new().unwrap());
+        let start = Arc::new(AtomicU64::new(1));
+        let mut p = AgentPort::new(start, 5, trace, sink.clone(), Arc::default());
+        p.write(4, &6u32.to_le_bytes());
+        p.write(0, &[EV_APP_LAUNCH_END]);
+        p.write(4, &3u32.to_le_bytes());
+        p.write(0, &[EV_ERROR]);
+        assert_eq!(
+            sink.drain(),
+            vec![
+                VmEvent::Failure(GuestFailure::AppChecksum {
+                    expected: 5,
+                    got: 6
+                }),
+                VmEvent::Failure(GuestFailure::AgentError { code: 3 }),
+            ]
+        );
+    }
+}

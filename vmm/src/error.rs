@@ -1,0 +1,157 @@
+//! Errors of the VMM. Every message names the flag, file, device or sandbox.
+
+use std::path::PathBuf;
+
+/// Why a running guest stopped the VM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestFailure {
+    TripleFault { vcpu: u8, state: String },
+    HltInterruptsOff { vcpu: u8 },
+    InternalError { vcpu: u8, suberror: u32 },
+    FailEntry { vcpu: u8, reason: u64 },
+    EmulationFailure { vcpu: u8 },
+    UnexpectedExit { vcpu: u8, what: String },
+    AgentError { code: u32 },
+    AppChecksum { expected: u32, got: u32 },
+    Exit { status: u32 },
+    Timeout { secs: u64 },
+    Terminated { signal: String },
+    MemoryHandler(String),
+}
+
+/// The agent's error names (guest/src/c/agent.h).
+pub fn agent_error_name(code: u32) -> &'static str {
+    match code {
+        1 => "ERR_BAD_MAGIC (boot info magic or version wrong)",
+        2 => "ERR_NO_MEMORY (no usable RAM left)",
+        3 => "ERR_BAD_DEVICE (virtio-mmio magic/version/device id mismatch)",
+        4 => "ERR_FEATURES (device lacks VIRTIO_F_VERSION_1 or refused FEATURES_OK)",
+        5 => "ERR_QUEUE (queue unavailable or too small)",
+        6 => "ERR_LINK_TIMEOUT (link never came up)",
+        7 => "ERR_REPLY_TIMEOUT (no UDP reply arrived)",
+        8 => "ERR_TX_TIMEOUT (device never returned the TX buffer)",
+        9 => "ERR_DEVICE_FAILED (device set DEVICE_NEEDS_RESET)",
+        10 => "ERR_EXCEPTION (CPU exception in the agent)",
+        _ => "unknown agent error",
+    }
+}
+
+impl std::fmt::Display for GuestFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuestFailure::TripleFault { vcpu, state } => {
+                write!(f, "triple fault on vCPU {vcpu} (KVM_EXIT_SHUTDOWN) at {state}")
+            }
+            GuestFailure::HltInterruptsOff { vcpu } => {
+                write!(f, "vCPU {vcpu} executed hlt with interrupts off (KVM_EXIT_HLT)")
+            }
+            GuestFailure::InternalError { vcpu, suberror } => {
+                write!(f, "KVM internal error on vCPU {vcpu} (suberror {suberror})")
+            }
+            GuestFailure::FailEntry { vcpu, reason } => write!(
+                f,
+                "KVM_EXIT_FAIL_ENTRY on vCPU {vcpu} (hardware entry failure reason {reason:#x})"
+            ),
+            GuestFailure::EmulationFailure { vcpu } => {
+                write!(f, "instruction emulation failure on vCPU {vcpu}")
+            }
+            GuestFailure::UnexpectedExit { vcpu, what } => {
+                write!(f, "unexpected VM exit on vCPU {vcpu}: {what}")
+            }
+            GuestFailure::AgentError { code } => {
+                write!(f, "guest agent reported ERROR {code}: {}", agent_error_name(*code))
+            }
+            GuestFailure::AppChecksum { expected, got } => write!(
+                f,
+                "app payload checksum mismatch: agent reported {got:#010x}, expected {expected:#010x}"
+            ),
+            GuestFailure::Exit { status } => {
+                write!(f, "guest exited with status {status} before READY")
+            }
+            GuestFailure::Timeout { secs } => {
+                write!(f, "timeout: guest not ready after {secs} s (--timeout)")
+            }
+            GuestFailure::Terminated { signal } => write!(f, "terminated by {signal}"),
+            GuestFailure::MemoryHandler(msg) => {
+                write!(f, "guest memory fault handling failed, VM stopped: {msg}")
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{field}: {msg}")]
+    InvalidArg { field: &'static str, msg: String },
+    #[error("KVM device {path}: {source}")]
+    KvmOpen {
+        path: PathBuf,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("KVM device {path}: not a usable KVM device (KVM_GET_API_VERSION returned {version}, need 12)")]
+    KvmApi { path: PathBuf, version: i32 },
+    #[error("sandbox {sandbox}: {what}: {source}")]
+    Kvm {
+        sandbox: String,
+        what: String,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("sandbox {sandbox}: guest memory: {source}")]
+    Memory {
+        sandbox: String,
+        #[source]
+        source: guestmem::Error,
+    },
+    #[error("sandbox {sandbox}: guest memory write at {gpa:#x} ({what}): {msg}")]
+    GuestWrite {
+        sandbox: String,
+        gpa: u64,
+        what: &'static str,
+        msg: String,
+    },
+    #[error("kernel {path}: {msg}")]
+    Kernel { path: PathBuf, msg: String },
+    #[error("initrd {path}: {msg}")]
+    Initrd { path: PathBuf, msg: String },
+    #[error("sandbox {sandbox}: network device {device}: {msg}")]
+    Net {
+        sandbox: String,
+        device: String,
+        msg: String,
+    },
+    #[error("sandbox {sandbox}: device {device}: {msg}")]
+    Device {
+        sandbox: String,
+        device: String,
+        msg: String,
+    },
+    #[error(transparent)]
+    Trace(#[from] trace::TraceError),
+    #[error("{what} {path}: {source}")]
+    File {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--ready-fd {fd}: {source}")]
+    ReadyFd {
+        fd: i32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("sandbox {sandbox}: {what}: {source}")]
+    Os {
+        sandbox: String,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("sandbox {sandbox}: {failure}")]
+    Guest {
+        sandbox: String,
+        failure: GuestFailure,
+    },
+}

@@ -1,0 +1,267 @@
+//! Linux boot: a vmlinux ELF loaded with linux-loader, entered through its
+//! PVH note (hvm_start_info, 32-bit protected mode) or else the 64-bit boot
+//! protocol (boot_params + e820).
+//!
+//! linux-loader writes into a scratch copy of the guest's address space
+//! (anonymous, so only touched pages cost memory); the builder then copies
+//! the written ranges into guest memory with `write_instant`, so that lazy
+//! zeroing never wipes them.
+
+use std::fs::File;
+use std::path::Path;
+
+use linux_loader::configurator::linux::LinuxBootConfigurator;
+use linux_loader::configurator::pvh::PvhBootConfigurator;
+use linux_loader::configurator::{BootConfigurator, BootParams};
+use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
+use linux_loader::loader::elf::start_info::{
+    hvm_memmap_table_entry, hvm_modlist_entry, hvm_start_info,
+};
+use linux_loader::loader::elf::{Elf, PvhBootCapability};
+use linux_loader::loader::{load_cmdline, Cmdline, KernelLoader};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::error::Error;
+use crate::layout::{
+    align_up, BOOT_INFO_ADDR, CMDLINE_ADDR, CMDLINE_MAX, EBDA_START, HIMEM_START, MEMMAP_ADDR,
+};
+use crate::x86::EntryMode;
+
+const E820_RAM: u32 = 1;
+const HVM_START_MAGIC: u32 = 0x336e_c578;
+const MODLIST_ADDR: u64 = 0x7c00;
+/// Linux 64-bit boot protocol: stack below the boot_params page.
+const BOOT_STACK: u64 = 0x8ff0;
+
+/// What the builder needs to copy and how to enter.
+pub struct LoadedKernel {
+    /// Scratch memory holding everything written.
+    pub scratch: GuestMemoryMmap,
+    /// Guest ranges (gpa, len) that hold written data, to copy into guest memory.
+    pub ranges: Vec<(u64, u64)>,
+    pub entry: EntryMode,
+    pub pvh: bool,
+}
+
+fn kerr(path: &Path, msg: impl Into<String>) -> Error {
+    Error::Kernel {
+        path: path.to_path_buf(),
+        msg: msg.into(),
+    }
+}
+
+/// The command line: the user's (or a default), plus console and devices.
+pub fn build_cmdline(user: Option<&str>, devices: &[(u64, u32)]) -> Result<Cmdline, String> {
+    let mut s = user
+        .unwrap_or(
+            "reboot=k panic=1 pci=off nomodules i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd",
+        )
+        .to_string();
+    if !s.split_whitespace().any(|w| w.starts_with("console=")) {
+        s.push_str(" console=ttyS0");
+    }
+    if !s.split_whitespace().any(|w| w.starts_with("earlycon")) {
+        // Prints from the first printk on, which a slow nested guest needs.
+        s.push_str(" earlycon=uart8250,io,0x3f8");
+    }
+    for (base, gsi) in devices {
+        s.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{gsi}"));
+    }
+    let mut c = Cmdline::new(CMDLINE_MAX).map_err(|e| e.to_string())?;
+    c.insert_str(s.trim()).map_err(|e| format!("{e}"))?;
+    Ok(c)
+}
+
+fn e820(ram_size: u64) -> [(u64, u64); 2] {
+    [(0, EBDA_START), (HIMEM_START, ram_size - HIMEM_START)]
+}
+
+pub fn load(
+    kernel: &Path,
+    initrd: Option<&Path>,
+    cmdline: &Cmdline,
+    ram_size: u64,
+) -> Result<LoadedKernel, Error> {
+    let scratch = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram_size as usize)])
+        .map_err(|e| kerr(kernel, format!("scratch memory for loading: {e}")))?;
+    let mut f = File::open(kernel).map_err(|e| kerr(kernel, format!("cannot open: {e}")))?;
+    let res = Elf::load(&scratch, None, &mut f, Some(GuestAddress(HIMEM_START))).map_err(|e| {
+        let hint = match e {
+            linux_loader::loader::Error::Elf(
+                linux_loader::loader::elf::Error::InvalidElfMagicNumber,
+            ) => " (not an ELF file; a bzImage/vmlinuz must be extracted to its vmlinux first)",
+            _ => "",
+        };
+        kerr(kernel, format!("not a bootable vmlinux ELF: {e}{hint}"))
+    })?;
+    let kernel_start = res.kernel_load.0.min(HIMEM_START);
+    let kernel_end = res.kernel_end;
+    if kernel_end > ram_size {
+        return Err(kerr(
+            kernel,
+            format!("ends at {kernel_end:#x}, beyond guest RAM of {ram_size:#x} bytes"),
+        ));
+    }
+    let mut ranges = vec![
+        (0u64, HIMEM_START),
+        (
+            kernel_start.max(HIMEM_START),
+            kernel_end - kernel_start.max(HIMEM_START),
+        ),
+    ];
+
+    let mut initrd_range = None;
+    if let Some(p) = initrd {
+        let data = std::fs::read(p).map_err(|e| Error::Initrd {
+            path: p.to_path_buf(),
+            msg: format!("cannot read: {e}"),
+        })?;
+        let len = data.len() as u64;
+        let addr = ram_size
+            .checked_sub(align_up(len, 4096))
+            .filter(|a| *a >= align_up(kernel_end, 4096));
+        let addr = addr.ok_or_else(|| Error::Initrd {
+            path: p.to_path_buf(),
+            msg: format!(
+                "{len} bytes do not fit in guest RAM above the kernel (end {kernel_end:#x})"
+            ),
+        })?;
+        scratch
+            .write_slice(&data, GuestAddress(addr))
+            .map_err(|e| Error::Initrd {
+                path: p.to_path_buf(),
+                msg: e.to_string(),
+            })?;
+        ranges.push((addr, len));
+        initrd_range = Some((addr, len));
+    }
+
+    load_cmdline(&scratch, GuestAddress(CMDLINE_ADDR), cmdline)
+        .map_err(|e| kerr(kernel, format!("cmdline: {e}")))?;
+    let cmdline_len = cmdline
+        .as_cstring()
+        .map(|c| c.as_bytes_with_nul().len())
+        .unwrap_or(1);
+
+    let (entry, pvh) = match res.pvh_boot_cap {
+        PvhBootCapability::PvhEntryPresent(addr) => {
+            let memmap: Vec<hvm_memmap_table_entry> = e820(ram_size)
+                .iter()
+                .map(|&(addr, size)| hvm_memmap_table_entry {
+                    addr,
+                    size,
+                    type_: E820_RAM,
+                    reserved: 0,
+                })
+                .collect();
+            let mut info = hvm_start_info {
+                magic: HVM_START_MAGIC,
+                version: 1,
+                cmdline_paddr: CMDLINE_ADDR,
+                memmap_paddr: MEMMAP_ADDR,
+                memmap_entries: memmap.len() as u32,
+                ..Default::default()
+            };
+            let mut params = BootParams::new(&info, GuestAddress(BOOT_INFO_ADDR));
+            params.set_sections(&memmap, GuestAddress(MEMMAP_ADDR));
+            if let Some((paddr, size)) = initrd_range {
+                info.nr_modules = 1;
+                info.modlist_paddr = MODLIST_ADDR;
+                params = BootParams::new(&info, GuestAddress(BOOT_INFO_ADDR));
+                params.set_sections(&memmap, GuestAddress(MEMMAP_ADDR));
+                params.set_modules(
+                    &[hvm_modlist_entry {
+                        paddr,
+                        size,
+                        ..Default::default()
+                    }],
+                    GuestAddress(MODLIST_ADDR),
+                );
+            }
+            PvhBootConfigurator::write_bootparams::<GuestMemoryMmap>(&params, &scratch)
+                .map_err(|e| kerr(kernel, format!("PVH start info: {e}")))?;
+            (
+                EntryMode::Pvh32 {
+                    rip: addr.0,
+                    rbx: BOOT_INFO_ADDR,
+                },
+                true,
+            )
+        }
+        _ => {
+            let mut bp = boot_params::default();
+            if let Some(hdr) = res.setup_header {
+                bp.hdr = hdr;
+            }
+            bp.hdr.type_of_loader = 0xff;
+            bp.hdr.boot_flag = 0xaa55;
+            bp.hdr.header = 0x5372_6448; // "HdrS"
+            bp.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
+            bp.hdr.cmdline_size = cmdline_len as u32;
+            bp.hdr.kernel_alignment = 0x0100_0000;
+            if let Some((addr, len)) = initrd_range {
+                bp.hdr.ramdisk_image = addr as u32;
+                bp.hdr.ramdisk_size = len as u32;
+            }
+            for (i, &(addr, size)) in e820(ram_size).iter().enumerate() {
+                bp.e820_table[i] = boot_e820_entry {
+                    addr,
+                    size,
+                    r#type: E820_RAM,
+                };
+            }
+            bp.e820_entries = 2;
+            LinuxBootConfigurator::write_bootparams::<GuestMemoryMmap>(
+                &BootParams::new(&bp, GuestAddress(BOOT_INFO_ADDR)),
+                &scratch,
+            )
+            .map_err(|e| kerr(kernel, format!("boot_params: {e}")))?;
+            (
+                EntryMode::Long64 {
+                    rip: res.kernel_load.0,
+                    rsp: BOOT_STACK,
+                    rdi: 0,
+                    rsi: BOOT_INFO_ADDR,
+                },
+                false,
+            )
+        }
+    };
+    Ok(LoadedKernel {
+        scratch,
+        ranges,
+        entry,
+        pvh,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmdline_gets_console_and_devices() {
+        let c = build_cmdline(Some("quiet"), &[(0xd000_0000, 5), (0xd000_1000, 6)]).unwrap();
+        let s = c.as_cstring().unwrap().into_string().unwrap();
+        assert!(s.starts_with("quiet console=ttyS0"), "{s}");
+        assert!(s.contains("virtio_mmio.device=4K@0xd0000000:5"), "{s}");
+        assert!(s.contains("virtio_mmio.device=4K@0xd0001000:6"), "{s}");
+        let c = build_cmdline(Some("console=hvc0"), &[]).unwrap();
+        assert!(!c.as_cstring().unwrap().to_str().unwrap().contains("ttyS0"));
+    }
+
+    #[test]
+    fn non_elf_is_rejected_with_its_name() {
+        let dir = std::env::temp_dir().join(format!("vmm-linux-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("notakernel");
+        std::fs::write(&p, b"MZ this is not an elf file at all, just bytes........").unwrap();
+        let c = build_cmdline(None, &[]).unwrap();
+        let e = load(&p, None, &c, 64 << 20).err().unwrap().to_string();
+        assert!(
+            e.contains("notakernel") && e.contains("not a bootable"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
