@@ -44,16 +44,13 @@ fn main() {
     let cc = env::var("GUEST_CC").unwrap_or_else(|_| "gcc".into());
 
     for f in SOURCES.iter().chain(HEADERS).chain([&LINKER_SCRIPT]) {
-        let p = src.join(f);
-        if p.exists() {
-            println!("cargo:rerun-if-changed={}", p.display());
-        }
+        println!("cargo:rerun-if-changed={}", src.join(f).display());
     }
     println!("cargo:rerun-if-changed=src/c");
     println!("cargo:rerun-if-env-changed=GUEST_CC");
 
     let mut objs = Vec::new();
-    for f in SOURCES.iter().filter(|f| src.join(f).exists()) {
+    for f in SOURCES {
         let obj = out.join(format!("{f}.o"));
         run(Command::new(&cc)
             .args(CFLAGS)

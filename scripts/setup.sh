@@ -21,8 +21,8 @@ export PATH="$PATH:/usr/local/go/bin"
 # The reference CNI tools: cnitool and the host-local IPAM plugin, in /opt/cni/bin.
 mkdir -p /opt/cni/bin
 if [ ! -x /opt/cni/bin/cnitool ] || [ ! -x /opt/cni/bin/host-local ]; then
-  GOBIN=/opt/cni/bin go install github.com/containernetworking/cni/cnitool@latest
-  GOBIN=/opt/cni/bin go install github.com/containernetworking/plugins/plugins/ipam/host-local@latest
+  GOBIN=/opt/cni/bin go install github.com/containernetworking/cni/cnitool@v1.3.1
+  GOBIN=/opt/cni/bin go install github.com/containernetworking/plugins/plugins/ipam/host-local@v1.9.1
 fi
 
 [ -c /dev/kvm ] || echo "setup: warning: /dev/kvm is missing; sandboxes cannot start" >&2

@@ -713,3 +713,52 @@ fn cni_del_after_netns_is_gone_and_gc() {
     assert_nothing_left(&nic, &net, &a);
     assert_nothing_left(&nic, &net, &b);
 }
+
+#[test]
+fn cni_chained_add_extends_prev_result() {
+    let nic = NicDaemon::start(1);
+    let net = Network::new(&nic, "10.83.0.0/24", json!({}));
+    let ns = Netns::new();
+    let mut conf = net.config();
+    conf["prevResult"] = json!({
+        "cniVersion": "1.1.0",
+        "interfaces": [{"name": "host-side", "mac": "02:00:00:00:00:99"}],
+        "ips": [{"address": "192.0.2.5/24", "interface": 0}],
+        "dns": {"nameservers": ["192.0.2.53"]}
+    });
+    let (status, r) = net.plugin(&env("ADD", "chained", &ns.path()), &conf.to_string());
+    assert_eq!(status, 0, "{r}");
+    let names: Vec<&str> = r["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["host-side", "eth0"]);
+    let ips = r["ips"].as_array().unwrap();
+    assert_eq!(ips.len(), 2);
+    assert_eq!(ips[0]["interface"], 0);
+    assert_eq!(ips[1]["interface"], 1);
+    assert!(
+        ips[1]["address"].as_str().unwrap().starts_with("10.83.0."),
+        "{r}"
+    );
+    assert_eq!(r["dns"]["nameservers"][0], "192.0.2.53");
+    assert_eq!(r["interfaces"][1]["pciID"], nic.assigned()[0].id.as_str());
+
+    // CHECK finds its own interface by name in the chained result.
+    conf["prevResult"] = r.clone();
+    let (status, out) = net.plugin(&env("CHECK", "chained", &ns.path()), &conf.to_string());
+    assert_eq!(status, 0, "CHECK: {out}");
+    // ... and notices when the NIC no longer agrees.
+    nic.client().release("chained").unwrap();
+    let (status, out) = net.plugin(&env("CHECK", "chained", &ns.path()), &conf.to_string());
+    assert_eq!(
+        error_code(status, &out),
+        102,
+        "CHECK after the VF was released: {out}"
+    );
+    let (status, out) = net.plugin(&env("DEL", "chained", &ns.path()), &conf.to_string());
+    assert_eq!(status, 0, "{out}");
+    assert_nothing_left(&nic, &net, &ns);
+}

@@ -24,7 +24,7 @@ fn wait_for(path: &std::path::Path) {
 fn pool_server_serves_dirty_memory_and_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("pool.sock");
-    let mut server = Command::new(BIN)
+    let server = Command::new(BIN)
         .args(["pool", "--socket"])
         .arg(&sock)
         .args(["--fill", "4M:2", "--fill-pattern", "0xA5", "--max", "64M"])
@@ -63,6 +63,25 @@ fn pool_server_serves_dirty_memory_and_stops_cleanly() {
     }
     assert_eq!(ctl.shrink_count(1).unwrap(), 1);
     drop(ctl);
+
+    // Client mode against the running server: shrink, then stats as JSON.
+    let out = Command::new(BIN)
+        .args(["pool", "--socket"])
+        .arg(&sock)
+        .args(["--shrink-percent", "100", "--stats"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("released 1 memfds"), "{stdout}");
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout[stdout.find('{').unwrap()..]).unwrap();
+    assert_eq!(json["cached_memfds"], 0);
+    assert_eq!(json["released"], 2);
 
     // SIGTERM: clean exit, socket removed.
     unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };

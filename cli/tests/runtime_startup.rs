@@ -186,13 +186,9 @@ fn check_stage_order(variant: &str, sb: &str, st: &BTreeMap<String, (u64, u64)>)
                 s("vf-open").1 <= s("boot").0,
                 "{variant} {sb}: sync VF open before the vCPU starts"
             );
-        } else {
-            // Launched before the vCPU starts, completed in the background.
-            assert!(
-                s("vf-open").0 <= s("boot").0,
-                "{variant} {sb}: async VF open starts before boot"
-            );
         }
+        // Async: launched before the vCPU, finished in the background; its
+        // thread may be scheduled after the vCPU, so no order with boot.
         assert!(
             s("vf-open").1 <= s("ready").1,
             "{variant} {sb}: VF open before the first packet"

@@ -188,3 +188,37 @@ fn missing_vf_socket_is_a_clear_error() {
         "{err}"
     );
 }
+
+#[test]
+fn async_vf_open_failure_reaches_the_guest() {
+    // Async: the VMM starts the vCPU at once; the failed open surfaces as
+    // DEVICE_NEEDS_RESET, which the agent reports as ERROR 9.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("no-such-vf.sock");
+    let out = Command::new(BURSTVM)
+        .args([
+            "vmm",
+            "--sandbox",
+            "sbx-vfasync",
+            "--dma-ram",
+            "true",
+            "--vf-init",
+            "async",
+        ])
+        .args([
+            "--ip",
+            "10.77.0.2/24",
+            "--server",
+            "10.77.0.1:7777",
+            "--timeout",
+            "60",
+        ])
+        .arg("--net")
+        .arg(format!("vf:{}", socket.display()))
+        .output()
+        .expect("run burstvm vmm");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ERR_DEVICE_FAILED"), "{err}");
+    assert!(err.contains(&socket.display().to_string()), "{err}");
+}

@@ -176,3 +176,22 @@ fn sigterm_ends_a_kept_running_vm_promptly() {
     // After READY a SIGTERM is the normal way to stop it: status 0.
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn probe_mode_reports_guest_memory_as_values() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    // 0x7000 holds the boot-info magic "BURSTVM1"; 0x500 the GDT's null entry.
+    let out = run(burstvm().args(["--sandbox", &unique("vmmprobe"), "--probe", "0x7000,0x500"]));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let values: Vec<&str> = stdout.lines().filter(|l| l.starts_with("value ")).collect();
+    assert_eq!(
+        values,
+        [
+            "value 0 0x544d5631",
+            "value 1 0x42555253",
+            "value 2 0x00000000",
+            "value 3 0x00000000"
+        ]
+    );
+}

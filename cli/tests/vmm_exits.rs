@@ -26,7 +26,14 @@ fn tiny_elf(dir: &Path, name: &str, code: &[u8]) -> PathBuf {
     }
     f.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
     f.extend_from_slice(&5u32.to_le_bytes()); // R+X
-    for v in [0x1000u64, LOAD, LOAD, code.len() as u64, code.len() as u64, 0x1000] {
+    for v in [
+        0x1000u64,
+        LOAD,
+        LOAD,
+        code.len() as u64,
+        code.len() as u64,
+        0x1000,
+    ] {
         f.extend_from_slice(&v.to_le_bytes()); // offset, vaddr, paddr, filesz, memsz, align
     }
     f.resize(0x1000, 0);
@@ -50,7 +57,14 @@ fn run_guest(code: &[u8], extra: &[&str]) -> (bool, String, String) {
     let dir = tempdir();
     let k = tiny_elf(dir.path(), "guest.elf", code);
     let out = run(burstvm()
-        .args(["--sandbox", &unique("vmmexit"), "--memory", "16M", "--kernel", k.to_str().unwrap()])
+        .args([
+            "--sandbox",
+            &unique("vmmexit"),
+            "--memory",
+            "16M",
+            "--kernel",
+            k.to_str().unwrap(),
+        ])
         .args(extra));
     (out.status.success(), text(&out.stdout), text(&out.stderr))
 }
@@ -60,14 +74,20 @@ fn triple_fault_is_reported() {
     // ud2 with no IDT: #UD → #DF → triple fault.
     let (ok, _, err) = run_guest(&[0x0f, 0x0b], &[]);
     assert!(!ok);
-    assert!(err.contains("triple fault") && err.contains("rip=0x100000"), "{err}");
+    assert!(
+        err.contains("triple fault") && err.contains("rip=0x100000"),
+        "{err}"
+    );
 }
 
 #[test]
 fn agent_error_is_named() {
     let (ok, _, err) = run_guest(&agent_event(0x08, 6), &[]);
     assert!(!ok);
-    assert!(err.contains("ERROR 6") && err.contains("ERR_LINK_TIMEOUT"), "{err}");
+    assert!(
+        err.contains("ERROR 6") && err.contains("ERR_LINK_TIMEOUT"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -99,4 +119,30 @@ fn unknown_ports_and_mmio_are_ignored() {
     code.extend_from_slice(&agent_event(0x06, 0));
     let (ok, _, err) = run_guest(&code, &[]);
     assert!(ok, "{err}");
+}
+
+#[test]
+fn hlt_with_interrupts_off_is_named() {
+    // cli; hlt: with the in-kernel irqchip KVM keeps the vCPU halted, so the
+    // deadline ends it and the message says where the vCPU was.
+    let (ok, _, err) = run_guest(&[0xfa, 0xf4], &["--timeout", "1"]);
+    assert!(!ok);
+    assert!(
+        err.contains("timeout") && err.contains("vCPU 0 executed hlt with interrupts off"),
+        "{err}"
+    );
+}
+
+#[test]
+fn executing_from_unbacked_memory_is_an_emulation_failure() {
+    // mov rax, 0xd0005000; jmp rax: instruction fetch from a hole KVM cannot emulate.
+    let mut code = vec![0x48, 0xb8];
+    code.extend_from_slice(&0xd000_5000u64.to_le_bytes());
+    code.extend_from_slice(&[0xff, 0xe0]);
+    let (ok, _, err) = run_guest(&code, &["--timeout", "10"]);
+    assert!(!ok);
+    assert!(
+        err.contains("instruction emulation failure on vCPU 0"),
+        "{err}"
+    );
 }

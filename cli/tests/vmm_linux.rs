@@ -1,7 +1,8 @@
 //! Boots Debian's installed kernel (linux-image-amd64): the vmlinux is
 //! extracted from /boot/vmlinuz-* here, as the kernel's
 //! scripts/extract-vmlinux does, and the serial console must show
-//! `Linux version`. A full boot takes minutes on this nested host, so the
+//! `Linux version` (and the kernel must find the VMM's MP table). A full
+//! boot takes minutes on this nested host, so the
 //! test stops the VMM with SIGTERM once the banner is seen.
 
 mod vmm_common;
@@ -108,7 +109,9 @@ fn linux_kernel_prints_its_banner_on_the_serial_console() {
     let start = Instant::now();
     let mut console = Vec::new();
     let seen = loop {
-        if String::from_utf8_lossy(&console).contains("Linux version") {
+        let c = String::from_utf8_lossy(&console);
+        // The banner, then the kernel finding the VMM's MP table (CPU count).
+        if c.contains("Linux version") && c.contains("found SMP MP-table") {
             break true;
         }
         let left = Duration::from_secs(60).saturating_sub(start.elapsed());
@@ -127,7 +130,7 @@ fn linux_kernel_prints_its_banner_on_the_serial_console() {
     let stderr = text(&out.stderr);
     assert!(
         seen,
-        "no `Linux version` within 60 s; console: {}\nstderr: {stderr}",
+        "no `Linux version` + MP table within 60 s; console: {}\nstderr: {stderr}",
         text(&console)
     );
     // Stopped before READY: non-zero, and the message says why.

@@ -39,6 +39,7 @@ pub(crate) struct ErrorSlot {
     first: Mutex<Option<String>>,
     fd: EventFd,
     callback: Mutex<Option<ErrorCallback>>,
+    fired: AtomicBool,
 }
 
 impl ErrorSlot {
@@ -47,6 +48,7 @@ impl ErrorSlot {
             first: Mutex::new(None),
             fd: EventFd::new().map_err(|e| Error::io("eventfd for lazy-zeroing errors", e))?,
             callback: Mutex::new(None),
+            fired: AtomicBool::new(false),
         })
     }
 
@@ -57,11 +59,21 @@ impl ErrorSlot {
             if first.is_some() {
                 return;
             }
-            *first = Some(msg.clone());
+            *first = Some(msg);
         }
+        self.fire();
+        // Last, so a poller that wakes up finds the callback done.
         self.fd.signal();
-        if let Some(cb) = &*self.callback.lock().unwrap_or_else(|p| p.into_inner()) {
-            cb(&msg);
+    }
+
+    /// Calls the callback once with the first error, whichever of report/set_callback
+    /// comes second.
+    fn fire(&self) {
+        let cb = self.callback.lock().unwrap_or_else(|p| p.into_inner());
+        if let (Some(cb), Some(msg)) = (&*cb, self.get()) {
+            if !self.fired.swap(true, Ordering::AcqRel) {
+                cb(&msg);
+            }
         }
     }
 
@@ -73,14 +85,9 @@ impl ErrorSlot {
         self.fd.fd()
     }
 
-    pub fn set_callback(&self, cb: Box<dyn Fn(&str) + Send + Sync>) {
-        let pending = self.get();
+    pub fn set_callback(&self, cb: ErrorCallback) {
         *self.callback.lock().unwrap_or_else(|p| p.into_inner()) = Some(cb);
-        if let Some(msg) = pending {
-            if let Some(cb) = &*self.callback.lock().unwrap_or_else(|p| p.into_inner()) {
-                cb(&msg);
-            }
-        }
+        self.fire();
     }
 }
 

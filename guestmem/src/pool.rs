@@ -361,6 +361,15 @@ impl Pool {
         self.idle_wake.notify_all();
     }
 
+    /// Drops the pool's reference to a lent memfd without touching it (the holder keeps
+    /// using it; it is freed when the holder closes it too).
+    pub fn forget(&self, lent: Lent) {
+        let mut inner = self.lock();
+        inner.lent_memfds -= 1;
+        inner.lent_bytes -= lent.entry.class.memfd_size();
+        inner.released += 1;
+    }
+
     /// Adds `count` resident memfds of `class`. With `pattern` every byte is written with it
     /// and pages are marked DIRTY (a stand-in for memory a previous tenant used).
     pub fn fill(&self, class: SizeClass, count: u64, pattern: Option<u8>) -> Result<(), Error> {
@@ -688,7 +697,7 @@ impl PoolServer {
                 std::thread::Builder::new()
                     .name("pool-accept".into())
                     .spawn(move || {
-                        accept_loop(listener, &p, pool, &stop, &wake, conns, conn_threads)
+                        accept_loop(listener, &p, pool, stop, &wake, conns, conn_threads)
                     })
                     .map_err(serr)?,
             );
@@ -772,7 +781,7 @@ fn accept_loop(
     listener: OwnedFd,
     path: &Path,
     pool: Arc<Pool>,
-    stop: &AtomicBool,
+    stop: Arc<AtomicBool>,
     wake: &EventFd,
     conns: Arc<Mutex<HashMap<u64, Arc<OwnedFd>>>>,
     conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
@@ -808,11 +817,16 @@ fn accept_loop(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, fd.clone());
-        let (pool, conns2, p) = (pool.clone(), conns.clone(), path.to_path_buf());
+        let (pool, conns2, p, stop2) = (
+            pool.clone(),
+            conns.clone(),
+            path.to_path_buf(),
+            stop.clone(),
+        );
         let h = std::thread::Builder::new()
             .name(format!("pool-conn-{id}"))
             .spawn(move || {
-                serve_conn(&fd, &p, &pool);
+                serve_conn(&fd, &p, &pool, &stop2);
                 conns2.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             });
         match h {
@@ -842,7 +856,7 @@ fn peer_trusted(fd: &OwnedFd) -> bool {
 }
 
 /// Serves one client until it disconnects, then gives back everything it took.
-fn serve_conn(fd: &OwnedFd, path: &Path, pool: &Pool) {
+fn serve_conn(fd: &OwnedFd, path: &Path, pool: &Pool, stop: &AtomicBool) {
     let mut lent: Vec<Lent> = Vec::new();
     loop {
         let msg = match recv_msg(fd.as_raw_fd()) {
@@ -887,8 +901,15 @@ fn serve_conn(fd: &OwnedFd, path: &Path, pool: &Pool) {
             break;
         }
     }
+    // The server stopping is not the client going away: its VMM may still run on that
+    // memory, so it must not be marked dirty (nor reused). Only drop our reference.
+    let server_stopping = stop.load(Ordering::Acquire);
     for l in lent {
-        pool.give_back(l);
+        if server_stopping {
+            pool.forget(l);
+        } else {
+            pool.give_back(l);
+        }
     }
 }
 
@@ -1130,7 +1151,8 @@ impl PoolClient {
 // ---------------------------------------------------------------------------------------
 // `burstvm pool`
 
-/// `burstvm pool --socket PATH [--max SIZE] [--prezero P] [--fill SIZE:COUNT]...`
+/// `burstvm pool --socket PATH [--max SIZE] [--prezero P] [--fill SIZE:COUNT]...` runs a
+/// server; with `--stats` / `--shrink-*` it queries a running one instead.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PoolArgs {
     /// Unix socket to serve on (VMMs use it as --pool-socket).
@@ -1152,6 +1174,51 @@ pub struct PoolArgs {
     /// Use 2 MiB hugetlb pages for --fill.
     #[arg(long)]
     pub hugepages: bool,
+    /// Client mode: print the running server's stats (JSON) and exit.
+    #[arg(long)]
+    pub stats: bool,
+    /// Client mode: release N cached memfds of the running server.
+    #[arg(long, value_name = "N")]
+    pub shrink_count: Option<u64>,
+    /// Client mode: release that percentage of the cached memfds.
+    #[arg(long, value_name = "P")]
+    pub shrink_percent: Option<u8>,
+    /// Client mode: release cached memfds until at most SIZE bytes are cached.
+    #[arg(long, value_name = "SIZE")]
+    pub shrink_to: Option<String>,
+}
+
+/// `burstvm pool --stats/--shrink-*`: talks to a running server.
+fn run_client(a: &PoolArgs) -> Result<(), Error> {
+    let c = PoolClient::connect(&a.socket)?;
+    let released = match (a.shrink_count, a.shrink_percent, &a.shrink_to) {
+        (Some(n), None, None) => Some(c.shrink_count(n)?),
+        (None, Some(p), None) => Some(c.shrink_percent(p)?),
+        (None, None, Some(s)) => {
+            Some(c.shrink_to(crate::parse_size(s).map_err(|e| Error::BadArg {
+                arg: "--shrink-to".into(),
+                reason: e.to_string(),
+            })?)?)
+        }
+        (None, None, None) => None,
+        _ => {
+            return Err(Error::BadArg {
+                arg: "--shrink-*".into(),
+                reason: "give only one of --shrink-count, --shrink-percent, --shrink-to".into(),
+            })
+        }
+    };
+    if let Some(n) = released {
+        println!("released {n} memfds");
+    }
+    if a.stats {
+        let st = c.stats()?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&st).unwrap_or_else(|e| e.to_string())
+        );
+    }
+    Ok(())
 }
 
 fn parse_byte(s: &str) -> Result<u8, String> {
@@ -1164,6 +1231,9 @@ fn parse_byte(s: &str) -> Result<u8, String> {
 
 pub fn run_cli(a: &PoolArgs) -> Result<(), Error> {
     use nix::sys::signal::{SigSet, Signal};
+    if a.stats || a.shrink_count.is_some() || a.shrink_percent.is_some() || a.shrink_to.is_some() {
+        return run_client(a);
+    }
     let max = a
         .max
         .as_deref()

@@ -203,7 +203,7 @@ impl PageTable {
                             std::ptr::write_bytes(
                                 self.data.add((page * self.page_size) as usize),
                                 0,
-                                0,
+                                self.page_size as usize,
                             );
                         }
                         cell.store(ZERO, Ordering::Release);

@@ -100,7 +100,8 @@ fn round(round: u64) {
     }
     // Background zeroer: idle priority in even rounds, normal priority in odd rounds so it
     // really competes with the others on this 2-core machine.
-    gm.start_lazy_zeroing_with_priority(round.is_multiple_of(2)).unwrap();
+    gm.start_lazy_zeroing_with_priority(round.is_multiple_of(2))
+        .unwrap();
     barrier.wait();
 
     let mut written = vec![false; PAGES as usize];

@@ -94,7 +94,11 @@ fn run_guest(policy: MemoryPolicy) -> (u16, Vec<u8>) {
 
 #[test]
 fn kvm_guest_never_reads_old_bytes() {
-    for policy in [MemoryPolicy::Lazy, MemoryPolicy::Pre(50), MemoryPolicy::Vanilla] {
+    for policy in [
+        MemoryPolicy::Lazy,
+        MemoryPolicy::Pre(50),
+        MemoryPolicy::Vanilla,
+    ] {
         let (count, bytes) = run_guest(policy);
         assert_eq!(count, 0, "{policy}: guest read {count} canary bytes");
         assert_eq!(bytes, vec![0x42, 0x3C], "{policy}: VMM/device data lost");

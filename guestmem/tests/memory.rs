@@ -384,6 +384,7 @@ fn handler_error_stops_the_guest_and_is_reported() {
         std::thread::sleep(std::time::Duration::from_millis(200));
         assert!(!reader.is_finished(), "the guest read past a failed fault");
         println!("HANDLER-ERROR-OK");
+        let _ = std::fs::remove_file(server.path());
         // Exit with the reader still blocked: the VMM's way out.
         unsafe { libc::_exit(0) };
     }

@@ -257,3 +257,37 @@ fn killed_client_returns_its_memory() {
     assert_eq!(count_byte(r.guest_view_ptr(), SIZE, 0), SIZE);
     assert_eq!(server.pool().stats().hits, 2);
 }
+
+/// Stopping the server is not the client leaving: a running VMM's memory is not marked
+/// dirty (which would make its own handler wipe it) and not handed to anybody else.
+#[test]
+fn server_shutdown_leaves_running_clients_alone() {
+    const SIZE: u64 = 1 << 20;
+    let server = canary_pool("stop", SIZE, 1);
+    let pool = server.pool().clone();
+    let mut gm = GuestMemory::new(
+        &[RegionSpec {
+            name: "ram".into(),
+            gpa: 0,
+            size: SIZE,
+            dma: true,
+        }],
+        MemoryPolicy::Lazy,
+        MemorySource::Pool(client(&server)),
+        false,
+    )
+    .unwrap();
+    gm.write_instant(0x1000, b"live").unwrap();
+    gm.dma_map("ram").unwrap();
+    assert_eq!(
+        count_byte(gm.regions()[0].guest_view_ptr(), SIZE, CANARY),
+        0
+    );
+    server.shutdown();
+    let r = &gm.regions()[0];
+    assert_eq!(r.page_stats().dirty, 0);
+    let live = unsafe { std::slice::from_raw_parts(r.guest_view_ptr().add(0x1000), 4) };
+    assert_eq!(live, b"live");
+    let st = pool.stats();
+    assert_eq!((st.lent_memfds, st.cached_memfds, st.released), (0, 0, 1));
+}

@@ -299,6 +299,14 @@ impl SimFrontend {
         self.publish(1, slot);
     }
 
+    /// Posts a transmit chain whose "next" index lies outside the ring.
+    pub fn send_broken_chain(&mut self) {
+        let slot = self.tx_avail % QSIZE;
+        let gpa = BUFFERS + (QSIZE as u64 + slot as u64) * BUF;
+        self.write_desc(1, slot, gpa, 64, 1 /* NEXT */, QSIZE + 5);
+        self.publish(1, slot);
+    }
+
     /// Transmit descriptors the VF has consumed.
     pub fn tx_done(&self) -> u16 {
         self.used_idx(1)

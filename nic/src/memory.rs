@@ -44,6 +44,49 @@ struct RegionInfo {
     dev: guestmem::DeviceMemory,
 }
 
+/// Most memory one VF maps (sandbox RAM is at most 3 GiB, design.md): a
+/// frontend cannot make the NIC pin more than this.
+pub const MAX_TABLE_BYTES: u64 = 16 << 30;
+
+/// Allocates the pages of `[offset, offset+len)` of `file` (shmem, hugetlbfs);
+/// a file system without fallocate gets its pages populated by reading them
+/// through a temporary mapping instead.
+fn allocate(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fallocate (allocate, keep size) on a valid fd.
+    let r = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            0,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+        return Err(e);
+    }
+    // SAFETY: a private read-only populate mapping of the range, unmapped at once.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ,
+            libc::MAP_SHARED | libc::MAP_POPULATE,
+            file.as_raw_fd(),
+            offset as libc::off_t,
+        );
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::munmap(p, len as usize);
+    }
+    Ok(())
+}
+
 /// The mapped, resident memory of one open VF.
 pub struct VfMemory {
     vf: String,
@@ -53,8 +96,8 @@ pub struct VfMemory {
 }
 
 impl VfMemory {
-    /// Maps every region with MAP_POPULATE and locks it, and attaches guestmem's
-    /// page-state table of each region (lazy zeroing).
+    /// Maps every region (guestmem's device view, with its page-state table),
+    /// allocates its pages and locks them.
     pub fn map(
         vf: &str,
         table: &[VhostUserMemoryRegion],
@@ -65,6 +108,15 @@ impl VfMemory {
                 vf: vf.into(),
                 regions: table.len(),
                 files: files.len(),
+            });
+        }
+        let total = table
+            .iter()
+            .try_fold(0u64, |t, r| t.checked_add(r.memory_size));
+        if total.is_none_or(|t| t > MAX_TABLE_BYTES) {
+            return Err(MemError::Table {
+                vf: vf.into(),
+                what: format!("memory table larger than {} GiB", MAX_TABLE_BYTES >> 30),
             });
         }
         let mut mmaps = Vec::with_capacity(table.len());
@@ -85,10 +137,23 @@ impl VfMemory {
             // memory table uses that mapping.
             let dev = guestmem::DeviceMemory::attach(file.as_fd(), r.mmap_offset, r.memory_size)
                 .map_err(|e| err(format!("guestmem attach: {e}")))?;
-            // Resident for the device, as a DMA mapping pins pages: mlock
-            // populates every page and keeps it.
+            // After attach checked the range lies inside the file.
+            // Resident for the device, as a DMA mapping pins pages. The pages
+            // are allocated (and zeroed, if fresh) through the file, which
+            // does not hold this process's mmap lock, so opens of different
+            // VFs can really run in parallel; pool pages are already there.
+            allocate(&file, r.mmap_offset, r.memory_size)
+                .map_err(|e| err(format!("fallocate: {e}")))?;
+            // Locked: a page stays in memory once the device has touched it.
             // SAFETY: the range is exactly guestmem's mapping, alive as long as `dev`.
-            if unsafe { libc::mlock(dev.as_ptr() as *const libc::c_void, size) } != 0 {
+            if unsafe {
+                libc::mlock2(
+                    dev.as_ptr() as *const libc::c_void,
+                    size,
+                    libc::MLOCK_ONFAULT,
+                )
+            } != 0
+            {
                 return Err(err(format!("mlock: {}", std::io::Error::last_os_error())));
             }
             // SAFETY: `dev` owns the mapping of `size` bytes at this pointer and
@@ -151,5 +216,77 @@ impl VfMemory {
         r.dev
             .prepare_for_device_write(gpa - r.gpa, len)
             .map_err(|e| err(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+    use vm_memory::Bytes;
+
+    fn memfd(size: u64) -> File {
+        // SAFETY: memfd_create with a valid name; the fd is owned by the File.
+        let f = unsafe {
+            File::from_raw_fd(libc::memfd_create(
+                c"nic-mem-test".as_ptr(),
+                libc::MFD_CLOEXEC,
+            ))
+        };
+        f.set_len(size).unwrap();
+        f
+    }
+
+    #[test]
+    fn maps_checks_and_translates() {
+        let f = memfd(1 << 20);
+        let r = VhostUserMemoryRegion::new(0x10_0000, 1 << 20, 0x7000_0000, 0);
+        let m = VfMemory::map("vf-t", &[r], vec![f.try_clone().unwrap()]).unwrap();
+        assert_eq!(m.va_to_gpa(0x7000_0010), Some(GuestAddress(0x10_0010)));
+        assert_eq!(m.va_to_gpa(0x7010_0000), None);
+        assert!(m.check(0x10_0000, 1 << 20));
+        assert!(!m.check(0x10_0000, (1 << 20) + 1));
+        assert!(!m.check(0, 16));
+        m.gm.write_slice(b"abc", GuestAddress(0x10_0000)).unwrap();
+        m.prepare_for_device_write(0x10_0000, 4096).unwrap();
+        assert!(m.prepare_for_device_write(0x1f_f000, 8192).is_err());
+        // The write went to the shared file.
+        let mut buf = [0u8; 3];
+        use std::os::unix::fs::FileExt;
+        f.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"abc");
+    }
+
+    #[test]
+    fn rejects_bad_tables() {
+        let f = memfd(1 << 20);
+        let c = || vec![f.try_clone().unwrap()];
+        // Beyond the end of the file: refused, and the file did not grow.
+        let r = VhostUserMemoryRegion::new(0, 2 << 20, 0, 0);
+        assert!(VfMemory::map("vf-t", &[r], c()).is_err());
+        assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+        // Unaligned offset, fd count mismatch, too large a table.
+        assert!(
+            VfMemory::map("vf-t", &[VhostUserMemoryRegion::new(0, 4096, 0, 100)], c()).is_err()
+        );
+        assert!(
+            VfMemory::map("vf-t", &[VhostUserMemoryRegion::new(0, 4096, 0, 0)], vec![]).is_err()
+        );
+        let huge = VhostUserMemoryRegion::new(0, MAX_TABLE_BYTES + 4096, 0, 0);
+        assert!(matches!(
+            VfMemory::map("vf-t", &[huge], c()),
+            Err(MemError::Table { .. })
+        ));
+        // Overlapping regions.
+        let (a, b) = (
+            VhostUserMemoryRegion::new(0, 8192, 0, 0),
+            VhostUserMemoryRegion::new(4096, 8192, 8192, 8192),
+        );
+        assert!(VfMemory::map(
+            "vf-t",
+            &[a, b],
+            vec![f.try_clone().unwrap(), f.try_clone().unwrap()]
+        )
+        .is_err());
     }
 }

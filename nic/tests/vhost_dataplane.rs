@@ -259,3 +259,32 @@ fn veth_uplink_in_a_netns() {
     assert_eq!(got.as_deref(), Some(&f[..]));
     assert_eq!(back.as_deref(), Some(&f2[..]));
 }
+
+#[test]
+fn chain_with_bad_next_index_fails_the_vf() {
+    let nic = TestNic::start("chain", 2, None, LockPolicy::Global);
+    let mut c = nic.client();
+    let (a, b) = (
+        c.alloc("pf0", "sb-a", None, None).unwrap(),
+        c.alloc("pf0", "sb-b", None, None).unwrap(),
+    );
+    let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    let mut fb = SimFrontend::connect(&b.socket, MIN_MEM).unwrap();
+    fa.send_broken_chain();
+    let va = nic.wait_vf("sb-a", "in error", |v| v.state == VfState::Error);
+    assert_eq!(
+        (va.counters.bad_descriptors, va.counters.tx_packets),
+        (1, 0)
+    );
+    assert_eq!(fa.tx_done(), 0, "a malformed chain is not completed");
+    // The other VF is untouched.
+    let f = frame(&a.mac, &b.mac, b"x");
+    fb.send(&f);
+    assert_eq!(fa.recv(Duration::from_millis(300)), None);
+    assert_eq!(
+        nic.client().get_by_sandbox("sb-b").unwrap().state,
+        VfState::Open
+    );
+    drop((fa, fb));
+    nic.stop();
+}

@@ -289,7 +289,16 @@ pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
         out: a.out.clone(),
         warmup: !a.no_warmup,
     };
-    let out = bench::run(&rt, &plan, &mut |l| eprintln!("{l}"))?;
+    let result = bench::run(&rt, &plan, &mut |l| eprintln!("{l}"));
+    // Also after an error or Ctrl-C: say whether anything was left.
+    let final_check = leaks::check(&rt, Duration::from_secs(5));
+    let out = match result {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("{}", final_check.describe());
+            return Err(e);
+        }
+    };
     print!("{}", out.table);
     for p in &out.plots {
         println!("wrote {}", p.display());
@@ -298,12 +307,14 @@ pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
     println!("wrote {}", a.out.join("summary.json").display());
     drop(rt);
     if runtime::sigint_received() {
+        eprintln!("{}", final_check.describe());
         return Err(Error::Interrupted);
     }
-    if !out.clean {
-        return Err(Error::Leaks(
-            "leaks found after the benchmark (see above)".into(),
-        ));
+    if !out.clean || !final_check.is_clean() {
+        return Err(Error::Leaks(format!(
+            "leaks found after the benchmark (see above); at the end: {}",
+            final_check.describe()
+        )));
     }
     println!("leak check: clean after every round");
     Ok(())

@@ -129,7 +129,12 @@ pub fn timeline(
         .label_style((FONT, 14))
         .draw()
         .map_err(draw_err(path))?;
-    for st in Stage::ALL {
+    // vf-open last, on top of the stages it may overlap.
+    let order = Stage::ALL
+        .into_iter()
+        .filter(|s| *s != Stage::VfOpen)
+        .chain([Stage::VfOpen]);
+    for st in order {
         let evs: Vec<&TraceEvent> = events.iter().filter(|e| e.stage == st).collect();
         if evs.is_empty() {
             continue;
@@ -139,7 +144,10 @@ pub fn timeline(
             .draw_series(evs.iter().map(|e| {
                 let y = row[e.sandbox.as_str()] as f64;
                 let x1 = rel(e.end_ns).max(rel(e.start_ns) + xmax * 1e-4);
-                Rectangle::new([(rel(e.start_ns), y + 0.1), (x1, y + 0.9)], color.filled())
+                // vf-open may run beside boot (async VF init): a half-height
+                // bar drawn on top keeps both visible.
+                let top = if st == Stage::VfOpen { 0.5 } else { 0.9 };
+                Rectangle::new([(rel(e.start_ns), y + 0.1), (x1, y + top)], color.filled())
             }))
             .map_err(draw_err(path))?
             .label(st.name())

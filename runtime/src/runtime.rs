@@ -124,6 +124,9 @@ impl Runtime {
             .clone()
             .unwrap_or_else(|| state_dir.join("trace.jsonl"));
         let layout = Layout::detect()?;
+        for r in reap_stale(&layout) {
+            tracing::warn!("removed what a dead runtime left: {r}");
+        }
         let mut rt = Runtime {
             tag: tag.clone(),
             trace_path,
@@ -509,6 +512,60 @@ pub fn expected_stages(variant: Variant) -> Vec<Stage> {
     }
     v.extend([Stage::AppLaunch, Stage::Ready]);
     v
+}
+
+/// The pid of the process that made `tag` (see `unique_tag`).
+fn tag_pid(tag: &str) -> Option<u32> {
+    u64::from_str_radix(tag, 36).ok().map(|n| (n / 64) as u32)
+}
+
+/// Removes what runtimes that died without cleaning up (SIGKILL) left:
+/// their sandboxes' netns and cgroups, their server netns and state dir.
+/// A runtime counts as dead when the pid in its tag no longer exists.
+pub fn reap_stale(layout: &Layout) -> Vec<String> {
+    let mut reaped = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/run/burstvm") else {
+        return reaped;
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(tag) = name.strip_prefix("rt-") else {
+            continue;
+        };
+        let Some(pid) = tag_pid(tag) else { continue };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let prefixes = [
+            format!("bv{tag}-"),
+            format!("bvsrv-{tag}"),
+            format!("pool-{tag}-"),
+        ];
+        for ns in prefixes.iter().take(2).flat_map(|p| crate::netns::list(p)) {
+            if crate::netns::delete_path(&Path::new(crate::netns::NETNS_DIR).join(&ns)).is_ok() {
+                reaped.push(format!("netns {ns}"));
+            }
+        }
+        for cg in layout.list() {
+            if !(cg.starts_with(&prefixes[0]) || cg.starts_with(&prefixes[2])) {
+                continue;
+            }
+            for d in layout.dirs(&cg).iter().rev() {
+                // A VMM of a dead runtime should have died with it (PDEATHSIG).
+                if let Ok(procs) = std::fs::read_to_string(d.join("cgroup.procs")) {
+                    for p in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                        // SAFETY: kill(2) on a process in the dead runtime's cgroup.
+                        unsafe { libc::kill(p, libc::SIGKILL) };
+                    }
+                }
+                let _ = std::fs::remove_dir(d);
+            }
+            reaped.push(format!("cgroup {cg}"));
+        }
+        let _ = std::fs::remove_dir_all(e.path());
+        reaped.push(format!("state {}", e.path().display()));
+    }
+    reaped
 }
 
 fn unique_tag() -> String {

@@ -29,6 +29,8 @@ pub struct Vm {
     pub sink: Arc<EventSink>,
     pub values: Arc<Mutex<Vec<u32>>>,
     pub vcpu_start: Arc<AtomicU64>,
+    /// Where each vCPU was when it stopped (vCPU id, description).
+    pub vcpu_states: Arc<Mutex<Vec<(u8, String)>>>,
     pub stop: Arc<AtomicBool>,
     pub pio: Arc<Bus>,
     pub mmio: Arc<Bus>,
@@ -104,7 +106,13 @@ fn devices_of(cfg: &VmConfig) -> Vec<(u64, u32)> {
         .collect()
 }
 
-pub fn build(cfg: &VmConfig, kvm: Kvm, spawn_start: u64) -> Result<Vm, Error> {
+/// `interrupted` is polled between the long steps; its error aborts the build.
+pub fn build(
+    cfg: &VmConfig,
+    kvm: Kvm,
+    spawn_start: u64,
+    interrupted: &dyn Fn() -> Result<(), Error>,
+) -> Result<Vm, Error> {
     let sb = cfg.sandbox.as_str();
     let mem_err = |source| Error::Memory {
         sandbox: sb.to_string(),
@@ -172,6 +180,7 @@ pub fn build(cfg: &VmConfig, kvm: Kvm, spawn_start: u64) -> Result<Vm, Error> {
         ),
         None => guestmem::MemorySource::Fresh,
     };
+    interrupted()?;
     let mut mem = guestmem::GuestMemory::new(&region_specs(cfg), cfg.policy, source, cfg.hugepages)
         .map_err(mem_err)?;
     for (slot, r) in mem.regions().iter().enumerate() {
@@ -182,8 +191,10 @@ pub fn build(cfg: &VmConfig, kvm: Kvm, spawn_start: u64) -> Result<Vm, Error> {
             memory_size: r.size(),
             userspace_addr: r.guest_view_ptr() as u64,
         };
-        // SAFETY: the guest view stays mapped for as long as the VM exists
-        // (`Vm` drops the VmFd after the memory's last user, the vCPUs).
+        // SAFETY: the guest view stays mapped while vCPUs run: run_vm stops
+        // them before `Vm` (which owns the memory) is dropped. Should a
+        // vCPU not stop, KVM faults on the unmapped range (EFAULT), never
+        // the host.
         unsafe { vm.set_user_memory_region(region) }.map_err(kvm_err(
             sb,
             format!("KVM_SET_USER_MEMORY_REGION for region {}", r.name()),
@@ -195,6 +206,7 @@ pub fn build(cfg: &VmConfig, kvm: Kvm, spawn_start: u64) -> Result<Vm, Error> {
     for (name, stage) in [("ram", Stage::DmaRam), ("image", Stage::DmaImage)] {
         if mem.regions().iter().any(|r| r.name() == name && r.dma()) {
             let t0 = monotonic_ns();
+            interrupted()?;
             mem.dma_map(name).map_err(mem_err)?;
             trace.record(stage, t0, monotonic_ns())?;
         }
@@ -275,6 +287,7 @@ pub fn build(cfg: &VmConfig, kvm: Kvm, spawn_start: u64) -> Result<Vm, Error> {
     drop(linux);
     drop(payload);
 
+    interrupted()?;
     mem.start_lazy_zeroing().map_err(mem_err)?;
     let mem = Arc::new(mem);
     let sink = Arc::new(EventSink::new().map_err(|source| Error::Os {
@@ -364,6 +377,7 @@ pub fn build(cfg: &VmConfig, kvm: Kvm, spawn_start: u64) -> Result<Vm, Error> {
             .map_err(dev_err(&name))?;
     }
 
+    interrupted()?;
     // vCPUs.
     let base_cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -387,6 +401,7 @@ pub fn build(cfg: &VmConfig, kvm: Kvm, spawn_start: u64) -> Result<Vm, Error> {
         sink,
         values,
         vcpu_start,
+        vcpu_states: Arc::default(),
         stop: Arc::new(AtomicBool::new(false)),
         pio: Arc::new(pio),
         mmio: Arc::new(mmio),

@@ -5,17 +5,47 @@ use std::path::PathBuf;
 /// Why a running guest stopped the VM.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GuestFailure {
-    TripleFault { vcpu: u8, state: String },
-    HltInterruptsOff { vcpu: u8 },
-    InternalError { vcpu: u8, suberror: u32 },
-    FailEntry { vcpu: u8, reason: u64 },
-    EmulationFailure { vcpu: u8 },
-    UnexpectedExit { vcpu: u8, what: String },
-    AgentError { code: u32 },
-    AppChecksum { expected: u32, got: u32 },
-    Exit { status: u32 },
-    Timeout { secs: u64 },
-    Terminated { signal: String },
+    TripleFault {
+        vcpu: u8,
+        state: String,
+    },
+    HltInterruptsOff {
+        vcpu: u8,
+    },
+    InternalError {
+        vcpu: u8,
+        suberror: u32,
+    },
+    FailEntry {
+        vcpu: u8,
+        reason: u64,
+    },
+    EmulationFailure {
+        vcpu: u8,
+        state: String,
+    },
+    UnexpectedExit {
+        vcpu: u8,
+        what: String,
+    },
+    AgentError {
+        code: u32,
+    },
+    AppChecksum {
+        expected: u32,
+        got: u32,
+    },
+    Exit {
+        status: u32,
+    },
+    /// `vcpus`: where each vCPU was when the deadline passed.
+    Timeout {
+        secs: u64,
+        vcpus: String,
+    },
+    Terminated {
+        signal: String,
+    },
     MemoryHandler(String),
 }
 
@@ -52,8 +82,8 @@ impl std::fmt::Display for GuestFailure {
                 f,
                 "KVM_EXIT_FAIL_ENTRY on vCPU {vcpu} (hardware entry failure reason {reason:#x})"
             ),
-            GuestFailure::EmulationFailure { vcpu } => {
-                write!(f, "instruction emulation failure on vCPU {vcpu}")
+            GuestFailure::EmulationFailure { vcpu, state } => {
+                write!(f, "instruction emulation failure on vCPU {vcpu} at {state}")
             }
             GuestFailure::UnexpectedExit { vcpu, what } => {
                 write!(f, "unexpected VM exit on vCPU {vcpu}: {what}")
@@ -68,8 +98,8 @@ impl std::fmt::Display for GuestFailure {
             GuestFailure::Exit { status } => {
                 write!(f, "guest exited with status {status} before READY")
             }
-            GuestFailure::Timeout { secs } => {
-                write!(f, "timeout: guest not ready after {secs} s (--timeout)")
+            GuestFailure::Timeout { secs, vcpus } => {
+                write!(f, "timeout: guest not ready after {secs} s (--timeout); {vcpus}")
             }
             GuestFailure::Terminated { signal } => write!(f, "terminated by {signal}"),
             GuestFailure::MemoryHandler(msg) => {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
-use nix::sys::signalfd::SignalFd;
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 pub use args::VmmArgs;
 pub use bus::{DeviceContext, MmioDevice, NetBackend, VfInit};
@@ -62,7 +62,8 @@ pub fn run_cli(args: &VmmArgs) -> Result<(), Error> {
     }
     sigs.thread_block()
         .map_err(os_err("blocking termination signals"))?;
-    let sigfd = SignalFd::new(&sigs).map_err(os_err("signalfd"))?;
+    let sigfd = SignalFd::with_flags(&sigs, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(os_err("signalfd"))?;
     vcpu::install_kick_handler().map_err(|source| Error::Os {
         sandbox: cfg.sandbox.clone(),
         what: "vCPU kick signal handler",
@@ -70,7 +71,16 @@ pub fn run_cli(args: &VmmArgs) -> Result<(), Error> {
     })?;
 
     let kvm = builder::open_kvm(&cfg)?;
-    let vm = builder::build(&cfg, kvm, t0)?;
+    // A termination signal while the VM is being built stops the build at
+    // the next step (a DMA map of GiBs takes a while).
+    let interrupted = || match take_signal(&sigfd) {
+        Some(signal) => Err(Error::Guest {
+            sandbox: cfg.sandbox.clone(),
+            failure: GuestFailure::Terminated { signal },
+        }),
+        None => Ok(()),
+    };
+    let vm = builder::build(&cfg, kvm, t0, &interrupted)?;
     run_vm(&cfg, vm, &sigfd)
 }
 
@@ -86,6 +96,7 @@ fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<(), E
             sink: vm.sink.clone(),
             stop: vm.stop.clone(),
             start_ns: vm.vcpu_start.clone(),
+            last_state: vm.vcpu_states.clone(),
         };
         match v.spawn() {
             Ok(t) => threads.push(t),
@@ -106,6 +117,25 @@ fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<(), E
     if stuck > 0 {
         tracing::warn!("sandbox {sb}: {stuck} vCPU thread(s) did not stop; exiting anyway");
     }
+    // A guest that never got ready: say where its vCPUs were (a `cli; hlt`
+    // blocks inside KVM with the in-kernel irqchip and never exits).
+    let outcome = match outcome {
+        Err(GuestFailure::Timeout { secs, .. }) => {
+            let mut states = vm
+                .vcpu_states
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            states.sort();
+            let vcpus = states
+                .iter()
+                .map(|(id, s)| format!("vCPU {id} {s}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            Err(GuestFailure::Timeout { secs, vcpus })
+        }
+        other => other,
+    };
     let values = vm.values.lock().unwrap_or_else(|e| e.into_inner()).clone();
     for (i, v) in values.iter().enumerate() {
         println!("value {i} {v:#010x}");
@@ -128,6 +158,7 @@ fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<(), GuestF
                 if left.is_zero() {
                     return Err(GuestFailure::Timeout {
                         secs: cfg.timeout_secs,
+                        vcpus: String::new(),
                     });
                 }
                 PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
@@ -148,16 +179,11 @@ fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<(), GuestF
                 })
             }
         }
-        if fds[0].any().unwrap_or(false) {
-            if let Ok(Some(si)) = sigfd.read_signal() {
-                let name = Signal::try_from(si.ssi_signo as i32)
-                    .map(|s| s.as_str().to_string())
-                    .unwrap_or_else(|_| format!("signal {}", si.ssi_signo));
-                if ready {
-                    return Ok(());
-                }
-                return Err(GuestFailure::Terminated { signal: name });
+        if let Some(signal) = take_signal(sigfd) {
+            if ready {
+                return Ok(());
             }
+            return Err(GuestFailure::Terminated { signal });
         }
         for ev in vm.sink.drain() {
             match ev {
@@ -181,6 +207,16 @@ fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<(), GuestF
             }
         }
     }
+}
+
+/// The name of a pending termination signal, consuming it.
+fn take_signal(sigfd: &SignalFd) -> Option<String> {
+    let si = sigfd.read_signal().ok().flatten()?;
+    Some(
+        Signal::try_from(si.ssi_signo as i32)
+            .map(|s| s.as_str().to_string())
+            .unwrap_or_else(|_| format!("signal {}", si.ssi_signo)),
+    )
 }
 
 fn notify_ready(fd: i32) {

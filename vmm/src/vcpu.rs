@@ -2,7 +2,7 @@
 //! a thread out of KVM_RUN when the VMM stops.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,8 @@ pub struct Vcpu {
     pub stop: Arc<AtomicBool>,
     /// vCPU 0 stores its first KVM_RUN time here (start of `boot`).
     pub start_ns: Arc<AtomicU64>,
+    /// Filled when the thread was stopped from outside (see `stopped_state`).
+    pub last_state: Arc<Mutex<Vec<(u8, String)>>>,
 }
 
 /// What one KVM_RUN ended with, after the I/O was served.
@@ -112,12 +114,40 @@ impl Vcpu {
         }
     }
 
+    /// What the vCPU was doing when it was stopped from outside.
+    fn stopped_state(&self) -> String {
+        let halted = self
+            .fd
+            .get_mp_state()
+            .map(|m| m.mp_state == kvm_bindings::KVM_MP_STATE_HALTED)
+            .unwrap_or(false);
+        let interrupts_on = self
+            .fd
+            .get_regs()
+            .map(|r| r.rflags & 0x200 != 0)
+            .unwrap_or(true);
+        let what = match (halted, interrupts_on) {
+            (true, false) => "executed hlt with interrupts off",
+            (true, true) => "halted, waiting for an interrupt",
+            _ => "running",
+        };
+        format!("{what} ({})", self.cpu_state())
+    }
+
     fn run(mut self) {
         if self.id == 0 {
             self.start_ns
                 .store(trace::monotonic_ns(), Ordering::Release);
         }
-        while !self.stop.load(Ordering::Acquire) {
+        loop {
+            if self.stop.load(Ordering::Acquire) {
+                let state = self.stopped_state();
+                self.last_state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((self.id, state));
+                break;
+            }
             match self.step() {
                 Step::Continue => {}
                 Step::InternalError => {
@@ -126,7 +156,10 @@ impl Vcpu {
                     let suberror =
                         unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal.suberror };
                     let failure = if suberror == kvm_bindings::KVM_INTERNAL_ERROR_EMULATION {
-                        GuestFailure::EmulationFailure { vcpu: self.id }
+                        GuestFailure::EmulationFailure {
+                            vcpu: self.id,
+                            state: self.cpu_state(),
+                        }
                     } else {
                         GuestFailure::InternalError {
                             vcpu: self.id,

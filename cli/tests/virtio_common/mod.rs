@@ -328,7 +328,7 @@ pub fn serve_agent(wire: &Wire, mut child: Child, sandbox: &str, trace: &Path, v
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("ready"), "summary shows ready: {stdout}");
 
-    let st = stages(&trace);
+    let st = stages(trace);
     let get = |name: &str| {
         st.iter()
             .find(|s| s.0 == name)

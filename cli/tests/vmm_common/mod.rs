@@ -1,7 +1,7 @@
 // Shared helpers for the vmm_* integration tests (included with `mod`).
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 pub fn burstvm() -> Command {
@@ -46,8 +46,4 @@ pub fn stages(trace: &Path) -> Vec<(String, String, u64, u64)> {
             )
         })
         .collect()
-}
-
-pub fn path_str(p: &PathBuf) -> &str {
-    p.to_str().unwrap()
 }

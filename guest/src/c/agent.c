@@ -40,6 +40,7 @@ __attribute__((noreturn)) void exception_handler(uint64_t vector, uint64_t rip, 
   report_data(EV_VALUE, (uint32_t)vector);
   report_data(EV_VALUE, (uint32_t)rip);
   report_data(EV_VALUE, (uint32_t)cr2);
+  report_data(EV_VALUE, (uint32_t)(cr2 >> 32));
   fail(ERR_EXCEPTION);
 }
 
@@ -107,7 +108,9 @@ static void ioapic_route(uint32_t gsi, uint8_t vector) {
   mmio_write32(IOAPIC + 0x10, vector); /* unmasked */
 }
 
-static void irq_setup(const struct boot_info *bi) {
+/* Exceptions report ERROR instead of triple-faulting; vectors 0x20+ are
+ * the timer, the devices and the spurious vector. */
+static void idt_setup(void) {
   struct idt_gate *idt = (struct idt_gate *)IDT_GPA;
   for (int v = 0; v < 32; v++) set_gate(idt, v, exc_stubs + 16 * v);
   for (int v = 32; v < IDT_GATES; v++) set_gate(idt, v, irq_stub);
@@ -115,7 +118,9 @@ static void irq_setup(const struct boot_info *bi) {
   set_gate(idt, VEC_SPURIOUS, spurious_stub);
   struct __attribute__((packed)) { uint16_t limit; uint64_t base; } idtr = {IDT_GATES * 16 - 1, IDT_GPA};
   __asm__ volatile("lidt %0" ::"m"(idtr));
+}
 
+static void irq_setup(const struct boot_info *bi) {
   outb(0x21, 0xff); /* mask the legacy PICs: all interrupts come via the IOAPIC */
   outb(0xa1, 0xff);
   lapic_write(LAPIC_LVT_LINT0, 1u << 16); /* masked: no ExtINT from the PIC */
@@ -208,6 +213,7 @@ static const struct boot_dev *find_net(const struct boot_info *bi) {
 void agent_main(struct boot_info *bi) {
   if (bi->magic != BOOTINFO_MAGIC || bi->version != BOOTINFO_VERSION) fail(ERR_BAD_MAGIC);
   report(EV_BOOT);
+  idt_setup();
 
   const struct boot_dev *dev = find_net(bi);
   if (!dev) { /* no network: the app launch is all there is */

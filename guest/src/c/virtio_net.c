@@ -55,7 +55,9 @@ void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx) {
     fail(ERR_BAD_DEVICE);
 
   wr(n, VIRTIO_MMIO_STATUS, 0); /* reset */
-  if (rd(n, VIRTIO_MMIO_STATUS) != 0) fail(ERR_BAD_DEVICE);
+  uint32_t st = rd(n, VIRTIO_MMIO_STATUS);
+  if (st & VIRTIO_STATUS_NEEDS_RESET) fail(ERR_DEVICE_FAILED); /* e.g. the VF open failed */
+  if (st != 0) fail(ERR_BAD_DEVICE);
   set_status(n, VIRTIO_STATUS_ACKNOWLEDGE);
   set_status(n, VIRTIO_STATUS_DRIVER);
 

@@ -216,12 +216,18 @@ pub fn create_net_device(
     mac: [u8; 6],
     ctx: &DeviceContext,
 ) -> Result<Box<dyn MmioDevice>, VirtioError> {
+    // The backend the user named is checked before anything is registered.
+    let tap = match backend {
+        NetBackend::Tap(name) => Some(tap::Tap::open(name)?),
+        NetBackend::VhostUser(_) => None,
+    };
     let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, NET_QUEUES)?;
     let (evts, irqfd) = wiring.clone_evts()?;
     let interrupt = Arc::new(Interrupt::new(irqfd));
     match backend {
-        NetBackend::Tap(name) => {
-            let dev = net::TapNet::new(name, mac, ctx, evts, interrupt.clone())?;
+        NetBackend::Tap(_) => {
+            let tap = tap.expect("opened above");
+            let dev = net::TapNet::new(tap, mac, ctx, evts, interrupt.clone());
             let transport = MmioTransport::new(dev, ctx.mem.clone(), interrupt, ctx.mmio_base);
             Ok(Box::new(WiredDevice {
                 transport,
@@ -236,5 +242,167 @@ pub fn create_net_device(
                 _wiring: wiring,
             }))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use kvm_ioctls::Kvm;
+    use vm_memory::{Bytes, GuestAddress};
+
+    use super::mmio::*;
+    use super::*;
+    use crate::bus::VfInit;
+
+    fn ctx(dma: bool) -> DeviceContext {
+        let vm = Kvm::new().unwrap().create_vm().unwrap();
+        vm.create_irq_chip().unwrap();
+        let spec = guestmem::RegionSpec {
+            name: "ram".into(),
+            gpa: 0,
+            size: 1 << 20,
+            dma,
+        };
+        let gm = guestmem::GuestMemory::new(
+            &[spec],
+            guestmem::MemoryPolicy::Vanilla,
+            guestmem::MemorySource::Fresh,
+            false,
+        )
+        .unwrap();
+        DeviceContext {
+            vm: Arc::new(vm),
+            mem: gm.device_guest_memory().unwrap(),
+            guestmem: Arc::new(gm),
+            mmio_base: 0xd000_0000,
+            gsi: 5,
+            trace: Arc::new(trace::TraceWriter::new("virtio-test", None).unwrap()),
+            vf_init: VfInit::Sync,
+        }
+    }
+
+    fn w(d: &mut dyn MmioDevice, off: u64, v: u32) {
+        d.write(off, &v.to_le_bytes());
+    }
+
+    /// Threads of this process named `name`, and fds open on /dev/net/tun.
+    fn worker_threads(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter(|t| {
+                let comm = t.as_ref().unwrap().path().join("comm");
+                std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == name)
+            })
+            .count()
+    }
+
+    fn tun_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter(|f| {
+                std::fs::read_link(f.as_ref().unwrap().path())
+                    .is_ok_and(|p| p.as_os_str() == "/dev/net/tun")
+            })
+            .count()
+    }
+
+    /// Drive a tap device to DRIVER_OK and back: the worker thread, the tap
+    /// fd and the KVM registrations are gone once the device is dropped.
+    #[test]
+    fn tap_device_releases_thread_and_fd_on_drop() {
+        let tap = format!("bvu{}", std::process::id() % 100_000);
+        let _ = Command::new("ip").args(["link", "del", &tap]).status();
+        let ok = Command::new("ip")
+            .args(["tuntap", "add", "dev", &tap, "mode", "tap"])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "create tap {tap}");
+        struct DelTap<'a>(&'a str);
+        impl Drop for DelTap<'_> {
+            fn drop(&mut self) {
+                let _ = Command::new("ip").args(["link", "del", self.0]).status();
+            }
+        }
+        let _del = DelTap(&tap);
+        let thread = format!("virtio-net-{tap}");
+        let thread = &thread[..thread.len().min(15)]; // comm is truncated to 15 bytes
+
+        let ctx = ctx(false);
+        let mut dev = create_net_device(&NetBackend::Tap(tap.clone()), [2, 0, 0, 0, 0, 1], &ctx)
+            .expect("create tap device");
+        // A second device on the same tap: busy.
+        let busy = create_net_device(&NetBackend::Tap(tap.clone()), [2; 6], &ctx);
+        assert!(
+            matches!(busy, Err(VirtioError::Tap { ref reason, .. }) if reason.contains("busy"))
+        );
+
+        let d = dev.as_mut();
+        w(d, STATUS, 1);
+        w(d, STATUS, 3);
+        w(d, DRIVER_FEATURES_SEL, 1);
+        w(d, DRIVER_FEATURES, 1); // VERSION_1
+        w(d, STATUS, 3 | 8);
+        for (q, base) in [(0u32, 0x1000u64), (1, 0x2000)] {
+            w(d, QUEUE_SEL, q);
+            w(d, QUEUE_NUM, 8);
+            w(d, QUEUE_DESC_LOW, base as u32);
+            w(d, QUEUE_DRIVER_LOW, base as u32 + 0x400);
+            w(d, QUEUE_DEVICE_LOW, base as u32 + 0x800);
+            w(d, QUEUE_READY, 1);
+        }
+        w(d, STATUS, 3 | 8 | 4);
+        let mut status = [0u8; 4];
+        d.read(STATUS, &mut status);
+        assert_eq!(u32::from_le_bytes(status), 15, "device running");
+        // The thread names itself once it runs.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while worker_threads(thread) == 0 && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(worker_threads(thread), 1);
+        assert_eq!(tun_fds(), 1);
+        // The used rings are untouched: no frame, nothing to return.
+        assert_eq!(ctx.mem.read_obj::<u16>(GuestAddress(0x1802)).unwrap(), 0);
+
+        // Reset stops the worker; DRIVER_OK again restarts it.
+        w(d, STATUS, 0);
+        assert_eq!(worker_threads(thread), 0);
+        drop(dev);
+        assert_eq!(worker_threads(thread), 0);
+        assert_eq!(tun_fds(), 0);
+        // The tap is free again.
+        let again = create_net_device(&NetBackend::Tap(tap.clone()), [2; 6], &ctx);
+        assert!(again.is_ok());
+        drop(again);
+    }
+
+    #[test]
+    fn missing_tap_and_vf_socket_errors_name_them() {
+        let ctx_dma = ctx(true);
+        let e = create_net_device(&NetBackend::Tap("bvnosuchtap0".into()), [2; 6], &ctx_dma)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("bvnosuchtap0") && e.contains("no such interface"),
+            "{e}"
+        );
+        let vf = NetBackend::VhostUser("/nonexistent/vf.sock".into());
+        let e = create_net_device(&vf, [2; 6], &ctx_dma)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("/nonexistent/vf.sock") && e.contains("connect"),
+            "{e}"
+        );
+        // Without a dma region there is nothing to give the NIC.
+        let e = create_net_device(&vf, [2; 6], &ctx(false))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("no dma region"), "{e}");
     }
 }

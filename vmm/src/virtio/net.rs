@@ -162,20 +162,19 @@ impl Drop for TapNet {
 
 impl TapNet {
     pub fn new(
-        name: &str,
+        tap: Tap,
         mac: [u8; 6],
         ctx: &DeviceContext,
         queue_evts: Vec<EventFd>,
         interrupt: Arc<Interrupt>,
-    ) -> Result<Self, VirtioError> {
-        let tap = Tap::open(name)?;
+    ) -> Self {
         let guestmem = ctx.guestmem.clone();
         let prepare: Arc<PrepareWrite> = Arc::new(move |gpa, len| {
             guestmem
                 .prepare_for_device_write(gpa, len)
                 .map_err(|e| e.to_string())
         });
-        Ok(TapNet {
+        TapNet {
             mac,
             tap: Arc::new(tap),
             mem: ctx.mem.clone(),
@@ -185,7 +184,7 @@ impl TapNet {
             link: AtomicU16::new(VIRTIO_NET_S_LINK_UP as u16),
             counters: Arc::default(),
             worker: None,
-        })
+        }
     }
 }
 

@@ -113,9 +113,6 @@ impl VfLink {
                 frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
             }
         }
-        if self.regions.is_empty() {
-            return Err(vu_err(s, "SET_MEM_TABLE", "no dma region to share"));
-        }
         frontend
             .set_mem_table(&self.regions)
             .map_err(|e| vu_err(s, "SET_MEM_TABLE", e))?;
@@ -137,7 +134,13 @@ impl VfLink {
             .iter()
             .find(|r| gpa >= r.guest_phys_addr && gpa - r.guest_phys_addr < r.memory_size)
             .map(|r| r.userspace_addr + (gpa - r.guest_phys_addr))
-            .ok_or_else(|| vu_err(&self.socket, what, format!("{gpa:#x} is not in a dma region")))
+            .ok_or_else(|| {
+                vu_err(
+                    &self.socket,
+                    what,
+                    format!("{gpa:#x} is not in a dma region"),
+                )
+            })
     }
 
     /// DRIVER_OK: hand the vrings to the NIC, then report link up.
@@ -235,7 +238,7 @@ impl VhostUserNet {
         interrupt: Arc<Interrupt>,
     ) -> Result<Self, VirtioError> {
         // Only DMA regions are shared with the NIC (design.md "Variants").
-        let regions = ctx
+        let regions: Vec<VhostUserMemoryRegionInfo> = ctx
             .guestmem
             .regions()
             .iter()
@@ -248,6 +251,13 @@ impl VhostUserNet {
                 mmap_handle: r.memfd().as_raw_fd(),
             })
             .collect();
+        if regions.is_empty() {
+            return Err(vu_err(
+                socket,
+                "SET_MEM_TABLE",
+                "no dma region to share with the NIC (a VF needs --dma-ram true)",
+            ));
+        }
         let call = interrupt
             .irqfd()
             .try_clone()
