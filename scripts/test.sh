@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/opt/cni/bin:$PATH"
-exec cargo test --workspace "$@"
+exec cargo test --workspace --no-fail-fast "$@"

@@ -31,9 +31,11 @@ enum BenchCommand {
     Startup(runtime::BenchStartupArgs),
     /// DMA-map and first-touch cost of each memory policy.
     Memory(guestmem::bench::MemoryBenchArgs),
+    /// Concurrent VF opens under each devset lock policy.
+    Devset(nic::bench::BenchDevsetArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BURSTVM_LOG")
@@ -41,7 +43,7 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
+    let result = match Cli::parse().command {
         Command::Vmm(a) => vmm::run_cli(&a).context("burstvm vmm"),
         Command::Nic(a) => nic::run_cli(&a).context("burstvm nic"),
         Command::Pool(a) => guestmem::pool::run_cli(&a).context("burstvm pool"),
@@ -51,6 +53,17 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Bench(BenchCommand::Memory(a)) => {
             guestmem::bench::run_cli(&a).context("burstvm bench memory")
+        }
+        Command::Bench(BenchCommand::Devset(a)) => {
+            nic::bench::run_cli(&a).context("burstvm bench devset")
+        }
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line naming the cause chain, as the VMM contract asks.
+            eprintln!("{e:#}");
+            std::process::ExitCode::FAILURE
         }
     }
 }

@@ -99,22 +99,28 @@ pub fn run_once(
                 b.wait();
                 let t = Instant::now();
                 let fe = SimFrontend::connect_mem(&sock, m);
-                (t.elapsed().as_secs_f64() * 1e3, fe)
+                (t, Instant::now(), fe)
             })
         })
         .collect();
     barrier.wait();
-    let t0 = Instant::now();
     let mut times = Vec::with_capacity(n);
     let mut fes = Vec::with_capacity(n);
+    let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
     for t in threads {
-        let (ms, fe) = t
+        let (start, end, fe) = t
             .join()
             .map_err(|_| err("frontend thread panicked".into()))?;
         fes.push(fe.map_err(|e| err(e.to_string()))?);
-        times.push(ms);
+        times.push((end - start).as_secs_f64() * 1e3);
+        first = Some(first.map_or(start, |f| f.min(start)));
+        last = Some(last.map_or(end, |l| l.max(end)));
     }
-    let total_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // From the first open's start to the last open's end.
+    let total_ms = match (first, last) {
+        (Some(f), Some(l)) => (l - f).as_secs_f64() * 1e3,
+        _ => 0.0,
+    };
     drop(fes);
     server.stop();
     times.sort_by(|a, b| a.total_cmp(b));
