@@ -3,14 +3,18 @@
 //! process killed with SIGKILL. Frontends are nic's test frontend (vhost crate
 //! Frontend, memfd memory, hand-written split rings).
 
-use std::io::BufRead;
-use std::path::{Path, PathBuf};
+// The nic crate's test helpers (frames, VF polling, a frontend in a child process).
+#[path = "../../nic/tests/common/mod.rs"]
+mod nic_common;
+
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nic::control::{Client, ErrorCode, Response, VfInfo};
 use nic::devset::VfState;
 use nic::frontend::{SimFrontend, MIN_MEM};
+use nic_common::{frame, hold_frontend_if_child, spawn_frontend_child};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -66,16 +70,7 @@ impl Daemon {
     }
 
     fn wait_vf(&self, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
-        let mut c = self.client();
-        let t0 = Instant::now();
-        loop {
-            let v = c.get_by_sandbox(sandbox).unwrap();
-            if f(&v) {
-                return v;
-            }
-            assert!(t0.elapsed() < T, "VF of {sandbox} never {what}: {v:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        nic_common::wait_vf(&self.control, sandbox, what, f)
     }
 
     /// SIGTERM: exits 0 and leaves no socket behind.
@@ -103,14 +98,6 @@ impl Drop for Daemon {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn frame(dst: &str, src: &str, payload: &[u8]) -> Vec<u8> {
-    let mut f = nic::ids::parse_mac(dst).unwrap().to_vec();
-    f.extend_from_slice(&nic::ids::parse_mac(src).unwrap());
-    f.extend_from_slice(&[0x88, 0xb5]);
-    f.extend_from_slice(payload);
-    f
 }
 
 fn raw(c: &mut Client, line: &str) -> Response {
@@ -274,34 +261,13 @@ fn nic_forwards_between_vfs_and_survives_bad_descriptors() {
 #[test]
 fn nic_frontend_killed_with_sigkill_frees_its_vf() {
     const NAME: &str = "nic_frontend_killed_with_sigkill_frees_its_vf";
-    if let Ok(sock) = std::env::var("NIC_TEST_CHILD_SOCKET") {
-        // Child process: hold the VF open until killed.
-        let _fe = SimFrontend::connect(Path::new(&sock), MIN_MEM).expect("child frontend connects");
-        println!("CHILD-READY");
-        loop {
-            std::thread::sleep(Duration::from_secs(1));
-        }
-    }
+    hold_frontend_if_child();
     let mut d = Daemon::start(
         "kill",
         &["--pf", "pf0", "--vfs", "2", "--devset-lock", "global"],
     );
     let a = d.client().alloc("pf0", "sb-a", None, None).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
-        .env("NIC_TEST_CHILD_SOCKET", &a.socket)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("CHILD-READY") {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "child frontend exited before connecting"
-        );
-    }
+    let mut child = spawn_frontend_child(NAME, &a.socket);
     d.wait_vf("sb-a", "open", |v| v.state == VfState::Open);
     // SAFETY: killing our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };

@@ -44,13 +44,16 @@ fn tempdir(name: &str) -> PathBuf {
     d
 }
 
-/// Names under /run/netns and /sys/fs/cgroup/cpu/burstvm, and `burstvm vmm` processes.
+/// What runtimes create (names starting with `bv`, cgroups also `pool-`):
+/// netns, cpu cgroups, and `burstvm vmm --sandbox bv…` processes. Other
+/// tests on the host use other names.
 fn host_state() -> (HashSet<String>, HashSet<String>, usize) {
     let list = |p: &str| -> HashSet<String> {
         std::fs::read_dir(p)
             .map(|rd| {
                 rd.filter_map(|e| e.ok())
                     .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| n.starts_with("bv") || n.starts_with("pool-"))
                     .collect()
             })
             .unwrap_or_default()
@@ -61,7 +64,11 @@ fn host_state() -> (HashSet<String>, HashSet<String>, usize) {
         .filter(|e| {
             std::fs::read(e.path().join("cmdline"))
                 .map(|c| {
-                    c.starts_with(BIN.as_bytes()) && c.split(|&b| b == 0).nth(1) == Some(b"vmm")
+                    let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
+                    args.get(1) == Some(&&b"vmm"[..])
+                        && args
+                            .windows(2)
+                            .any(|w| w[0] == b"--sandbox" && w[1].starts_with(b"bv"))
                 })
                 .unwrap_or(false)
         })
@@ -389,4 +396,80 @@ fn bad_arguments_name_the_flag() {
     let o = burstvm(&["run", "--memory", "12Q"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("--memory"), "{}", text(&o));
+}
+
+/// Starts `burstvm run --keep-running` and waits until its sandbox is ready.
+/// The caller keeps reading stdout (the runtime prints its leak check there).
+fn start_kept_sandbox(
+    variant: &str,
+) -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+) {
+    use std::io::BufRead;
+    let cni_dir = Path::new(CNI_BIN).parent().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["run", "--variant", variant, "--keep-running"])
+        .env("CNI_PATH", format!("{}:/opt/cni/bin", cni_dir.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.starts_with("running;") {
+            return (child, lines);
+        }
+    }
+    let status = child.wait();
+    panic!("burstvm run ended ({status:?}) before the sandbox was ready:\n{seen}");
+}
+
+/// Ctrl-C on a running sandbox tears everything down.
+#[test]
+fn sigint_tears_a_running_sandbox_down() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = host_state();
+    let (mut child, lines) = start_kept_sandbox("fastiov");
+    assert_eq!(host_state().2, 1, "the sandbox's VMM runs");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}: {rest:?}");
+    assert!(
+        rest.iter().any(|l| l.starts_with("leak check: clean")),
+        "{rest:?}"
+    );
+    assert_nothing_new(&before);
+}
+
+/// A runtime killed with SIGKILL cannot clean up; its VMM and NIC daemon die
+/// with it, and the next runtime removes its netns, cgroups and state.
+#[test]
+fn the_next_runtime_reaps_a_killed_one() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = host_state();
+    let (mut child, _lines) = start_kept_sandbox("vanilla");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let o = burstvm(&["run", "--variant", "no-net"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("removed what a dead runtime left"),
+        "{}",
+        text(&o)
+    );
+    assert_nothing_new(&before);
+    let left: Vec<_> = std::fs::read_dir("/run/burstvm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("rt-"))
+        .collect();
+    assert!(left.is_empty(), "state directories left: {left:?}");
 }

@@ -4,12 +4,12 @@
 
 mod virtio_common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use nic::control::Client;
+use nic::devset::VfState;
 use virtio_common::{mac_str, serve_agent, stages, vmm_command, TestTap, Wire, GUEST_MAC};
 
 const BURSTVM: &str = env!("CARGO_BIN_EXE_burstvm");
@@ -37,7 +37,7 @@ impl Nic {
             .expect("spawn burstvm nic");
         let mut nic = Nic { child, control };
         let end = Instant::now() + Duration::from_secs(30);
-        while UnixStream::connect(&nic.control).is_err() {
+        while Client::connect(&nic.control).is_err() {
             if let Some(st) = nic.child.try_wait().unwrap() {
                 panic!("burstvm nic exited at start: {st}");
             }
@@ -50,34 +50,21 @@ impl Nic {
         nic
     }
 
-    fn request(&self, req: serde_json::Value) -> serde_json::Value {
-        let mut s = UnixStream::connect(&self.control).expect("connect to nic control");
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        writeln!(s, "{req}").unwrap();
-        let mut line = String::new();
-        BufReader::new(s)
-            .read_line(&mut line)
-            .expect("nic response");
-        serde_json::from_str(&line).expect("nic response is JSON")
+    fn client(&self) -> Client {
+        Client::connect(&self.control).expect("connect to nic control")
     }
 
     /// Allocate a VF for `sandbox` with the guest's MAC; returns (id, socket).
     fn alloc(&self, sandbox: &str) -> (String, String) {
-        let r = self.request(serde_json::json!({
-            "op": "alloc", "pf": "pf0", "sandbox": sandbox, "mac": mac_str(&GUEST_MAC)
-        }));
-        assert_eq!(r["ok"], true, "alloc: {r}");
-        let vf = &r["vf"];
-        (
-            vf["id"].as_str().unwrap().into(),
-            vf["socket"].as_str().unwrap().into(),
-        )
+        let vf = self
+            .client()
+            .alloc("pf0", sandbox, Some(&mac_str(&GUEST_MAC)), None)
+            .expect("alloc");
+        (vf.id, vf.socket.display().to_string())
     }
 
-    fn vf_state(&self, id: &str) -> String {
-        let r = self.request(serde_json::json!({"op": "get", "vf": id}));
-        assert_eq!(r["ok"], true, "get: {r}");
-        r["vf"]["state"].as_str().unwrap().into()
+    fn vf_state(&self, id: &str) -> VfState {
+        self.client().get_by_id(id).expect("get").state
     }
 }
 
@@ -128,7 +115,11 @@ fn request_reply_over_vf(tag: &str, vf_init: &str, policy: &[&str]) {
     }
     // The VMM is gone: its vhost-user session (the VF open) is closed.
     let state = nic.vf_state(&vf);
-    assert_ne!(state, "open", "VF {vf} still open after the VMM exited");
+    assert_ne!(
+        state,
+        VfState::Open,
+        "VF {vf} still open after the VMM exited"
+    );
 }
 
 #[test]
@@ -163,62 +154,47 @@ fn vf_request_reply_async_lazy() {
     );
 }
 
-#[test]
-fn missing_vf_socket_is_a_clear_error() {
+/// Runs the VMM (with `args`) against a VF socket that does not exist and
+/// expects it to fail; returns the socket path and stderr.
+fn run_without_vf(args: &[&str]) -> (String, String) {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("no-such-vf.sock");
     let out = Command::new(BURSTVM)
-        .args([
-            "vmm",
-            "--sandbox",
-            "sbx-vferr",
-            "--dma-ram",
-            "true",
-            "--timeout",
-            "30",
-        ])
+        .args(["vmm", "--dma-ram", "true"])
+        .args(args)
         .arg("--net")
         .arg(format!("vf:{}", socket.display()))
         .output()
         .expect("run burstvm vmm");
     assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains(&socket.display().to_string()) && err.contains("connect"),
-        "{err}"
-    );
+    (
+        socket.display().to_string(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn missing_vf_socket_is_a_clear_error() {
+    let (socket, err) = run_without_vf(&["--sandbox", "sbx-vferr", "--timeout", "30"]);
+    assert!(err.contains(&socket) && err.contains("connect"), "{err}");
 }
 
 #[test]
 fn async_vf_open_failure_reaches_the_guest() {
     // Async: the VMM starts the vCPU at once; the failed open surfaces as
     // DEVICE_NEEDS_RESET, which the agent reports as ERROR 9.
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("no-such-vf.sock");
-    let out = Command::new(BURSTVM)
-        .args([
-            "vmm",
-            "--sandbox",
-            "sbx-vfasync",
-            "--dma-ram",
-            "true",
-            "--vf-init",
-            "async",
-        ])
-        .args([
-            "--ip",
-            "10.77.0.2/24",
-            "--server",
-            "10.77.0.1:7777",
-            "--timeout",
-            "60",
-        ])
-        .arg("--net")
-        .arg(format!("vf:{}", socket.display()))
-        .output()
-        .expect("run burstvm vmm");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (socket, err) = run_without_vf(&[
+        "--sandbox",
+        "sbx-vfasync",
+        "--vf-init",
+        "async",
+        "--ip",
+        "10.77.0.2/24",
+        "--server",
+        "10.77.0.1:7777",
+        "--timeout",
+        "60",
+    ]);
     assert!(err.contains("ERR_DEVICE_FAILED"), "{err}");
-    assert!(err.contains(&socket.display().to_string()), "{err}");
+    assert!(err.contains(&socket), "{err}");
 }

@@ -3,9 +3,7 @@
 
 mod vmm_common;
 
-use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::Command;
 
 use vmm_common::*;
 
@@ -129,49 +127,12 @@ fn missing_tap_is_named_and_not_created() {
     );
 }
 
-/// Deletes the tap when the test ends, also on failure.
-struct TapGuard(String);
-impl Drop for TapGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["link", "del", &self.0]).status();
-    }
-}
-
-fn attach_tap(name: &str) -> std::io::Result<std::fs::File> {
-    #[repr(C)]
-    struct IfReq {
-        name: [u8; 16],
-        flags: libc::c_short,
-        _pad: [u8; 22],
-    }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/net/tun")?;
-    let mut req = IfReq {
-        name: [0; 16],
-        flags: (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short,
-        _pad: [0; 22],
-    };
-    req.name[..name.len()].copy_from_slice(name.as_bytes());
-    // SAFETY: TUNSETIFF reads/writes an ifreq, which IfReq is laid out as.
-    if unsafe { libc::ioctl(f.as_raw_fd(), 0x4004_54ca, &mut req) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(f)
-}
-
 #[test]
 fn busy_tap_is_named_and_released() {
     assert!(kvm_available(), "/dev/kvm is required");
     let name = unique("bvbusy");
-    let st = Command::new("ip")
-        .args(["tuntap", "add", "dev", &name, "mode", "tap"])
-        .status()
-        .unwrap();
-    assert!(st.success(), "ip tuntap add {name}");
-    let _guard = TapGuard(name.clone());
-    let holder = attach_tap(&name).expect("attach the tap in the test");
+    let _guard = add_tap(&name);
+    let holder = open_tap(&name).expect("attach the tap in the test");
     fails_with(
         &["--sandbox", "e6", "--net", &format!("tap:{name}")],
         &[&name, "busy"],
@@ -179,5 +140,5 @@ fn busy_tap_is_named_and_released() {
     drop(holder);
     // The tap is still there and free: the failed VMM neither deleted nor kept it.
     assert!(Path::new("/sys/class/net").join(&name).exists());
-    attach_tap(&name).expect("tap is free again after the VMM exited");
+    open_tap(&name).expect("tap is free again after the VMM exited");
 }

@@ -3,73 +3,17 @@
 
 mod vmm_common;
 
-use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vmm_common::*;
-
-struct TapGuard(String);
-impl Drop for TapGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["link", "del", &self.0]).status();
-    }
-}
-
-struct ChildGuard(Child);
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn attach_tap(name: &str) -> std::io::Result<std::fs::File> {
-    #[repr(C)]
-    struct IfReq {
-        name: [u8; 16],
-        flags: libc::c_short,
-        _pad: [u8; 22],
-    }
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/net/tun")?;
-    let mut req = IfReq {
-        name: [0; 16],
-        flags: (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short,
-        _pad: [0; 22],
-    };
-    req.name[..name.len()].copy_from_slice(name.as_bytes());
-    // SAFETY: TUNSETIFF reads/writes an ifreq, which IfReq is laid out as.
-    if unsafe { libc::ioctl(f.as_raw_fd(), 0x4004_54ca, &mut req) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(f)
-}
-
-fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let t = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(t.elapsed() < limit, "VMM did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 #[test]
 fn sigterm_releases_the_tap() {
     assert!(kvm_available(), "/dev/kvm is required");
     let name = unique("bvrel");
-    let st = Command::new("ip")
-        .args(["tuntap", "add", "dev", &name, "mode", "tap"])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let _tap = TapGuard(name.clone());
+    let _tap = add_tap(&name);
     let child = burstvm()
         .args([
             "--sandbox",
@@ -87,7 +31,7 @@ fn sigterm_releases_the_tap() {
     // Wait until the VMM holds the tap (attaching it ourselves fails with EBUSY).
     let t = Instant::now();
     loop {
-        match attach_tap(&name) {
+        match open_tap(&name) {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => break,
             Ok(f) => drop(f),
             Err(e) => panic!("attach {name}: {e}"),
@@ -116,7 +60,7 @@ fn sigterm_releases_the_tap() {
         Path::new("/sys/class/net").join(&name).exists(),
         "VMM deleted a tap it did not create"
     );
-    attach_tap(&name).expect("tap released after the VMM ended");
+    open_tap(&name).expect("tap released after the VMM ended");
 }
 
 #[test]

@@ -13,7 +13,6 @@ mod env;
 mod error;
 mod netlink;
 mod netns;
-mod nicctl;
 pub mod placeholder;
 mod plugin;
 mod types;

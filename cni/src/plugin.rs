@@ -12,11 +12,11 @@ use crate::env::{Command, Env};
 use crate::error::{code, PluginError};
 use crate::netlink::RouteSpec;
 use crate::netns::{Netns, NetnsError};
-use crate::nicctl::{refused_code, Nic, NicError, VfInfo as Vf, VfState};
 use crate::placeholder::{self, format_mac, parse_mac, PlaceholderError};
 use crate::types::{CniResult, Interface};
 use crate::version::{Version, SUPPORTED};
-use nic::control::ErrorCode;
+use nic::control::{Client, ClientError, ErrorCode, VfInfo as Vf};
+use nic::devset::VfState;
 
 /// Reads env and stdin, runs the command, prints its result or error
 /// result; returns the exit status.
@@ -78,21 +78,30 @@ fn version(stdin: &[u8]) -> Result<Value, PluginError> {
     Ok(json!({"cniVersion": asked, "supportedVersions": SUPPORTED}))
 }
 
-fn nic_error(e: NicError) -> PluginError {
+fn nic_error(e: ClientError) -> PluginError {
     let text = e.to_string();
-    match (refused_code(&e), &e) {
-        (Some(ErrorCode::NoFreeVf), _) => {
-            PluginError::new(code::TRY_AGAIN_LATER, "no free VF", text)
-        }
-        (Some(ErrorCode::UnknownPf), _) => PluginError::invalid_config("pf", text),
-        (Some(ErrorCode::BadRequest), _) => PluginError::invalid_config("mac/vlan", text),
-        (Some(ErrorCode::AlreadyAssigned), _) => {
+    let ClientError::Refused { code: refused, .. } = &e else {
+        return PluginError::new(code::IO_FAILURE, "NIC daemon unreachable", text);
+    };
+    match refused {
+        Some(ErrorCode::NoFreeVf) => PluginError::new(code::TRY_AGAIN_LATER, "no free VF", text),
+        Some(ErrorCode::UnknownPf) => PluginError::invalid_config("pf", text),
+        Some(ErrorCode::BadRequest) => PluginError::invalid_config("mac/vlan", text),
+        Some(ErrorCode::AlreadyAssigned) => {
             PluginError::new(code::VF_CONFLICT, "the container already has a VF", text)
         }
-        (_, NicError::Refused { .. }) => {
-            PluginError::new(code::IO_FAILURE, "NIC daemon refused", text)
-        }
-        _ => PluginError::new(code::IO_FAILURE, "NIC daemon unreachable", text),
+        _ => PluginError::new(code::IO_FAILURE, "NIC daemon refused", text),
+    }
+}
+
+/// The VF assigned to `cid`, None if it has none.
+fn assigned_vf(nic: &mut Client, cid: &str) -> Result<Option<Vf>, ClientError> {
+    match nic.get_by_sandbox(cid) {
+        Err(ClientError::Refused {
+            code: Some(ErrorCode::NotFound),
+            ..
+        }) => Ok(None),
+        r => r.map(Some),
     }
 }
 
@@ -126,8 +135,8 @@ fn ipam_plugin(env: &Env, conf: &NetConf) -> Result<Option<PathBuf>, PluginError
         .transpose()
 }
 
-fn connect(conf: &NetConf) -> Result<Nic, PluginError> {
-    Nic::connect(&conf.nic_socket).map_err(nic_error)
+fn connect(conf: &NetConf) -> Result<Client, PluginError> {
+    Client::connect(&conf.nic_socket).map_err(nic_error)
 }
 
 fn add(env: &Env, conf: &NetConf) -> Result<Value, PluginError> {
@@ -309,8 +318,7 @@ fn check(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
         delegate::exec(p, Command::Check, &conf.raw)?;
     }
 
-    let vf = connect(conf)?
-        .get(cid)
+    let vf = assigned_vf(&mut connect(conf)?, cid)
         .map_err(nic_error)?
         .ok_or_else(|| check_failed(format!("the NIC has no VF assigned to container {cid}")))?;
     if vf.state == VfState::Free || vf.sandbox.as_deref() != Some(cid) {
@@ -391,7 +399,7 @@ fn status(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
     let unavailable = |details: String| {
         PluginError::new(code::NOT_AVAILABLE, "burstvm-cni cannot serve ADD", details)
     };
-    let vfs = Nic::connect(&conf.nic_socket)
+    let vfs = Client::connect(&conf.nic_socket)
         .and_then(|mut n| n.list())
         .map_err(|e| unavailable(e.to_string()))?;
     let of_pf: Vec<&Vf> = vfs.iter().filter(|v| v.pf == conf.pf).collect();
@@ -551,7 +559,7 @@ mod tests {
 
     #[test]
     fn nic_refusals_map_to_spec_codes() {
-        let refused = |c| NicError::Refused {
+        let refused = |c| ClientError::Refused {
             path: "/s".into(),
             code: Some(c),
             error: "x".into(),
@@ -568,7 +576,7 @@ mod tests {
             nic_error(refused(ErrorCode::AlreadyAssigned)).code,
             code::VF_CONFLICT
         );
-        let io = NicError::Io {
+        let io = ClientError::Io {
             path: "/s".into(),
             source: std::io::ErrorKind::ConnectionRefused.into(),
         };

@@ -104,11 +104,6 @@ impl DeviceMemory {
         self.table.is_some()
     }
 
-    /// Same as `prepare_for_device_write`, for a device about to read guest pages.
-    pub fn prepare_for_device_access(&self, offset: u64, len: u64) -> Result<(), Error> {
-        self.prepare_for_device_write(offset, len)
-    }
-
     /// Pages per state, if the memfd has a table.
     pub fn page_stats(&self) -> Option<PageStats> {
         self.table.as_ref().map(|t| t.stats())

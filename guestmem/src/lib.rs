@@ -81,7 +81,7 @@ pub struct RegionSpec {
 pub enum Error {
     #[error("unknown memory policy {0:?} (expected vanilla, pre10, pre50, pre100 or lazy)")]
     BadPolicy(String),
-    #[error("bad size {0:?} (expected bytes or a number with K, M or G)")]
+    #[error("bad size {0:?} (expected bytes or a number with K, M, G or T)")]
     BadSize(String),
     #[error("region {region:?}: {reason}")]
     InvalidSpec { region: String, reason: String },
@@ -134,8 +134,9 @@ impl Error {
     }
 }
 
-/// Parses "512M", "2G", "64K", "4096" (binary units).
-pub fn parse_size(s: &str) -> Result<u64, Error> {
+/// Parses "512M", "2G", "64K", "1T", "4096" (binary units) into bytes; 0 is allowed.
+/// The one size parser of the workspace: callers wrap `None` in their own error naming the field.
+pub fn parse_bytes(s: &str) -> Option<u64> {
     let t = s.trim();
     let (num, mul) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
@@ -143,15 +144,19 @@ pub fn parse_size(s: &str) -> Result<u64, Error> {
                 'K' => 1u64 << 10,
                 'M' => 1 << 20,
                 'G' => 1 << 30,
-                _ => return Err(Error::BadSize(s.to_string())),
+                'T' => 1 << 40,
+                _ => return None,
             };
             (&t[..i], mul)
         }
         _ => (t, 1),
     };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mul))
+    num.parse::<u64>().ok()?.checked_mul(mul)
+}
+
+/// Like [`parse_bytes`], for sizes that must be greater than 0.
+pub fn parse_size(s: &str) -> Result<u64, Error> {
+    parse_bytes(s)
         .filter(|n| *n > 0)
         .ok_or_else(|| Error::BadSize(s.to_string()))
 }

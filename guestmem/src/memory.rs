@@ -339,12 +339,6 @@ impl GuestMemory {
         Ok(())
     }
 
-    /// Same as `prepare_for_device_write`; the name for a device about to *read* guest
-    /// pages (e.g. a TX buffer), which must not see old bytes either.
-    pub fn prepare_for_device_access(&self, gpa: u64, len: u64) -> Result<(), Error> {
-        self.prepare_for_device_write(gpa, len)
-    }
-
     /// A vm-memory view of every region through its own `MAP_SHARED` mapping of the memfd
     /// (a device view). Pages the guest has not touched yet may still hold old bytes under
     /// `lazy` (and under `pre*` before `dma_map`): call `prepare_for_device_write` before

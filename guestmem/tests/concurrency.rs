@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use guestmem::{DeviceMemory, GuestMemory, MemoryPolicy, MemorySource, RegionSpec};
+use guestmem::{DeviceMemory, MemoryPolicy};
 
 const PAGES: u64 = 4096;
 const SIZE: u64 = PAGES * PAGE;
@@ -25,20 +25,7 @@ fn writer_pages(seed: u64, stride: u64) -> Vec<u64> {
 
 fn round(round: u64) {
     let server = canary_pool(&format!("conc{round}"), SIZE, 1);
-    let gm = Arc::new(
-        GuestMemory::new(
-            &[RegionSpec {
-                name: "ram".into(),
-                gpa: 0,
-                size: SIZE,
-                dma: true,
-            }],
-            MemoryPolicy::Lazy,
-            MemorySource::Pool(client(&server)),
-            false,
-        )
-        .unwrap(),
-    );
+    let gm = Arc::new(pool_ram(&server, SIZE, MemoryPolicy::Lazy));
     gm.dma_map_shared("ram").unwrap();
     assert_eq!(gm.regions()[0].page_stats().dirty, PAGES);
     let barrier = Arc::new(std::sync::Barrier::new(5));

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use guestmem::{Error, GuestMemory, MemoryPolicy, MemorySource, RegionSpec, HUGE_PAGE_SIZE};
+use guestmem::{Error, GuestMemory, MemoryPolicy, MemorySource, HUGE_PAGE_SIZE};
 
 const NR: &str = "/proc/sys/vm/nr_hugepages";
 const FREE: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages";
@@ -26,21 +26,12 @@ impl Drop for Reserve {
     }
 }
 
-fn ram(size: u64) -> RegionSpec {
-    RegionSpec {
-        name: "ram".into(),
-        gpa: 0,
-        size,
-        dma: true,
-    }
-}
-
 #[test]
 fn hugepages_error_then_lazy_canary() {
     // More than is free, whatever the machine has reserved: a clear error.
     let size = (read(FREE) + 8) * HUGE_PAGE_SIZE;
     let e = GuestMemory::new(
-        &[ram(size)],
+        &[ram(size, true)],
         MemoryPolicy::Vanilla,
         MemorySource::Fresh,
         true,
@@ -58,7 +49,7 @@ fn hugepages_error_then_lazy_canary() {
     const SIZE: u64 = 8 << 20;
     let server = canary_pool_with("huge", SIZE, 1, true);
     let mut gm = GuestMemory::new(
-        &[ram(SIZE)],
+        &[ram(SIZE, true)],
         MemoryPolicy::Lazy,
         MemorySource::Pool(client(&server)),
         true,
@@ -96,7 +87,7 @@ fn hugepages_error_then_lazy_canary() {
 
     // Vanilla on fresh huge pages.
     let mut v = GuestMemory::new(
-        &[ram(SIZE)],
+        &[ram(SIZE, true)],
         MemoryPolicy::Vanilla,
         MemorySource::Fresh,
         true,

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use guestmem::{GuestMemory, MemoryPolicy, MemorySource, RegionSpec};
+use guestmem::MemoryPolicy;
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit};
 
@@ -32,18 +32,7 @@ const GUEST: [u8; 32] = [
 fn run_guest(policy: MemoryPolicy) -> (u16, Vec<u8>) {
     const SIZE: u64 = 1 << 20;
     let server = canary_pool(&format!("kvm-{policy}"), SIZE, 1);
-    let mut gm = GuestMemory::new(
-        &[RegionSpec {
-            name: "ram".into(),
-            gpa: 0,
-            size: SIZE,
-            dma: true,
-        }],
-        policy,
-        MemorySource::Pool(client(&server)),
-        false,
-    )
-    .unwrap();
+    let mut gm = pool_ram(&server, SIZE, policy);
     gm.write_instant(0x1000, &GUEST).unwrap();
     gm.write_instant(0x5000, &[0x42]).unwrap();
     gm.dma_map("ram").unwrap();

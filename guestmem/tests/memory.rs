@@ -8,15 +8,6 @@ use common::*;
 use guestmem::{DeviceMemory, Error, GuestMemory, MemoryPolicy, MemorySource, RegionSpec};
 use vm_memory::{Bytes, GuestAddress};
 
-fn ram(size: u64, dma: bool) -> RegionSpec {
-    RegionSpec {
-        name: "ram".into(),
-        gpa: 0,
-        size,
-        dma,
-    }
-}
-
 fn image(size: u64, dma: bool) -> RegionSpec {
     RegionSpec {
         name: "image".into(),
@@ -245,13 +236,7 @@ fn pre_policy_zeroes_only_what_was_not_zeroed_ahead() {
     server.pool().prezero_now(10).unwrap();
     let st = server.pool().stats();
     assert_eq!(st.classes[0].zeroed_ahead_bytes, SIZE / 10 / PAGE * PAGE);
-    let mut gm = GuestMemory::new(
-        &[ram(SIZE, true)],
-        MemoryPolicy::Pre(10),
-        MemorySource::Pool(client(&server)),
-        false,
-    )
-    .unwrap();
+    let mut gm = pool_ram(&server, SIZE, MemoryPolicy::Pre(10));
     let s = gm.regions()[0].page_stats();
     assert_eq!(s.zero, SIZE / PAGE / 10);
     assert_eq!(s.dirty, SIZE / PAGE - SIZE / PAGE / 10);
@@ -279,13 +264,7 @@ fn device_process_attaches_by_fd_and_prepares_pages() {
         return;
     }
     let server = canary_pool("device", SIZE, 1);
-    let gm = GuestMemory::new(
-        &[ram(SIZE, true)],
-        MemoryPolicy::Lazy,
-        MemorySource::Pool(client(&server)),
-        false,
-    )
-    .unwrap();
+    let gm = pool_ram(&server, SIZE, MemoryPolicy::Lazy);
     let fd = inheritable(gm.regions()[0].memfd());
     let status = child(
         "device_process_attaches_by_fd_and_prepares_pages",
@@ -342,15 +321,7 @@ fn handler_error_stops_the_guest_and_is_reported() {
     const SIZE: u64 = 1 << 20;
     if std::env::var("GUESTMEM_CHILD_HANDLER_ERROR").is_ok() {
         let server = canary_pool("handler", SIZE, 1);
-        let gm = Arc::new(
-            GuestMemory::new(
-                &[ram(SIZE, true)],
-                MemoryPolicy::Lazy,
-                MemorySource::Pool(client(&server)),
-                false,
-            )
-            .unwrap(),
-        );
+        let gm = Arc::new(pool_ram(&server, SIZE, MemoryPolicy::Lazy));
         let called = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let c2 = called.clone();
         gm.set_lazy_error_callback(Box::new(move |_| {
@@ -388,18 +359,10 @@ fn handler_error_stops_the_guest_and_is_reported() {
         // Exit with the reader still blocked: the VMM's way out.
         unsafe { libc::_exit(0) };
     }
-    let out = child(
+    assert_child_prints(
         "handler_error_stops_the_guest_and_is_reported",
         &[("GUESTMEM_CHILD_HANDLER_ERROR", "1".into())],
-    )
-    .output()
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("HANDLER-ERROR-OK"),
-        "child: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+        "HANDLER-ERROR-OK",
     );
 }
 
@@ -466,16 +429,9 @@ fn memlock_limit_is_checked_before_anything_is_allocated() {
         println!("MEMLOCK-OK");
         return;
     }
-    let out = child(
+    assert_child_prints(
         "memlock_limit_is_checked_before_anything_is_allocated",
         &[("GUESTMEM_CHILD_MEMLOCK", "1".into())],
-    )
-    .output()
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("MEMLOCK-OK"),
-        "child: {}\n{stdout}",
-        out.status
+        "MEMLOCK-OK",
     );
 }

@@ -178,18 +178,7 @@ fn idle_prezeroer_keeps_the_share_zeroed() {
     }
     assert_eq!(pool.stats().classes[0].zeroed_ahead_bytes, want);
     // A pre50 sandbox then finds the first half zero, the rest dirty.
-    let gm = GuestMemory::new(
-        &[RegionSpec {
-            name: "ram".into(),
-            gpa: 0,
-            size: 4 << 20,
-            dma: true,
-        }],
-        MemoryPolicy::Pre(50),
-        MemorySource::Pool(client(&server)),
-        false,
-    )
-    .unwrap();
+    let gm = pool_ram(&server, 4 << 20, MemoryPolicy::Pre(50));
     let s = gm.regions()[0].page_stats();
     assert_eq!((s.zero, s.dirty), (512, 512));
     drop(gm);
@@ -265,18 +254,7 @@ fn server_shutdown_leaves_running_clients_alone() {
     const SIZE: u64 = 1 << 20;
     let server = canary_pool("stop", SIZE, 1);
     let pool = server.pool().clone();
-    let mut gm = GuestMemory::new(
-        &[RegionSpec {
-            name: "ram".into(),
-            gpa: 0,
-            size: SIZE,
-            dma: true,
-        }],
-        MemoryPolicy::Lazy,
-        MemorySource::Pool(client(&server)),
-        false,
-    )
-    .unwrap();
+    let mut gm = pool_ram(&server, SIZE, MemoryPolicy::Lazy);
     gm.write_instant(0x1000, b"live").unwrap();
     gm.dma_map("ram").unwrap();
     assert_eq!(

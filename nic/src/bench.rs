@@ -47,16 +47,6 @@ pub struct BenchResult {
     pub p99_ms: f64,
 }
 
-fn parse_size(s: &str) -> Option<usize> {
-    let (num, mul) = match s.chars().last()? {
-        'K' | 'k' => (&s[..s.len() - 1], 1 << 10),
-        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
-        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().ok()?.checked_mul(mul)
-}
-
 /// One run: a fresh in-process NIC with `n` VFs, `n` concurrent opens.
 pub fn run_once(
     policy: LockPolicy,
@@ -135,9 +125,11 @@ pub fn run_once(
 }
 
 pub fn run_cli(args: &BenchDevsetArgs) -> Result<(), BenchError> {
-    let mem = parse_size(&args.mem).ok_or_else(|| {
-        BenchError::Config(format!("--mem {:?}: expected BYTES[K|M|G]", args.mem))
-    })?;
+    let mem = guestmem::parse_bytes(&args.mem)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| {
+            BenchError::Config(format!("--mem {:?}: expected BYTES[K|M|G|T]", args.mem))
+        })?;
     if args.vfs == 0 || args.vfs > crate::MAX_VFS {
         return Err(BenchError::Config(format!(
             "--vfs {}: must be 1..{}",

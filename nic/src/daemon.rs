@@ -210,12 +210,18 @@ impl Nic {
                 }
             }
             Request::Get { sandbox, vf } => {
-                let found = match (sandbox, vf) {
-                    (Some(sb), None) => self.find_sandbox(&sb).map(|(pf, i)| {
-                        let (st, sb) = pf.devset.snapshot().swap_remove(i);
-                        self.info(pf, i, st, sb)
-                    }),
-                    (None, Some(id)) => self.all().into_iter().find(|v| v.id == id),
+                let (found, what) = match (sandbox, vf) {
+                    (Some(sb), None) => (
+                        self.find_sandbox(&sb).map(|(pf, i)| {
+                            let (st, owner) = pf.devset.snapshot().swap_remove(i);
+                            self.info(pf, i, st, owner)
+                        }),
+                        format!("sandbox {sb:?} has no VF"),
+                    ),
+                    (None, Some(id)) => (
+                        self.all().into_iter().find(|v| v.id == id),
+                        format!("no VF {id:?}"),
+                    ),
                     _ => {
                         return Response::err(
                             ErrorCode::BadRequest,
@@ -225,7 +231,7 @@ impl Nic {
                 };
                 match found {
                     Some(v) => Response::with_vf(v),
-                    None => Response::err(ErrorCode::NotFound, "get: no such VF or sandbox"),
+                    None => Response::err(ErrorCode::NotFound, format!("get: {what}")),
                 }
             }
             Request::List => Response::with_vfs(self.all()),

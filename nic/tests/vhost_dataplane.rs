@@ -134,33 +134,10 @@ fn second_frontend_on_an_open_vf_is_refused() {
 #[test]
 fn killed_frontend_process_closes_and_resets_its_vf() {
     const NAME: &str = "killed_frontend_process_closes_and_resets_its_vf";
-    if let Ok(sock) = std::env::var("NIC_TEST_CHILD_SOCKET") {
-        // Child: hold the VF open until killed.
-        let _fe = SimFrontend::connect(std::path::Path::new(&sock), MIN_MEM)
-            .expect("child frontend connects");
-        println!("CHILD-READY");
-        loop {
-            std::thread::sleep(Duration::from_secs(1));
-        }
-    }
-    use std::io::BufRead;
+    common::hold_frontend_if_child();
     let nic = TestNic::start("kill", 2, None, LockPolicy::Global);
     let a = nic.client().alloc("pf0", "sb-a", None, None).unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
-        .env("NIC_TEST_CHILD_SOCKET", &a.socket)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("CHILD-READY") {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "child frontend exited before connecting"
-        );
-    }
+    let mut child = common::spawn_frontend_child(NAME, &a.socket);
     nic.wait_vf("sb-a", "open", |v| v.state == VfState::Open);
     // SAFETY: killing our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };

@@ -2,6 +2,7 @@
 //! variant, after an uncounted warm-up round of the same size.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::Duration;
 
@@ -38,8 +39,8 @@ pub struct RoundSpec {
     pub timeout_secs: u64,
 }
 
-/// Starts `n` sandboxes at once (a barrier), waits for each to be ready and
-/// for its VMM to exit, and tears each down.
+/// Starts `n` sandboxes at once (a barrier), waits until every one is ready
+/// (or failed), then tears them all down.
 pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &RoundSpec) -> Round {
     let ids: Vec<String> = (0..n)
         .map(|i| {
@@ -53,42 +54,58 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
         })
         .collect();
     let barrier = Barrier::new(n + 1);
-    let mut issue_ns = 0;
+    let issue = AtomicU64::new(u64::MAX);
+    let done = Barrier::new(n);
     type Outcome = Result<(Option<String>, Option<bool>), SandboxFailure>;
     let results: Vec<Outcome> = std::thread::scope(|s| {
         let handles: Vec<_> = ids
             .iter()
             .map(|id| {
-                let barrier = &barrier;
+                let (barrier, issue, done) = (&barrier, &issue, &done);
                 let sspec = SandboxSpec {
                     id: id.clone(),
                     variant,
                     memory_bytes: spec.memory_bytes,
                     cpus: spec.cpus,
                     app_size: spec.app_size,
-                    keep_running: false,
+                    keep_running: true,
                     timeout_secs: spec.timeout_secs,
                 };
                 std::thread::Builder::new()
                     .name(format!("sb-{id}"))
                     .stack_size(256 << 10)
                     .spawn_scoped(s, move || {
-                        barrier.wait();
-                        let mut sb = Sandbox::start(rt, sspec)?;
+                        // The last to arrive releases everyone: its clock is the issue instant.
+                        if barrier.wait().is_leader() {
+                            issue.fetch_min(trace::monotonic_ns(), Ordering::Relaxed);
+                        }
+                        // Every thread passes `done` (also on error or panic)
+                        // before any sandbox is torn down: teardown (VM
+                        // destruction) must not compete with startups.
+                        let done_guard = ArriveOnDrop(done);
+                        let mut sb = match Sandbox::start(rt, sspec) {
+                            Ok(sb) => sb,
+                            Err(f) => {
+                                drop(done_guard);
+                                return Err(f);
+                            }
+                        };
                         // READY already means the agent got its reply; the
                         // echo server's count is the server-side proof.
                         let answered = sb
                             .guest_ip
                             .map(|ip| rt.server().replies().get(&ip).copied().unwrap_or(0) > 0);
-                        let r = sb.wait_exit();
+                        drop(done_guard);
+                        let r = sb.check_alive();
                         let td = sb.teardown().err();
                         r.map(|_| (td, answered))
                     })
                     .expect("spawn sandbox thread")
             })
             .collect();
-        barrier.wait();
-        issue_ns = trace::monotonic_ns();
+        if barrier.wait().is_leader() {
+            issue.fetch_min(trace::monotonic_ns(), Ordering::Relaxed);
+        }
         handles
             .into_iter()
             .zip(&ids)
@@ -120,11 +137,20 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
     Round {
         variant,
         concurrency: n,
-        issue_ns,
+        issue_ns: issue.into_inner(),
         ids,
         failures,
         teardown_errors,
         answered,
+    }
+}
+
+/// Waits on the barrier when dropped, so a thread arrives even if it panics.
+struct ArriveOnDrop<'a>(&'a Barrier);
+
+impl Drop for ArriveOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.wait();
     }
 }
 
@@ -411,4 +437,44 @@ fn draw(
         out.push(p);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trace::Stage;
+
+    #[test]
+    fn round_events_keep_only_the_round() {
+        let ev = |sb: &str| TraceEvent {
+            sandbox: sb.into(),
+            stage: Stage::Boot,
+            start_ns: 1,
+            end_ns: 2,
+        };
+        let all = vec![ev("w-0"), ev("m-0"), ev("m-1"), ev("m-10")];
+        let ids = vec!["m-0".to_string(), "m-1".to_string()];
+        let got: Vec<String> = round_events(&all, &ids)
+            .into_iter()
+            .map(|e| e.sandbox)
+            .collect();
+        assert_eq!(got, vec!["m-0", "m-1"]);
+    }
+
+    #[test]
+    fn sandbox_bytes_count_the_image_region() {
+        let spec = RoundSpec {
+            memory_bytes: 64 << 20,
+            cpus: 1.0,
+            app_size: 0,
+            timeout_secs: 1,
+        };
+        assert_eq!(sandbox_bytes(&spec), (64 << 20) + (2 << 20));
+        let spec = RoundSpec {
+            app_size: (3 << 20) + 1,
+            ..spec
+        };
+        assert_eq!(sandbox_bytes(&spec), (64 << 20) + (6 << 20));
+        assert!(mem_available() > 0);
+    }
 }

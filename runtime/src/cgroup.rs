@@ -296,7 +296,7 @@ pub fn join_self(fds: &[RawFd]) -> io::Result<()> {
 }
 
 /// A removed cgroup's tasks may take a moment to leave it after being reaped.
-fn rmdir_retry(d: &Path) -> Result<(), CgroupError> {
+pub(crate) fn rmdir_retry(d: &Path) -> Result<(), CgroupError> {
     for i in 0.. {
         match fs::remove_dir(d) {
             Ok(()) => return Ok(()),

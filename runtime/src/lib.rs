@@ -267,6 +267,19 @@ pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
             ),
         ));
     }
+    let vf_variants = a
+        .variants
+        .iter()
+        .any(|v| v.policy().net == variant::NetKind::Vf);
+    if vf_variants && max_n > nic::MAX_VFS {
+        return Err(bad(
+            "--concurrency",
+            format!(
+                "{max_n} sandboxes with a VF each, but a PF has at most {} VFs",
+                nic::MAX_VFS
+            ),
+        ));
+    }
     let network = a
         .variants
         .iter()

@@ -558,7 +558,9 @@ pub fn reap_stale(layout: &Layout) -> Vec<String> {
                         unsafe { libc::kill(p, libc::SIGKILL) };
                     }
                 }
-                let _ = std::fs::remove_dir(d);
+                if let Err(e) = crate::cgroup::rmdir_retry(d) {
+                    tracing::warn!("{e}");
+                }
             }
             reaped.push(format!("cgroup {cg}"));
         }
@@ -663,5 +665,41 @@ impl NicDaemon {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_are_unique_and_name_their_pid() {
+        let a = unique_tag();
+        let b = unique_tag();
+        assert_ne!(a, b);
+        assert!(a.len() <= 11, "{a}: fits interface names");
+        assert_eq!(tag_pid(&a), Some(std::process::id()));
+        assert_eq!(tag_pid("not a tag!"), None);
+    }
+
+    #[test]
+    fn expected_stages_follow_the_policy() {
+        let f = expected_stages(Variant::Fastiov);
+        assert!(!f.contains(&Stage::DmaImage) && f.contains(&Stage::VfOpen));
+        assert!(expected_stages(Variant::FastiovS).contains(&Stage::DmaImage));
+        let n = expected_stages(Variant::NoNet);
+        assert!(!n.contains(&Stage::CniAdd) && !n.contains(&Stage::VfDriver));
+        let t = expected_stages(Variant::Tap);
+        assert!(t.contains(&Stage::CniAdd) && !t.contains(&Stage::VfOpen));
+        assert_eq!(f.first(), Some(&Stage::Cgroup));
+        assert_eq!(f.last(), Some(&Stage::Ready));
+    }
+
+    #[test]
+    fn tap_addresses_and_macs() {
+        let ip = Ipv4Addr::from(TAP_RANGE.0);
+        assert_eq!(ip, Ipv4Addr::new(10, 77, 128, 1));
+        assert_eq!(Ipv4Addr::from(TAP_RANGE.1), Ipv4Addr::new(10, 77, 255, 254));
+        assert_eq!(tap_guest_mac(ip), [0x02, 0x42, 0xb7, 77, 128, 1]);
     }
 }

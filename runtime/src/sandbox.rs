@@ -358,6 +358,25 @@ impl<'rt> Sandbox<'rt> {
             .unwrap_or_else(|| "ready".into())
     }
 
+    /// After READY with --keep-running: the VMM must still be running.
+    pub fn check_alive(&mut self) -> Result<(), SandboxFailure> {
+        let Some(c) = self.vmm.as_mut() else {
+            return Ok(());
+        };
+        match c.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(st)) => {
+                self.vmm = None;
+                let err = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
+                Err(self.failure(
+                    "ready",
+                    format!("VMM exited with {st} after READY: {}", stderr_summary(&err)),
+                ))
+            }
+            Err(e) => Err(self.failure("ready", format!("VMM status: {e}"))),
+        }
+    }
+
     /// Waits for the VMM to exit (after READY without --keep-running).
     pub fn wait_exit(&mut self) -> Result<(), SandboxFailure> {
         if let Some(c) = self.vmm.as_mut() {
@@ -383,11 +402,8 @@ impl<'rt> Sandbox<'rt> {
         }
         self.torn_down = true;
         let mut errs = Vec::new();
-        if let Some(mut c) = self.vmm.take() {
-            if c.try_wait().ok().flatten().is_none() {
-                let _ = c.kill();
-            }
-            let _ = c.wait();
+        if let Some(c) = self.vmm.take() {
+            stop_child(c, Duration::from_secs(2));
         }
         if let Some(ip) = self.neighbor.take() {
             if let Err(e) = self.rt.server().del_neighbor(ip) {
@@ -442,6 +458,23 @@ impl Drop for Sandbox<'_> {
             tracing::warn!("{e}");
         }
     }
+}
+
+/// SIGTERM (the VMM closes its devices and exits), SIGKILL after `grace`.
+fn stop_child(mut c: Child, grace: Duration) {
+    if c.try_wait().ok().flatten().is_none() {
+        // SAFETY: kill(2) on our own, not yet reaped child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = c.kill();
+    }
+    let _ = c.wait();
 }
 
 /// The VMM's error as one line: its non-empty stderr lines, joined.

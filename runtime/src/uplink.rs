@@ -245,13 +245,16 @@ impl EchoServer {
                 while !s.load(Ordering::Relaxed) {
                     match sock.recv_from(&mut buf) {
                         Ok((n, from)) => {
-                            if sock.send_to(&buf[..n], from).is_ok() {
-                                if let SocketAddr::V4(a) = from {
-                                    *r.lock()
-                                        .unwrap_or_else(|e| e.into_inner())
-                                        .entry(*a.ip())
-                                        .or_insert(0) += 1;
-                                }
+                            // Counted before the reply leaves: a guest that has
+                            // its reply is always already counted.
+                            if let SocketAddr::V4(a) = from {
+                                *r.lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .entry(*a.ip())
+                                    .or_insert(0) += 1;
+                            }
+                            if let Err(e) = sock.send_to(&buf[..n], from) {
+                                tracing::warn!("echo server: reply to {from}: {e}");
                             }
                         }
                         Err(e)

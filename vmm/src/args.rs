@@ -148,27 +148,10 @@ fn invalid(field: &'static str, msg: impl Into<String>) -> Error {
     }
 }
 
-/// Parses `64M`, `1G`, `4096`, `512K` into bytes.
+/// Parses `64M`, `1G`, `4096`, `512K` into bytes (0 allowed).
 pub fn parse_size(field: &'static str, s: &str) -> Result<u64, Error> {
-    let t = s.trim();
-    let (num, mul) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let mul = match c.to_ascii_uppercase() {
-                'K' => 1u64 << 10,
-                'M' => 1 << 20,
-                'G' => 1 << 30,
-                'T' => 1 << 40,
-                _ => return Err(invalid(field, format!("{s:?}: unknown size suffix {c:?}"))),
-            };
-            (&t[..i], mul)
-        }
-        _ => (t, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| invalid(field, format!("{s:?} is not a size (e.g. 64M)")))?;
-    n.checked_mul(mul)
-        .ok_or_else(|| invalid(field, format!("{s:?} is too large")))
+    guestmem::parse_bytes(s)
+        .ok_or_else(|| invalid(field, format!("{s:?} is not a size (e.g. 64M)")))
 }
 
 pub fn parse_mac(field: &'static str, s: &str) -> Result<[u8; 6], Error> {

@@ -2,7 +2,15 @@
 #![allow(dead_code)]
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+// The virtio tests' tap helpers, included by path so that virtio_common stays
+// self-contained for the test files that use it alone.
+#[path = "../virtio_common/mod.rs"]
+mod virtio_common;
+#[allow(unused_imports)] // not every vmm_* test attaches a tap
+pub use virtio_common::open_tap;
 
 pub fn burstvm() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_burstvm"));
@@ -46,4 +54,44 @@ pub fn stages(trace: &Path) -> Vec<(String, String, u64, u64)> {
             )
         })
         .collect()
+}
+
+/// Deletes the tap when the test ends, also on failure.
+pub struct TapGuard(pub String);
+
+impl Drop for TapGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.0]).status();
+    }
+}
+
+/// Creates tap `name` (down, unconfigured) for the test.
+pub fn add_tap(name: &str) -> TapGuard {
+    let st = Command::new("ip")
+        .args(["tuntap", "add", "dev", name, "mode", "tap"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "ip tuntap add {name}");
+    TapGuard(name.to_string())
+}
+
+/// Kills and reaps the child when the test ends, also on failure.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(t.elapsed() < limit, "VMM did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use guestmem::pool::{Pool, PoolClient, PoolServer, SizeClass};
+use guestmem::{GuestMemory, MemoryPolicy, MemorySource, RegionSpec};
 
 /// A previous tenant's byte. Never used as data by the tests.
 pub const CANARY: u8 = 0xA5;
@@ -36,6 +37,27 @@ pub fn canary_pool_with(tag: &str, size: u64, count: u64, hugepages: bool) -> Po
 
 pub fn client(server: &PoolServer) -> PoolClient {
     PoolClient::connect(server.path()).unwrap()
+}
+
+/// The "ram" region at GPA 0.
+pub fn ram(size: u64, dma: bool) -> RegionSpec {
+    RegionSpec {
+        name: "ram".into(),
+        gpa: 0,
+        size,
+        dma,
+    }
+}
+
+/// One DMA-capable "ram" region of `size` bytes taken from `server` (no hugepages).
+pub fn pool_ram(server: &PoolServer, size: u64, policy: MemoryPolicy) -> GuestMemory {
+    GuestMemory::new(
+        &[ram(size, true)],
+        policy,
+        MemorySource::Pool(client(server)),
+        false,
+    )
+    .unwrap()
 }
 
 /// Reads every byte of `[ptr, ptr+len)` with volatile loads; returns how many equal `b`.
@@ -84,4 +106,16 @@ pub fn child(test: &str, env: &[(&str, String)]) -> std::process::Command {
         cmd.env(k, v);
     }
     cmd
+}
+
+/// Runs `test` as a child (see [`child`]) and asserts that it exits 0 having printed `marker`.
+pub fn assert_child_prints(test: &str, env: &[(&str, String)], marker: &str) {
+    let out = child(test, env).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(marker),
+        "child: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

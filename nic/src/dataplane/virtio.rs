@@ -203,6 +203,42 @@ pub fn tx_to_guest(
     r
 }
 
+/// Writes `hdr` then `frame` into the guest buffers `descs` (which hold at
+/// least that many bytes); returns how many bytes it wrote.
+fn write_chain(
+    mem: &VfMemory,
+    descs: &[(u64, u32)],
+    hdr: &[u8],
+    frame: &[u8],
+) -> Result<usize, Fault> {
+    let fault = |what: String| Fault::Memory { q: RXQ, what };
+    let mut src = hdr.iter().chain(frame.iter()).copied();
+    let total = hdr.len() + frame.len();
+    let mut written = 0usize;
+    let mut chunk = [0u8; 2048];
+    for &(addr, len) in descs {
+        if written == total {
+            break;
+        }
+        let n = (len as usize).min(total - written);
+        mem.prepare_for_device_write(addr, n as u64)
+            .map_err(|e| fault(e.to_string()))?;
+        let mut done = 0;
+        while done < n {
+            let m = (n - done).min(chunk.len());
+            for b in chunk[..m].iter_mut() {
+                *b = src.next().expect("total bytes counted");
+            }
+            mem.gm
+                .write_slice(&chunk[..m], GuestAddress(addr + done as u64))
+                .map_err(|e| fault(e.to_string()))?;
+            done += m;
+        }
+        written += n;
+    }
+    Ok(written)
+}
+
 fn tx_inner(
     port: &Port,
     rt: &mut Runtime,
@@ -233,38 +269,13 @@ fn tx_inner(
             used.push((head, 0));
             continue;
         }
-        let mut src = hdr[..hdr_len].iter().chain(frame.iter()).copied();
-        let total = hdr_len + frame.len();
-        let mut written = 0usize;
-        let mut chunk = [0u8; 2048];
-        for (addr, len) in descs {
-            if written == total {
-                break;
-            }
-            let n = (len as usize).min(total - written);
-            mem.prepare_for_device_write(addr, n as u64)
-                .map_err(|e| Fault::Memory {
-                    q: RXQ,
-                    what: e.to_string(),
-                })?;
-            let mut done = 0;
-            while done < n {
-                let m = (n - done).min(chunk.len());
-                for b in chunk[..m].iter_mut() {
-                    *b = src.next().expect("total bytes counted");
-                }
-                gm.write_slice(&chunk[..m], GuestAddress(addr + done as u64))
-                    .map_err(|e| Fault::Memory {
-                        q: RXQ,
-                        what: e.to_string(),
-                    })?;
-                done += m;
-            }
-            written += n;
-        }
-        AtomicCounters::add(&c.rx_packets, 1);
-        AtomicCounters::add(&c.rx_bytes, frame.len() as u64);
+        let written = write_chain(mem, &descs, &hdr[..hdr_len], frame);
+        let frame_len = frame.len();
+        // Back to the pool also when the guest's memory failed the write.
         pool.free(pkt);
+        let written = written?;
+        AtomicCounters::add(&c.rx_packets, 1);
+        AtomicCounters::add(&c.rx_bytes, frame_len as u64);
         used.push((head, written as u32));
     }
     let vr = &mut rt.vrings[RXQ];

@@ -1,19 +1,24 @@
-//! An in-process `burstvm nic` daemon for tests, on its own directory.
+//! Helpers for the NIC tests: an in-process `burstvm nic` daemon on its own
+//! directory, test frames, a frontend held by a child process. Also included
+//! (by path) by cli/tests/nic_daemon.rs, so it needs nothing beyond nic and libc.
 #![allow(dead_code)]
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nic::control::{Client, VfInfo};
+use nic::frontend::{SimFrontend, MIN_MEM};
 use nic::{LockPolicy, NicArgs};
-use vmm_sys_util::eventfd::EventFd;
 
 pub struct TestNic {
     pub dir: PathBuf,
     pub control: PathBuf,
-    stop: Arc<EventFd>,
+    /// Dropping it stops the daemon.
+    stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<Result<(), nic::Error>>>,
 }
 
@@ -33,11 +38,10 @@ impl TestNic {
             socket_dir: None,
             batch: 32,
         };
-        let stop = Arc::new(EventFd::new(0).unwrap());
-        let s = stop.clone();
+        let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
             nic::daemon::run_until(&args, move || {
-                let _ = s.read();
+                let _ = stopped.recv();
             })
         });
         let t0 = Instant::now();
@@ -52,7 +56,7 @@ impl TestNic {
         TestNic {
             dir,
             control,
-            stop,
+            stop: Some(stop),
             thread: Some(thread),
         }
     }
@@ -61,25 +65,12 @@ impl TestNic {
         Client::connect(&self.control).unwrap()
     }
 
-    /// Polls `get` until the VF of `sandbox` satisfies `f`.
     pub fn wait_vf(&self, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
-        let mut c = self.client();
-        let t0 = Instant::now();
-        loop {
-            let v = c.get_by_sandbox(sandbox).unwrap();
-            if f(&v) {
-                return v;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "VF of {sandbox} never {what}: {v:?}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_vf(&self.control, sandbox, what, f)
     }
 
     pub fn stop(mut self) {
-        self.stop.write(1).unwrap();
+        self.stop.take();
         self.thread.take().unwrap().join().unwrap().unwrap();
         // Clean shutdown: no socket left behind.
         let socks: Vec<_> = std::fs::read_dir(&self.dir)
@@ -96,11 +87,63 @@ impl Drop for TestNic {
     /// A failed test still stops its daemon and removes its directory.
     fn drop(&mut self) {
         if let Some(t) = self.thread.take() {
-            let _ = self.stop.write(1);
+            self.stop.take();
             let _ = t.join();
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// Polls `get` on the daemon at `control` until the VF of `sandbox` satisfies `f`.
+pub fn wait_vf(control: &Path, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
+    let mut c = Client::connect(control).unwrap();
+    let t0 = Instant::now();
+    loop {
+        let v = c.get_by_sandbox(sandbox).unwrap();
+        if f(&v) {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "VF of {sandbox} never {what}: {v:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+const CHILD_SOCKET_ENV: &str = "NIC_TEST_CHILD_SOCKET";
+
+/// First line of a test that uses [`spawn_frontend_child`]: in the child,
+/// connects a frontend to the VF socket and holds it until killed.
+pub fn hold_frontend_if_child() {
+    if let Ok(sock) = std::env::var(CHILD_SOCKET_ENV) {
+        let _fe = SimFrontend::connect(Path::new(&sock), MIN_MEM).expect("child frontend connects");
+        println!("CHILD-READY");
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+}
+
+/// Re-runs `test` of this binary as a child process holding a frontend on
+/// `socket` (a process the test can SIGKILL); returns once it is connected.
+pub fn spawn_frontend_child(test: &str, socket: &Path) -> Child {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_SOCKET_ENV, socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("CHILD-READY") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "child frontend exited before connecting"
+        );
+    }
+    child
 }
 
 pub fn frame(dst: &str, src: &str, payload: &[u8]) -> Vec<u8> {

@@ -68,6 +68,8 @@ impl AgentPort {
     }
 
     fn event(&mut self, code: u8, now: u64) {
+        // A stage whose start event never came starts at the end of boot.
+        let start_or = |start: u64, fallback: u64| if start != 0 { start } else { fallback };
         let m = &mut self.marks;
         match code {
             EV_BOOT if m.boot_end == 0 => {
@@ -77,21 +79,13 @@ impl AgentPort {
             EV_VF_DRIVER_START => m.vf_start = now,
             EV_VF_DRIVER_END if m.vf_end == 0 => {
                 m.vf_end = now;
-                let start = if m.vf_start != 0 {
-                    m.vf_start
-                } else {
-                    m.boot_end
-                };
+                let start = start_or(m.vf_start, m.boot_end);
                 self.record(Stage::VfDriver, start, now);
             }
             EV_APP_LAUNCH_START => m.app_start = now,
             EV_APP_LAUNCH_END if m.app_end == 0 => {
                 m.app_end = now;
-                let start = if m.app_start != 0 {
-                    m.app_start
-                } else {
-                    m.boot_end
-                };
+                let start = start_or(m.app_start, m.boot_end);
                 self.record(Stage::AppLaunch, start, now);
                 if self.data != self.expected_checksum {
                     self.sink.post(VmEvent::Failure(GuestFailure::AppChecksum {

@@ -224,25 +224,30 @@ pub fn create_net_device(
     let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, NET_QUEUES)?;
     let (evts, irqfd) = wiring.clone_evts()?;
     let interrupt = Arc::new(Interrupt::new(irqfd));
-    match backend {
+    Ok(match backend {
         NetBackend::Tap(_) => {
             let tap = tap.expect("opened above");
             let dev = net::TapNet::new(tap, mac, ctx, evts, interrupt.clone());
-            let transport = MmioTransport::new(dev, ctx.mem.clone(), interrupt, ctx.mmio_base);
-            Ok(Box::new(WiredDevice {
-                transport,
-                _wiring: wiring,
-            }))
+            wire(dev, ctx, interrupt, wiring)
         }
         NetBackend::VhostUser(socket) => {
             let dev = vhost_user::VhostUserNet::new(socket, mac, ctx, evts, interrupt.clone())?;
-            let transport = MmioTransport::new(dev, ctx.mem.clone(), interrupt, ctx.mmio_base);
-            Ok(Box::new(WiredDevice {
-                transport,
-                _wiring: wiring,
-            }))
+            wire(dev, ctx, interrupt, wiring)
         }
-    }
+    })
+}
+
+/// Puts `dev` behind a virtio-mmio transport that keeps its KVM wiring alive.
+fn wire<D: VirtioDevice + 'static>(
+    dev: D,
+    ctx: &DeviceContext,
+    interrupt: Arc<Interrupt>,
+    wiring: KvmWiring,
+) -> Box<dyn MmioDevice> {
+    Box::new(WiredDevice {
+        transport: MmioTransport::new(dev, ctx.mem.clone(), interrupt, ctx.mmio_base),
+        _wiring: wiring,
+    })
 }
 
 #[cfg(test)]
