@@ -4,7 +4,11 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "burstvm", version, about = "Secure-container runtime: every sandbox a KVM microVM")]
+#[command(
+    name = "burstvm",
+    version,
+    about = "Secure-container runtime: every sandbox a KVM microVM"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -13,7 +17,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one microVM (one process per sandbox).
-    Vmm(vmm::VmmArgs),
+    Vmm(Box<vmm::VmmArgs>),
     /// Run the software SR-IOV NIC daemon.
     Nic(nic::NicArgs),
     /// Run a standalone page-pool server for VMMs started by hand.
