@@ -253,7 +253,8 @@ pub fn run(
             }
             if plan.warmup {
                 log(&format!("{v} x{n}: warm-up round"));
-                let w = run_round(rt, v, n, "w", &plan.spec);
+                // The concurrency is in the label: sandbox ids of sweep levels must not collide in the trace.
+                let w = run_round(rt, v, n, &format!("w{n}"), &plan.spec);
                 for f in &w.failures {
                     log(&format!("  warm-up failure: {f}"));
                 }
@@ -276,7 +277,7 @@ pub fn run(
                 break 'levels;
             }
             log(&format!("{v} x{n}: measured round"));
-            let r = run_round(rt, v, n, "m", &plan.spec);
+            let r = run_round(rt, v, n, &format!("m{n}"), &plan.spec);
             for f in &r.failures {
                 log(&format!("  failure: {f}"));
             }
