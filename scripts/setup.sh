@@ -14,7 +14,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-command -v cargo >/dev/null || { echo "setup: cargo (Rust >= 1.80) is required; install it with rustup" >&2; exit 1; }
+command -v cargo >/dev/null || { echo "setup: cargo (Rust >= 1.85) is required; install it with rustup" >&2; exit 1; }
 command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || { apt-get install -y -qq golang-go >/dev/null; }
 export PATH="$PATH:/usr/local/go/bin"
 

@@ -14,7 +14,6 @@
 mod virtio_common;
 
 use std::cell::RefCell;
-use std::ffi::CString;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -26,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use nic::control::{Counters, Request, Response, VfInfo};
 use nic::devset::VfState;
-use virtio_common::{ip_checksum, mac_str, TestTap, SERVER_MAC, SERVER_PORT};
+use virtio_common::{ip_checksum, mac_str, stop_child, TestTap, Wire, SERVER_MAC, SERVER_PORT};
 
 const BURSTVM: &str = env!("CARGO_BIN_EXE_burstvm");
 /// Bound of every wait for a guest (nested KVM on a loaded 2-core machine).
@@ -92,79 +91,20 @@ fn udp_reply(
 /// The test's end of the uplink: an AF_PACKET socket on the tap that keeps
 /// every frame the NIC put on the wire (the test's own sends are skipped).
 struct Uplink {
-    fd: OwnedFd,
+    wire: Wire,
     seen: Vec<Vec<u8>>,
 }
 
 impl Uplink {
     fn open(ifname: &str) -> Uplink {
-        let proto = (libc::ETH_P_ALL as u16).to_be() as i32;
-        // SAFETY: plain socket(2) call; the fd is owned right away.
-        let fd =
-            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
-        assert!(fd >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
-        // SAFETY: fd is a fresh descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let cname = CString::new(ifname).unwrap();
-        // SAFETY: cname is a valid C string.
-        let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-        assert!(index > 0, "if_nametoindex {ifname}");
-        // SAFETY: sockaddr_ll is plain data; zero is a valid start.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = proto as u16;
-        sll.sll_ifindex = index as i32;
-        // SAFETY: sll is a valid sockaddr_ll of the size passed.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                &sll as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        assert_eq!(
-            r,
-            0,
-            "bind to {ifname}: {}",
-            std::io::Error::last_os_error()
-        );
-        let tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 50_000,
-        };
-        // SAFETY: tv is a valid timeval of the size passed.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as u32,
-            )
-        };
-        assert_eq!(r, 0, "SO_RCVTIMEO: {}", std::io::Error::last_os_error());
         Uplink {
-            fd,
+            wire: Wire::open_with_timeout(ifname, Duration::from_millis(50)),
             seen: Vec::new(),
         }
     }
 
     fn send(&self, frame: &[u8]) {
-        // SAFETY: frame is a valid buffer of the length passed.
-        let n = unsafe {
-            libc::send(
-                self.fd.as_raw_fd(),
-                frame.as_ptr() as *const libc::c_void,
-                frame.len(),
-                0,
-            )
-        };
-        assert_eq!(
-            n,
-            frame.len() as isize,
-            "send on the uplink: {}",
-            std::io::Error::last_os_error()
-        );
+        self.wire.send(frame);
     }
 
     /// Reads the wire for `d`, keeping the frames that came from the NIC.
@@ -178,7 +118,7 @@ impl Uplink {
             // SAFETY: buf and sll are valid writable buffers of the sizes passed.
             let n = unsafe {
                 libc::recvfrom(
-                    self.fd.as_raw_fd(),
+                    self.wire.as_raw_fd(),
                     buf.as_mut_ptr() as *mut libc::c_void,
                     buf.len(),
                     0,
@@ -363,14 +303,7 @@ impl Nic {
 
 impl Drop for Nic {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child by its pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let end = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop_child(&mut self.child);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

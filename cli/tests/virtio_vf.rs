@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use nic::control::Client;
 use nic::devset::VfState;
-use virtio_common::{mac_str, serve_agent, stages, vmm_command, TestTap, Wire, GUEST_MAC};
+use virtio_common::{
+    mac_str, serve_agent, stages, stop_child, vmm_command, TestTap, Wire, GUEST_MAC,
+};
 
 const BURSTVM: &str = env!("CARGO_BIN_EXE_burstvm");
 
@@ -70,14 +72,7 @@ impl Nic {
 
 impl Drop for Nic {
     fn drop(&mut self) {
-        // SAFETY: signalling our own child by its pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let end = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop_child(&mut self.child);
     }
 }
 

@@ -55,6 +55,51 @@ fn draw_err<E: std::fmt::Debug>(path: &Path) -> impl Fn(E) -> PlotError + '_ {
     }
 }
 
+/// What differs between the figures' frames.
+struct Frame {
+    size: (u32, u32),
+    y_label_area: u32,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+    legend: SeriesLabelPosition,
+    legend_font: u32,
+}
+
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    BitMapBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// Draws one PNG: a titled white canvas with `frame`'s axes, `draw`'s series,
+/// then the legend of every labelled series.
+fn plot(
+    path: &Path,
+    title: &str,
+    frame: Frame,
+    draw: impl FnOnce(&mut Chart<'_, '_>) -> Result<(), PlotError>,
+) -> Result<(), PlotError> {
+    let root = BitMapBackend::new(path, frame.size).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_err(path))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, (FONT, 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(frame.y_label_area)
+        .build_cartesian_2d(frame.x, frame.y)
+        .map_err(draw_err(path))?;
+    draw(&mut chart)?;
+    chart
+        .configure_series_labels()
+        .position(frame.legend)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, frame.legend_font))
+        .draw()
+        .map_err(draw_err(path))?;
+    root.present().map_err(draw_err(path))
+}
+
 fn stage_color(s: Stage) -> RGBColor {
     // Distinct hues, VF-related stages in warm colours.
     match s {
@@ -113,55 +158,50 @@ pub fn timeline(
         * 1.02;
     let n = order.len() as f64;
 
-    let root = BitMapBackend::new(path, (1200, 800)).into_drawing_area();
-    root.fill(&WHITE).map_err(draw_err(path))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..xmax, 0f64..n)
-        .map_err(draw_err(path))?;
-    chart
-        .configure_mesh()
-        .x_desc("time since issue (ms)")
-        .y_desc("sandbox")
-        .label_style((FONT, 14))
-        .draw()
-        .map_err(draw_err(path))?;
-    // vf-open last, on top of the stages it may overlap.
-    let order = Stage::ALL
-        .into_iter()
-        .filter(|s| *s != Stage::VfOpen)
-        .chain([Stage::VfOpen]);
-    for st in order {
-        let evs: Vec<&TraceEvent> = events.iter().filter(|e| e.stage == st).collect();
-        if evs.is_empty() {
-            continue;
-        }
-        let color = stage_color(st);
+    let frame = Frame {
+        size: (1200, 800),
+        y_label_area: 60,
+        x: 0f64..xmax,
+        y: 0f64..n,
+        legend: SeriesLabelPosition::LowerRight,
+        legend_font: 14,
+    };
+    plot(path, title, frame, |chart| {
         chart
-            .draw_series(evs.iter().map(|e| {
-                let y = row[e.sandbox.as_str()] as f64;
-                let x1 = rel(e.end_ns).max(rel(e.start_ns) + xmax * 1e-4);
-                // vf-open may run beside boot (async VF init): a half-height
-                // bar drawn on top keeps both visible.
-                let top = if st == Stage::VfOpen { 0.5 } else { 0.9 };
-                Rectangle::new([(rel(e.start_ns), y + 0.1), (x1, y + top)], color.filled())
-            }))
-            .map_err(draw_err(path))?
-            .label(st.name())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 14))
-        .draw()
-        .map_err(draw_err(path))?;
-    root.present().map_err(draw_err(path))
+            .configure_mesh()
+            .x_desc("time since issue (ms)")
+            .y_desc("sandbox")
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(draw_err(path))?;
+        // vf-open last, on top of the stages it may overlap.
+        let order = Stage::ALL
+            .into_iter()
+            .filter(|s| *s != Stage::VfOpen)
+            .chain([Stage::VfOpen]);
+        for st in order {
+            let evs: Vec<&TraceEvent> = events.iter().filter(|e| e.stage == st).collect();
+            if evs.is_empty() {
+                continue;
+            }
+            let color = stage_color(st);
+            chart
+                .draw_series(evs.iter().map(|e| {
+                    let y = row[e.sandbox.as_str()] as f64;
+                    let x1 = rel(e.end_ns).max(rel(e.start_ns) + xmax * 1e-4);
+                    // vf-open may run beside boot (async VF init): a half-height
+                    // bar drawn on top keeps both visible.
+                    let top = if st == Stage::VfOpen { 0.5 } else { 0.9 };
+                    Rectangle::new([(rel(e.start_ns), y + 0.1), (x1, y + top)], color.filled())
+                }))
+                .map_err(draw_err(path))?
+                .label(st.name())
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                });
+        }
+        Ok(())
+    })
 }
 
 /// Fig. 11: per variant, the average time of each stage stacked, and the
@@ -183,79 +223,74 @@ pub fn breakdown(path: &Path, title: &str, groups: &[GroupStats]) -> Result<(), 
         * 1.1;
     let names: Vec<String> = groups.iter().map(|g| g.variant.clone()).collect();
     let n = groups.len();
-    let root = BitMapBackend::new(path, ((360 + 110 * n as u32).max(800), 700)).into_drawing_area();
-    root.fill(&WHITE).map_err(draw_err(path))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..ymax)
-        .map_err(draw_err(path))?;
-    let fmt = |x: &f64| {
-        let i = x.round();
-        if (x - i).abs() < 1e-6 && i >= 0.0 {
-            names.get(i as usize).cloned().unwrap_or_default()
-        } else {
-            String::new()
-        }
+    let frame = Frame {
+        size: ((360 + 110 * n as u32).max(800), 700),
+        y_label_area: 70,
+        x: -0.5f64..(n as f64 - 0.5),
+        y: 0f64..ymax,
+        legend: SeriesLabelPosition::UpperRight,
+        legend_font: 13,
     };
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(n)
-        .x_label_formatter(&fmt)
-        .y_desc("average time (ms)")
-        .label_style((FONT, 14))
-        .draw()
-        .map_err(draw_err(path))?;
-    for st in Stage::ALL {
-        let mut bars = Vec::new();
-        for (i, g) in groups.iter().enumerate() {
-            let below: f64 = g
-                .stages
-                .iter()
-                .take_while(|s| s.stage != st)
-                .map(|s| s.avg_ms)
-                .sum();
-            if let Some(s) = g.stages.iter().find(|s| s.stage == st) {
-                let x = i as f64;
-                bars.push(Rectangle::new(
-                    [(x - 0.35, below), (x + 0.35, below + s.avg_ms)],
-                    stage_color(st).filled(),
-                ));
+    plot(path, title, frame, |chart| {
+        let fmt = |x: &f64| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 {
+                names.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
             }
-        }
-        if bars.is_empty() {
-            continue;
-        }
-        let color = stage_color(st);
+        };
         chart
-            .draw_series(bars)
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&fmt)
+            .y_desc("average time (ms)")
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(draw_err(path))?;
+        for st in Stage::ALL {
+            let mut bars = Vec::new();
+            for (i, g) in groups.iter().enumerate() {
+                let below: f64 = g
+                    .stages
+                    .iter()
+                    .take_while(|s| s.stage != st)
+                    .map(|s| s.avg_ms)
+                    .sum();
+                if let Some(s) = g.stages.iter().find(|s| s.stage == st) {
+                    let x = i as f64;
+                    bars.push(Rectangle::new(
+                        [(x - 0.35, below), (x + 0.35, below + s.avg_ms)],
+                        stage_color(st).filled(),
+                    ));
+                }
+            }
+            if bars.is_empty() {
+                continue;
+            }
+            let color = stage_color(st);
+            chart
+                .draw_series(bars)
+                .map_err(draw_err(path))?
+                .label(st.name())
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled())
+                });
+        }
+        chart
+            .draw_series(groups.iter().enumerate().map(|(i, g)| {
+                let x = i as f64;
+                PathElement::new(
+                    vec![(x - 0.45, g.avg_ms), (x + 0.45, g.avg_ms)],
+                    BLACK.stroke_width(3),
+                )
+            }))
             .map_err(draw_err(path))?
-            .label(st.name())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
-    }
-    chart
-        .draw_series(groups.iter().enumerate().map(|(i, g)| {
-            let x = i as f64;
-            PathElement::new(
-                vec![(x - 0.45, g.avg_ms), (x + 0.45, g.avg_ms)],
-                BLACK.stroke_width(3),
-            )
-        }))
-        .map_err(draw_err(path))?
-        .label("end-to-end avg")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], BLACK.stroke_width(3)));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 13))
-        .draw()
-        .map_err(draw_err(path))?;
-    root.present().map_err(draw_err(path))
+            .label("end-to-end avg")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], BLACK.stroke_width(3)));
+        Ok(())
+    })
 }
 
 /// Fig. 12: empirical CDF of end-to-end startup times, one line per variant.
@@ -274,54 +309,47 @@ pub fn cdf(path: &Path, title: &str, series: &[(String, Vec<u64>)]) -> Result<()
         .fold(0.0, f64::max)
         .max(1e-3)
         * 1.05;
-    let root = BitMapBackend::new(path, (1000, 700)).into_drawing_area();
-    root.fill(&WHITE).map_err(draw_err(path))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..xmax, 0f64..1.0)
-        .map_err(draw_err(path))?;
-    chart
-        .configure_mesh()
-        .x_desc("startup time (ms)")
-        .y_desc("CDF")
-        .label_style((FONT, 14))
-        .draw()
-        .map_err(draw_err(path))?;
-    for (i, (name, v)) in series.iter().enumerate() {
-        if v.is_empty() {
-            continue;
-        }
-        let mut s = v.clone();
-        s.sort_unstable();
-        let n = s.len() as f64;
-        // A step function: each sample raises the CDF by 1/n.
-        let mut pts = vec![(s[0] as f64 / 1e6, 0.0)];
-        for (k, &ns) in s.iter().enumerate() {
-            let x = ns as f64 / 1e6;
-            pts.push((x, k as f64 / n));
-            pts.push((x, (k + 1) as f64 / n));
-        }
-        let color = variant_color(i).to_rgba();
+    let frame = Frame {
+        size: (1000, 700),
+        y_label_area: 60,
+        x: 0f64..xmax,
+        y: 0f64..1.0,
+        legend: SeriesLabelPosition::LowerRight,
+        legend_font: 14,
+    };
+    plot(path, title, frame, |chart| {
         chart
-            .draw_series(LineSeries::new(pts, color.stroke_width(2)))
-            .map_err(draw_err(path))?
-            .label(name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-            });
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 14))
-        .draw()
-        .map_err(draw_err(path))?;
-    root.present().map_err(draw_err(path))
+            .configure_mesh()
+            .x_desc("startup time (ms)")
+            .y_desc("CDF")
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(draw_err(path))?;
+        for (i, (name, v)) in series.iter().enumerate() {
+            if v.is_empty() {
+                continue;
+            }
+            let mut s = v.clone();
+            s.sort_unstable();
+            let n = s.len() as f64;
+            // A step function: each sample raises the CDF by 1/n.
+            let mut pts = vec![(s[0] as f64 / 1e6, 0.0)];
+            for (k, &ns) in s.iter().enumerate() {
+                let x = ns as f64 / 1e6;
+                pts.push((x, k as f64 / n));
+                pts.push((x, (k + 1) as f64 / n));
+            }
+            let color = variant_color(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
+                .map_err(draw_err(path))?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+        }
+        Ok(())
+    })
 }
 
 /// Fig. 13a: average (solid, circles) and p99 (thin, triangles) startup time
@@ -349,67 +377,60 @@ pub fn sweep(path: &Path, title: &str, groups: &[GroupStats]) -> Result<(), Plot
         .fold(0.0, f64::max)
         .max(1e-3)
         * 1.1;
-    let root = BitMapBackend::new(path, (1000, 700)).into_drawing_area();
-    root.fill(&WHITE).map_err(draw_err(path))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..xmax, 0f64..ymax)
-        .map_err(draw_err(path))?;
-    chart
-        .configure_mesh()
-        .x_desc("concurrency")
-        .y_desc("startup time (ms)")
-        .label_style((FONT, 14))
-        .draw()
-        .map_err(draw_err(path))?;
-    for (i, name) in order.iter().enumerate() {
-        let mut gs = by[name].clone();
-        gs.sort_by_key(|g| g.concurrency);
-        let color = variant_color(i).to_rgba();
-        let avg: Vec<(f64, f64)> = gs
-            .iter()
-            .map(|g| (g.concurrency as f64, g.avg_ms))
-            .collect();
-        let p99: Vec<(f64, f64)> = gs
-            .iter()
-            .map(|g| (g.concurrency as f64, g.p99_ms))
-            .collect();
+    let frame = Frame {
+        size: (1000, 700),
+        y_label_area: 70,
+        x: 0f64..xmax,
+        y: 0f64..ymax,
+        legend: SeriesLabelPosition::UpperLeft,
+        legend_font: 14,
+    };
+    plot(path, title, frame, |chart| {
         chart
-            .draw_series(LineSeries::new(avg.clone(), color.stroke_width(2)))
-            .map_err(draw_err(path))?
-            .label(format!("{name} avg"))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(avg.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .configure_mesh()
+            .x_desc("concurrency")
+            .y_desc("startup time (ms)")
+            .label_style((FONT, 14))
+            .draw()
             .map_err(draw_err(path))?;
-        chart
-            .draw_series(LineSeries::new(p99.clone(), color.stroke_width(1)))
-            .map_err(draw_err(path))?
-            .label(format!("{name} p99"))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(1))
-            });
-        chart
-            .draw_series(
-                p99.iter()
-                    .map(|&p| TriangleMarker::new(p, 5, color.filled())),
-            )
-            .map_err(draw_err(path))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 14))
-        .draw()
-        .map_err(draw_err(path))?;
-    root.present().map_err(draw_err(path))
+        for (i, name) in order.iter().enumerate() {
+            let mut gs = by[name].clone();
+            gs.sort_by_key(|g| g.concurrency);
+            let color = variant_color(i).to_rgba();
+            let avg: Vec<(f64, f64)> = gs
+                .iter()
+                .map(|g| (g.concurrency as f64, g.avg_ms))
+                .collect();
+            let p99: Vec<(f64, f64)> = gs
+                .iter()
+                .map(|g| (g.concurrency as f64, g.p99_ms))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(avg.clone(), color.stroke_width(2)))
+                .map_err(draw_err(path))?
+                .label(format!("{name} avg"))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(avg.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(draw_err(path))?;
+            chart
+                .draw_series(LineSeries::new(p99.clone(), color.stroke_width(1)))
+                .map_err(draw_err(path))?
+                .label(format!("{name} p99"))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(1))
+                });
+            chart
+                .draw_series(
+                    p99.iter()
+                        .map(|&p| TriangleMarker::new(p, 5, color.filled())),
+                )
+                .map_err(draw_err(path))?;
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 
 use std::ffi::CString;
 use std::fs::OpenOptions;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -66,6 +66,11 @@ pub struct Wire(OwnedFd);
 
 impl Wire {
     pub fn open(ifname: &str) -> Wire {
+        Wire::open_with_timeout(ifname, Duration::from_millis(200))
+    }
+
+    /// `open` whose receives give up after `timeout`.
+    pub fn open_with_timeout(ifname: &str, timeout: Duration) -> Wire {
         let proto = (libc::ETH_P_ALL as u16).to_be() as i32;
         // SAFETY: plain socket(2) call; the fd is owned right away.
         let fd =
@@ -101,11 +106,11 @@ impl Wire {
             std::io::Error::last_os_error()
         );
         let tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 200_000,
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_usec: timeout.subsec_micros() as libc::suseconds_t,
         };
         // SAFETY: tv is a valid timeval of the size passed.
-        unsafe {
+        let r = unsafe {
             libc::setsockopt(
                 fd.as_raw_fd(),
                 libc::SOL_SOCKET,
@@ -114,6 +119,7 @@ impl Wire {
                 std::mem::size_of::<libc::timeval>() as u32,
             )
         };
+        assert_eq!(r, 0, "SO_RCVTIMEO: {}", std::io::Error::last_os_error());
         Wire(fd)
     }
 
@@ -178,6 +184,24 @@ impl Wire {
         }
         panic!("no {what} from the guest within {secs} s; VMM stderr:\n{err}");
     }
+}
+
+impl AsRawFd for Wire {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Stops a daemon the test started: SIGTERM, up to 10 s to exit, then SIGKILL.
+pub fn stop_child(child: &mut Child) {
+    // SAFETY: signalling our own child by its pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let end = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().ok().flatten().is_none() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 pub fn is_udp_request(f: &[u8]) -> bool {
