@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 
 use nic::control::{Counters, Request, Response, VfInfo};
 use nic::devset::VfState;
-use virtio_common::{ip_checksum, mac_str, stop_child, TestTap, Wire, SERVER_MAC, SERVER_PORT};
+use virtio_common::{
+    ip_checksum, mac_str, stop_child, udp_reply_to, TestTap, Wire, SERVER_MAC, SERVER_PORT,
+};
 
 const BURSTVM: &str = env!("CARGO_BIN_EXE_burstvm");
 /// Bound of every wait for a guest (nested KVM on a loaded 2-core machine).
@@ -57,35 +59,6 @@ fn is_udp(f: &[u8]) -> bool {
 /// The frame the agent sends: Ethernet + IPv4 + UDP + the sandbox id.
 fn request_len(sandbox: &str) -> u64 {
     (14 + 20 + 8 + sandbox.len()) as u64
-}
-
-/// A UDP reply from `src_ip:SERVER_PORT` (Ethernet source: the test's MAC)
-/// to `dst_mac`/`dst_ip:dst_port`.
-fn udp_reply(
-    dst_mac: [u8; 6],
-    src_ip: [u8; 4],
-    dst_ip: [u8; 4],
-    dst_port: u16,
-    payload: &[u8],
-) -> Vec<u8> {
-    let mut f = dst_mac.to_vec();
-    f.extend_from_slice(&SERVER_MAC);
-    f.extend_from_slice(&[8, 0]);
-    let total = (20 + 8 + payload.len()) as u16;
-    let mut iph = vec![0x45, 0];
-    iph.extend_from_slice(&total.to_be_bytes());
-    iph.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]);
-    iph.extend_from_slice(&src_ip);
-    iph.extend_from_slice(&dst_ip);
-    let c = ip_checksum(&iph);
-    iph[10..12].copy_from_slice(&c.to_be_bytes());
-    f.extend_from_slice(&iph);
-    f.extend_from_slice(&SERVER_PORT.to_be_bytes());
-    f.extend_from_slice(&dst_port.to_be_bytes());
-    f.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 0]);
-    f.extend_from_slice(payload);
-    f
 }
 
 /// The test's end of the uplink: an AF_PACKET socket on the tap that keeps
@@ -574,7 +547,7 @@ fn two_guests_talk_through_the_vf_switch_with_exact_counters() {
     let mut vmm_b = Vmm::start(&nic.dir, &vf_b, &b);
     let req_b = wait_request(&mut up, &mut vmm_b, b.mac);
     let client_port = check_request(&req_b, &b);
-    let reply_b = udp_reply(b.mac, SERVER_IP, b.ip, client_port, b"pong B");
+    let reply_b = udp_reply_to(b.mac, SERVER_IP, b.ip, client_port, b"pong B");
     let replies_b = reply_until_ready(&mut up, &mut vmm_b, &reply_b);
     assert_eq!(nic.get(&vf_b).state, VfState::Open);
 
@@ -594,7 +567,7 @@ fn two_guests_talk_through_the_vf_switch_with_exact_counters() {
         );
         up.pump(Duration::from_millis(50));
     }
-    let reply_a = udp_reply(a.mac, IP_B, a.ip, client_port, b"pong A from B");
+    let reply_a = udp_reply_to(a.mac, IP_B, a.ip, client_port, b"pong A from B");
     let replies_a = reply_until_ready(&mut up, &mut vmm_a, &reply_a);
     assert!(replies_a >= 1 && replies_b >= 1);
 
@@ -691,7 +664,7 @@ fn sigkilled_vmm_vf_is_closed_reset_and_reused() {
     // B keeps its VF open for the whole time A dies.
     let mut vmm_b = Vmm::start(&nic.dir, &vf_b, &b);
     let port = check_request(&wait_request(&mut up, &mut vmm_b, b.mac), &b);
-    let reply_b = udp_reply(b.mac, SERVER_IP, b.ip, port, b"pong");
+    let reply_b = udp_reply_to(b.mac, SERVER_IP, b.ip, port, b"pong");
     reply_until_ready(&mut up, &mut vmm_b, &reply_b);
 
     // A is killed while its guest waits for the reply: VF open, rings live.
@@ -729,7 +702,7 @@ fn sigkilled_vmm_vf_is_closed_reset_and_reused() {
     let mut vmm_c = Vmm::start(&nic.dir, &vf_c, &c);
     let req_c = wait_request(&mut up, &mut vmm_c, c.mac);
     let port = check_request(&req_c, &c);
-    let reply_c = udp_reply(c.mac, SERVER_IP, c.ip, port, b"pong C");
+    let reply_c = udp_reply_to(c.mac, SERVER_IP, c.ip, port, b"pong C");
     let replies_c = reply_until_ready(&mut up, &mut vmm_c, &reply_c);
     up.pump(Duration::from_millis(300));
     let n_c = up.from(c.mac).len() as u64;

@@ -31,11 +31,13 @@ pub struct Round {
 }
 
 /// Parameters shared by every sandbox of a round.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct RoundSpec {
     pub memory_bytes: u64,
     pub cpus: f64,
     pub app_size: u64,
+    // A limit of the run, not a property of the sandboxes: summary.json omits it.
+    #[serde(skip_serializing)]
     pub timeout_secs: u64,
 }
 
@@ -187,9 +189,8 @@ pub fn fit_pool_for_fresh_round(rt: &Runtime, n: usize, spec: &RoundSpec) -> u64
 /// Everything the bench writes to summary.json.
 #[derive(Debug, Serialize)]
 pub struct Summary {
-    pub memory_bytes: u64,
-    pub app_size: u64,
-    pub cpus: f64,
+    #[serde(flatten)]
+    pub spec: RoundSpec,
     pub groups: Vec<GroupStats>,
     pub failures: Vec<SandboxFailure>,
     pub leak_checks: Vec<LeakCheck>,
@@ -342,9 +343,7 @@ pub fn run(
         }
     }
     let summary = Summary {
-        memory_bytes: plan.spec.memory_bytes,
-        app_size: plan.spec.app_size,
-        cpus: plan.spec.cpus,
+        spec: plan.spec.clone(),
         groups,
         failures,
         leak_checks,

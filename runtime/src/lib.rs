@@ -77,21 +77,40 @@ fn burstvm_bin(given: &Option<PathBuf>) -> Result<PathBuf, Error> {
     }
 }
 
+/// The size of each sandbox, shared by `run` and `bench startup`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SandboxArgs {
+    /// Guest memory per sandbox (e.g. 64M).
+    #[arg(long, default_value = "64M")]
+    pub memory: String,
+    /// CPU limit of each sandbox's cgroup, in CPUs.
+    #[arg(long, default_value_t = 1.0)]
+    pub cpus: f64,
+    /// Size of the app payload the guest agent checksums at app launch.
+    #[arg(long, default_value = "0")]
+    pub app_size: String,
+}
+
+impl SandboxArgs {
+    /// Checks `--cpus`; returns `--memory` and `--app-size` in bytes.
+    fn bytes(&self) -> Result<(u64, u64), Error> {
+        let memory = parse_size("--memory", &self.memory)?;
+        let app_size = parse_size("--app-size", &self.app_size)?;
+        if !self.cpus.is_finite() || self.cpus <= 0.0 {
+            return Err(bad("--cpus", format!("{} must be positive", self.cpus)));
+        }
+        Ok((memory, app_size))
+    }
+}
+
 /// `burstvm run`: one sandbox through every stage.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// Variant: no-net, tap, vanilla, fastiov, fastiov-L/-S/-D/-A, pre10/50/100.
     #[arg(long, default_value = "fastiov")]
     pub variant: Variant,
-    /// Guest memory (e.g. 64M).
-    #[arg(long, default_value = "64M")]
-    pub memory: String,
-    /// CPU limit of the sandbox cgroup, in CPUs.
-    #[arg(long, default_value_t = 1.0)]
-    pub cpus: f64,
-    /// Size of the app payload the guest agent checksums at app launch.
-    #[arg(long, default_value = "0")]
-    pub app_size: String,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
     /// Keep the sandbox running after READY until Ctrl-C.
     #[arg(long)]
     pub keep_running: bool,
@@ -115,15 +134,8 @@ pub struct BenchStartupArgs {
     /// Comma-separated variants.
     #[arg(long, value_delimiter = ',', default_value = "no-net,vanilla,fastiov")]
     pub variants: Vec<Variant>,
-    /// Guest memory per sandbox.
-    #[arg(long, default_value = "64M")]
-    pub memory: String,
-    /// CPU limit per sandbox cgroup.
-    #[arg(long, default_value_t = 1.0)]
-    pub cpus: f64,
-    /// App payload size per sandbox.
-    #[arg(long, default_value = "0")]
-    pub app_size: String,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
     /// Run at each of these concurrencies instead (Fig. 13a), e.g. 10,50,100,200.
     #[arg(long, value_delimiter = ',')]
     pub sweep: Vec<usize>,
@@ -146,11 +158,7 @@ pub struct BenchStartupArgs {
 
 pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
     runtime::install_sigint_handler();
-    let memory = parse_size("--memory", &a.memory)?;
-    let app_size = parse_size("--app-size", &a.app_size)?;
-    if !a.cpus.is_finite() || a.cpus <= 0.0 {
-        return Err(bad("--cpus", format!("{} must be positive", a.cpus)));
-    }
+    let (memory, app_size) = a.sandbox.bytes()?;
     let policy = a.variant.policy();
     let rt = Runtime::new(RuntimeConfig {
         bin: burstvm_bin(&a.burstvm_bin)?,
@@ -160,7 +168,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
         cgroup_pool: 0,
         cgroup_limits: cgroup::Limits {
             memory_bytes: memory,
-            cpus: a.cpus,
+            cpus: a.sandbox.cpus,
         },
     })?;
     rt.prepare_variant(a.variant)?;
@@ -173,7 +181,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
         id: id.clone(),
         variant: a.variant,
         memory_bytes: memory,
-        cpus: a.cpus,
+        cpus: a.sandbox.cpus,
         app_size,
         keep_running: a.keep_running,
         timeout_secs: a.timeout,
@@ -231,8 +239,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
 
 pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
     runtime::install_sigint_handler();
-    let memory = parse_size("--memory", &a.memory)?;
-    let app_size = parse_size("--app-size", &a.app_size)?;
+    let (memory, app_size) = a.sandbox.bytes()?;
     let levels = if a.sweep.is_empty() {
         vec![a.concurrency]
     } else {
@@ -244,12 +251,9 @@ pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
     if a.variants.is_empty() {
         return Err(bad("--variants", "at least one variant"));
     }
-    if !a.cpus.is_finite() || a.cpus <= 0.0 {
-        return Err(bad("--cpus", format!("{} must be positive", a.cpus)));
-    }
     let spec = bench::RoundSpec {
         memory_bytes: memory,
-        cpus: a.cpus,
+        cpus: a.sandbox.cpus,
         app_size,
         timeout_secs: a.timeout,
     };
@@ -292,7 +296,7 @@ pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
         cgroup_pool: if a.cgroup_pool { max_n } else { 0 },
         cgroup_limits: cgroup::Limits {
             memory_bytes: memory + (app_size + (4 << 20)).next_multiple_of(2 << 20),
-            cpus: a.cpus,
+            cpus: a.sandbox.cpus,
         },
     })?;
     let plan = bench::BenchPlan {

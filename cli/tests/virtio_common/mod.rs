@@ -236,16 +236,27 @@ pub fn arp_request() -> Vec<u8> {
 }
 
 pub fn udp_reply(dst_port: u16, payload: &[u8]) -> Vec<u8> {
-    let mut f = Vec::new();
-    f.extend_from_slice(&GUEST_MAC);
+    udp_reply_to(GUEST_MAC, SERVER_IP, GUEST_IP, dst_port, payload)
+}
+
+/// A UDP reply from `src_ip:SERVER_PORT` (Ethernet source: the test's MAC)
+/// to `dst_mac`/`dst_ip:dst_port`.
+pub fn udp_reply_to(
+    dst_mac: [u8; 6],
+    src_ip: [u8; 4],
+    dst_ip: [u8; 4],
+    dst_port: u16,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut f = dst_mac.to_vec();
     f.extend_from_slice(&SERVER_MAC);
     f.extend_from_slice(&[8, 0]);
     let total = (20 + 8 + payload.len()) as u16;
     let mut iph = vec![0x45, 0];
     iph.extend_from_slice(&total.to_be_bytes());
     iph.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]);
-    iph.extend_from_slice(&SERVER_IP);
-    iph.extend_from_slice(&GUEST_IP);
+    iph.extend_from_slice(&src_ip);
+    iph.extend_from_slice(&dst_ip);
     let c = ip_checksum(&iph);
     iph[10..12].copy_from_slice(&c.to_be_bytes());
     f.extend_from_slice(&iph);
