@@ -306,13 +306,7 @@ pub fn run(
     let mut failures = Vec::new();
     let mut trace_out = String::new();
     for (r, evs) in &measured {
-        let failed: std::collections::HashSet<&str> =
-            r.failures.iter().map(|f| f.sandbox.as_str()).collect();
-        let ok: Vec<TraceEvent> = evs
-            .iter()
-            .filter(|e| !failed.contains(e.sandbox.as_str()))
-            .cloned()
-            .collect();
+        let ok = ready_events(r, evs);
         let times = stats::per_sandbox(&ok, Some(r.issue_ns));
         let mut g = stats::group_stats(r.variant.name(), r.concurrency, &times, r.failures.len());
         g.answered = r.answered;
@@ -379,13 +373,7 @@ fn draw(
     let mib = plan.spec.memory_bytes >> 20;
     let mut cdf_series = Vec::new();
     for (r, evs) in measured.iter().filter(|(r, _)| r.concurrency == top) {
-        let failed: std::collections::HashSet<&str> =
-            r.failures.iter().map(|f| f.sandbox.as_str()).collect();
-        let ok: Vec<TraceEvent> = evs
-            .iter()
-            .filter(|e| !failed.contains(e.sandbox.as_str()))
-            .cloned()
-            .collect();
+        let ok = ready_events(r, evs);
         if ok.is_empty() {
             continue;
         }
@@ -437,6 +425,16 @@ fn draw(
         out.push(p);
     }
     Ok(out)
+}
+
+/// The trace events of the sandboxes of a round that did not fail.
+fn ready_events(r: &Round, evs: &[TraceEvent]) -> Vec<TraceEvent> {
+    let failed: std::collections::HashSet<&str> =
+        r.failures.iter().map(|f| f.sandbox.as_str()).collect();
+    evs.iter()
+        .filter(|e| !failed.contains(e.sandbox.as_str()))
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
