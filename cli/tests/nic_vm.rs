@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use nic::control::{Counters, Request, Response, VfInfo};
 use nic::devset::VfState;
 use virtio_common::{
-    ip_checksum, mac_str, stop_child, udp_reply_to, TestTap, Wire, SERVER_MAC, SERVER_PORT,
+    ip_checksum, mac_str, stop_child, udp_reply_to, TestTap, Wire, LAZY_DMA, SERVER_MAC,
+    SERVER_PORT, VANILLA_DMA,
 };
 
 const BURSTVM: &str = env!("CARGO_BIN_EXE_burstvm");
@@ -287,29 +288,12 @@ struct Guest<'a> {
     mac: [u8; 6],
     ip: [u8; 4],
     server: ([u8; 4], [u8; 6]),
-    mode: &'a [&'a str],
+    mode: (&'a str, &'a [&'a str]),
 }
 
-const SYNC_VANILLA: &[&str] = &[
-    "--vf-init",
-    "sync",
-    "--dma-ram",
-    "true",
-    "--dma-image",
-    "true",
-    "--memory-policy",
-    "vanilla",
-];
-const ASYNC_LAZY: &[&str] = &[
-    "--vf-init",
-    "async",
-    "--dma-ram",
-    "true",
-    "--dma-image",
-    "false",
-    "--memory-policy",
-    "lazy",
-];
+/// `--vf-init` mode and memory flags of a guest.
+const SYNC_VANILLA: (&str, &[&str]) = ("sync", VANILLA_DMA);
+const ASYNC_LAZY: (&str, &[&str]) = ("async", LAZY_DMA);
 
 /// A `burstvm vmm --keep-running` on a VF, with the read end of its
 /// `--ready-fd` pipe; SIGKILLed and reaped when dropped if still running.
@@ -338,7 +322,8 @@ impl Vmm {
             .args(["--ip", &format!("{}/24", ip_str(g.ip))])
             .args(["--server", &format!("{}:{SERVER_PORT}", ip_str(g.server.0))])
             .args(["--server-mac", &mac_str(&g.server.1)])
-            .args(g.mode)
+            .args(["--vf-init", g.mode.0])
+            .args(g.mode.1)
             .args(["--app-size", "16K", "--timeout", "120", "--keep-running"])
             .args(["--ready-fd", &wr_fd.to_string()])
             .arg("--trace")

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use nic::control::Client;
 use nic::devset::VfState;
 use virtio_common::{
-    mac_str, serve_agent, stages, stop_child, vmm_command, TestTap, Wire, GUEST_MAC,
+    mac_str, serve_agent, stages, stop_child, vmm_command, TestTap, Wire, GUEST_MAC, LAZY_DMA,
+    VANILLA_DMA,
 };
 
 const BURSTVM: &str = env!("CARGO_BIN_EXE_burstvm");
@@ -119,34 +120,12 @@ fn request_reply_over_vf(tag: &str, vf_init: &str, policy: &[&str]) {
 
 #[test]
 fn vf_request_reply_sync() {
-    request_reply_over_vf(
-        "vs",
-        "sync",
-        &[
-            "--dma-ram",
-            "true",
-            "--dma-image",
-            "true",
-            "--memory-policy",
-            "vanilla",
-        ],
-    );
+    request_reply_over_vf("vs", "sync", VANILLA_DMA);
 }
 
 #[test]
 fn vf_request_reply_async_lazy() {
-    request_reply_over_vf(
-        "va",
-        "async",
-        &[
-            "--dma-ram",
-            "true",
-            "--dma-image",
-            "false",
-            "--memory-policy",
-            "lazy",
-        ],
-    );
+    request_reply_over_vf("va", "async", LAZY_DMA);
 }
 
 /// Runs the VMM (with `args`) against a VF socket that does not exist and

@@ -20,6 +20,25 @@ pub const GUEST_IP: [u8; 4] = [10, 77, 0, 2];
 pub const SERVER_IP: [u8; 4] = [10, 77, 0, 1];
 pub const SERVER_PORT: u16 = 7777;
 
+/// VMM memory flags of the `vanilla` variant: both regions DMA-mapped, fresh memory.
+pub const VANILLA_DMA: &[&str] = &[
+    "--dma-ram",
+    "true",
+    "--dma-image",
+    "true",
+    "--memory-policy",
+    "vanilla",
+];
+/// VMM memory flags of the `fastiov` variant: RAM lazily zeroed, image region not mapped.
+pub const LAZY_DMA: &[&str] = &[
+    "--dma-ram",
+    "true",
+    "--dma-image",
+    "false",
+    "--memory-policy",
+    "lazy",
+];
+
 pub fn mac_str(m: &[u8; 6]) -> String {
     m.iter()
         .map(|b| format!("{b:02x}"))
