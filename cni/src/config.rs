@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use crate::error::{code, PluginError};
-use crate::types::CniResult;
-use crate::version::Version;
+use crate::version::{self, Version};
+use netutil::cni::CniResult;
 
 pub const DEFAULT_NIC_SOCKET: &str = "/run/burstvm/nic.sock";
 
@@ -54,7 +54,7 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
                 "cniVersion 0.1.0 is implied, burstvm-cni supports 0.3.0 and later",
             ))
         }
-        Some(Value::String(s)) => Version::parse(s)?,
+        Some(Value::String(s)) => version::parse(s)?,
         Some(other) => {
             return Err(PluginError::decode(
                 "network config field \"cniVersion\"",
@@ -126,7 +126,10 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
     };
     let prev_result = match o.get("prevResult") {
         None | Some(Value::Null) => None,
-        Some(p) => Some(CniResult::from_json(p).map_err(|e| PluginError::decode("prevResult", e))?),
+        Some(p) => Some(
+            CniResult::from_json(p)
+                .map_err(|e| PluginError::decode("prevResult", e.to_string()))?,
+        ),
     };
     let valid_attachments = match o.get("cni.dev/valid-attachments") {
         None | Some(Value::Null) => Vec::new(),

@@ -11,17 +11,14 @@ mod config;
 mod delegate;
 mod env;
 mod error;
-mod netlink;
-mod netns;
 pub mod placeholder;
 mod plugin;
-mod types;
 mod version;
 
 pub use error::{code, PluginError};
-pub use netns::NetnsError;
+pub use netutil::IpNet;
+pub use netutil::NetnsError;
 pub use placeholder::{read_placeholder, Placeholder, PlaceholderError, PlaceholderRoute};
-pub use types::IpNet;
 pub use version::SUPPORTED as SUPPORTED_VERSIONS;
 
 /// The plugin executable's main: reads the CNI_* environment and the config

@@ -8,9 +8,7 @@ use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use crate::netlink::{create_persistent_tap, RouteEntry, RouteSpec, Rtnl};
-use crate::netns::{Netns, NetnsError};
-use crate::types::IpNet;
+use netutil::{IpNet, MacAddr, Netns, NetnsError, RouteEntry, RouteSpec, Rtnl, Tap, TapError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlaceholderError {
@@ -42,7 +40,7 @@ pub struct Placeholder {
     pub index: u32,
     /// The VF id (PCI address form, e.g. `0000:b1:00.3`), from the alias.
     pub vf_id: String,
-    pub mac: [u8; 6],
+    pub mac: MacAddr,
     pub mtu: u32,
     pub addresses: Vec<IpNet>,
     /// Routes through the placeholder that are not the kernel's connected routes.
@@ -60,29 +58,8 @@ pub struct PlaceholderRoute {
 
 impl Placeholder {
     pub fn mac_string(&self) -> String {
-        format_mac(&self.mac)
+        self.mac.to_string()
     }
-}
-
-pub fn format_mac(m: &[u8; 6]) -> String {
-    format!(
-        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-        m[0], m[1], m[2], m[3], m[4], m[5]
-    )
-}
-
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let v: Vec<u8> = s
-        .split(':')
-        .map(|p| {
-            if p.len() == 2 {
-                u8::from_str_radix(p, 16).ok()
-            } else {
-                None
-            }
-        })
-        .collect::<Option<_>>()?;
-    v.try_into().ok()
 }
 
 /// Reads the placeholder `ifname` in the netns at `netns`.
@@ -104,7 +81,7 @@ fn io_err(netns: &Path, ifname: &str, op: &str) -> impl FnOnce(io::Error) -> Pla
 fn read_here(netns: &Path, ifname: &str) -> Result<Placeholder, PlaceholderError> {
     let mut nl = Rtnl::open().map_err(io_err(netns, ifname, "open rtnetlink"))?;
     let link = nl
-        .link(ifname)
+        .link_by_name(ifname)
         .map_err(io_err(netns, ifname, "get link"))?
         .ok_or_else(|| PlaceholderError::NotFound {
             netns: netns.into(),
@@ -115,7 +92,7 @@ fn read_here(netns: &Path, ifname: &str) -> Result<Placeholder, PlaceholderError
         ifname: ifname.into(),
         why: why.into(),
     };
-    if !link.is_tun {
+    if !link.is_tun() {
         return Err(not("not a tap"));
     }
     let vf_id = link
@@ -163,31 +140,33 @@ pub(crate) fn create(
     ns: &Netns,
     ifname: &str,
     vf_id: &str,
-    mac: [u8; 6],
+    mac: MacAddr,
     addresses: &[IpNet],
     routes: &[RouteSpec],
 ) -> Result<(u32, u32), PlaceholderError> {
     let netns = ns.path();
     ns.run(|| {
         let mut nl = Rtnl::open().map_err(io_err(netns, ifname, "open rtnetlink"))?;
-        match create_persistent_tap(ifname) {
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+        match Tap::create_persistent(ifname) {
+            Err(TapError::Busy { .. }) => {
                 return Err(PlaceholderError::Exists {
                     netns: netns.into(),
                     ifname: ifname.into(),
                 })
             }
-            r => r.map_err(io_err(netns, ifname, "create persistent tap"))?,
+            r => {
+                r.map_err(|e| io_err(netns, ifname, "create persistent tap")(io::Error::other(e)))?
+            }
         }
         let configured = (|| {
             let link = nl
-                .link(ifname)
+                .link_by_name(ifname)
                 .map_err(io_err(netns, ifname, "get link"))?
                 .ok_or_else(|| PlaceholderError::NotFound {
                     netns: netns.into(),
                     ifname: ifname.into(),
                 })?;
-            nl.set_link(link.index, mac, vf_id).map_err(io_err(
+            nl.configure(link.index, mac, vf_id).map_err(io_err(
                 netns,
                 ifname,
                 "set MAC, alias and up",
@@ -211,7 +190,7 @@ pub(crate) fn create(
             Ok((link.index, link.mtu))
         })();
         if configured.is_err() {
-            let _ = nl.delete_link(ifname);
+            let _ = nl.delete_link_by_name(ifname);
         }
         configured
     })?
@@ -226,10 +205,13 @@ pub(crate) fn remove(netns: &Path, ifname: &str) -> Result<bool, PlaceholderErro
     };
     ns.run(|| {
         let mut nl = Rtnl::open().map_err(io_err(netns, ifname, "open rtnetlink"))?;
-        match nl.link(ifname).map_err(io_err(netns, ifname, "get link"))? {
+        match nl
+            .link_by_name(ifname)
+            .map_err(io_err(netns, ifname, "get link"))?
+        {
             None => Ok(false),
-            Some(l) if !l.is_tun => Ok(false),
-            Some(_) => match nl.delete_link(ifname) {
+            Some(l) if !l.is_tun() => Ok(false),
+            Some(l) => match nl.delete_link(l.index) {
                 Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(false),
                 r => r
                     .map(|()| true)
@@ -244,27 +226,16 @@ mod tests {
     use super::*;
     use std::process::Command;
 
-    /// A network namespace made by this test with `ip netns`, deleted on drop.
-    struct TestNetns(String);
+    /// A network namespace made by this test, deleted on drop.
+    struct TestNetns(netutil::NamedNetns);
 
     impl TestNetns {
         fn new(tag: &str) -> TestNetns {
             let name = format!("cni-ut-{tag}-{}", std::process::id());
-            let st = Command::new("ip")
-                .args(["netns", "add", &name])
-                .status()
-                .expect("run ip netns add");
-            assert!(st.success(), "ip netns add {name}");
-            TestNetns(name)
+            TestNetns(netutil::NamedNetns::create(&name).expect("create netns (root)"))
         }
         fn path(&self) -> PathBuf {
-            PathBuf::from(format!("/run/netns/{}", self.0))
-        }
-    }
-
-    impl Drop for TestNetns {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+            self.0.path().to_path_buf()
         }
     }
 
@@ -284,7 +255,7 @@ mod tests {
     fn create_read_remove_round_trip() {
         let ns = TestNetns::new("rt");
         let netns = Netns::open(&ns.path()).unwrap();
-        let mac = [0x02, 0x42, 0xbf, 0, 0, 3];
+        let mac = MacAddr::new([0x02, 0x42, 0xbf, 0, 0, 3]);
         let addrs: Vec<IpNet> = vec![
             "10.22.0.5/16".parse().unwrap(),
             "fd00::5/64".parse().unwrap(),
@@ -338,7 +309,7 @@ mod tests {
             &netns,
             "net1",
             "0000:b1:00.1",
-            [2, 0, 0, 0, 0, 1],
+            MacAddr::new([2, 0, 0, 0, 0, 1]),
             &["10.9.0.2/24".parse().unwrap()],
             &routes,
         )
@@ -370,7 +341,7 @@ mod tests {
         ));
         assert!(!remove(&ns.path(), "lo").unwrap());
         let out = Command::new("ip")
-            .args(["-n", &ns.0, "link", "show", "lo"])
+            .args(["-n", ns.0.name(), "link", "show", "lo"])
             .output()
             .unwrap();
         assert!(out.status.success());

@@ -10,11 +10,10 @@ use crate::config::{self, NetConf};
 use crate::delegate;
 use crate::env::{Command, Env};
 use crate::error::{code, PluginError};
-use crate::netlink::RouteSpec;
-use crate::netns::{Netns, NetnsError};
-use crate::placeholder::{self, format_mac, parse_mac, PlaceholderError};
-use crate::types::{CniResult, Interface};
+use crate::placeholder::{self, PlaceholderError};
 use crate::version::{Version, SUPPORTED};
+use netutil::cni::{CniResult, Interface};
+use netutil::{MacAddr, Netns, NetnsError, RouteSpec};
 use nic::control::{Client, ClientError, ErrorCode, VfInfo as Vf};
 use nic::devset::VfState;
 
@@ -127,6 +126,10 @@ fn check_failed(details: impl Into<String>) -> PluginError {
     )
 }
 
+fn parse_mac(s: &str) -> Option<MacAddr> {
+    s.parse().ok()
+}
+
 /// The IPAM plugin's path, if the config has one (needs CNI_PATH).
 fn ipam_plugin(env: &Env, conf: &NetConf) -> Result<Option<PathBuf>, PluginError> {
     conf.ipam
@@ -201,7 +204,10 @@ fn add_with_vf(
                 )
             })?;
             CniResult::from_json(&out).map_err(|e| {
-                PluginError::decode(&format!("result of IPAM plugin {}", p.display()), e)
+                PluginError::decode(
+                    &format!("result of IPAM plugin {}", p.display()),
+                    e.to_string(),
+                )
             })?
         }
     };
@@ -234,7 +240,7 @@ fn add_with_vf(
     let index = result.interfaces.len();
     result.interfaces.push(Interface {
         name: ifname.into(),
-        mac: Some(format_mac(&mac)),
+        mac: Some(mac.to_string()),
         mtu: Some(mtu),
         sandbox: Some(ns.path().display().to_string()),
         socket_path: Some(vf.socket.display().to_string()),

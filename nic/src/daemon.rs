@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use netutil::MacAddr;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -19,7 +20,7 @@ use crate::control::{parse_request, ErrorCode, Request, Response, VfInfo};
 use crate::dataplane::uplink::{Uplink, UplinkSpec};
 use crate::dataplane::Dataplane;
 use crate::devset::{Devset, LockPolicy, VfState};
-use crate::ids::{default_mac, format_mac, parse_mac, vf_id};
+use crate::ids::{default_mac, vf_id};
 use crate::port::{Port, PortConfig, VfHw};
 use crate::state::{self, Assignment, StateFile};
 use crate::{Error, NicArgs};
@@ -136,7 +137,7 @@ impl Nic {
                         pf: pf.name.clone(),
                         index: i,
                         sandbox,
-                        mac: format_mac(&cfg.mac),
+                        mac: MacAddr::from(cfg.mac).to_string(),
                         vlan: cfg.vlan,
                     });
                 }
@@ -153,7 +154,7 @@ impl Nic {
             id: port.id.clone(),
             pf: pf.name.clone(),
             index: i,
-            mac: format_mac(&cfg.mac),
+            mac: MacAddr::from(cfg.mac).to_string(),
             vlan: cfg.vlan,
             socket: port.socket.clone(),
             state,
@@ -287,7 +288,7 @@ impl Nic {
             {
                 return bad(format!(
                     "alloc: mac {} already used by another VF of {pf_name}",
-                    format_mac(&m)
+                    MacAddr::from(m)
                 ));
             }
         }
@@ -543,7 +544,7 @@ fn start(
             .transpose()
             .map_err(|e| Error::Uplink {
                 pf: pf.name.clone(),
-                source: e,
+                source: Box::new(e),
             })?;
         let dp = Dataplane::new(
             pf.devset.clone(),
@@ -665,4 +666,9 @@ impl Running {
         }
         tracing::info!("nic: shut down");
     }
+}
+
+/// The bytes of a MAC in `aa:bb:cc:dd:ee:ff` form (state file, control API).
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    s.parse::<MacAddr>().ok().map(MacAddr::bytes)
 }

@@ -137,7 +137,8 @@ pub enum Error {
     #[error("PF {pf}: {source}")]
     Uplink {
         pf: String,
-        source: dataplane::uplink::UplinkError,
+        #[source]
+        source: Box<dataplane::uplink::UplinkError>,
     },
     #[error(transparent)]
     Bench(#[from] bench::BenchError),

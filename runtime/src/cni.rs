@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use netutil::cni::CniResult;
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -37,37 +38,6 @@ pub enum CniError {
     },
     #[error("CNI ADD of sandbox {container}: result: {reason}")]
     Result { container: String, reason: String },
-}
-
-/// The parts of a CNI 1.x result the runtime uses.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct CniResult {
-    #[serde(default)]
-    pub interfaces: Vec<Interface>,
-    #[serde(default)]
-    pub ips: Vec<IpConfig>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct Interface {
-    pub name: String,
-    #[serde(default)]
-    pub mac: Option<String>,
-    #[serde(default)]
-    pub sandbox: Option<String>,
-    #[serde(default, rename = "pciID")]
-    pub pci_id: Option<String>,
-    #[serde(default, rename = "socketPath")]
-    pub socket_path: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct IpConfig {
-    pub address: String,
-    #[serde(default)]
-    pub gateway: Option<String>,
-    #[serde(default)]
-    pub interface: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -233,10 +203,10 @@ pub fn attachment(r: &CniResult, ifname: &str) -> Result<Attachment, String> {
     Ok(Attachment {
         ifname: ifname.to_string(),
         mac: iface.mac.clone(),
-        ip_cidr: ip.map(|i| i.address.clone()),
-        gateway: ip.and_then(|i| i.gateway.clone()),
+        ip_cidr: ip.map(|i| i.address.to_string()),
+        gateway: ip.and_then(|i| i.gateway).map(|g| g.to_string()),
         vf_id: iface.pci_id.clone(),
-        vf_socket: iface.socket_path.clone(),
+        vf_socket: iface.socket_path.as_ref().map(PathBuf::from),
     })
 }
 

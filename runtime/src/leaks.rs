@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::netns;
 use crate::runtime::Runtime;
+use netutil::netns;
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct LeakReport {

@@ -5,8 +5,9 @@
 pub mod bench;
 pub mod cgroup;
 pub mod cni;
+pub mod guestnet;
 pub mod leaks;
-pub mod netns;
+pub mod nicd;
 pub mod plot;
 pub mod runtime;
 pub mod sandbox;

@@ -5,22 +5,24 @@
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use guestmem::pool::{Pool, PoolServer};
+use netutil::{netns, Netns};
 use trace::Stage;
 
 use crate::cgroup::{Cgroup, CgroupError, CgroupPool, Layout, Limits};
-use crate::cni::{Attachment, CniNetwork};
+use crate::cni::CniNetwork;
+use crate::guestnet::{self, GuestLink};
+use crate::nicd::NicDaemon;
 use crate::uplink::{self, Addressing, ServerNet};
-use crate::variant::{DevsetLock, NetKind, Variant};
+use crate::variant::{NetKind, Variant};
 
-/// The guest-side interface for the `tap` variant, inside the sandbox netns.
-pub const TAP_IF: &str = "tap0";
-const PF: &str = "pf0";
+pub use crate::guestnet::TAP_IF;
+/// The PF the runtime's NIC daemon serves.
+pub const PF: &str = "pf0";
 /// VF-variant guests get addresses from host-local in this part of the /16 …
 const VF_RANGE: (&str, &str) = ("10.77.1.1", "10.77.127.254");
 /// … and `tap` guests from the runtime's own allocator in this part.
@@ -80,16 +82,6 @@ pub struct Runtime {
     server: Option<ServerNet>,
     tap_free: Mutex<BTreeSet<u32>>,
     interrupted: Arc<AtomicBool>,
-}
-
-/// The guest's link parameters as read back from the sandbox netns.
-#[derive(Debug, Clone)]
-pub struct GuestLink {
-    pub vf_id: String,
-    pub mac: [u8; 6],
-    pub ip: Ipv4Addr,
-    pub prefix_len: u8,
-    pub gateway: Option<Ipv4Addr>,
 }
 
 static SIGINT: AtomicBool = AtomicBool::new(false);
@@ -171,6 +163,10 @@ impl Runtime {
 
     pub fn bin(&self) -> &Path {
         &self.cfg.bin
+    }
+
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.cfg
     }
 
     pub fn state_dir(&self) -> &Path {
@@ -314,16 +310,15 @@ impl Runtime {
         let Some(srv) = &self.server else {
             return Ok(Vec::new());
         };
-        let names = crate::netns::run_in_path(&srv.netns_path(), || {
-            nix::net::if_::if_nameindex().map(|l| {
-                l.iter()
-                    .map(|i| i.name().to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-            })
-        })
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("list links of {}: {e}", srv.netns_name()))?;
-        Ok(names.into_iter().filter(|n| n.starts_with("vt")).collect())
+        let links = srv
+            .rtnl()
+            .links()
+            .map_err(|e| format!("list links of {}: {e}", srv.netns_name()))?;
+        Ok(links
+            .into_iter()
+            .map(|l| l.name)
+            .filter(|n| n.starts_with(guestnet::TAP_PEER_PREFIX))
+            .collect())
     }
 
     pub fn alloc_tap_ip(&self) -> Option<Ipv4Addr> {
@@ -341,53 +336,14 @@ impl Runtime {
             .insert(u32::from(ip));
     }
 
-    /// Software CNI for `tap`: in the sandbox netns a tap and a veth bridged
-    /// together; the veth's peer joins the server bridge.
-    pub fn tap_attach(&self, id: &str, ns: &str, ip: Ipv4Addr) -> Result<GuestLink, String> {
-        let peer = self.tap_peer_name(id);
-        let srv = self.server();
-        let sns = srv.netns_name().to_string();
-        let batch = format!(
-            "tuntap add dev {TAP_IF} mode tap\n\
-             link add br0 type bridge forward_delay 0\n\
-             link add eth0 type veth peer name {peer} netns {sns}\n\
-             link set {TAP_IF} master br0\nlink set eth0 master br0\n\
-             link set {TAP_IF} up\nlink set eth0 up\nlink set br0 up\n"
-        );
-        ip_batch(Some(ns), &batch)?;
-        ip_batch(
-            Some(&sns),
-            &format!(
-                "link set {peer} master {}\nlink set {peer} up\n",
-                uplink::SERVER_BRIDGE
-            ),
-        )?;
-        let a = srv.addressing();
-        Ok(GuestLink {
-            vf_id: String::new(),
-            mac: tap_guest_mac(ip),
-            ip,
-            prefix_len: a.prefix_len,
-            gateway: Some(a.server_ip),
-        })
+    /// Software CNI for `tap` (see `guestnet::tap_attach`).
+    pub fn tap_attach(&self, id: &str, ns: &Netns, ip: Ipv4Addr) -> Result<GuestLink, String> {
+        guestnet::tap_attach(self.server(), id, ns, ip).map_err(|e| e.to_string())
     }
 
     /// Removes the server-side veth end (the sandbox side goes with its netns).
     pub fn tap_detach(&self, id: &str) -> Result<(), String> {
-        let peer = self.tap_peer_name(id);
-        let sns = self.server().netns_name().to_string();
-        match ip_batch(Some(&sns), &format!("link del {peer}\n")) {
-            Err(e) if e.contains("Cannot find device") => Ok(()),
-            r => r,
-        }
-    }
-
-    fn tap_peer_name(&self, id: &str) -> String {
-        // IFNAMSIZ: "vt" + a hash of the sandbox id.
-        let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
-        format!("vt{:012x}", h & 0xffff_ffff_ffff)
+        guestnet::tap_detach(self.server(), id).map_err(|e| e.to_string())
     }
 }
 
@@ -409,40 +365,6 @@ impl Drop for Runtime {
     }
 }
 
-/// A locally administered MAC for a `tap` guest, derived from its address.
-pub fn tap_guest_mac(ip: Ipv4Addr) -> [u8; 6] {
-    let o = ip.octets();
-    [0x02, 0x42, 0xb7, o[1], o[2], o[3]]
-}
-
-fn ip_batch(ns: Option<&str>, batch: &str) -> Result<(), String> {
-    use std::io::Write;
-    let mut cmd = Command::new("ip");
-    if let Some(ns) = ns {
-        cmd.args(["-n", ns]);
-    }
-    let mut child = cmd
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("run ip: {e}"))?;
-    if let Some(mut i) = child.stdin.take() {
-        let _ = i.write_all(batch.as_bytes());
-    }
-    let out = child.wait_with_output().map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip -n {} -batch: {}",
-            ns.unwrap_or("-"),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
 /// Directories searched for CNI plugins: next to `burstvm`, then the usual places.
 pub fn cni_path(bin: &Path) -> Vec<PathBuf> {
     let mut v = Vec::new();
@@ -457,36 +379,6 @@ pub fn cni_path(bin: &Path) -> Vec<PathBuf> {
         v.push(Path::new(&h).join("go/bin"));
     }
     v
-}
-
-/// The placeholder link the CNI plugin left in the sandbox netns: VF id,
-/// MAC, address and gateway (as Kata reads a VF's host interface).
-pub fn read_link(netns: &Path, ifname: &str, att: &Attachment) -> Result<GuestLink, String> {
-    let p = cni::placeholder::read_placeholder(netns, ifname).map_err(|e| e.to_string())?;
-    let v4 = p
-        .addresses
-        .iter()
-        .find_map(|a| match a.addr {
-            std::net::IpAddr::V4(ip) => Some((ip, a.prefix)),
-            _ => None,
-        })
-        .ok_or_else(|| {
-            format!(
-                "placeholder {ifname} in {}: no IPv4 address",
-                netns.display()
-            )
-        })?;
-    let gateway = match p.gateway {
-        Some(std::net::IpAddr::V4(g)) => Some(g),
-        _ => att.gateway.as_deref().and_then(|g| g.parse().ok()),
-    };
-    Ok(GuestLink {
-        vf_id: p.vf_id.clone(),
-        mac: p.mac,
-        ip: v4.0,
-        prefix_len: v4.1,
-        gateway,
-    })
 }
 
 /// The stages a sandbox of `variant` goes through, in order.
@@ -541,8 +433,8 @@ pub fn reap_stale(layout: &Layout) -> Vec<String> {
             format!("bvsrv-{tag}"),
             format!("pool-{tag}-"),
         ];
-        for ns in prefixes.iter().take(2).flat_map(|p| crate::netns::list(p)) {
-            if crate::netns::delete_path(&Path::new(crate::netns::NETNS_DIR).join(&ns)).is_ok() {
+        for ns in prefixes.iter().take(2).flat_map(|p| netns::list(p)) {
+            if netns::delete_path(&netns::named_path(&ns)).is_ok() {
                 reaped.push(format!("netns {ns}"));
             }
         }
@@ -587,87 +479,6 @@ fn unique_tag() -> String {
     s
 }
 
-/// The NIC daemon child, with the lock policy it was started with.
-pub struct NicDaemon {
-    child: Child,
-    pub lock: DevsetLock,
-}
-
-impl NicDaemon {
-    fn spawn(rt: &Runtime, lock: DevsetLock) -> Result<NicDaemon, RuntimeError> {
-        let err = |reason: String| RuntimeError::Nic {
-            bin: rt.cfg.bin.clone(),
-            reason,
-        };
-        let sock = rt.nic_socket();
-        let _ = std::fs::remove_file(&sock);
-        let log =
-            std::fs::File::create(rt.state_dir.join("nic.log")).map_err(|e| err(e.to_string()))?;
-        let mut cmd = Command::new(&rt.cfg.bin);
-        cmd.arg("nic")
-            .args(["--pf", PF])
-            .args(["--vfs", &rt.cfg.vfs.clamp(1, nic::MAX_VFS).to_string()])
-            .args(["--devset-lock", lock.as_arg()])
-            .arg("--control")
-            .arg(&sock)
-            .arg("--state-dir")
-            .arg(rt.state_dir.join("nic"))
-            .arg("--uplink")
-            .arg(format!(
-                "veth:{}/{}",
-                rt.server().netns_name(),
-                rt.server().uplink_if()
-            ))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        // SAFETY: setpgid/prctl are async-signal-safe.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::setpgid(0, 0);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn().map_err(|e| err(format!("spawn: {e}")))?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if nic::control::Client::connect(&sock).is_ok() {
-                return Ok(NicDaemon { child, lock });
-            }
-            if let Ok(Some(st)) = child.try_wait() {
-                let log = std::fs::read_to_string(rt.state_dir.join("nic.log")).unwrap_or_default();
-                return Err(err(format!("exited with {st}: {}", log.trim())));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(err(format!(
-                    "control socket {} did not appear within 20 s",
-                    sock.display()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stop(mut self) {
-        // SIGTERM first so that it removes its sockets; SIGKILL if it hangs.
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -700,6 +511,6 @@ mod tests {
         let ip = Ipv4Addr::from(TAP_RANGE.0);
         assert_eq!(ip, Ipv4Addr::new(10, 77, 128, 1));
         assert_eq!(Ipv4Addr::from(TAP_RANGE.1), Ipv4Addr::new(10, 77, 255, 254));
-        assert_eq!(tap_guest_mac(ip), [0x02, 0x42, 0xb7, 77, 128, 1]);
+        assert_eq!(guestnet::tap_guest_mac(ip), [0x02, 0x42, 0xb7, 77, 128, 1]);
     }
 }

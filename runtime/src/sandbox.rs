@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use trace::{Stage, TraceWriter};
 
 use crate::cgroup::{self, Cgroup, Limits};
-use crate::netns::Netns;
 use crate::runtime::Runtime;
 use crate::variant::{NetKind, Variant};
+use netutil::NamedNetns;
 
 /// The interface name the CNI plugin creates in the sandbox netns.
 pub const IFNAME: &str = "eth0";
@@ -50,7 +50,7 @@ pub struct Sandbox<'rt> {
     spec: SandboxSpec,
     trace: TraceWriter,
     cgroup: Option<Cgroup>,
-    netns: Option<Netns>,
+    netns: Option<NamedNetns>,
     cni_added: bool,
     tap_added: bool,
     neighbor: Option<Ipv4Addr>,
@@ -104,7 +104,7 @@ impl<'rt> Sandbox<'rt> {
             Ok(())
         })?;
         sb.stage(Stage::Netns, |sb| {
-            sb.netns = Some(Netns::create(&sb.spec.id).map_err(|e| e.to_string())?);
+            sb.netns = Some(NamedNetns::create(&sb.spec.id).map_err(|e| e.to_string())?);
             Ok(())
         })?;
         let policy = sb.spec.variant.policy();
@@ -179,7 +179,7 @@ impl<'rt> Sandbox<'rt> {
         let att = cni
             .add(&self.spec.id, &ns, IFNAME)
             .map_err(|e| e.to_string())?;
-        let link = crate::runtime::read_link(&ns, IFNAME, &att)?;
+        let link = crate::guestnet::read_link(&ns, IFNAME, &att).map_err(|e| e.to_string())?;
         let socket = match att.vf_socket.clone() {
             Some(s) => s,
             None => self.rt.vf_socket(&link.vf_id)?,
@@ -195,19 +195,14 @@ impl<'rt> Sandbox<'rt> {
 
     /// Software CNI baseline: a tap bridged to a veth into the server netns.
     fn tap_add(&mut self) -> Result<Vec<String>, String> {
-        let ns = self
-            .netns
-            .as_ref()
-            .expect("netns stage ran")
-            .name()
-            .to_string();
         let ip = self
             .rt
             .alloc_tap_ip()
             .ok_or("tap address range exhausted")?;
         self.tap_ip = Some(ip);
         self.tap_added = true;
-        let link = self.rt.tap_attach(&self.spec.id, &ns, ip)?;
+        let ns = self.netns.as_ref().expect("netns stage ran").netns();
+        let link = self.rt.tap_attach(&self.spec.id, ns, ip)?;
         self.guest_ip = Some(ip);
         self.rt
             .server()
@@ -217,13 +212,13 @@ impl<'rt> Sandbox<'rt> {
         Ok(self.net_args(format!("tap:{}", crate::runtime::TAP_IF), &link))
     }
 
-    fn net_args(&self, backend: String, link: &crate::runtime::GuestLink) -> Vec<String> {
+    fn net_args(&self, backend: String, link: &crate::guestnet::GuestLink) -> Vec<String> {
         let a = self.rt.server().addressing();
         vec![
             "--net".into(),
             backend,
             "--mac".into(),
-            crate::uplink::format_mac(&link.mac),
+            link.mac.to_string(),
             "--ip".into(),
             format!("{}/{}", link.ip, link.prefix_len),
             "--gateway".into(),
@@ -231,7 +226,7 @@ impl<'rt> Sandbox<'rt> {
             "--server".into(),
             format!("{}:{}", a.server_ip, crate::uplink::ECHO_PORT),
             "--server-mac".into(),
-            crate::uplink::format_mac(&a.server_mac),
+            a.server_mac.to_string(),
         ]
     }
 
@@ -277,14 +272,11 @@ impl<'rt> Sandbox<'rt> {
             .stdout(Stdio::null())
             .stderr(stderr);
         let ns_fd = ns_file.as_raw_fd();
-        // The VMM looks its tap up in /sys/class/net, which shows the netns of
-        // whoever mounted /sys: give it its own sysfs as `ip netns exec` does.
-        let own_sysfs = policy.net == NetKind::Tap;
         let w_fd = ready_w.as_raw_fd();
         let cg_fds = procs.raw_fds();
         // SAFETY: the closure only makes async-signal-safe system calls.
         unsafe {
-            cmd.pre_exec(move || child_setup(ns_fd, w_fd, &cg_fds, own_sysfs));
+            cmd.pre_exec(move || child_setup(ns_fd, w_fd, &cg_fds));
         }
         let child = cmd
             .spawn()
@@ -497,12 +489,7 @@ fn stderr_summary(err: &str) -> String {
 }
 
 /// Runs in the child between fork and exec: only async-signal-safe calls.
-fn child_setup(
-    ns_fd: RawFd,
-    ready_fd: RawFd,
-    cg_fds: &[RawFd],
-    own_sysfs: bool,
-) -> std::io::Result<()> {
+fn child_setup(ns_fd: RawFd, ready_fd: RawFd, cg_fds: &[RawFd]) -> std::io::Result<()> {
     // SAFETY: plain system calls on descriptors the parent keeps open.
     unsafe {
         // Own process group: a terminal Ctrl-C reaches only the runtime, which tears down in order.
@@ -515,28 +502,6 @@ fn child_setup(
         }
         if libc::setns(ns_fd, libc::CLONE_NEWNET) < 0 {
             return Err(std::io::Error::last_os_error());
-        }
-        if own_sysfs {
-            let none = std::ptr::null::<libc::c_char>();
-            if libc::unshare(libc::CLONE_NEWNS) < 0
-                || libc::mount(
-                    none,
-                    c"/".as_ptr(),
-                    none,
-                    libc::MS_SLAVE | libc::MS_REC,
-                    std::ptr::null(),
-                ) < 0
-                || libc::umount2(c"/sys".as_ptr(), libc::MNT_DETACH) < 0
-                || libc::mount(
-                    c"sysfs".as_ptr(),
-                    c"/sys".as_ptr(),
-                    c"sysfs".as_ptr(),
-                    0,
-                    std::ptr::null(),
-                ) < 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
         }
         let flags = libc::fcntl(ready_fd, libc::F_GETFD);
         if flags < 0 || libc::fcntl(ready_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {

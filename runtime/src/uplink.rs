@@ -4,16 +4,14 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::netns::{self, Netns, NetnsError};
+use netutil::{netns, IpNet, MacAddr, NamedNetns, NetnsError, Rtnl};
 
 /// The server end of the uplink veth, inside the server netns.
 pub const SERVER_IF: &str = "bvs0";
@@ -28,8 +26,6 @@ const MAX_DGRAM: usize = 2048;
 pub enum UplinkError {
     #[error(transparent)]
     Netns(#[from] NetnsError),
-    #[error("server network: `ip {args}` failed: {output}")]
-    Ip { args: String, output: String },
     #[error("server network: {what}: {source}")]
     Sys {
         what: String,
@@ -43,28 +39,12 @@ fn sys(what: impl Into<String>) -> impl FnOnce(io::Error) -> UplinkError {
     move |source| UplinkError::Sys { what, source }
 }
 
-/// Runs `ip ARGS`; used for the one-time setup of the server network only.
-pub fn ip(args: &[&str]) -> Result<(), UplinkError> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(sys("run ip (install iproute2)"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(UplinkError::Ip {
-            args: args.join(" "),
-            output: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
-    }
-}
-
 /// Addressing of the sandbox network.
 #[derive(Debug, Clone, Copy)]
 pub struct Addressing {
     pub server_ip: Ipv4Addr,
     pub prefix_len: u8,
-    pub server_mac: [u8; 6],
+    pub server_mac: MacAddr,
 }
 
 impl Default for Addressing {
@@ -72,97 +52,74 @@ impl Default for Addressing {
         Addressing {
             server_ip: Ipv4Addr::new(10, 77, 0, 1),
             prefix_len: 16,
-            server_mac: [0x02, 0x42, 0xbf, 0xff, 0x00, 0x01],
+            server_mac: MacAddr::new([0x02, 0x42, 0xbf, 0xff, 0x00, 0x01]),
         }
     }
 }
 
-pub fn format_mac(m: &[u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let v: Vec<u8> = s
-        .split(':')
-        .map(|p| u8::from_str_radix(p, 16))
-        .collect::<Result<_, _>>()
-        .ok()?;
-    v.try_into().ok()
-}
-
 /// The server netns, its veth pair and the echo server.
 pub struct ServerNet {
-    netns: Netns,
+    netns: NamedNetns,
     /// The veth end the NIC daemon uses as its uplink (in the server netns).
     uplink_if: String,
     addr: Addressing,
     echo: Option<EchoServer>,
-    neigh: Mutex<Neigh>,
+    /// rtnetlink of the server netns (the socket stays bound to it).
+    nl: Mutex<Rtnl>,
+    bridge_index: u32,
 }
 
 impl ServerNet {
     /// `tag` makes names unique per runtime (at most 11 characters).
     pub fn create(tag: &str, addr: Addressing) -> Result<ServerNet, UplinkError> {
-        let netns = Netns::create(&format!("bvsrv-{tag}"))?;
+        let netns = NamedNetns::create(&format!("bvsrv-{tag}"))?;
         let uplink_if = format!("bvu{tag}");
-        let ns = netns.name().to_string();
-        let mac = format_mac(&addr.server_mac);
-        let mut net = ServerNet {
-            netns,
-            uplink_if: uplink_if.clone(),
-            addr,
-            echo: None,
-            neigh: Mutex::new(Neigh {
-                fd: None,
-                ifindex: 0,
-                seq: 0,
-            }),
-        };
         // Both veth ends live in the server netns: the NIC opens `uplink_if`
         // there (AF_PACKET), `SERVER_IF` is a port of the server bridge.
-        ip(&[
-            "-n", &ns, "link", "add", &uplink_if, "type", "veth", "peer", "name", SERVER_IF,
-        ])?;
-        ip(&[
-            "-n",
-            &ns,
-            "link",
-            "add",
-            SERVER_BRIDGE,
-            "address",
-            &mac,
-            "type",
-            "bridge",
-            "forward_delay",
-            "0",
-        ])?;
-        ip(&["-n", &ns, "link", "set", SERVER_IF, "master", SERVER_BRIDGE])?;
-        let cidr = format!("{}/{}", addr.server_ip, addr.prefix_len);
-        ip(&["-n", &ns, "addr", "add", &cidr, "dev", SERVER_BRIDGE])?;
-        ip(&["-n", &ns, "link", "set", SERVER_IF, "up"])?;
-        ip(&["-n", &ns, "link", "set", SERVER_BRIDGE, "up"])?;
-        ip(&["-n", &ns, "link", "set", &uplink_if, "up"])?;
-        let up = uplink_if.clone();
-        let (sock, fd, ifindex) = net.netns.run_in(move || -> Result<_, UplinkError> {
-            let uplink_if = up;
+        let (nl, bridge_index, sock) = netns.run(|| -> Result<_, UplinkError> {
+            let mut nl = Rtnl::open().map_err(sys("open rtnetlink"))?;
+            nl.create_veth(&uplink_if, SERVER_IF, None)
+                .map_err(sys(format!("create veth {uplink_if} / {SERVER_IF}")))?;
+            nl.create_bridge(SERVER_BRIDGE, Some(addr.server_mac))
+                .map_err(sys(format!("create bridge {SERVER_BRIDGE}")))?;
+            let br = nl
+                .index_of(SERVER_BRIDGE)
+                .map_err(sys(format!("index of {SERVER_BRIDGE}")))?;
+            let port = nl
+                .index_of(SERVER_IF)
+                .map_err(sys(format!("index of {SERVER_IF}")))?;
+            nl.set_master(port, br)
+                .map_err(sys(format!("put {SERVER_IF} on {SERVER_BRIDGE}")))?;
+            let cidr =
+                IpNet::new(IpAddr::V4(addr.server_ip), addr.prefix_len).ok_or_else(|| {
+                    sys("server address")(io::Error::other(format!(
+                        "prefix length {} too long",
+                        addr.prefix_len
+                    )))
+                })?;
+            nl.add_address(br, cidr)
+                .map_err(sys(format!("add address {cidr} to {SERVER_BRIDGE}")))?;
             // No IPv6 chatter (router solicitations, MLD) into the NIC's switch.
             for i in [uplink_if.as_str(), SERVER_IF, SERVER_BRIDGE] {
                 let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{i}/disable_ipv6"), "1");
             }
+            for (name, index) in [(SERVER_IF, port), (SERVER_BRIDGE, br)] {
+                nl.set_up(index, true)
+                    .map_err(sys(format!("set {name} up")))?;
+            }
+            nl.set_up_by_name(&uplink_if, true)
+                .map_err(sys(format!("set {uplink_if} up")))?;
             let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, ECHO_PORT))
                 .map_err(sys("bind UDP echo port"))?;
-            let fd = netlink_socket().map_err(sys("open netlink socket"))?;
-            let ifindex = nix::net::if_::if_nametoindex(SERVER_BRIDGE)
-                .map_err(|e| sys(format!("index of {SERVER_BRIDGE}"))(e.into()))?;
-            Ok((sock, fd, ifindex))
+            Ok((nl, br, sock))
         })??;
-        *net.neigh.lock().unwrap() = Neigh {
-            fd: Some(fd),
-            ifindex,
-            seq: 0,
+        let mut net = ServerNet {
+            netns,
+            uplink_if,
+            addr,
+            echo: None,
+            nl: Mutex::new(nl),
+            bridge_index,
         };
         net.echo = Some(EchoServer::start(sock)?);
         Ok(net)
@@ -176,6 +133,10 @@ impl ServerNet {
         self.netns.name()
     }
 
+    pub fn netns(&self) -> &netutil::Netns {
+        self.netns.netns()
+    }
+
     pub fn uplink_if(&self) -> &str {
         &self.uplink_if
     }
@@ -184,21 +145,26 @@ impl ServerNet {
         self.addr
     }
 
+    /// rtnetlink of the server netns, one request at a time.
+    pub fn rtnl(&self) -> MutexGuard<'_, Rtnl> {
+        self.nl.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn bridge_index(&self) -> u32 {
+        self.bridge_index
+    }
+
     /// A permanent neighbour entry so that replies reach a guest without ARP.
-    pub fn add_neighbor(&self, ip: Ipv4Addr, mac: [u8; 6]) -> Result<(), UplinkError> {
-        self.neigh
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .set(true, ip, mac)
+    pub fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), UplinkError> {
+        self.rtnl()
+            .set_neighbour(self.bridge_index, IpAddr::V4(ip), mac)
             .map_err(sys(format!("add neighbour {ip}")))
     }
 
     pub fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), UplinkError> {
         match self
-            .neigh
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .set(false, ip, [0; 6])
+            .rtnl()
+            .delete_neighbour(self.bridge_index, IpAddr::V4(ip))
         {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
             r => r.map_err(sys(format!("delete neighbour {ip}"))),
@@ -303,104 +269,6 @@ impl Drop for EchoServer {
     }
 }
 
-fn netlink_socket() -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); the fd is owned by the returned OwnedFd.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just created and is not owned elsewhere.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// rtnetlink neighbour table updates on one interface of the server netns.
-struct Neigh {
-    fd: Option<OwnedFd>,
-    ifindex: u32,
-    seq: u32,
-}
-
-impl Neigh {
-    fn set(&mut self, add: bool, ip: Ipv4Addr, mac: [u8; 6]) -> io::Result<()> {
-        let fd = self
-            .fd
-            .as_ref()
-            .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))?;
-        self.seq = self.seq.wrapping_add(1);
-        const NUD_PERMANENT: u16 = 0x80;
-        let mut flags = (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16;
-        if add {
-            flags |= (libc::NLM_F_CREATE | libc::NLM_F_REPLACE) as u16;
-        }
-        let mut m = Vec::with_capacity(64);
-        m.extend_from_slice(&0u32.to_ne_bytes()); // length, patched below
-        m.extend_from_slice(
-            &(if add {
-                libc::RTM_NEWNEIGH
-            } else {
-                libc::RTM_DELNEIGH
-            })
-            .to_ne_bytes(),
-        );
-        m.extend_from_slice(&flags.to_ne_bytes());
-        m.extend_from_slice(&self.seq.to_ne_bytes());
-        m.extend_from_slice(&0u32.to_ne_bytes());
-        // struct ndmsg
-        m.push(libc::AF_INET as u8);
-        m.extend_from_slice(&[0, 0, 0]);
-        m.extend_from_slice(&(self.ifindex as i32).to_ne_bytes());
-        m.extend_from_slice(&NUD_PERMANENT.to_ne_bytes());
-        m.extend_from_slice(&[0, 0]);
-        // NDA_DST
-        m.extend_from_slice(&8u16.to_ne_bytes());
-        m.extend_from_slice(&1u16.to_ne_bytes());
-        m.extend_from_slice(&ip.octets());
-        if add {
-            // NDA_LLADDR, padded to 4 bytes
-            m.extend_from_slice(&10u16.to_ne_bytes());
-            m.extend_from_slice(&2u16.to_ne_bytes());
-            m.extend_from_slice(&mac);
-            m.extend_from_slice(&[0, 0]);
-        }
-        let len = m.len() as u32;
-        m[..4].copy_from_slice(&len.to_ne_bytes());
-        // SAFETY: send/recv on our socket with buffers we own.
-        let r = unsafe { libc::send(fd.as_raw_fd(), m.as_ptr().cast(), m.len(), 0) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut buf = [0u8; 1024];
-        loop {
-            let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if (n as usize) < 20 {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "short netlink reply",
-                ));
-            }
-            let ty = u16::from_ne_bytes([buf[4], buf[5]]);
-            let seq = u32::from_ne_bytes([buf[8], buf[9], buf[10], buf[11]]);
-            if ty == libc::NLMSG_ERROR as u16 && seq == self.seq {
-                let err = i32::from_ne_bytes([buf[16], buf[17], buf[18], buf[19]]);
-                return if err == 0 {
-                    Ok(())
-                } else {
-                    Err(io::Error::from_raw_os_error(-err))
-                };
-            }
-        }
-    }
-}
-
 /// Whether the server netns of this runtime tag is left.
 pub fn leftovers(tag: &str) -> Vec<String> {
     netns::list(&format!("bvsrv-{tag}"))
@@ -416,33 +284,26 @@ mod tests {
         let net = ServerNet::create(&tag, Addressing::default()).expect("server net (run as root)");
         // A client in a second namespace behind the uplink end: move the
         // uplink veth end there, as the NIC would forward frames from it.
-        let client = Netns::create(&format!("bvcli-{tag}")).unwrap();
-        ip(&[
-            "-n",
-            net.netns_name(),
-            "link",
-            "set",
-            net.uplink_if(),
-            "netns",
-            client.name(),
-        ])
-        .unwrap();
-        let cns = client.name().to_string();
-        ip(&[
-            "-n",
-            &cns,
-            "addr",
-            "add",
-            "10.77.3.4/16",
-            "dev",
-            net.uplink_if(),
-        ])
-        .unwrap();
-        ip(&["-n", &cns, "link", "set", net.uplink_if(), "up"]).unwrap();
+        let client = NamedNetns::create(&format!("bvcli-{tag}")).unwrap();
+        {
+            let mut nl = net.rtnl();
+            let up = nl.index_of(net.uplink_if()).unwrap();
+            nl.set_netns(up, std::os::fd::AsFd::as_fd(client.netns()))
+                .unwrap();
+        }
+        client
+            .run(|| {
+                let mut nl = Rtnl::open().unwrap();
+                let up = nl.index_of(net.uplink_if()).unwrap();
+                nl.add_address(up, "10.77.3.4/16".parse().unwrap()).unwrap();
+                nl.set_up(up, true).unwrap();
+            })
+            .unwrap();
         let guest = Ipv4Addr::new(10, 77, 9, 9);
-        net.add_neighbor(guest, [0x02, 0, 0, 0, 9, 9]).unwrap();
+        net.add_neighbor(guest, MacAddr::new([0x02, 0, 0, 0, 9, 9]))
+            .unwrap();
         let show = || {
-            let o = Command::new("ip")
+            let o = std::process::Command::new("ip")
                 .args(["-n", net.netns_name(), "neigh", "show", "10.77.9.9"])
                 .output()
                 .unwrap();
@@ -457,7 +318,7 @@ mod tests {
         assert!(show().trim().is_empty());
         net.del_neighbor(guest).unwrap(); // idempotent
         let reply = client
-            .run_in(|| {
+            .run(|| {
                 let s = UdpSocket::bind("0.0.0.0:0").unwrap();
                 s.set_read_timeout(Some(Duration::from_millis(200)))
                     .unwrap();

@@ -3,6 +3,8 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::PathBuf;
 
+use netutil::MacAddr;
+
 use crate::bus::{NetBackend, VfInit};
 use crate::error::Error;
 use crate::layout;
@@ -108,8 +110,9 @@ pub enum BootSource {
 /// Guest network configuration handed to the agent in the boot info.
 #[derive(Debug, Clone)]
 pub struct NetConfig {
-    pub mac: [u8; 6],
-    pub server_mac: [u8; 6],
+    pub mac: MacAddr,
+    /// All-zero: broadcast.
+    pub server_mac: MacAddr,
     pub ip: Ipv4Addr,
     pub netmask: Ipv4Addr,
     pub gateway: Ipv4Addr,
@@ -154,31 +157,15 @@ pub fn parse_size(field: &'static str, s: &str) -> Result<u64, Error> {
         .ok_or_else(|| invalid(field, format!("{s:?} is not a size (e.g. 64M)")))
 }
 
-pub fn parse_mac(field: &'static str, s: &str) -> Result<[u8; 6], Error> {
-    let parts: Vec<&str> = s.split(':').collect();
-    let bad = || {
-        invalid(
-            field,
-            format!("{s:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"),
-        )
-    };
-    if parts.len() != 6 {
-        return Err(bad());
-    }
-    let mut mac = [0u8; 6];
-    for (m, p) in mac.iter_mut().zip(parts) {
-        if p.len() != 2 {
-            return Err(bad());
-        }
-        *m = u8::from_str_radix(p, 16).map_err(|_| bad())?;
-    }
-    Ok(mac)
+pub fn parse_mac(field: &'static str, s: &str) -> Result<MacAddr, Error> {
+    s.parse()
+        .map_err(|e: netutil::MacParseError| invalid(field, e.to_string()))
 }
 
 /// A locally administered unicast MAC derived from the sandbox id.
-fn default_mac(sandbox: &str) -> [u8; 6] {
+fn default_mac(sandbox: &str) -> MacAddr {
     let h = crate::app::fnv1a64(sandbox.as_bytes()).to_le_bytes();
-    [0x02, 0xb5, h[0], h[1], h[2], h[3]]
+    MacAddr::new([0x02, 0xb5, h[0], h[1], h[2], h[3]])
 }
 
 fn parse_cidr(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), Error> {
@@ -288,12 +275,12 @@ impl VmConfig {
             Some(m) => parse_mac("--mac", m)?,
             None => default_mac(&a.sandbox),
         };
-        if mac[0] & 1 != 0 {
+        if mac.is_multicast() {
             return Err(invalid("--mac", "guest MAC must be unicast"));
         }
         let server_mac = match &a.server_mac {
             Some(m) => parse_mac("--server-mac", m)?,
-            None => [0; 6],
+            None => MacAddr::ZERO,
         };
         let (ip, netmask) = match &a.ip {
             Some(c) => parse_cidr(c)?,

@@ -365,13 +365,13 @@ pub fn build(
             crate::bus::NetBackend::Tap(n) => format!("tap:{n}"),
             crate::bus::NetBackend::VhostUser(p) => format!("vf:{}", p.display()),
         };
-        let dev = crate::virtio::create_net_device(backend, cfg.netcfg.mac, &ctx).map_err(|e| {
-            Error::Net {
+        let dev = crate::virtio::create_net_device(backend, cfg.netcfg.mac.bytes(), &ctx).map_err(
+            |e| Error::Net {
                 sandbox: sb.to_string(),
                 device: name.clone(),
                 msg: e.to_string(),
-            }
-        })?;
+            },
+        )?;
         let dev: SharedDevice = Arc::new(Mutex::new(dev));
         mmio.insert(&name, base, MMIO_SIZE, dev)
             .map_err(dev_err(&name))?;

@@ -7,9 +7,7 @@
 #![allow(dead_code)] // each test file uses a different subset
 
 use std::ffi::CString;
-use std::fs::OpenOptions;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -403,20 +401,6 @@ pub fn serve_agent(wire: &Wire, mut child: Child, sandbox: &str, trace: &Path, v
 }
 
 /// Attach to `name` like the VMM does (IFF_TAP | IFF_NO_PI, no multiqueue).
-pub fn open_tap(name: &str) -> std::io::Result<std::fs::File> {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open("/dev/net/tun")?;
-    let mut req = [0u8; 40];
-    req[..name.len()].copy_from_slice(name.as_bytes());
-    let flags = (libc::IFF_TAP | libc::IFF_NO_PI) as u16;
-    req[16..18].copy_from_slice(&flags.to_ne_bytes());
-    // SAFETY: req is a 40-byte ifreq; TUNSETIFF reads/writes within it.
-    let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x4004_54ca, req.as_mut_ptr()) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(f)
+pub fn open_tap(name: &str) -> Result<netutil::Tap, netutil::TapError> {
+    netutil::Tap::open_existing(name)
 }

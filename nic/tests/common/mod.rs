@@ -1,6 +1,6 @@
 //! Helpers for the NIC tests: an in-process `burstvm nic` daemon on its own
 //! directory, test frames, a frontend held by a child process. Also included
-//! (by path) by cli/tests/nic_daemon.rs, so it needs nothing beyond nic and libc.
+//! (by path) by cli/tests/nic_daemon.rs, so it needs nothing beyond nic, netutil and libc.
 #![allow(dead_code)]
 
 use std::io::BufRead;
@@ -147,8 +147,8 @@ pub fn spawn_frontend_child(test: &str, socket: &Path) -> Child {
 }
 
 pub fn frame(dst: &str, src: &str, payload: &[u8]) -> Vec<u8> {
-    let mut f = nic::ids::parse_mac(dst).unwrap().to_vec();
-    f.extend_from_slice(&nic::ids::parse_mac(src).unwrap());
+    let mut f = dst.parse::<netutil::MacAddr>().unwrap().to_vec();
+    f.extend_from_slice(&*src.parse::<netutil::MacAddr>().unwrap());
     f.extend_from_slice(&[0x88, 0xb5]); // local experimental ethertype
     f.extend_from_slice(payload);
     f
@@ -159,46 +159,21 @@ pub fn path_exists(p: &Path) -> bool {
 }
 
 /// A raw AF_PACKET socket on one interface (the test's view of an uplink).
-pub struct PacketSocket {
-    fd: i32,
-    ifindex: i32,
-}
+pub struct PacketSocket(netutil::PacketSocket);
 
 impl PacketSocket {
     pub fn open(ifname: &str) -> PacketSocket {
-        let name = std::ffi::CString::new(ifname).unwrap();
-        // SAFETY: plain libc calls with valid arguments.
-        unsafe {
-            let ifindex = libc::if_nametoindex(name.as_ptr()) as i32;
-            assert!(ifindex > 0, "interface {ifname} missing");
-            let proto = (libc::ETH_P_ALL as u16).to_be();
-            let fd = libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                proto as i32,
-            );
-            assert!(fd >= 0);
-            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-            sll.sll_family = libc::AF_PACKET as u16;
-            sll.sll_protocol = proto;
-            sll.sll_ifindex = ifindex;
-            assert_eq!(
-                libc::bind(
-                    fd,
-                    &sll as *const _ as *const libc::sockaddr,
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32
-                ),
-                0
-            );
-            nic::dataplane::uplink::enable_auxdata(fd).unwrap();
-            PacketSocket { fd, ifindex }
-        }
+        let opts = netutil::PacketOptions {
+            vlan_aux: true,
+            recv_timeout: Some(Duration::from_millis(50)),
+            ..Default::default()
+        };
+        PacketSocket(netutil::PacketSocket::open(ifname, opts).unwrap())
     }
 
     pub fn send(&self, frame: &[u8]) {
-        // SAFETY: valid buffer on a bound packet socket.
-        let n = unsafe { libc::send(self.fd, frame.as_ptr().cast(), frame.len(), 0) };
-        assert_eq!(n, frame.len() as isize, "send on ifindex {}", self.ifindex);
+        let n = self.0.send(frame).unwrap();
+        assert_eq!(n, frame.len(), "send on {}", self.0.ifname());
     }
 
     /// Next incoming frame with `ethertype` (at offset 12, or 16 after a VLAN tag).
@@ -206,40 +181,22 @@ impl PacketSocket {
         let end = Instant::now() + timeout;
         let mut buf = vec![0u8; 4096];
         while Instant::now() < end {
-            let mut p = libc::pollfd {
-                fd: self.fd,
-                events: libc::POLLIN,
-                revents: 0,
+            let n = match self.0.recv(&mut buf) {
+                Ok(Some(r)) if !r.outgoing && r.len >= 14 => r.len,
+                _ => continue,
             };
-            // SAFETY: poll/recvfrom on our socket with valid buffers.
-            unsafe {
-                if libc::poll(&mut p, 1, 50) <= 0 {
-                    continue;
-                }
-                let n = match nic::dataplane::uplink::recv_packet(self.fd, &mut buf) {
-                    Ok(Some((n, false))) if n >= 14 => n,
-                    _ => continue,
-                };
-                let f = &buf[..n];
-                let t = u16::from_be_bytes([f[12], f[13]]);
-                let inner = if t == 0x8100 && f.len() >= 18 {
-                    u16::from_be_bytes([f[16], f[17]])
-                } else {
-                    t
-                };
-                if inner == ethertype {
-                    return Some(f.to_vec());
-                }
+            let f = &buf[..n];
+            let t = u16::from_be_bytes([f[12], f[13]]);
+            let inner = if t == 0x8100 && f.len() >= 18 {
+                u16::from_be_bytes([f[16], f[17]])
+            } else {
+                t
+            };
+            if inner == ethertype {
+                return Some(f.to_vec());
             }
         }
         None
-    }
-}
-
-impl Drop for PacketSocket {
-    fn drop(&mut self) {
-        // SAFETY: closing our own fd.
-        unsafe { libc::close(self.fd) };
     }
 }
 

@@ -9,7 +9,6 @@
 
 mod mmio;
 mod net;
-mod tap;
 mod vhost_user;
 
 pub use mmio::MmioTransport;
@@ -32,6 +31,8 @@ pub const QUEUE_MAX_SIZE: u16 = 256;
 pub enum VirtioError {
     #[error("tap device {name}: {reason}")]
     Tap { name: String, reason: String },
+    #[error(transparent)]
+    TapOpen(#[from] netutil::TapError),
     #[error("vhost-user socket {socket}: {what}: {reason}")]
     VhostUser {
         socket: String,
@@ -218,7 +219,7 @@ pub fn create_net_device(
 ) -> Result<Box<dyn MmioDevice>, VirtioError> {
     // The backend the user named is checked before anything is registered.
     let tap = match backend {
-        NetBackend::Tap(name) => Some(tap::Tap::open(name)?),
+        NetBackend::Tap(name) => Some(netutil::Tap::open_existing(name)?),
         NetBackend::VhostUser(_) => None,
     };
     let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, NET_QUEUES)?;
@@ -339,9 +340,10 @@ mod tests {
             .expect("create tap device");
         // A second device on the same tap: busy.
         let busy = create_net_device(&NetBackend::Tap(tap.clone()), [2; 6], &ctx);
-        assert!(
-            matches!(busy, Err(VirtioError::Tap { ref reason, .. }) if reason.contains("busy"))
-        );
+        assert!(matches!(
+            busy,
+            Err(VirtioError::TapOpen(netutil::TapError::Busy { .. }))
+        ));
 
         let d = dev.as_mut();
         w(d, STATUS, 1);

@@ -21,9 +21,9 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use super::tap::Tap;
 use super::{Interrupt, VirtioDevice, VirtioError, QUEUE_MAX_SIZE};
 use crate::bus::DeviceContext;
+use netutil::Tap;
 
 /// With VIRTIO_F_VERSION_1 every frame is preceded by a 12-byte header
 /// (`virtio_net_hdr_v1`, num_buffers included).

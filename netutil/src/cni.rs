@@ -1,54 +1,68 @@
-//! The CNI result model (spec §5 "ADD Success") and its encoding per spec version.
+//! The CNI data model (spec 1.x): spec versions and what each changes, and
+//! the result of ADD (spec §5 "ADD Success") with its encoding per version.
+//! The plugin writes it, the runtime reads it: one model for both.
 
-use std::fmt;
 use std::net::IpAddr;
-use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use crate::version::Version;
+pub use crate::IpNet;
 
-/// An address with its prefix length, e.g. `10.1.0.5/16` (host bits kept).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct IpNet {
-    pub addr: IpAddr,
-    pub prefix: u8,
+/// Supported spec versions, oldest first (reported by VERSION).
+pub const SUPPORTED: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Version {
+    V0_3_0,
+    V0_3_1,
+    V0_4_0,
+    V1_0_0,
+    V1_1_0,
 }
 
-impl IpNet {
-    pub fn new(addr: IpAddr, prefix: u8) -> Option<IpNet> {
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        (prefix <= max).then_some(IpNet { addr, prefix })
+/// A `cniVersion` this model does not speak.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("incompatible CNI version {0:?}")]
+pub struct UnknownVersion(pub String);
+
+impl std::str::FromStr for Version {
+    type Err = UnknownVersion;
+    fn from_str(s: &str) -> Result<Version, UnknownVersion> {
+        Ok(match s {
+            "0.3.0" => Version::V0_3_0,
+            "0.3.1" => Version::V0_3_1,
+            "0.4.0" => Version::V0_4_0,
+            "1.0.0" => Version::V1_0_0,
+            "1.1.0" => Version::V1_1_0,
+            _ => return Err(UnknownVersion(s.to_string())),
+        })
     }
 }
 
-impl FromStr for IpNet {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (a, p) = s
-            .split_once('/')
-            .ok_or_else(|| format!("{s:?} is not in CIDR notation (address/prefix)"))?;
-        let addr: IpAddr = a
-            .parse()
-            .map_err(|_| format!("{s:?}: {a:?} is not an IP address"))?;
-        let prefix: u8 = p
-            .parse()
-            .map_err(|_| format!("{s:?}: {p:?} is not a prefix length"))?;
-        IpNet::new(addr, prefix).ok_or_else(|| format!("{s:?}: prefix length {prefix} too long"))
+impl Version {
+    pub fn as_str(self) -> &'static str {
+        SUPPORTED[self as usize]
     }
-}
 
-impl fmt::Display for IpNet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
+    /// CHECK exists since 0.4.0.
+    pub fn has_check(self) -> bool {
+        self >= Version::V0_4_0
     }
-}
 
-impl<'de> Deserialize<'de> for IpNet {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
+    /// STATUS and GC exist since 1.1.0.
+    pub fn has_status_and_gc(self) -> bool {
+        self >= Version::V1_1_0
+    }
+
+    /// Before 1.0.0 every `ips` entry carries `"version": "4"|"6"`.
+    pub fn ips_have_version(self) -> bool {
+        self < Version::V1_0_0
+    }
+
+    /// Interface `mtu`, `socketPath` and `pciID` and route `mtu`/`advmss`/... are 1.1.0 fields.
+    pub fn has_1_1_fields(self) -> bool {
+        self >= Version::V1_1_0
     }
 }
 
@@ -108,8 +122,8 @@ pub struct CniResult {
 
 impl CniResult {
     /// Decodes a result of any supported version (0.3/0.4's `ips[].version` is ignored).
-    pub fn from_json(v: &Value) -> Result<CniResult, String> {
-        serde_json::from_value(v.clone()).map_err(|e| e.to_string())
+    pub fn from_json(v: &Value) -> Result<CniResult, serde_json::Error> {
+        serde_json::from_value(v.clone())
     }
 
     /// Encodes the result for `version`: older versions get `ips[].version`
@@ -199,13 +213,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ipnet_parses_and_rejects() {
-        let n: IpNet = "10.1.0.5/16".parse().unwrap();
-        assert_eq!(n.to_string(), "10.1.0.5/16");
-        assert_eq!("fd00::5/64".parse::<IpNet>().unwrap().prefix, 64);
-        for bad in ["10.1.0.5", "10.1.0.5/33", "x/8", "10.0.0.1/x", "::1/129"] {
-            assert!(bad.parse::<IpNet>().is_err(), "{bad}");
+    fn versions_parse_and_say_what_they_have() {
+        for s in SUPPORTED {
+            assert_eq!(s.parse::<Version>().unwrap().as_str(), s);
         }
+        for bad in ["0.1.0", "0.2.0", "1.2.0", "", "1.0"] {
+            assert!(bad.parse::<Version>().is_err(), "{bad}");
+        }
+        assert!(!Version::V0_3_1.has_check());
+        assert!(Version::V0_4_0.has_check());
+        assert!(!Version::V1_0_0.has_status_and_gc());
+        assert!(Version::V0_4_0.ips_have_version());
+        assert!(!Version::V1_0_0.ips_have_version());
     }
 
     #[test]

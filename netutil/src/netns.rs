@@ -1,0 +1,241 @@
+//! Network namespaces: entering one on a thread of its own (the calling
+//! thread, and so the rest of the process, stays where it is), and named
+//! namespaces under /run/netns (the `ip netns` convention) made with
+//! unshare + bind mount rather than by running `ip`.
+
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{setns, unshare, CloneFlags};
+
+/// Where named namespaces are bind-mounted.
+pub const NETNS_DIR: &str = "/run/netns";
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("network namespace {path}: does not exist")]
+    Gone { path: PathBuf },
+    #[error("network namespace {path}: {op}: {source}")]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("network namespace {path}: the thread working in it panicked")]
+    Panicked { path: PathBuf },
+}
+
+fn io_err(path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> NetnsError {
+    let path = path.to_path_buf();
+    move |source| NetnsError::Io { path, op, source }
+}
+
+fn nix_err(path: &Path, op: &'static str) -> impl FnOnce(nix::Error) -> NetnsError {
+    let path = path.to_path_buf();
+    move |e| NetnsError::Io {
+        path,
+        op,
+        source: e.into(),
+    }
+}
+
+/// The path of the named namespace `name` (absolute paths stay as they are).
+pub fn named_path(name: &str) -> PathBuf {
+    if name.starts_with('/') {
+        PathBuf::from(name)
+    } else {
+        Path::new(NETNS_DIR).join(name)
+    }
+}
+
+/// An open network namespace (a file that refers to it).
+#[derive(Debug)]
+pub struct Netns {
+    path: PathBuf,
+    file: File,
+}
+
+impl Netns {
+    pub fn open(path: &Path) -> Result<Netns, NetnsError> {
+        match File::open(path) {
+            Ok(file) => Ok(Netns {
+                path: path.to_path_buf(),
+                file,
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(NetnsError::Gone {
+                path: path.to_path_buf(),
+            }),
+            Err(e) => Err(io_err(path, "open")(e)),
+        }
+    }
+
+    /// `/run/netns/<name>`, or `name` itself when it is a path.
+    pub fn open_named(name: &str) -> Result<Netns, NetnsError> {
+        Netns::open(&named_path(name))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether this is the namespace the calling thread is in.
+    pub fn is_current(&self) -> Result<bool, NetnsError> {
+        use std::os::unix::fs::MetadataExt;
+        let ours = fs::metadata("/proc/thread-self/ns/net").map_err(io_err(&self.path, "stat"))?;
+        let this = self.file.metadata().map_err(io_err(&self.path, "stat"))?;
+        Ok((ours.dev(), ours.ino()) == (this.dev(), this.ino()))
+    }
+
+    /// Runs `f` on a scoped thread inside this namespace and returns its
+    /// result; a panic in `f` is resumed on the calling thread.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                setns(&self.file, CloneFlags::CLONE_NEWNET)
+                    .map_err(nix_err(&self.path, "setns"))?;
+                Ok(f())
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+
+    /// Starts a named thread that enters this namespace and runs `f` there.
+    pub fn spawn(
+        &self,
+        thread_name: &str,
+        f: impl FnOnce() + Send + 'static,
+    ) -> Result<std::thread::JoinHandle<()>, NetnsError> {
+        let file = self.file.try_clone().map_err(io_err(&self.path, "dup"))?;
+        let path = self.path.clone();
+        std::thread::Builder::new()
+            .name(thread_name.to_string())
+            .spawn(move || {
+                if let Err(e) = setns(&file, CloneFlags::CLONE_NEWNET) {
+                    tracing::error!("netns {}: setns: {e}", path.display());
+                    return;
+                }
+                f()
+            })
+            .map_err(io_err(&self.path, "spawn thread"))
+    }
+}
+
+impl AsFd for Netns {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+/// A named namespace this process created; deleted by `delete` or on drop.
+#[derive(Debug)]
+pub struct NamedNetns {
+    name: String,
+    ns: Netns,
+    deleted: bool,
+}
+
+impl NamedNetns {
+    /// Creates `/run/netns/<name>` holding a new namespace with `lo` up.
+    pub fn create(name: &str) -> Result<NamedNetns, NetnsError> {
+        let dir = Path::new(NETNS_DIR);
+        fs::create_dir_all(dir).map_err(io_err(dir, "create directory"))?;
+        let path = dir.join(name);
+        File::options()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io_err(&path, "create mount point"))?;
+        // From here on a failure removes the mount point again.
+        let made = std::thread::scope(|s| {
+            // unshare() moves only the calling thread, so do it on a thread
+            // that ends afterwards; the bind mount keeps the namespace alive.
+            s.spawn(|| -> Result<(), NetnsError> {
+                unshare(CloneFlags::CLONE_NEWNET).map_err(nix_err(&path, "unshare"))?;
+                mount(
+                    Some("/proc/thread-self/ns/net"),
+                    &path,
+                    None::<&str>,
+                    MsFlags::MS_BIND,
+                    None::<&str>,
+                )
+                .map_err(nix_err(&path, "bind mount"))?;
+                let mut nl = crate::Rtnl::open().map_err(io_err(&path, "open rtnetlink"))?;
+                nl.set_up_by_name("lo", true)
+                    .map_err(io_err(&path, "set lo up"))
+            })
+            .join()
+            .map_err(|_| NetnsError::Panicked { path: path.clone() })?
+        });
+        if let Err(e) = made.and_then(|()| Netns::open(&path)) {
+            let _ = delete_path(&path);
+            return Err(e);
+        }
+        Ok(NamedNetns {
+            name: name.to_string(),
+            ns: Netns::open(&path)?,
+            deleted: false,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn path(&self) -> &Path {
+        self.ns.path()
+    }
+
+    pub fn netns(&self) -> &Netns {
+        &self.ns
+    }
+
+    /// See [`Netns::run`].
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> Result<T, NetnsError> {
+        self.ns.run(f)
+    }
+
+    pub fn delete(&mut self) -> Result<(), NetnsError> {
+        if self.deleted {
+            return Ok(());
+        }
+        self.deleted = true;
+        delete_path(self.ns.path())
+    }
+}
+
+impl Drop for NamedNetns {
+    fn drop(&mut self) {
+        if let Err(e) = self.delete() {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// Unmounts and removes a `/run/netns/<name>` file (idempotent).
+pub fn delete_path(path: &Path) -> Result<(), NetnsError> {
+    match umount2(path, MntFlags::MNT_DETACH) {
+        Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
+        Err(e) => return Err(nix_err(path, "unmount")(e)),
+    }
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(path, "remove")(e)),
+    }
+}
+
+/// Names of the namespaces under /run/netns that start with `prefix`.
+pub fn list(prefix: &str) -> Vec<String> {
+    let Ok(rd) = fs::read_dir(NETNS_DIR) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}

@@ -1,0 +1,90 @@
+//! The NIC daemon the runtime starts (`burstvm nic`, a child process in its
+//! own process group that dies with the runtime), one per devset lock policy.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::runtime::{Runtime, RuntimeError, PF};
+use crate::variant::DevsetLock;
+
+/// The NIC daemon child, with the lock policy it was started with.
+pub struct NicDaemon {
+    child: Child,
+    pub lock: DevsetLock,
+}
+
+impl NicDaemon {
+    pub(crate) fn spawn(rt: &Runtime, lock: DevsetLock) -> Result<NicDaemon, RuntimeError> {
+        let err = |reason: String| RuntimeError::Nic {
+            bin: rt.bin().to_path_buf(),
+            reason,
+        };
+        let sock = rt.nic_socket();
+        let _ = std::fs::remove_file(&sock);
+        let log = std::fs::File::create(rt.state_dir().join("nic.log"))
+            .map_err(|e| err(e.to_string()))?;
+        let mut cmd = Command::new(rt.bin());
+        cmd.arg("nic")
+            .args(["--pf", PF])
+            .args(["--vfs", &rt.config().vfs.clamp(1, nic::MAX_VFS).to_string()])
+            .args(["--devset-lock", lock.as_arg()])
+            .arg("--control")
+            .arg(&sock)
+            .arg("--state-dir")
+            .arg(rt.state_dir().join("nic"))
+            .arg("--uplink")
+            .arg(format!(
+                "veth:{}/{}",
+                rt.server().netns_name(),
+                rt.server().uplink_if()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        // SAFETY: setpgid/prctl are async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::setpgid(0, 0);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| err(format!("spawn: {e}")))?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if nic::control::Client::connect(&sock).is_ok() {
+                return Ok(NicDaemon { child, lock });
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                let log =
+                    std::fs::read_to_string(rt.state_dir().join("nic.log")).unwrap_or_default();
+                return Err(err(format!("exited with {st}: {}", log.trim())));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(err(format!(
+                    "control socket {} did not appear within 20 s",
+                    sock.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub(crate) fn stop(mut self) {
+        // SIGTERM first so that it removes its sockets; SIGKILL if it hangs.
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
