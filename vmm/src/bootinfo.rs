@@ -1,6 +1,8 @@
 //! The boot-info block (VMM → agent) at GPA 0x7000; same layout as
 //! guest/src/c/bootinfo.h.
 
+use vm_memory::ByteValued;
+
 use crate::args::VmConfig;
 
 pub const MAGIC: u64 = 0x4255_5253_544d_5631; // "BURSTVM1"
@@ -50,7 +52,7 @@ pub struct BootInfo {
     pub client_port: u16,
     pub n_probe: u32,
     /// Explicit so that every byte of the block is initialized.
-    pub _pad: u32,
+    pub pad: u32,
     pub probe_gpa: [u64; 64],
 }
 
@@ -81,7 +83,7 @@ impl BootInfo {
             server_port: cfg.netcfg.server.map_or(0, |s| s.port()),
             client_port: CLIENT_PORT,
             n_probe: cfg.probe.len() as u32,
-            _pad: 0,
+            pad: 0,
             probe_gpa: [0; 64],
         };
         if cfg.vf_init == crate::bus::VfInit::Async {
@@ -109,18 +111,17 @@ impl BootInfo {
         }
         bi
     }
-
-    pub fn as_bytes(&self) -> &[u8] {
-        // SAFETY: repr(C) of integers and arrays with explicit padding, so
-        // every byte is initialized.
-        unsafe {
-            std::slice::from_raw_parts(
-                self as *const Self as *const u8,
-                std::mem::size_of::<Self>(),
-            )
-        }
-    }
 }
+
+// SAFETY: BootMem, BootDev and BootInfo are repr(C) structs of integers and
+// integer arrays whose fields leave no padding (`_pad` fills the one gap, the
+// layout test pins every offset), so every byte is initialized and every bit
+// pattern is a valid value.
+unsafe impl ByteValued for BootMem {}
+// SAFETY: as above.
+unsafe impl ByteValued for BootDev {}
+// SAFETY: as above.
+unsafe impl ByteValued for BootInfo {}
 
 #[cfg(test)]
 mod tests {

@@ -65,7 +65,9 @@ impl std::str::FromStr for NetBackend {
 pub struct DeviceContext {
     /// For irqfd / ioeventfd registration.
     pub vm: Arc<kvm_ioctls::VmFd>,
-    /// Device view of every region (VMM writes go here).
+    /// Device view of every region (VMM writes go here); one view shared by
+    /// all devices. It does not own the mapping: keep `guestmem` alive for
+    /// as long as a clone of it is kept.
     pub mem: vm_memory::GuestMemoryMmap,
     /// prepare_for_device_write, memfds for SET_MEM_TABLE.
     pub guestmem: Arc<guestmem::GuestMemory>,

@@ -134,6 +134,13 @@ pub enum Error {
         #[source]
         source: guestmem::Error,
     },
+    #[error("sandbox {sandbox}: device view of guest memory: {what}: {source}")]
+    MemoryView {
+        sandbox: String,
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("sandbox {sandbox}: guest memory write at {gpa:#x} ({what}): {msg}")]
     GuestWrite {
         sandbox: String,

@@ -1,6 +1,9 @@
 //! Intel MultiProcessor table for Linux guests (as Firecracker's mptable):
 //! it tells the kernel how many CPUs there are and where the IOAPIC is, with
-//! ISA IRQs 0-23 routed 1:1 to IOAPIC pins.
+//! ISA IRQs 0-23 routed 1:1 to IOAPIC pins. Each entry is a `ByteValued`
+//! struct laid out as in the MP specification 1.4.
+
+use vm_memory::ByteValued;
 
 /// In the EBDA, which the e820 map leaves out of usable RAM.
 pub const MPTABLE_ADDR: u64 = 0x9_fc00;
@@ -8,6 +11,104 @@ const APIC_VERSION: u8 = 0x14;
 const IOAPIC_ADDR: u32 = 0xfec0_0000;
 const LAPIC_ADDR: u32 = 0xfee0_0000;
 const IRQS: u8 = 24;
+
+/// MP floating pointer structure (16 bytes).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Default)]
+struct MpFloating {
+    signature: [u8; 4],
+    physptr: u32,
+    length: u8,
+    spec: u8,
+    checksum: u8,
+    features: [u8; 5],
+}
+
+/// MP configuration table header (44 bytes).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Default)]
+struct MpTableHeader {
+    signature: [u8; 4],
+    length: u16,
+    spec: u8,
+    checksum: u8,
+    oem: [u8; 8],
+    product: [u8; 12],
+    oem_table: u32,
+    oem_size: u16,
+    entries: u16,
+    lapic: u32,
+    ext_length: u16,
+    ext_checksum: u8,
+    reserved: u8,
+}
+
+/// Processor entry (20 bytes).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Default)]
+struct MpCpu {
+    kind: u8,
+    apic_id: u8,
+    apic_version: u8,
+    flags: u8,
+    signature: u32,
+    features: u32,
+    reserved: [u32; 2],
+}
+
+/// Bus entry (8 bytes).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Default)]
+struct MpBus {
+    kind: u8,
+    bus_id: u8,
+    bus_type: [u8; 6],
+}
+
+/// I/O APIC entry (8 bytes).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Default)]
+struct MpIoapic {
+    kind: u8,
+    apic_id: u8,
+    apic_version: u8,
+    flags: u8,
+    address: u32,
+}
+
+/// I/O interrupt (kind 3) and local interrupt (kind 4) assignment (8 bytes).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Default)]
+struct MpInterrupt {
+    kind: u8,
+    irq_type: u8,
+    irq_flags: u16,
+    src_bus: u8,
+    src_irq: u8,
+    dst_apic: u8,
+    dst_pin: u8,
+}
+
+// SAFETY: each struct is repr(C, packed) of integers and byte arrays, so it
+// has no padding and every bit pattern is a valid value.
+unsafe impl ByteValued for MpFloating {}
+// SAFETY: as above.
+unsafe impl ByteValued for MpTableHeader {}
+// SAFETY: as above.
+unsafe impl ByteValued for MpCpu {}
+// SAFETY: as above.
+unsafe impl ByteValued for MpBus {}
+// SAFETY: as above.
+unsafe impl ByteValued for MpIoapic {}
+// SAFETY: as above.
+unsafe impl ByteValued for MpInterrupt {}
+
+const _: () = assert!(std::mem::size_of::<MpFloating>() == 16);
+const _: () = assert!(std::mem::size_of::<MpTableHeader>() == 44);
+const _: () = assert!(std::mem::size_of::<MpCpu>() == 20);
+const _: () = assert!(std::mem::size_of::<MpBus>() == 8);
+const _: () = assert!(std::mem::size_of::<MpIoapic>() == 8);
+const _: () = assert!(std::mem::size_of::<MpInterrupt>() == 8);
 
 fn checksum(bytes: &[u8]) -> u8 {
     0u8.wrapping_sub(bytes.iter().fold(0u8, |a, b| a.wrapping_add(*b)))
@@ -19,44 +120,80 @@ pub fn build(vcpus: u8) -> Vec<u8> {
     let ioapic_id = vcpus + 1;
     let mut entries = Vec::new();
     for id in 0..vcpus {
-        entries.extend_from_slice(&[0, id, APIC_VERSION, if id == 0 { 3 } else { 1 }]); // enabled (| BSP)
-        entries.extend_from_slice(&0x600u32.to_le_bytes()); // cpu signature: family 6
-        entries.extend_from_slice(&0x201u32.to_le_bytes()); // features: FPU, APIC
-        entries.extend_from_slice(&[0; 8]);
+        let cpu = MpCpu {
+            kind: 0,
+            apic_id: id,
+            apic_version: APIC_VERSION,
+            flags: if id == 0 { 3 } else { 1 }, // enabled (| BSP)
+            signature: 0x600,                   // family 6
+            features: 0x201,                    // FPU, APIC
+            reserved: [0; 2],
+        };
+        entries.extend_from_slice(cpu.as_slice());
     }
-    entries.extend_from_slice(&[1, 0, b'I', b'S', b'A', b' ', b' ', b' ']); // bus 0 = ISA
-    entries.extend_from_slice(&[2, ioapic_id, 0x11, 1]); // IOAPIC, usable
-    entries.extend_from_slice(&IOAPIC_ADDR.to_le_bytes());
+    let bus = MpBus {
+        kind: 1,
+        bus_id: 0,
+        bus_type: *b"ISA   ",
+    };
+    entries.extend_from_slice(bus.as_slice());
+    let ioapic = MpIoapic {
+        kind: 2,
+        apic_id: ioapic_id,
+        apic_version: 0x11,
+        flags: 1, // usable
+        address: IOAPIC_ADDR,
+    };
+    entries.extend_from_slice(ioapic.as_slice());
     for irq in 0..IRQS {
         // INT, default polarity/trigger, ISA irq → IOAPIC pin irq.
-        entries.extend_from_slice(&[3, 0, 0, 0, 0, irq, ioapic_id, irq]);
+        let int = MpInterrupt {
+            kind: 3,
+            src_irq: irq,
+            dst_apic: ioapic_id,
+            dst_pin: irq,
+            ..MpInterrupt::default()
+        };
+        entries.extend_from_slice(int.as_slice());
     }
-    entries.extend_from_slice(&[4, 3, 0, 0, 0, 0, 0xff, 0]); // LINT0: ExtINT
-    entries.extend_from_slice(&[4, 1, 0, 0, 0, 0, 0xff, 1]); // LINT1: NMI
+    for (irq_type, pin) in [(3, 0), (1, 1)] {
+        // LINT0: ExtINT, LINT1: NMI, on every local APIC.
+        let lint = MpInterrupt {
+            kind: 4,
+            irq_type,
+            dst_apic: 0xff,
+            dst_pin: pin,
+            ..MpInterrupt::default()
+        };
+        entries.extend_from_slice(lint.as_slice());
+    }
 
-    let mut table = Vec::with_capacity(44 + entries.len());
-    table.extend_from_slice(b"PCMP");
-    table.extend_from_slice(&((44 + entries.len()) as u16).to_le_bytes());
-    table.push(4); // spec 1.4
-    table.push(0); // checksum, below
-    table.extend_from_slice(b"BURSTVM ");
-    table.extend_from_slice(b"MICROVM     ");
-    table.extend_from_slice(&0u32.to_le_bytes()); // oem table
-    table.extend_from_slice(&0u16.to_le_bytes()); // oem size
-    let count = vcpus as u16 + 1 + 1 + IRQS as u16 + 2;
-    table.extend_from_slice(&count.to_le_bytes());
-    table.extend_from_slice(&LAPIC_ADDR.to_le_bytes());
-    table.extend_from_slice(&0u32.to_le_bytes()); // extended table
+    let header_len = std::mem::size_of::<MpTableHeader>();
+    let header = MpTableHeader {
+        signature: *b"PCMP",
+        length: (header_len + entries.len()) as u16,
+        spec: 4,
+        oem: *b"BURSTVM ",
+        product: *b"MICROVM     ",
+        entries: vcpus as u16 + 1 + 1 + IRQS as u16 + 2,
+        lapic: LAPIC_ADDR,
+        ..MpTableHeader::default()
+    };
+    let mut table = header.as_slice().to_vec();
     table.extend_from_slice(&entries);
-    table[7] = checksum(&table);
+    table[std::mem::offset_of!(MpTableHeader, checksum)] = checksum(&table);
 
-    let mut mpf = Vec::with_capacity(16);
-    mpf.extend_from_slice(b"_MP_");
-    mpf.extend_from_slice(&((MPTABLE_ADDR + 16) as u32).to_le_bytes());
-    mpf.extend_from_slice(&[1, 4, 0, 0, 0, 0, 0, 0]); // length 16 bytes, spec 1.4
-    mpf[10] = checksum(&mpf);
-    mpf.extend_from_slice(&table);
-    mpf
+    let mut mpf = MpFloating {
+        signature: *b"_MP_",
+        physptr: (MPTABLE_ADDR + std::mem::size_of::<MpFloating>() as u64) as u32,
+        length: 1, // in 16-byte units
+        spec: 4,
+        ..MpFloating::default()
+    };
+    mpf.checksum = checksum(mpf.as_slice());
+    let mut out = mpf.as_slice().to_vec();
+    out.extend_from_slice(&table);
+    out
 }
 
 #[cfg(test)]

@@ -193,9 +193,11 @@ impl Drop for KvmWiring {
 
 /// A transport plus its KVM wiring; dropping it stops the device.
 struct WiredDevice<D: VirtioDevice> {
-    // Field order: the transport (and its worker threads) goes first.
+    // Field order: the transport (and its worker threads) goes first, then
+    // the memory its view of guest memory points into.
     transport: MmioTransport<D>,
     _wiring: KvmWiring,
+    _memory: Arc<guestmem::GuestMemory>,
 }
 
 impl<D: VirtioDevice> MmioDevice for WiredDevice<D> {
@@ -248,6 +250,7 @@ fn wire<D: VirtioDevice + 'static>(
     Box::new(WiredDevice {
         transport: MmioTransport::new(dev, ctx.mem.clone(), interrupt, ctx.mmio_base),
         _wiring: wiring,
+        _memory: ctx.guestmem.clone(),
     })
 }
 

@@ -1,0 +1,102 @@
+//! Step 4 of the build: the guest's boot state, all written on guestmem's
+//! instant-zero list (lazy zeroing never wipes it). The built-in agent gets
+//! GDT, page tables, boot info, its image and the app payload; a Linux
+//! kernel gets what linux-loader staged, plus GDT, page tables and the MP
+//! table.
+
+use vm_memory::{ByteValued, Bytes, GuestAddress};
+
+use super::memory::agent_image_layout;
+use crate::args::VmConfig;
+use crate::bootinfo::{BootInfo, BootMem};
+use crate::error::Error;
+use crate::layout::*;
+use crate::linux::LoadedKernel;
+use crate::x86::{self, EntryMode};
+
+/// Where the vCPUs start, and the checksum the agent must report.
+pub(super) struct LoadedGuest {
+    pub entry: EntryMode,
+    pub app_checksum: u32,
+}
+
+pub(super) fn load_guest(
+    cfg: &VmConfig,
+    mem: &guestmem::GuestMemory,
+    linux: Option<LoadedKernel>,
+    devs: &[(u64, u32)],
+) -> Result<LoadedGuest, Error> {
+    let sb = cfg.sandbox.as_str();
+    let payload = crate::app::payload(sb, cfg.app_size as usize);
+    let app_checksum = crate::app::checksum(&payload);
+    let write = |gpa: u64, data: &[u8], what: &'static str| {
+        mem.write_instant(gpa, data).map_err(|e| Error::GuestWrite {
+            sandbox: sb.to_string(),
+            gpa,
+            what,
+            msg: e.to_string(),
+        })
+    };
+    let entry = match linux {
+        None => {
+            write(GDT_ADDR, &x86::gdt_bytes(&x86::GDT_64), "GDT")?;
+            write(PML4_ADDR, &x86::page_tables(), "page tables")?;
+            let (app_gpa, _) = agent_image_layout(cfg);
+            let usable = [BootMem {
+                base: RAM_FREE_START,
+                size: cfg.ram_size - RAM_FREE_START,
+            }];
+            let info = BootInfo::new(cfg, &usable, devs, app_gpa);
+            write(BOOT_INFO_ADDR, info.as_slice(), "boot info")?;
+            write(guest::LOAD_ADDR, guest::AGENT_IMAGE, "agent image")?;
+            if !payload.is_empty() {
+                write(app_gpa, &payload, "app payload")?;
+            }
+            EntryMode::Long64 {
+                rip: guest::ENTRY_ADDR,
+                rsp: 0x8ff0,
+                rdi: BOOT_INFO_ADDR,
+                rsi: 0,
+            }
+        }
+        Some(k) => {
+            let gdt: &[u64] = if k.pvh { &x86::GDT_32 } else { &x86::GDT_64 };
+            let scratch_err = |e: vm_memory::GuestMemoryError| Error::GuestWrite {
+                sandbox: sb.to_string(),
+                gpa: 0,
+                what: "kernel staging",
+                msg: e.to_string(),
+            };
+            k.scratch
+                .write_slice(&x86::gdt_bytes(gdt), GuestAddress(GDT_ADDR))
+                .map_err(scratch_err)?;
+            k.scratch
+                .write_slice(&x86::page_tables(), GuestAddress(PML4_ADDR))
+                .map_err(scratch_err)?;
+            // CPU count and IOAPIC routing for the kernel.
+            k.scratch
+                .write_slice(
+                    &crate::mptable::build(cfg.vcpus),
+                    GuestAddress(crate::mptable::MPTABLE_ADDR),
+                )
+                .map_err(scratch_err)?;
+            let mut buf = vec![0u8; 2 << 20];
+            for &(gpa, len) in &k.ranges {
+                let mut off = 0;
+                while off < len {
+                    let n = (len - off).min(buf.len() as u64) as usize;
+                    k.scratch
+                        .read_slice(&mut buf[..n], GuestAddress(gpa + off))
+                        .map_err(scratch_err)?;
+                    write(gpa + off, &buf[..n], "kernel")?;
+                    off += n as u64;
+                }
+            }
+            k.entry
+        }
+    };
+    Ok(LoadedGuest {
+        entry,
+        app_checksum,
+    })
+}

@@ -1,0 +1,122 @@
+//! Step 5 of the build: devices on the buses. Port I/O: the serial console
+//! (IRQ 4 through an irqfd) and the agent port; MMIO: one virtio-net device
+//! per `--net` (for a sync VF, `vf-open` happens in here).
+
+use std::io::Write;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use kvm_ioctls::VmFd;
+use trace::TraceWriter;
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::{kvm_err, os_err};
+use crate::args::VmConfig;
+use crate::bus::{Bus, DeviceContext, NetBackend, SharedDevice};
+use crate::devices::agent_port::AgentPort;
+use crate::devices::serial::SerialDevice;
+use crate::error::Error;
+use crate::events::EventSink;
+use crate::layout::*;
+
+/// The port I/O bus and what its devices share with the VMM.
+pub(super) struct LegacyDevices {
+    pub pio: Bus,
+    pub serial_irq: EventFd,
+    pub values: Arc<Mutex<Vec<u32>>>,
+    pub vcpu_start: Arc<AtomicU64>,
+}
+
+fn bus_err(sb: &str, device: &str) -> impl FnOnce(crate::bus::BusError) -> Error {
+    let (sandbox, device) = (sb.to_string(), device.to_string());
+    move |e| Error::Device {
+        sandbox,
+        device,
+        msg: e.to_string(),
+    }
+}
+
+pub(super) fn attach_legacy_devices(
+    sb: &str,
+    vm: &VmFd,
+    serial_out: Box<dyn Write + Send>,
+    app_checksum: u32,
+    trace: &Arc<TraceWriter>,
+    sink: &Arc<EventSink>,
+) -> Result<LegacyDevices, Error> {
+    let serial_irq = EventFd::new(EFD_NONBLOCK).map_err(os_err(sb, "serial eventfd"))?;
+    vm.register_irqfd(&serial_irq, SERIAL_IRQ)
+        .map_err(kvm_err(sb, "KVM_IRQFD for the serial IRQ 4"))?;
+    let serial_trigger = serial_irq
+        .try_clone()
+        .map_err(os_err(sb, "serial eventfd"))?;
+    let values = Arc::new(Mutex::new(Vec::new()));
+    let vcpu_start = Arc::new(AtomicU64::new(0));
+    let mut pio = Bus::new();
+    pio.insert(
+        "serial",
+        SERIAL_PORT,
+        8,
+        Arc::new(Mutex::new(SerialDevice::new(serial_trigger, serial_out))),
+    )
+    .map_err(bus_err(sb, "serial"))?;
+    pio.insert(
+        "agent-port",
+        AGENT_PORT,
+        AGENT_PORT_LEN,
+        Arc::new(Mutex::new(AgentPort::new(
+            vcpu_start.clone(),
+            app_checksum,
+            trace.clone(),
+            sink.clone(),
+            values.clone(),
+        ))),
+    )
+    .map_err(bus_err(sb, "agent-port"))?;
+    Ok(LegacyDevices {
+        pio,
+        serial_irq,
+        values,
+        vcpu_start,
+    })
+}
+
+/// The virtio-net devices at `devs` (base, GSI), all sharing `device_mem`.
+pub(super) fn attach_net_devices(
+    cfg: &VmConfig,
+    vm: &Arc<VmFd>,
+    mem: &Arc<guestmem::GuestMemory>,
+    device_mem: &GuestMemoryMmap,
+    trace: &Arc<TraceWriter>,
+    devs: &[(u64, u32)],
+) -> Result<Bus, Error> {
+    let sb = cfg.sandbox.as_str();
+    let mut mmio = Bus::new();
+    for (backend, &(base, gsi)) in cfg.net.iter().zip(devs) {
+        let ctx = DeviceContext {
+            vm: vm.clone(),
+            mem: device_mem.clone(),
+            guestmem: mem.clone(),
+            mmio_base: base,
+            gsi,
+            trace: trace.clone(),
+            vf_init: cfg.vf_init,
+        };
+        let name = match backend {
+            NetBackend::Tap(n) => format!("tap:{n}"),
+            NetBackend::VhostUser(p) => format!("vf:{}", p.display()),
+        };
+        let dev = crate::virtio::create_net_device(backend, cfg.netcfg.mac.bytes(), &ctx).map_err(
+            |e| Error::Net {
+                sandbox: sb.to_string(),
+                device: name.clone(),
+                msg: e.to_string(),
+            },
+        )?;
+        let dev: SharedDevice = Arc::new(Mutex::new(dev));
+        mmio.insert(&name, base, MMIO_SIZE, dev)
+            .map_err(bus_err(sb, &name))?;
+    }
+    Ok(mmio)
+}

@@ -1,0 +1,250 @@
+//! Assembles a VM from a validated `VmConfig` in Firecracker's steps:
+//! read the inputs, create the VM, create the memory, load the guest,
+//! attach the devices, create the vCPUs. `build` calls them in order; each
+//! step fails with an error that names the sandbox and what failed.
+
+mod boot;
+mod devices;
+mod memory;
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+
+use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use trace::{monotonic_ns, Stage, TraceWriter};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::args::{BootSource, VmConfig};
+use crate::bus::Bus;
+use crate::error::{Error, GuestFailure};
+use crate::events::{EventSink, VmEvent};
+use crate::layout::*;
+use crate::linux::LoadedKernel;
+use crate::x86::{self, EntryMode};
+
+/// A built VM, ready for its vCPUs to start.
+pub struct Vm {
+    pub trace: Arc<TraceWriter>,
+    pub sink: Arc<EventSink>,
+    pub values: Arc<Mutex<Vec<u32>>>,
+    pub vcpu_start: Arc<AtomicU64>,
+    /// Where each vCPU was when it stopped (vCPU id, description).
+    pub vcpu_states: Arc<Mutex<Vec<(u8, String)>>>,
+    pub stop: Arc<AtomicBool>,
+    pub pio: Arc<Bus>,
+    pub mmio: Arc<Bus>,
+    pub vcpus: Vec<VcpuFd>,
+    // Held only to be dropped after the vCPU threads stopped (Vm outlives
+    // them), in this order: devices first (the buses above: tap,
+    // vhost-user), then memory (back to the pool), then KVM.
+    _memory: Arc<guestmem::GuestMemory>,
+    _vm: Arc<VmFd>,
+    _serial_irq: EventFd,
+}
+
+pub(crate) fn kvm_err(
+    sandbox: &str,
+    what: impl Into<String>,
+) -> impl FnOnce(kvm_ioctls::Error) -> Error + '_ {
+    let what = what.into();
+    move |source| Error::Kvm {
+        sandbox: sandbox.to_string(),
+        what,
+        source,
+    }
+}
+
+pub(crate) fn os_err(sandbox: &str, what: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    let sandbox = sandbox.to_string();
+    move |source| Error::Os {
+        sandbox,
+        what,
+        source,
+    }
+}
+
+/// Opens and checks the KVM device (the first thing that can fail on a bad host).
+pub fn open_kvm(cfg: &VmConfig) -> Result<Kvm, Error> {
+    let path =
+        std::ffi::CString::new(cfg.kvm_device.as_os_str().as_encoded_bytes()).map_err(|_| {
+            Error::InvalidArg {
+                field: "--kvm-device",
+                msg: format!("{} contains a NUL byte", cfg.kvm_device.display()),
+            }
+        })?;
+    let kvm = Kvm::new_with_path(&path).map_err(|source| Error::KvmOpen {
+        path: cfg.kvm_device.clone(),
+        source,
+    })?;
+    let version = kvm.get_api_version();
+    if version != 12 {
+        return Err(Error::KvmApi {
+            path: cfg.kvm_device.clone(),
+            version,
+        });
+    }
+    Ok(kvm)
+}
+
+/// `(mmio_base, gsi)` of each virtio device.
+fn devices_of(cfg: &VmConfig) -> Vec<(u64, u32)> {
+    (0..cfg.net.len())
+        .map(|i| (virtio_mmio_base(i), virtio_gsi(i)))
+        .collect()
+}
+
+/// What the build reads from files, before anything else exists.
+struct Inputs {
+    linux: Option<LoadedKernel>,
+    serial_out: Box<dyn Write + Send>,
+}
+
+/// Step 1: everything read from files comes first, so bad input fails
+/// before any memory or device exists.
+fn read_inputs(cfg: &VmConfig, devs: &[(u64, u32)]) -> Result<Inputs, Error> {
+    let linux = match &cfg.boot {
+        BootSource::Linux {
+            kernel,
+            initrd,
+            cmdline,
+        } => {
+            let cl = crate::linux::build_cmdline(cmdline.as_deref(), devs).map_err(|msg| {
+                Error::InvalidArg {
+                    field: "--cmdline",
+                    msg,
+                }
+            })?;
+            Some(crate::linux::load(
+                kernel,
+                initrd.as_deref(),
+                &cl,
+                cfg.ram_size,
+            )?)
+        }
+        BootSource::Agent => None,
+    };
+    let serial_out: Box<dyn Write + Send> = match &cfg.serial_log {
+        Some(p) => Box::new(std::io::LineWriter::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|source| Error::File {
+                    what: "serial log",
+                    path: p.clone(),
+                    source,
+                })?,
+        )),
+        None => Box::new(std::io::stdout()),
+    };
+    Ok(Inputs { linux, serial_out })
+}
+
+/// Step 2: the KVM VM with its in-kernel irqchip and PIT.
+fn create_vm(sb: &str, kvm: &Kvm) -> Result<Arc<VmFd>, Error> {
+    let vm = kvm.create_vm().map_err(kvm_err(sb, "KVM_CREATE_VM"))?;
+    vm.set_tss_address(KVM_TSS_ADDR as usize)
+        .map_err(kvm_err(sb, "KVM_SET_TSS_ADDR"))?;
+    vm.set_identity_map_address(KVM_IDENTITY_MAP_ADDR)
+        .map_err(kvm_err(sb, "KVM_SET_IDENTITY_MAP_ADDR"))?;
+    vm.create_irq_chip()
+        .map_err(kvm_err(sb, "KVM_CREATE_IRQCHIP"))?;
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    vm.create_pit2(pit)
+        .map_err(kvm_err(sb, "KVM_CREATE_PIT2"))?;
+    Ok(Arc::new(vm))
+}
+
+/// Step 6: the vCPUs, configured to enter the guest at `entry`.
+fn create_vcpus(
+    cfg: &VmConfig,
+    kvm: &Kvm,
+    vm: &VmFd,
+    entry: EntryMode,
+) -> Result<Vec<VcpuFd>, Error> {
+    let sb = cfg.sandbox.as_str();
+    let base_cpuid = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err(sb, "KVM_GET_SUPPORTED_CPUID"))?;
+    let mut vcpus = Vec::new();
+    for id in 0..cfg.vcpus {
+        let fd = vm
+            .create_vcpu(id as u64)
+            .map_err(kvm_err(sb, format!("KVM_CREATE_VCPU {id}")))?;
+        let mut cpuid = base_cpuid.clone();
+        x86::filter_cpuid(&mut cpuid, id, cfg.vcpus);
+        x86::setup_vcpu(&fd, &cpuid, entry).map_err(|(what, source)| Error::Kvm {
+            sandbox: sb.to_string(),
+            what: format!("vCPU {id}: {what}"),
+            source,
+        })?;
+        vcpus.push(fd);
+    }
+    Ok(vcpus)
+}
+
+/// Builds the VM. `interrupted` is polled between the long steps; its
+/// error aborts the build.
+pub fn build(
+    cfg: &VmConfig,
+    kvm: Kvm,
+    spawn_start: u64,
+    interrupted: &dyn Fn() -> Result<(), Error>,
+) -> Result<Vm, Error> {
+    let sb = cfg.sandbox.as_str();
+    let devs = devices_of(cfg);
+    let inputs = read_inputs(cfg, &devs)?;
+    let trace = Arc::new(TraceWriter::new(sb, cfg.trace.as_deref())?);
+
+    let vm = create_vm(sb, &kvm)?;
+    let mut mem = memory::create_memory(cfg, &vm, interrupted)?;
+    trace.record(Stage::VmmSpawn, spawn_start, monotonic_ns())?;
+    memory::dma_map(cfg, &mut mem, &trace, interrupted)?;
+
+    let guest = boot::load_guest(cfg, &mem, inputs.linux, &devs)?;
+    interrupted()?;
+    mem.start_lazy_zeroing().map_err(memory::mem_err(sb))?;
+    let mem = Arc::new(mem);
+    let sink = Arc::new(EventSink::new().map_err(os_err(sb, "eventfd"))?);
+    {
+        let sink = sink.clone();
+        mem.set_lazy_error_callback(Box::new(move |msg| {
+            sink.post(VmEvent::Failure(GuestFailure::MemoryHandler(
+                msg.to_string(),
+            )))
+        }));
+    }
+
+    let legacy = devices::attach_legacy_devices(
+        sb,
+        &vm,
+        inputs.serial_out,
+        guest.app_checksum,
+        &trace,
+        &sink,
+    )?;
+    let device_mem = memory::device_view(sb, &mem)?;
+    let mmio = devices::attach_net_devices(cfg, &vm, &mem, &device_mem, &trace, &devs)?;
+
+    interrupted()?;
+    let vcpus = create_vcpus(cfg, &kvm, &vm, guest.entry)?;
+    Ok(Vm {
+        trace,
+        sink,
+        values: legacy.values,
+        vcpu_start: legacy.vcpu_start,
+        vcpu_states: Arc::default(),
+        stop: Arc::new(AtomicBool::new(false)),
+        pio: Arc::new(legacy.pio),
+        mmio: Arc::new(mmio),
+        vcpus,
+        _memory: mem,
+        _vm: vm,
+        _serial_irq: legacy.serial_irq,
+    })
+}
