@@ -49,6 +49,8 @@ fn pool_server_serves_dirty_memory_and_stops_cleanly() {
     gm.dma_map("ram").unwrap();
     let r = &gm.regions()[0];
     assert!(r.pooled());
+    // SAFETY: the guest view maps the whole 4 MiB region readable while
+    // `gm` lives, and it lives until after the slice's last use.
     let view = unsafe { std::slice::from_raw_parts(r.guest_view_ptr(), 4 << 20) };
     assert!(view.iter().all(|b| *b == 0));
     assert_eq!(ctl.stats().unwrap().lent_memfds, 1);
@@ -84,6 +86,7 @@ fn pool_server_serves_dirty_memory_and_stops_cleanly() {
     assert_eq!(json["released"], 2);
 
     // SIGTERM: clean exit, socket removed.
+    // SAFETY: kill(2) on our own, not yet reaped child.
     unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
     let out = server.wait_with_output().unwrap();
     assert!(

@@ -41,6 +41,7 @@ fn round(round: u64) {
             let mut seen = 0;
             for i in 0..PAGES {
                 let p = if dir == 0 { i } else { PAGES - 1 - i };
+                // SAFETY: page p lies inside the mapped view `base` points into.
                 seen += count_byte(unsafe { base.add((p * PAGE) as usize) }, PAGE, CANARY);
             }
             (Vec::new(), seen)
@@ -56,6 +57,7 @@ fn round(round: u64) {
             let mine: Vec<u64> = pages.into_iter().filter(|p| p % 2 == 0).collect();
             for &p in &mine {
                 gm.prepare_for_device_write(p * PAGE, PAGE).unwrap();
+                // SAFETY: the page lies inside the mapped device view of `gm`.
                 unsafe {
                     std::ptr::write_bytes(dev.add((p * PAGE) as usize), pattern(p), PAGE as usize)
                 };
@@ -74,6 +76,7 @@ fn round(round: u64) {
             let mine: Vec<u64> = pages.into_iter().filter(|p| p % 2 == 1).collect();
             for &p in &mine {
                 dm.prepare_for_device_write(p * PAGE, PAGE).unwrap();
+                // SAFETY: the page lies inside the attached device mapping `dm`.
                 unsafe {
                     std::ptr::write_bytes(
                         dm.as_ptr().add((p * PAGE) as usize),
@@ -109,6 +112,7 @@ fn round(round: u64) {
     assert_eq!(r.page_stats().zeroing, 0);
     let mut n_written = 0;
     for p in 0..PAGES {
+        // SAFETY: the page lies inside the mapped guest view, alive for the loop.
         let page = unsafe {
             std::slice::from_raw_parts(r.guest_view_ptr().add((p * PAGE) as usize), PAGE as usize)
         };

@@ -66,6 +66,7 @@ fn hugepages_error_then_lazy_canary() {
     gm.prepare_for_device_write(3 * HUGE_PAGE_SIZE + 5, 10)
         .unwrap();
     let r = &gm.regions()[0];
+    // SAFETY: the 10 bytes lie inside the mapped device view of `gm`.
     unsafe {
         std::ptr::write_bytes(
             r.device_view_ptr().add((3 * HUGE_PAGE_SIZE + 5) as usize),
@@ -74,8 +75,10 @@ fn hugepages_error_then_lazy_canary() {
         )
     };
     assert_eq!(count_byte(r.guest_view_ptr(), SIZE, CANARY), 0);
+    // SAFETY: reads inside the mapped guest view of `gm`, which outlives the slices.
     let boot = unsafe { std::slice::from_raw_parts(r.guest_view_ptr().add(0x7000), 4) };
     assert_eq!(boot, b"boot");
+    // SAFETY: as above.
     let dev = unsafe {
         std::slice::from_raw_parts(
             r.guest_view_ptr().add((3 * HUGE_PAGE_SIZE + 5) as usize),

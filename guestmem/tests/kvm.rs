@@ -38,10 +38,12 @@ fn run_guest(policy: MemoryPolicy) -> (u16, Vec<u8>) {
     gm.dma_map("ram").unwrap();
     gm.prepare_for_device_write(0x9000, 16).unwrap();
     let r = &gm.regions()[0];
+    // SAFETY: the 16 bytes lie inside the mapped device view of `gm`.
     unsafe { std::ptr::write_bytes(r.device_view_ptr().add(0x9000), 0x3C, 16) };
 
     let kvm = Kvm::new().unwrap();
     let vm = kvm.create_vm().unwrap();
+    // SAFETY: the guest view stays mapped until after the VM is dropped.
     unsafe {
         vm.set_user_memory_region(kvm_userspace_memory_region {
             slot: 0,

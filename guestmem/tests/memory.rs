@@ -46,6 +46,7 @@ fn fresh_vanilla_regions_and_views() {
 
     // Both views and the vm-memory view show the same bytes.
     let r = &gm.regions()[0];
+    // SAFETY: the range lies inside a mapping that the memory object of this scope keeps mapped for the whole access.
     let guest = unsafe { std::slice::from_raw_parts(r.guest_view_ptr().add(0x7000), 8) };
     assert_eq!(guest, b"bootinfo");
     let mem = gm.device_guest_memory().unwrap();
@@ -53,6 +54,7 @@ fn fresh_vanilla_regions_and_views() {
     mem.read_slice(&mut buf, GuestAddress(0xC000_0010)).unwrap();
     assert_eq!(&buf, b"agent");
     mem.write_slice(b"dev", GuestAddress(0x2000)).unwrap();
+    // SAFETY: the range lies inside a mapping that the memory object of this scope keeps mapped for the whole access.
     let guest = unsafe { std::slice::from_raw_parts(r.guest_view_ptr().add(0x2000), 3) };
     assert_eq!(guest, b"dev");
 
@@ -148,9 +150,11 @@ fn canary(policy: MemoryPolicy, background: bool) {
     let dev_gpa = 0x40_0000;
     gm.prepare_for_device_write(dev_gpa, 2 * PAGE).unwrap();
     let r = &gm.regions()[0];
+    // SAFETY: the range lies inside a mapping that the memory object of this scope keeps mapped for the whole access.
     unsafe { std::ptr::write_bytes(r.device_view_ptr().add(dev_gpa as usize), 0x3C, 100) };
     gm.prepare_for_device_write(0x50_0000, PAGE).unwrap();
     assert_eq!(
+        // SAFETY: the range lies inside a mapping that the memory object of this scope keeps mapped for the whole access.
         count_byte(unsafe { r.device_view_ptr().add(0x50_0000) }, PAGE, CANARY),
         0
     );
@@ -164,6 +168,7 @@ fn canary(policy: MemoryPolicy, background: bool) {
                 let r = &gm.regions()[0];
                 let quarter = SIZE / 4;
                 count_byte(
+                    // SAFETY: the range lies inside a mapping that the memory object of this scope keeps mapped for the whole access.
                     unsafe { r.guest_view_ptr().add((t * quarter) as usize) },
                     quarter,
                     CANARY,
@@ -177,6 +182,7 @@ fn canary(policy: MemoryPolicy, background: bool) {
     assert!(gm.lazy_error().is_none());
 
     let r = &gm.regions()[0];
+    // SAFETY: the range lies inside a mapping that the memory object of this scope keeps mapped for the whole access.
     let g = |off: u64, len: usize| unsafe {
         std::slice::from_raw_parts(r.guest_view_ptr().add(off as usize), len).to_vec()
     };
@@ -252,13 +258,16 @@ fn device_process_attaches_by_fd_and_prepares_pages() {
     if let Ok(fd) = std::env::var("GUESTMEM_CHILD_DEVICE_FD") {
         // Child: the "NIC" process with only the memfd.
         let fd: i32 = fd.parse().unwrap();
+        // SAFETY: the parent passed this fd open; it stays open for the child's life.
         let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
         let dm = DeviceMemory::attach(fd, 0, SIZE).unwrap();
         assert!(dm.tracked());
         assert!(dm.prepare_for_device_write(SIZE - 10, 20).is_err());
         dm.prepare_for_device_write(0x3000, 2 * PAGE).unwrap();
+        // SAFETY: the range lies inside a mapping that the memory object of this scope keeps mapped for the whole access.
         unsafe { std::ptr::write_bytes(dm.as_ptr().add(0x3000), 0x61, 2 * PAGE as usize) };
         dm.prepare_for_device_write(0x8000, PAGE).unwrap();
+        // SAFETY: the range lies inside a mapping that the memory object of this scope keeps mapped for the whole access.
         let seen = count_byte(unsafe { dm.as_ptr().add(0x8000) }, PAGE, CANARY);
         assert_eq!(seen, 0);
         return;
@@ -282,6 +291,7 @@ fn device_process_attaches_by_fd_and_prepares_pages() {
     let r = &gm.regions()[0];
     // The guest's first touch of the device-written pages must not wipe them.
     let data =
+        // SAFETY: the range lies inside a mapping that the memory object of this scope keeps mapped for the whole access.
         unsafe { std::slice::from_raw_parts(r.guest_view_ptr().add(0x3000), 2 * PAGE as usize) };
     assert!(data.iter().all(|b| *b == 0x61));
     assert_eq!(count_byte(r.guest_view_ptr(), SIZE, CANARY), 0);
@@ -329,11 +339,13 @@ fn handler_error_stops_the_guest_and_is_reported() {
         }));
         // Corrupt the state of page 5 in the shared table (as a buggy device could).
         let r = &gm.regions()[0];
+        // SAFETY: the range lies inside a mapping that the memory object of this scope keeps mapped for the whole access.
         unsafe { *r.device_view_ptr().add(SIZE as usize + 5) = 77 };
         let g = gm.clone();
         let reader = std::thread::spawn(move || {
             let r = &g.regions()[0];
             count_byte(
+                // SAFETY: the range lies inside a mapping that the memory object of this scope keeps mapped for the whole access.
                 unsafe { r.guest_view_ptr().add(5 * PAGE as usize) },
                 PAGE,
                 CANARY,
@@ -345,6 +357,7 @@ fn handler_error_stops_the_guest_and_is_reported() {
             revents: 0,
         };
         assert_eq!(
+            // SAFETY: poll(2) on pollfds that live on the stack, for fds this scope keeps open.
             unsafe { libc::poll(&mut pfd, 1, 10_000) },
             1,
             "no error reported"
@@ -357,6 +370,7 @@ fn handler_error_stops_the_guest_and_is_reported() {
         println!("HANDLER-ERROR-OK");
         let _ = std::fs::remove_file(server.path());
         // Exit with the reader still blocked: the VMM's way out.
+        // SAFETY: _exit ends the child without running the parent's atexit state.
         unsafe { libc::_exit(0) };
     }
     assert_child_prints(
@@ -391,6 +405,8 @@ fn memlock_limit_is_checked_before_anything_is_allocated() {
             permitted: 0,
             inheritable: 0,
         }; 2];
+        // SAFETY: capget/capset/setrlimit read and write the structs above,
+        // which match the kernel's v3 layout and live for the calls.
         unsafe {
             assert_eq!(libc::syscall(libc::SYS_capget, &h, d.as_mut_ptr()), 0);
             d[0].effective &= !(1 << 14); // CAP_IPC_LOCK

@@ -203,6 +203,7 @@ fn killed_client_returns_its_memory() {
             GuestMemory::new(&[spec], MemoryPolicy::Lazy, MemorySource::Pool(c), false).unwrap();
         gm.dma_map("ram").unwrap();
         let r = &gm.regions()[0];
+        // SAFETY: the guest view maps SIZE writable bytes while `gm` lives.
         unsafe { std::ptr::write_bytes(r.guest_view_ptr(), 0x5E, SIZE as usize) };
         println!("READY");
         std::thread::sleep(Duration::from_secs(60));
@@ -264,6 +265,7 @@ fn server_shutdown_leaves_running_clients_alone() {
     server.shutdown();
     let r = &gm.regions()[0];
     assert_eq!(r.page_stats().dirty, 0);
+    // SAFETY: bytes 0x1000..0x1004 are inside the mapped guest view of `gm`.
     let live = unsafe { std::slice::from_raw_parts(r.guest_view_ptr().add(0x1000), 4) };
     assert_eq!(live, b"live");
     let st = pool.stats();

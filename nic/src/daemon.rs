@@ -4,12 +4,13 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use netutil::MacAddr;
 use nix::sys::signal::{SigSet, Signal};
@@ -21,6 +22,7 @@ use crate::dataplane::uplink::{Uplink, UplinkSpec};
 use crate::dataplane::Dataplane;
 use crate::devset::{Devset, LockPolicy, VfState};
 use crate::ids::{default_mac, vf_id};
+use crate::poll::{eventfd_fd, wait_readable};
 use crate::port::{Port, PortConfig, VfHw};
 use crate::state::{self, Assignment, StateFile};
 use crate::{Error, NicArgs};
@@ -357,23 +359,6 @@ impl Sessions {
     }
 }
 
-fn wait_readable(fds: &[i32], timeout_ms: i32) -> Vec<bool> {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    // SAFETY: poll on a valid array of fds owned by the caller.
-    let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
-    if r <= 0 {
-        return vec![false; fds.len()];
-    }
-    p.iter().map(|x| x.revents != 0).collect()
-}
-
 fn bind(path: &Path) -> Result<UnixListener, Error> {
     let io = |e| Error::Io {
         what: format!("socket {}", path.display()),
@@ -399,10 +384,10 @@ fn acceptor(
     stop_fd: Arc<EventFd>,
     sessions: Arc<Mutex<Sessions>>,
 ) {
-    let mut fds: Vec<i32> = listeners.iter().map(|l| l.as_raw_fd()).collect();
-    fds.push(stop_fd.as_raw_fd());
+    let mut fds: Vec<BorrowedFd<'_>> = listeners.iter().map(|l| l.as_fd()).collect();
+    fds.push(eventfd_fd(&stop_fd));
     while !stop.load(Ordering::Relaxed) {
-        let ready = wait_readable(&fds, 1000);
+        let ready = wait_readable(&fds, Duration::from_secs(1));
         for (i, l) in listeners.iter().enumerate() {
             if !ready[i] {
                 continue;
@@ -429,9 +414,9 @@ fn control_server(
     stop_fd: Arc<EventFd>,
     sessions: Arc<Mutex<Sessions>>,
 ) {
-    let fds = [listener.as_raw_fd(), stop_fd.as_raw_fd()];
+    let fds = [listener.as_fd(), eventfd_fd(&stop_fd)];
     while !stop.load(Ordering::Relaxed) {
-        if !wait_readable(&fds, 1000)[0] {
+        if !wait_readable(&fds, Duration::from_secs(1))[0] {
             continue;
         }
         while let Ok((stream, _)) = listener.accept() {

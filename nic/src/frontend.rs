@@ -334,14 +334,11 @@ impl SimFrontend {
             if now >= end {
                 return None;
             }
-            let mut pfd = libc::pollfd {
-                fd: self.call[0].as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = (end - now).as_millis().clamp(1, 50) as i32;
-            // SAFETY: poll on our own eventfd.
-            unsafe { libc::poll(&mut pfd, 1, ms) };
+            let ms = (end - now).as_millis().clamp(1, 50) as u64;
+            crate::poll::wait_readable(
+                &[crate::poll::eventfd_fd(&self.call[0])],
+                Duration::from_millis(ms),
+            );
             let _ = self.call[0].read();
         }
     }

@@ -10,6 +10,7 @@ pub mod devset;
 pub mod frontend;
 pub mod ids;
 pub mod memory;
+pub mod poll;
 pub mod port;
 pub mod session;
 pub mod state;

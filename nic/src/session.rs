@@ -78,6 +78,7 @@ fn eventfd_from(file: File) -> io::Result<EventFd> {
     // SAFETY: fcntl on a valid fd we own.
     let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
     if flags < 0
+        // SAFETY: fcntl on a valid fd we own, setting file status flags only.
         || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0
     {
         return Err(io::Error::last_os_error());

@@ -6,7 +6,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -301,7 +301,7 @@ impl<'rt> Sandbox<'rt> {
                     self.failure(&self.next_stage(), "no READY from the VMM in time".into())
                 );
             }
-            match poll_in(f.as_raw_fd(), left.min(Duration::from_millis(200))) {
+            match poll_in(f.as_fd(), left.min(Duration::from_millis(200))) {
                 Ok(false) => continue,
                 Ok(true) => {}
                 Err(e) => return Err(self.failure("vmm-spawn", format!("ready pipe: {e}"))),
@@ -521,20 +521,16 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-fn poll_in(fd: RawFd, timeout: Duration) -> std::io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one pollfd on the stack.
-    let r = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.kind() == std::io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(e);
+fn poll_in(fd: BorrowedFd<'_>, timeout: Duration) -> std::io::Result<bool> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut p = [PollFd::new(fd, PollFlags::POLLIN)];
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    match poll(
+        &mut p,
+        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+    ) {
+        Ok(n) => Ok(n > 0),
+        Err(nix::Error::EINTR) => Ok(false),
+        Err(e) => Err(e.into()),
     }
-    Ok(r > 0)
 }

@@ -10,13 +10,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// A device behind the PIO or MMIO bus.
-pub trait MmioDevice: Send {
+pub trait BusDevice: Send {
     /// `offset` from the device's base; fill `data` (its length is the access size).
     fn read(&mut self, offset: u64, data: &mut [u8]);
     fn write(&mut self, offset: u64, data: &[u8]);
 }
 
-impl MmioDevice for Box<dyn MmioDevice> {
+impl BusDevice for Box<dyn BusDevice> {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         (**self).read(offset, data)
     }
@@ -78,7 +78,7 @@ pub struct DeviceContext {
 }
 
 /// A device as the bus holds it: shared between vCPU threads.
-pub type SharedDevice = Arc<Mutex<dyn MmioDevice>>;
+pub type SharedDevice = Arc<Mutex<dyn BusDevice>>;
 
 #[derive(Debug, thiserror::Error)]
 #[error("bus range {base:#x}+{len:#x} for {name} overlaps an existing device or is empty")]
@@ -160,7 +160,7 @@ mod tests {
     use super::*;
 
     struct Reg(Vec<u8>);
-    impl MmioDevice for Reg {
+    impl BusDevice for Reg {
         fn read(&mut self, offset: u64, data: &mut [u8]) {
             let o = offset as usize;
             data.copy_from_slice(&self.0[o..o + data.len()]);

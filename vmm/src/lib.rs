@@ -26,7 +26,7 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 pub use args::VmmArgs;
-pub use bus::{DeviceContext, MmioDevice, NetBackend, VfInit};
+pub use bus::{BusDevice, DeviceContext, NetBackend, VfInit};
 pub use error::{Error, GuestFailure};
 
 use args::VmConfig;

@@ -11,13 +11,14 @@ pub mod uplink;
 pub mod virtio;
 
 use std::collections::VecDeque;
-use std::os::fd::AsRawFd;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::devset::Devset;
+use crate::poll::{eventfd_fd, wait_readable};
 use crate::port::{AtomicCounters, Port, VfHw, RXQ, TXQ};
 use mempool::{Mempool, Pkt, BUF_SIZE};
 use switch::{PortId, Switch, VfView};
@@ -28,7 +29,7 @@ pub const DEFAULT_BATCH: usize = 32;
 const BACKLOG_MAX: usize = 256;
 const SPIN_ROUNDS: u32 = 1000;
 /// Upper bound of a sleep: a safety net, not the wake-up mechanism.
-const SLEEP_MS: i32 = 1000;
+const SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct Dataplane {
     devset: Arc<Devset<VfHw>>,
@@ -89,7 +90,7 @@ impl Dataplane {
             // 2. Each VF's transmit queue → switch.
             for i in 0..self.ports.len() {
                 let port = self.ports[i].clone();
-                let r = virtio::rx_from_guest(
+                let r = virtio::take_guest_tx(
                     &port,
                     &mut port.runtime(),
                     &mut self.pool,
@@ -107,7 +108,7 @@ impl Dataplane {
             // 3. Queued frames → each VF's receive queue.
             for i in 0..self.ports.len() {
                 let port = self.ports[i].clone();
-                let r = virtio::tx_to_guest(
+                let r = virtio::fill_guest_rx(
                     &port,
                     &mut port.runtime(),
                     &mut self.pool,
@@ -283,19 +284,13 @@ impl Dataplane {
                 }
             }
         }
-        let mut fds: Vec<libc::pollfd> = kicks
+        let fds: Vec<BorrowedFd<'_>> = kicks
             .iter()
-            .map(|k| k.as_raw_fd())
-            .chain(std::iter::once(self.wake.as_raw_fd()))
-            .chain(self.uplink.as_ref().map(|u| u.raw_fd()))
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|k| eventfd_fd(k))
+            .chain(std::iter::once(eventfd_fd(&self.wake)))
+            .chain(self.uplink.as_ref().map(|u| u.as_fd()))
             .collect();
-        // SAFETY: poll on fds kept open by `kicks`, `self.wake` and `self.uplink`.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, SLEEP_MS) };
+        wait_readable(&fds, SLEEP);
         // Drain the eventfds that fired (non-blocking); the uplink fd is read by the loop.
         for k in &kicks {
             let _ = k.read();

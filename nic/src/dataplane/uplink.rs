@@ -3,7 +3,7 @@
 //! carry one Ethernet frame per read/write.
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use netutil::{Netns, PacketOptions, PacketSocket, Rtnl, Tap, TapOptions};
 
@@ -135,10 +135,10 @@ impl Uplink {
         }
     }
 
-    pub fn raw_fd(&self) -> RawFd {
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
         match &self.wire {
-            Wire::Tap(t) => t.as_raw_fd(),
-            Wire::Packet(p) => p.as_raw_fd(),
+            Wire::Tap(t) => t.as_fd(),
+            Wire::Packet(p) => p.as_fd(),
         }
     }
 

@@ -90,8 +90,9 @@ fn descriptors(
     Ok(out)
 }
 
-/// Guest transmit queue → packets. Returns how many frames it took.
-pub fn rx_from_guest(
+/// Guest transmit queue → packets (the VF's `tx_*` counters). Returns how
+/// many frames it took.
+pub fn take_guest_tx(
     port: &Port,
     rt: &mut Runtime,
     pool: &mut Mempool,
@@ -102,12 +103,12 @@ pub fn rx_from_guest(
         return Ok(0);
     }
     let mem = rt.mem.take().expect("usable ring implies a memory table");
-    let r = rx_inner(port, rt, &mem, pool, batch, out);
+    let r = take_guest_tx_inner(port, rt, &mem, pool, batch, out);
     rt.mem = Some(mem);
     r
 }
 
-fn rx_inner(
+fn take_guest_tx_inner(
     port: &Port,
     rt: &mut Runtime,
     mem: &VfMemory,
@@ -185,9 +186,10 @@ fn rx_inner(
     Ok(heads.len())
 }
 
-/// Queued frames → guest receive queue. Frames stay queued while the guest
-/// posts no buffers. Returns how many frames it delivered or dropped.
-pub fn tx_to_guest(
+/// Queued frames → guest receive queue (the VF's `rx_*` counters). Frames
+/// stay queued while the guest posts no buffers. Returns how many frames it
+/// delivered or dropped.
+pub fn fill_guest_rx(
     port: &Port,
     rt: &mut Runtime,
     pool: &mut Mempool,
@@ -198,7 +200,7 @@ pub fn tx_to_guest(
         return Ok(0);
     }
     let mem = rt.mem.take().expect("usable ring implies a memory table");
-    let r = tx_inner(port, rt, &mem, pool, batch, backlog);
+    let r = fill_guest_rx_inner(port, rt, &mem, pool, batch, backlog);
     rt.mem = Some(mem);
     r
 }
@@ -239,7 +241,7 @@ fn write_chain(
     Ok(written)
 }
 
-fn tx_inner(
+fn fill_guest_rx_inner(
     port: &Port,
     rt: &mut Runtime,
     mem: &VfMemory,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use trace::{monotonic_ns, Stage, TraceWriter};
 
-use crate::bus::MmioDevice;
+use crate::bus::BusDevice;
 use crate::error::GuestFailure;
 use crate::events::{EventSink, VmEvent};
 
@@ -122,7 +122,7 @@ impl AgentPort {
     }
 }
 
-impl MmioDevice for AgentPort {
+impl BusDevice for AgentPort {
     fn read(&mut self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
     }

@@ -5,7 +5,7 @@ use std::io::Write;
 use vm_superio::{Serial, Trigger};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::bus::MmioDevice;
+use crate::bus::BusDevice;
 
 /// Raises the serial IRQ by writing the eventfd registered as irqfd.
 pub struct IrqTrigger(pub EventFd);
@@ -29,7 +29,7 @@ impl SerialDevice {
     }
 }
 
-impl MmioDevice for SerialDevice {
+impl BusDevice for SerialDevice {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         data.fill(0);
         if let Some(b) = data.first_mut() {

@@ -20,7 +20,7 @@ use kvm_ioctls::{IoEventAddress, VmFd};
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::bus::{DeviceContext, MmioDevice, NetBackend};
+use crate::bus::{BusDevice, DeviceContext, NetBackend};
 
 /// Size of one virtio-mmio device window.
 pub const MMIO_SIZE: u64 = 0x1000;
@@ -200,7 +200,7 @@ struct WiredDevice<D: VirtioDevice> {
     _memory: Arc<guestmem::GuestMemory>,
 }
 
-impl<D: VirtioDevice> MmioDevice for WiredDevice<D> {
+impl<D: VirtioDevice> BusDevice for WiredDevice<D> {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         self.transport.read(offset, data)
     }
@@ -218,7 +218,7 @@ pub fn create_net_device(
     backend: &NetBackend,
     mac: [u8; 6],
     ctx: &DeviceContext,
-) -> Result<Box<dyn MmioDevice>, VirtioError> {
+) -> Result<Box<dyn BusDevice>, VirtioError> {
     // The backend the user named is checked before anything is registered.
     let tap = match backend {
         NetBackend::Tap(name) => Some(netutil::Tap::open_existing(name)?),
@@ -246,7 +246,7 @@ fn wire<D: VirtioDevice + 'static>(
     ctx: &DeviceContext,
     interrupt: Arc<Interrupt>,
     wiring: KvmWiring,
-) -> Box<dyn MmioDevice> {
+) -> Box<dyn BusDevice> {
     Box::new(WiredDevice {
         transport: MmioTransport::new(dev, ctx.mem.clone(), interrupt, ctx.mmio_base),
         _wiring: wiring,
@@ -292,7 +292,7 @@ mod tests {
         }
     }
 
-    fn w(d: &mut dyn MmioDevice, off: u64, v: u32) {
+    fn w(d: &mut dyn BusDevice, off: u64, v: u32) {
         d.write(off, &v.to_le_bytes());
     }
 
