@@ -467,9 +467,36 @@ mod tests {
         out
     }
 
-    fn is_png(p: &Path) -> bool {
-        let b = std::fs::read(p).unwrap();
-        b.len() > 1000 && b.starts_with(b"\x89PNG\r\n\x1a\n")
+    /// Decodes the PNG at `p` and checks that it is `size` pixels and that
+    /// its plot area (inside margins, caption and axis labels) holds drawn,
+    /// non-background pixels in more than one colour (series, not just axes).
+    fn assert_plot(p: &Path, size: (u32, u32)) {
+        let dec = png::Decoder::new(std::fs::File::open(p).unwrap());
+        let mut reader = dec.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        assert_eq!((info.width, info.height), size, "{}", p.display());
+        let bpp = info.color_type.samples() * (info.bit_depth as usize / 8);
+        assert!(bpp >= 3, "{}: {:?}", p.display(), info.color_type);
+        let (w, h) = (info.width as usize, info.height as usize);
+        let (mut drawn, mut total) = (0usize, 0usize);
+        let mut colors = std::collections::HashSet::new();
+        for y in h * 15 / 100..h * 85 / 100 {
+            for x in w * 20 / 100..w * 95 / 100 {
+                let px = &buf[y * info.line_size + x * bpp..][..3];
+                total += 1;
+                if px != [255, 255, 255] {
+                    drawn += 1;
+                    colors.insert([px[0], px[1], px[2]]);
+                }
+            }
+        }
+        assert!(
+            drawn * 200 > total,
+            "{}: only {drawn} of {total} plot-area pixels drawn",
+            p.display()
+        );
+        assert!(colors.len() >= 3, "{}: colours {colors:?}", p.display());
     }
 
     #[test]
@@ -486,10 +513,10 @@ mod tests {
 
         let p = dir.join("timeline-vanilla.png");
         timeline(&p, "vanilla", &van, origin).unwrap();
-        assert!(is_png(&p));
+        assert_plot(&p, (1200, 800));
         let p = dir.join("breakdown.png");
         breakdown(&p, "breakdown", &[gv.clone(), gf.clone()]).unwrap();
-        assert!(is_png(&p));
+        assert_plot(&p, (800, 700));
         let p = dir.join("cdf.png");
         let e2e = |evs: &[TraceEvent]| {
             per_sandbox(evs, Some(origin))
@@ -506,10 +533,10 @@ mod tests {
             ],
         )
         .unwrap();
-        assert!(is_png(&p));
+        assert_plot(&p, (1000, 700));
         let p = dir.join("sweep.png");
         sweep(&p, "sweep", &[g10, gf, gv]).unwrap();
-        assert!(is_png(&p));
+        assert_plot(&p, (1000, 700));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
