@@ -5,8 +5,25 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCES: &[&str] = &["entry.S", "agent.c", "virtio_net.c", "net.c"];
-const HEADERS: &[&str] = &["agent.h", "bootinfo.h", "virtio.h", "net.h"];
+const SOURCES: &[&str] = &[
+    "entry.S",
+    "agent.c",
+    "virtio.c",
+    "virtio_net.c",
+    "virtio_blk.c",
+    "net.c",
+    "erofs.c",
+    "rootfs.c",
+];
+const HEADERS: &[&str] = &[
+    "agent.h",
+    "bootinfo.h",
+    "virtio.h",
+    "net.h",
+    "csum.h",
+    "erofs.h",
+    "rootfs.h",
+];
 const LINKER_SCRIPT: &str = "agent.ld";
 
 const CFLAGS: &[&str] = &[
@@ -98,6 +115,31 @@ fn main() {
         0xC000_0000 + len >= image_end,
         "guest build: agent.bin ({len} bytes) does not cover .bss (ends at {image_end:#x})"
     );
+
+    // burstvm init for Linux guests: a static, freestanding user-space ELF.
+    let init_src = Path::new("linux/init.c");
+    println!("cargo:rerun-if-changed={}", init_src.display());
+    run(Command::new(&cc)
+        .args([
+            "-static",
+            "-nostdlib",
+            "-ffreestanding",
+            "-fno-pie",
+            "-no-pie",
+            "-fno-stack-protector",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-tree-loop-distribute-patterns",
+            "-O2",
+            "-std=gnu11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wl,--build-id=none",
+            "-s",
+        ])
+        .arg(init_src)
+        .arg("-o")
+        .arg(out.join("linux_init")));
 
     fs::write(
         out.join("agent_consts.rs"),

@@ -27,7 +27,9 @@ int main(void) {
   CHECK(offsetof(struct boot_info, server_port) == 260);
   CHECK(offsetof(struct boot_info, n_probe) == 264);
   CHECK(offsetof(struct boot_info, probe_gpa) == 272);
-  CHECK(sizeof(struct boot_info) == 272 + 64 * 8);
+  CHECK(offsetof(struct boot_info, rootfs_gpa) == 784);
+  CHECK(offsetof(struct boot_info, rootfs_file) == 800);
+  CHECK(sizeof(struct boot_info) == 928);
 
   struct boot_info bi;
   memset(&bi, 0, sizeof bi);

@@ -1,12 +1,15 @@
 /* burstvm built-in guest agent: main flow.
  *
- * boot → (virtio-net driver init) → app launch → (link up, UDP request,
- * reply) → READY → EXIT, each step reported on the agent port. Guest code
+ * boot → (virtio-net driver init) → app launch (rootfs file + marker, app
+ * payload) → (link up, UDP request, reply) → READY → EXIT, each step
+ * reported on the agent port. Guest code
  * runs ~1000x slower than native here, so every loop is short and every wait
  * sleeps in `hlt` until an interrupt (device or LAPIC timer) arrives. */
 #include "agent.h"
 #include "bootinfo.h"
+#include "csum.h"
 #include "net.h"
+#include "rootfs.h"
 #include "virtio.h"
 
 /* ---- freestanding libc subset ------------------------------------------ */
@@ -133,36 +136,31 @@ static void irq_setup(const struct boot_info *bi) {
   lapic_write(LAPIC_TIMER_INIT, TIMER_COUNT);
 }
 
-/* Sleep until cond(n) holds. Interrupts stay off while cond is checked;
+static const struct boot_info *boot;
+
+/* Sleep until cond(arg) holds. Interrupts stay off while cond is checked;
  * `sti; hlt` is atomic (sti's one-instruction shadow), so an interrupt that
- * arrives after the check still wakes the hlt. */
-static void wait_until(int (*cond)(struct vnet *), struct vnet *n, uint32_t err) {
+ * arrives after the check still wakes the hlt. Every device's interrupt is
+ * acknowledged on each wakeup (there are at most four). */
+void wait_until(int (*cond)(void *), void *arg, uint32_t err) {
   uint64_t start = timer_ticks;
-  for (uint32_t wakeups = 0; !cond(n); wakeups++) {
+  for (uint32_t wakeups = 0; !cond(arg); wakeups++) {
     if (timer_ticks - start >= WAIT_TICKS || wakeups >= MAX_WAKEUPS) fail(err);
     __asm__ volatile("sti; hlt; cli" ::: "memory");
-    vnet_ack_irq(n);
+    for (uint32_t i = 0; i < boot->n_dev && i < 4; i++) virtio_ack_irq(boot->dev[i].mmio_base);
   }
 }
 
 /* ---- the application ------------------------------------------------------ */
 
-/* App checksum (docs/guest.md): wrapping sum of the payload as little-endian
- * u64 words, the last partial word zero-padded, folded to 32 bits as
- * low ^ high. Cheap per byte, yet every byte counts. */
-static uint32_t app_checksum(const uint8_t *p, uint64_t len) {
-  uint64_t sum = 0, i = 0;
-  for (; i + 8 <= len; i += 8) sum += *(const uint64_t *)(p + i);
-  uint64_t tail = 0;
-  for (unsigned s = 0; i < len; i++, s += 8) tail |= (uint64_t)p[i] << s;
-  sum += tail;
-  return (uint32_t)sum ^ (uint32_t)(sum >> 32);
-}
-
+/* The app loads from its rootfs (rootfs.c), then checksums its payload
+ * (csum.h, docs/guest.md). */
 static void app_launch(const struct boot_info *bi) {
   report(EV_APP_LAUNCH_START);
-  uint32_t sum = app_checksum((const uint8_t *)bi->app_gpa, bi->app_len);
-  report_data(EV_APP_LAUNCH_END, sum);
+  rootfs_launch(bi);
+  struct csum c = {0};
+  csum_add(&c, (const uint8_t *)bi->app_gpa, bi->app_len);
+  report_data(EV_APP_LAUNCH_END, csum_fold(&c));
 }
 
 /* Probe mode: report the 8 bytes at each address as two VALUEs (low, high). */
@@ -180,12 +178,14 @@ static uint8_t req_mac[6];
 static uint64_t req_sent_at;
 static uint32_t reply_len;
 
-static void send_request(struct vnet *n) {
+static void send_request(void *arg) {
+  struct vnet *n = arg;
   vnet_send(n, net_build_request(req_bi, req_mac, vnet_tx_frame(n)));
   req_sent_at = timer_ticks;
 }
 
-static int got_reply(struct vnet *n) {
+static int got_reply(void *arg) {
+  struct vnet *n = arg;
   uint8_t *f;
   uint32_t len, plen = 0;
   while (vnet_rx(n, &f, &len)) {
@@ -211,9 +211,12 @@ static const struct boot_dev *find_net(const struct boot_info *bi) {
 }
 
 void agent_main(struct boot_info *bi) {
-  if (bi->magic != BOOTINFO_MAGIC || bi->version != BOOTINFO_VERSION) fail(ERR_BAD_MAGIC);
+  if (bi->magic != BOOTINFO_MAGIC || bi->version < 1) fail(ERR_BAD_MAGIC);
+  boot = bi;
   report(EV_BOOT);
   idt_setup();
+  heap_init(bi);
+  if (bi->n_dev) irq_setup(bi);
 
   const struct boot_dev *dev = find_net(bi);
   if (!dev) { /* no network: the app launch is all there is */
@@ -225,8 +228,6 @@ void agent_main(struct boot_info *bi) {
 
   static struct vnet net;
   int async = bi->flags & BI_ASYNC_VF_INIT;
-  heap_init(bi);
-  irq_setup(bi);
 
   /* FastIOV §4.2.2: the sync driver waits for the VF before the app starts;
    * the async one lets the app launch overlap the VF becoming ready, and

@@ -18,6 +18,8 @@ enum agent_event {
   EV_VALUE = 0x07,
   EV_ERROR = 0x08,
   EV_EXIT = 0x09,
+  EV_ROOTFS_FILE = 0x0a,    /* DATA = checksum of boot_info.rootfs_file in the EROFS layer */
+  EV_ROOTFS_MARKER = 0x0b,  /* DATA = checksum of the writable layer's sector 0 before the marker */
 };
 
 /* ERROR codes (DATA of EV_ERROR); the VMM names them (docs/guest.md). */
@@ -32,6 +34,11 @@ enum agent_error {
   ERR_TX_TIMEOUT = 8,       /* device never returned the TX buffer */
   ERR_DEVICE_FAILED = 9,    /* device set DEVICE_NEEDS_RESET */
   ERR_EXCEPTION = 10,       /* CPU exception (vector in a VALUE before it) */
+  ERR_BLK_TIMEOUT = 11,     /* virtio-blk request never completed */
+  ERR_BLK_IO = 12,          /* virtio-blk request failed (status in a VALUE before it) */
+  ERR_EROFS = 13,           /* rootfs file not readable (erofs.h code in a VALUE before it) */
+  ERR_MARKER = 14,          /* the marker read back from the writable layer differs */
+  ERR_NO_ROOTFS = 15,       /* rootfs_file set but no EROFS image (disk or memory) */
 };
 
 static inline void outb(uint16_t port, uint8_t v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }

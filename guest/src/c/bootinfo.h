@@ -4,17 +4,19 @@
 #include <stdint.h>
 
 #define BOOTINFO_MAGIC 0x42555253544d5631ULL /* "BURSTVM1" */
-#define BOOTINFO_VERSION 1
+/* Version 2 appends the rootfs fields. A reader accepts any version >= 1
+ * and reads the fields of version k only if version >= k. */
+#define BOOTINFO_VERSION 2
 
 #define BI_ASYNC_VF_INIT 1
 #define BI_PROBE_MODE 2
 #define BI_TOUCH_RX 4
 
 struct boot_mem   { uint64_t base, size; };
-struct boot_dev   { uint64_t mmio_base; uint32_t irq; uint32_t virtio_type; };
+struct boot_dev   { uint64_t mmio_base; uint32_t irq; uint32_t virtio_type; }; /* 1 net, 2 blk */
 struct boot_info {
   uint64_t magic;
-  uint32_t version;           /* 1 */
+  uint32_t version;           /* BOOTINFO_VERSION */
   uint32_t flags;             /* BI_ASYNC_VF_INIT=1, BI_PROBE_MODE=2, BI_TOUCH_RX=4 */
   char     sandbox_id[64];    /* NUL-terminated */
   uint32_t n_mem, n_dev;
@@ -26,6 +28,9 @@ struct boot_info {
   uint16_t server_port, client_port;
   uint32_t n_probe;           /* probe mode: addresses to read and report */
   uint64_t probe_gpa[64];
+  /* version 2: rootfs (docs/rootfs.md) */
+  uint64_t rootfs_gpa, rootfs_len; /* EROFS image in guest memory (pmem mode); 0 = on the read-only disk */
+  char     rootfs_file[128];       /* NUL-terminated path the agent checksums; "" = none */
 };
 
 #endif

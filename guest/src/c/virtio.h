@@ -1,5 +1,6 @@
-/* virtio-mmio (version 2) and split-virtqueue definitions, and the
- * virtio-net driver's interface (virtio_net.c). */
+/* virtio-mmio (version 2) and split-virtqueue definitions, the transport
+ * helpers (virtio.c), and the interfaces of the virtio-net driver
+ * (virtio_net.c) and the virtio-blk driver (virtio_blk.c). */
 #ifndef VIRTIO_H
 #define VIRTIO_H
 #include <stdint.h>
@@ -31,6 +32,7 @@
 
 #define VIRTIO_MMIO_MAGIC 0x74726976
 #define VIRTIO_ID_NET 1
+#define VIRTIO_ID_BLOCK 2
 
 /* Device status bits. */
 #define VIRTIO_STATUS_ACKNOWLEDGE 1
@@ -44,6 +46,8 @@
 #define VIRTIO_NET_F_MAC    (1ULL << 5)
 #define VIRTIO_NET_F_STATUS (1ULL << 16)
 #define VIRTIO_F_VERSION_1  (1ULL << 32)
+#define VIRTIO_BLK_F_RO     (1ULL << 5)
+#define VIRTIO_BLK_F_FLUSH  (1ULL << 9)
 
 /* virtio-net config space. */
 #define VIRTIO_NET_CFG_MAC    0
@@ -56,6 +60,15 @@ struct virtio_net_hdr {
   uint16_t hdr_len, gso_size, csum_start, csum_offset, num_buffers;
 };
 #define VNET_HDR_LEN 12
+
+/* virtio-blk config space and requests (virtio 1.2 §5.2). */
+#define VIRTIO_BLK_CFG_CAPACITY 0 /* le64, in 512-byte sectors */
+#define VIRTIO_BLK_T_IN    0
+#define VIRTIO_BLK_T_OUT   1
+#define VIRTIO_BLK_T_FLUSH 4
+#define VIRTIO_BLK_S_OK    0
+#define SECTOR_SIZE 512
+struct virtio_blk_req { uint32_t type, reserved; uint64_t sector; };
 
 /* Split virtqueue (virtio 1.2 §2.7). */
 #define VIRTQ_DESC_F_NEXT  1
@@ -88,17 +101,40 @@ struct vnet {
   uint16_t rx_cur;        /* descriptor of the frame handed out by vnet_rx */
 };
 
+struct vblk {
+  uint64_t base;          /* MMIO base */
+  uint64_t features;      /* negotiated (VIRTIO_BLK_F_RO: the read-only layer) */
+  uint64_t sectors;       /* capacity */
+  struct virtq q;
+  struct virtio_blk_req *hdr;
+  volatile uint8_t *status;
+};
+
 /* Bump allocator over boot_info.mem (agent.c). Returned pages are zero. */
 void *alloc_pages(uint32_t n);
+/* Sleep until cond(arg) holds, acknowledging device interrupts (agent.c);
+ * fail(err) after the agent's wait limit. */
+void wait_until(int (*cond)(void *), void *arg, uint32_t err);
+
+/* Transport (virtio.c). virtio_start resets the device, checks its id and
+ * negotiates `wanted` (plus VERSION_1); returns the negotiated features. */
+uint64_t virtio_start(uint64_t base, uint32_t device_id, uint64_t wanted);
+void virtq_setup(uint64_t base, struct virtq *q, uint16_t index);
+void virtio_driver_ok(uint64_t base);
+void virtq_post(struct virtq *q, uint16_t id);
+void virtq_notify(uint64_t base, struct virtq *q);
+void virtio_ack_irq(uint64_t base);
 
 void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx);
-int vnet_link_up(struct vnet *n);
-void vnet_ack_irq(struct vnet *n);
-int vnet_tx_idle(struct vnet *n);
+int vnet_link_up(void *n);
+int vnet_tx_idle(void *n);
 uint8_t *vnet_tx_frame(struct vnet *n);
 void vnet_send(struct vnet *n, uint32_t frame_len);
 int vnet_rx(struct vnet *n, uint8_t **frame, uint32_t *len);
 void vnet_rx_done(struct vnet *n);
 void vnet_read_mac(struct vnet *n, uint8_t mac[6]);
+
+void vblk_init(struct vblk *b, const struct boot_dev *d);
+uint8_t vblk_request(struct vblk *b, uint32_t type, uint64_t sector, void *buf, uint32_t len);
 
 #endif

@@ -1,0 +1,90 @@
+/* virtio-mmio (version 2) transport and split virtqueues, shared by the
+ * drivers (virtio_net.c, virtio_blk.c). Follows the init sequence of
+ * virtio 1.2 §3.1.1 step by step. */
+#include "agent.h"
+#include "virtio.h"
+
+static uint32_t rd(uint64_t base, uint32_t reg) { return mmio_read32(base + reg); }
+static void wr(uint64_t base, uint32_t reg, uint32_t v) { mmio_write32(base + reg, v); }
+
+static void set_status(uint64_t base, uint32_t bits) {
+  wr(base, VIRTIO_MMIO_STATUS, rd(base, VIRTIO_MMIO_STATUS) | bits);
+}
+
+uint64_t virtio_start(uint64_t base, uint32_t device_id, uint64_t wanted) {
+  if (rd(base, VIRTIO_MMIO_MAGIC_VALUE) != VIRTIO_MMIO_MAGIC || rd(base, VIRTIO_MMIO_VERSION) != 2 ||
+      rd(base, VIRTIO_MMIO_DEVICE_ID) != device_id)
+    fail(ERR_BAD_DEVICE);
+
+  wr(base, VIRTIO_MMIO_STATUS, 0); /* reset */
+  uint32_t st = rd(base, VIRTIO_MMIO_STATUS);
+  if (st & VIRTIO_STATUS_NEEDS_RESET) fail(ERR_DEVICE_FAILED); /* e.g. the VF open failed */
+  if (st != 0) fail(ERR_BAD_DEVICE);
+  set_status(base, VIRTIO_STATUS_ACKNOWLEDGE);
+  set_status(base, VIRTIO_STATUS_DRIVER);
+
+  wr(base, VIRTIO_MMIO_DEVICE_FEATURES_SEL, 0);
+  uint64_t dev = rd(base, VIRTIO_MMIO_DEVICE_FEATURES);
+  wr(base, VIRTIO_MMIO_DEVICE_FEATURES_SEL, 1);
+  dev |= (uint64_t)rd(base, VIRTIO_MMIO_DEVICE_FEATURES) << 32;
+  if (!(dev & VIRTIO_F_VERSION_1)) fail(ERR_FEATURES);
+  uint64_t features = dev & (wanted | VIRTIO_F_VERSION_1);
+  wr(base, VIRTIO_MMIO_DRIVER_FEATURES_SEL, 0);
+  wr(base, VIRTIO_MMIO_DRIVER_FEATURES, (uint32_t)features);
+  wr(base, VIRTIO_MMIO_DRIVER_FEATURES_SEL, 1);
+  wr(base, VIRTIO_MMIO_DRIVER_FEATURES, (uint32_t)(features >> 32));
+  set_status(base, VIRTIO_STATUS_FEATURES_OK);
+  if (!(rd(base, VIRTIO_MMIO_STATUS) & VIRTIO_STATUS_FEATURES_OK)) fail(ERR_FEATURES);
+  return features;
+}
+
+void virtq_setup(uint64_t base, struct virtq *q, uint16_t index) {
+  wr(base, VIRTIO_MMIO_QUEUE_SEL, index);
+  uint32_t max = rd(base, VIRTIO_MMIO_QUEUE_NUM_MAX);
+  if (max == 0 || rd(base, VIRTIO_MMIO_QUEUE_READY)) fail(ERR_QUEUE);
+  uint16_t num = VQ_SIZE;
+  while (num > max) num >>= 1; /* stay a power of two */
+
+  uint8_t *page = alloc_pages(1);
+  q->index = index;
+  q->num = num;
+  q->desc = (void *)page;
+  q->avail = (void *)(page + 16 * VQ_SIZE);
+  q->used = (void *)(page + 512); /* 4-byte aligned, after avail's 6 + 2*VQ_SIZE bytes */
+
+  wr(base, VIRTIO_MMIO_QUEUE_NUM, num);
+  wr(base, VIRTIO_MMIO_QUEUE_DESC_LOW, (uint32_t)(uint64_t)q->desc);
+  wr(base, VIRTIO_MMIO_QUEUE_DESC_HIGH, (uint32_t)((uint64_t)q->desc >> 32));
+  wr(base, VIRTIO_MMIO_QUEUE_DRIVER_LOW, (uint32_t)(uint64_t)q->avail);
+  wr(base, VIRTIO_MMIO_QUEUE_DRIVER_HIGH, (uint32_t)((uint64_t)q->avail >> 32));
+  wr(base, VIRTIO_MMIO_QUEUE_DEVICE_LOW, (uint32_t)(uint64_t)q->used);
+  wr(base, VIRTIO_MMIO_QUEUE_DEVICE_HIGH, (uint32_t)((uint64_t)q->used >> 32));
+  wr(base, VIRTIO_MMIO_QUEUE_READY, 1);
+}
+
+void virtio_driver_ok(uint64_t base) {
+  set_status(base, VIRTIO_STATUS_DRIVER_OK);
+  if (rd(base, VIRTIO_MMIO_STATUS) & VIRTIO_STATUS_NEEDS_RESET) fail(ERR_DEVICE_FAILED);
+}
+
+/* Make descriptor `id` available. Device reads are ordered after our stores
+ * because x86 does not reorder stores; the barrier stops the compiler. */
+void virtq_post(struct virtq *q, uint16_t id) {
+  q->avail->ring[q->avail_idx % q->num] = id;
+  barrier();
+  q->avail->idx = ++q->avail_idx;
+}
+
+void virtq_notify(uint64_t base, struct virtq *q) {
+  barrier();
+  wr(base, VIRTIO_MMIO_QUEUE_NOTIFY, q->index);
+}
+
+/* Acknowledge whatever the device signalled; the driver then looks at the
+ * rings and config itself (a vhost-user backend signals through irqfd
+ * without setting InterruptStatus). */
+void virtio_ack_irq(uint64_t base) {
+  uint32_t isr = rd(base, VIRTIO_MMIO_INTERRUPT_STATUS);
+  if (isr) wr(base, VIRTIO_MMIO_INTERRUPT_ACK, isr);
+  if (rd(base, VIRTIO_MMIO_STATUS) & VIRTIO_STATUS_NEEDS_RESET) fail(ERR_DEVICE_FAILED);
+}
