@@ -25,19 +25,8 @@ pub fn payload(sandbox: &str, len: usize) -> Vec<u8> {
     out
 }
 
-/// The agent's app checksum (docs/guest.md): wrapping sum of little-endian
-/// u64 words, last partial word zero-padded, folded to 32 bits as low ^ high.
-pub fn checksum(data: &[u8]) -> u32 {
-    let mut chunks = data.chunks_exact(8);
-    let mut sum = 0u64;
-    for c in &mut chunks {
-        sum = sum.wrapping_add(u64::from_le_bytes(c.try_into().expect("8-byte chunk")));
-    }
-    let mut tail = [0u8; 8];
-    tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
-    sum = sum.wrapping_add(u64::from_le_bytes(tail));
-    sum as u32 ^ (sum >> 32) as u32
-}
+/// The agent's checksum (docs/guest.md), shared with the rootfs check.
+pub use guest::checksum;
 
 #[cfg(test)]
 mod tests {

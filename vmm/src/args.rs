@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use netutil::MacAddr;
 
-use crate::bus::{NetBackend, VfInit};
+use crate::bus::{DiskSpec, NetBackend, VfInit};
 use crate::error::Error;
 use crate::layout;
 
@@ -33,6 +33,19 @@ pub struct VmmArgs {
     /// Network device: tap:NAME (virtio-net over a tap) or vf:SOCKET (vhost-user VF).
     #[arg(long, value_parser = parse_net)]
     pub net: Vec<NetBackend>,
+    /// Block device: path=FILE[,ro][,unlink][,id=ID] (virtio-blk); repeatable.
+    /// The rootfs: the EROFS image read-only, the writable layer with unlink.
+    #[arg(long, value_parser = parse_disk)]
+    pub disk: Vec<DiskSpec>,
+    /// Built-in agent: put this EROFS image into the image region (a
+    /// pmem-style mapping, DMA-mapped with it) instead of a virtio-blk disk.
+    #[arg(long, conflicts_with = "kernel")]
+    pub rootfs_pmem: Option<PathBuf>,
+    /// PATH=CHECKSUM: a file of the EROFS image the guest reads and
+    /// checksums (the agent, or burstvm's Linux init, given
+    /// burstvm_check=PATH); the VMM checks it as it does the app checksum.
+    #[arg(long)]
+    pub rootfs_check: Option<String>,
     /// Guest MAC address (default: derived from the sandbox id).
     #[arg(long)]
     pub mac: Option<String>,
@@ -96,6 +109,10 @@ fn parse_net(s: &str) -> Result<NetBackend, String> {
     s.parse()
 }
 
+fn parse_disk(s: &str) -> Result<DiskSpec, String> {
+    s.parse()
+}
+
 /// What to boot.
 #[derive(Debug, Clone)]
 pub enum BootSource {
@@ -127,6 +144,10 @@ pub struct VmConfig {
     pub vcpus: u8,
     pub boot: BootSource,
     pub net: Vec<NetBackend>,
+    pub disks: Vec<DiskSpec>,
+    pub rootfs_pmem: Option<PathBuf>,
+    /// File the agent checksums in the EROFS image, and the host's checksum.
+    pub rootfs_check: Option<(String, u32)>,
     pub netcfg: NetConfig,
     pub policy: guestmem::MemoryPolicy,
     pub dma_ram: bool,
@@ -183,6 +204,23 @@ fn parse_cidr(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), Error> {
     }
     let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
     Ok((ip, Ipv4Addr::from(mask)))
+}
+
+/// `PATH=CHECKSUM`: an absolute path (fits the boot info) and a hex checksum.
+fn parse_rootfs_check(s: &str) -> Result<(String, u32), Error> {
+    let bad = |why: &str| invalid("--rootfs-check", format!("{s:?}: {why}"));
+    let (path, sum) = s
+        .rsplit_once('=')
+        .ok_or_else(|| bad("expected PATH=CHECKSUM"))?;
+    if !path.starts_with('/')
+        || path.len() >= crate::bootinfo::ROOTFS_FILE_MAX
+        || path.contains('\0')
+    {
+        return Err(bad("PATH must be absolute and under 128 bytes"));
+    }
+    let hex = sum.trim_start_matches("0x");
+    let sum = u32::from_str_radix(hex, 16).map_err(|_| bad("CHECKSUM must be 32-bit hex"))?;
+    Ok((path.to_string(), sum))
 }
 
 fn parse_gpa(s: &str) -> Result<u64, Error> {
@@ -261,12 +299,20 @@ impl VmConfig {
         if a.vcpus == 0 || a.vcpus > 32 {
             return Err(invalid("--vcpus", format!("{} must be 1..32", a.vcpus)));
         }
-        if a.net.len() > layout::MAX_DEVICES {
+        if a.net.len() + a.disk.len() > layout::MAX_DEVICES {
             return Err(invalid(
-                "--net",
-                format!("at most {} network devices", layout::MAX_DEVICES),
+                "--disk",
+                format!(
+                    "at most {} devices (--net and --disk together)",
+                    layout::MAX_DEVICES
+                ),
             ));
         }
+        let rootfs_check = a
+            .rootfs_check
+            .as_deref()
+            .map(parse_rootfs_check)
+            .transpose()?;
         let policy: guestmem::MemoryPolicy = a
             .memory_policy
             .parse()
@@ -328,6 +374,9 @@ impl VmConfig {
             vcpus: a.vcpus,
             boot,
             net: a.net.clone(),
+            disks: a.disk.clone(),
+            rootfs_pmem: a.rootfs_pmem.clone(),
+            rootfs_check,
             netcfg: NetConfig {
                 mac,
                 server_mac,
@@ -414,6 +463,36 @@ mod tests {
         assert!(cfg(&["--ip", "10.0.0.1/40"]).is_err());
         let d = cfg(&[]).unwrap();
         assert_eq!(d.netcfg.mac[0], 0x02);
+    }
+
+    #[test]
+    fn disks_and_rootfs_flags() {
+        let c = cfg(&[
+            "--disk",
+            "path=/img.erofs,ro,id=rootfs",
+            "--disk",
+            "path=/rw,unlink",
+            "--rootfs-check",
+            "/etc/os-release=0x1234abcd",
+        ])
+        .unwrap();
+        assert_eq!(c.disks.len(), 2);
+        assert!(c.disks[0].read_only && !c.disks[0].unlink);
+        assert_eq!(c.disks[0].id.as_deref(), Some("rootfs"));
+        assert!(c.disks[1].unlink && !c.disks[1].read_only);
+        assert_eq!(
+            c.rootfs_check,
+            Some(("/etc/os-release".into(), 0x1234_abcd))
+        );
+        for bad in ["etc=1", "/x=zz", "/x"] {
+            let e = cfg(&["--rootfs-check", bad]).unwrap_err().to_string();
+            assert!(e.contains("--rootfs-check"), "{e}");
+        }
+        assert!(Cli::try_parse_from(["x", "--sandbox", "s", "--disk", "ro"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--sandbox", "s", "--disk", "path=/a,rw"]).is_err());
+        let five: Vec<&str> = ["--disk", "path=/a"].repeat(5);
+        let e = cfg(&five).unwrap_err().to_string();
+        assert!(e.contains("at most 4"), "{e}");
     }
 
     #[test]

@@ -6,11 +6,16 @@ use vm_memory::ByteValued;
 use crate::args::VmConfig;
 
 pub const MAGIC: u64 = 0x4255_5253_544d_5631; // "BURSTVM1"
-pub const VERSION: u32 = 1;
+/// Version 2 appends the rootfs fields; a reader accepts any version ≥ the
+/// one whose fields it needs (docs/design.md).
+pub const VERSION: u32 = 2;
 pub const BI_ASYNC_VF_INIT: u32 = 1;
 pub const BI_PROBE_MODE: u32 = 2;
 pub const BI_TOUCH_RX: u32 = 4;
 pub const VIRTIO_ID_NET: u32 = 1;
+pub const VIRTIO_ID_BLOCK: u32 = 2;
+/// Bytes of `rootfs_file`, NUL included.
+pub const ROOTFS_FILE_MAX: usize = 128;
 /// UDP source port the agent uses for its request.
 pub const CLIENT_PORT: u16 = 40000;
 
@@ -54,11 +59,40 @@ pub struct BootInfo {
     /// Explicit so that every byte of the block is initialized.
     pub pad: u32,
     pub probe_gpa: [u64; 64],
+    // Version 2: rootfs.
+    /// EROFS image in guest memory (pmem mode); 0 = on the read-only disk.
+    pub rootfs_gpa: u64,
+    pub rootfs_len: u64,
+    /// NUL-terminated path the agent checksums; empty = none.
+    pub rootfs_file: [u8; ROOTFS_FILE_MAX],
+}
+
+/// A device as the boot info lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DevEntry {
+    pub mmio_base: u64,
+    pub gsi: u32,
+    pub virtio_type: u32,
+}
+
+/// What the agent needs to prove the rootfs (docs/rootfs.md).
+#[derive(Debug, Clone, Default)]
+pub struct RootfsInfo {
+    /// (gpa, len) of the EROFS image in guest memory, pmem mode.
+    pub image: Option<(u64, u64)>,
+    /// Path in the image the agent checksums.
+    pub file: Option<String>,
 }
 
 impl BootInfo {
-    /// Builds the block for `cfg`, with usable RAM `mem`, devices `(mmio_base, gsi)`.
-    pub fn new(cfg: &VmConfig, mem: &[BootMem], devs: &[(u64, u32)], app_gpa: u64) -> Self {
+    /// Builds the block for `cfg`, with usable RAM `mem`, devices `devs`.
+    pub fn new(
+        cfg: &VmConfig,
+        mem: &[BootMem],
+        devs: &[DevEntry],
+        app_gpa: u64,
+        rootfs: &RootfsInfo,
+    ) -> Self {
         let mut bi = BootInfo {
             magic: MAGIC,
             version: VERSION,
@@ -85,7 +119,15 @@ impl BootInfo {
             n_probe: cfg.probe.len() as u32,
             pad: 0,
             probe_gpa: [0; 64],
+            rootfs_gpa: rootfs.image.map_or(0, |i| i.0),
+            rootfs_len: rootfs.image.map_or(0, |i| i.1),
+            rootfs_file: [0; ROOTFS_FILE_MAX],
         };
+        if let Some(f) = &rootfs.file {
+            // Validated to fit (NUL included) by the config.
+            let n = f.len().min(ROOTFS_FILE_MAX - 1);
+            bi.rootfs_file[..n].copy_from_slice(&f.as_bytes()[..n]);
+        }
         if cfg.vf_init == crate::bus::VfInit::Async {
             bi.flags |= BI_ASYNC_VF_INIT;
         }
@@ -99,11 +141,11 @@ impl BootInfo {
         for (d, m) in bi.mem.iter_mut().zip(mem) {
             *d = *m;
         }
-        for (d, &(base, irq)) in bi.dev.iter_mut().zip(devs) {
+        for (d, e) in bi.dev.iter_mut().zip(devs) {
             *d = BootDev {
-                mmio_base: base,
-                irq,
-                virtio_type: VIRTIO_ID_NET,
+                mmio_base: e.mmio_base,
+                irq: e.gsi,
+                virtio_type: e.virtio_type,
             };
         }
         for (d, &g) in bi.probe_gpa.iter_mut().zip(&cfg.probe) {
@@ -140,6 +182,8 @@ mod tests {
         assert_eq!(offset_of!(BootInfo, server_port), 260);
         assert_eq!(offset_of!(BootInfo, n_probe), 264);
         assert_eq!(offset_of!(BootInfo, probe_gpa), 272);
-        assert_eq!(size_of::<BootInfo>(), 272 + 512);
+        assert_eq!(offset_of!(BootInfo, rootfs_gpa), 784);
+        assert_eq!(offset_of!(BootInfo, rootfs_file), 800);
+        assert_eq!(size_of::<BootInfo>(), 928);
     }
 }

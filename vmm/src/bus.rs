@@ -61,6 +61,48 @@ impl std::str::FromStr for NetBackend {
     }
 }
 
+/// A virtio-blk disk, parsed from `--disk path=FILE[,ro][,unlink][,id=ID]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskSpec {
+    pub path: PathBuf,
+    /// Offered with VIRTIO_BLK_F_RO; writes fail with IOERR.
+    pub read_only: bool,
+    /// Unlink the file once open (RunD's volatile writable layer): nothing
+    /// persists after the VMM, and a flush has nothing to make durable.
+    pub unlink: bool,
+    /// VIRTIO_BLK_T_GET_ID answer (at most 20 bytes; default: the file name).
+    pub id: Option<String>,
+}
+
+impl std::str::FromStr for DiskSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut d = DiskSpec {
+            path: PathBuf::new(),
+            read_only: false,
+            unlink: false,
+            id: None,
+        };
+        for part in s.split(',') {
+            match part.split_once('=') {
+                Some(("path", p)) if !p.is_empty() => d.path = PathBuf::from(p),
+                Some(("id", id)) if !id.is_empty() && id.len() <= 20 => d.id = Some(id.into()),
+                None if part == "ro" => d.read_only = true,
+                None if part == "unlink" => d.unlink = true,
+                _ => {
+                    return Err(format!(
+                        "--disk {s:?}: {part:?} is not path=FILE, ro, unlink or id=ID (1..20 bytes)"
+                    ))
+                }
+            }
+        }
+        if d.path.as_os_str().is_empty() {
+            return Err(format!("--disk {s:?}: path=FILE is required"));
+        }
+        Ok(d)
+    }
+}
+
 /// What a device gets from the VM core when it is created.
 pub struct DeviceContext {
     /// For irqfd / ioeventfd registration.

@@ -35,6 +35,21 @@ pub enum GuestFailure {
         expected: u32,
         got: u32,
     },
+    /// The rootfs file the agent read differs from the host's.
+    RootfsChecksum {
+        file: String,
+        expected: u32,
+        got: u32,
+    },
+    /// The writable layer did not start clean: `got` is the checksum of its
+    /// first sector (another sandbox's marker, or a reused layer).
+    WritableLayerNotFresh {
+        got: u32,
+    },
+    /// The agent reached app-launch end without this rootfs report.
+    RootfsMissing {
+        what: &'static str,
+    },
     Exit {
         status: u32,
     },
@@ -47,6 +62,8 @@ pub enum GuestFailure {
         signal: String,
     },
     MemoryHandler(String),
+    /// The guest reset the machine (i8042 reset; Linux after a panic).
+    Reset,
 }
 
 /// The agent's error names (guest/src/c/agent.h).
@@ -62,6 +79,11 @@ pub fn agent_error_name(code: u32) -> &'static str {
         8 => "ERR_TX_TIMEOUT (device never returned the TX buffer)",
         9 => "ERR_DEVICE_FAILED (device set DEVICE_NEEDS_RESET)",
         10 => "ERR_EXCEPTION (CPU exception in the agent)",
+        11 => "ERR_BLK_TIMEOUT (virtio-blk request never completed)",
+        12 => "ERR_BLK_IO (virtio-blk request failed; status in the VALUE before)",
+        13 => "ERR_EROFS (rootfs file not readable; erofs.h code in the VALUE before)",
+        14 => "ERR_MARKER (marker read back from the writable layer differs)",
+        15 => "ERR_NO_ROOTFS (rootfs file named but no EROFS image)",
         _ => "unknown agent error",
     }
 }
@@ -95,6 +117,21 @@ impl std::fmt::Display for GuestFailure {
                 f,
                 "app payload checksum mismatch: agent reported {got:#010x}, expected {expected:#010x}"
             ),
+            GuestFailure::RootfsChecksum {
+                file,
+                expected,
+                got,
+            } => write!(
+                f,
+                "rootfs file {file}: agent read checksum {got:#010x}, the image has {expected:#010x}"
+            ),
+            GuestFailure::WritableLayerNotFresh { got } => write!(
+                f,
+                "writable layer not fresh: its first sector already held data (checksum {got:#010x})"
+            ),
+            GuestFailure::RootfsMissing { what } => {
+                write!(f, "agent finished app launch without reporting {what}")
+            }
             GuestFailure::Exit { status } => {
                 write!(f, "guest exited with status {status} before READY")
             }
@@ -102,6 +139,7 @@ impl std::fmt::Display for GuestFailure {
                 write!(f, "timeout: guest not ready after {secs} s (--timeout); {vcpus}")
             }
             GuestFailure::Terminated { signal } => write!(f, "terminated by {signal}"),
+            GuestFailure::Reset => write!(f, "guest reset the machine (i8042 reset command)"),
             GuestFailure::MemoryHandler(msg) => {
                 write!(f, "guest memory fault handling failed, VM stopped: {msg}")
             }

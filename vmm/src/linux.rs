@@ -50,13 +50,29 @@ fn kerr(path: &Path, msg: impl Into<String>) -> Error {
     }
 }
 
-/// The command line: the user's (or a default), plus console and devices.
+/// The command line when the user gives none.
+pub const DEFAULT_CMDLINE: &str =
+    "reboot=k panic=1 pci=off nomodules i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd";
+
+/// What a guest kernel needs on a kvm_pvm host (a software hypervisor
+/// without VMX): CPUID advertises host features whose instructions kvm_pvm
+/// cannot run for a guest kernel, so the kernel must not use them.
+/// Measured with guest/linux's kernel, each flag alone (docs/guest.md):
+/// `xsave` — `xrstor64` in fpu__init_system_xstate is an emulation failure;
+/// `smap` — the `clac` at the interrupt entry is an emulation failure;
+/// `popcnt` — `popcnt` patched in by alternatives is an emulation failure.
+/// Not added where the flag is already given, nor on a VMX/SVM host.
+pub const KVM_PVM_CMDLINE: &str = "clearcpuid=smap,popcnt,xsave";
+
+/// Whether this host's KVM is kvm_pvm.
+pub fn host_is_kvm_pvm() -> bool {
+    Path::new("/sys/module/kvm_pvm").exists()
+}
+
+/// The command line: the user's (or a default), plus console, devices and
+/// what a kvm_pvm host needs.
 pub fn build_cmdline(user: Option<&str>, devices: &[(u64, u32)]) -> Result<Cmdline, String> {
-    let mut s = user
-        .unwrap_or(
-            "reboot=k panic=1 pci=off nomodules i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd",
-        )
-        .to_string();
+    let mut s = user.unwrap_or(DEFAULT_CMDLINE).to_string();
     if !s.split_whitespace().any(|w| w.starts_with("console=")) {
         s.push_str(" console=ttyS0");
     }
@@ -66,6 +82,10 @@ pub fn build_cmdline(user: Option<&str>, devices: &[(u64, u32)]) -> Result<Cmdli
     }
     for (base, gsi) in devices {
         s.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{gsi}"));
+    }
+    if host_is_kvm_pvm() && !s.split_whitespace().any(|w| w.starts_with("clearcpuid=")) {
+        s.push(' ');
+        s.push_str(KVM_PVM_CMDLINE);
     }
     let mut c = Cmdline::new(CMDLINE_MAX).map_err(|e| e.to_string())?;
     c.insert_str(s.trim()).map_err(|e| format!("{e}"))?;

@@ -1,14 +1,16 @@
 //! Step 4 of the build: the guest's boot state, all written on guestmem's
 //! instant-zero list (lazy zeroing never wipes it). The built-in agent gets
-//! GDT, page tables, boot info, its image and the app payload; a Linux
-//! kernel gets what linux-loader staged, plus GDT, page tables and the MP
-//! table.
+//! GDT, page tables, boot info, its image, the app payload and (pmem mode)
+//! the EROFS image; a Linux kernel gets what linux-loader staged, plus GDT,
+//! page tables and the MP table.
 
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
-use super::memory::agent_image_layout;
+use trace::{monotonic_ns, Stage, TraceWriter};
+
+use super::memory::ImageLayout;
 use crate::args::VmConfig;
-use crate::bootinfo::{BootInfo, BootMem};
+use crate::bootinfo::{BootInfo, BootMem, DevEntry, RootfsInfo};
 use crate::error::Error;
 use crate::layout::*;
 use crate::linux::LoadedKernel;
@@ -24,33 +26,30 @@ pub(super) fn load_guest(
     cfg: &VmConfig,
     mem: &guestmem::GuestMemory,
     linux: Option<LoadedKernel>,
-    devs: &[(u64, u32)],
+    devs: &[DevEntry],
+    image: &ImageLayout,
 ) -> Result<LoadedGuest, Error> {
     let sb = cfg.sandbox.as_str();
     let payload = crate::app::payload(sb, cfg.app_size as usize);
     let app_checksum = crate::app::checksum(&payload);
-    let write = |gpa: u64, data: &[u8], what: &'static str| {
-        mem.write_instant(gpa, data).map_err(|e| Error::GuestWrite {
-            sandbox: sb.to_string(),
-            gpa,
-            what,
-            msg: e.to_string(),
-        })
-    };
+    let write = writer(sb, mem);
     let entry = match linux {
         None => {
             write(GDT_ADDR, &x86::gdt_bytes(&x86::GDT_64), "GDT")?;
             write(PML4_ADDR, &x86::page_tables(), "page tables")?;
-            let (app_gpa, _) = agent_image_layout(cfg);
             let usable = [BootMem {
                 base: RAM_FREE_START,
                 size: cfg.ram_size - RAM_FREE_START,
             }];
-            let info = BootInfo::new(cfg, &usable, devs, app_gpa);
+            let rootfs = RootfsInfo {
+                image: image.rootfs,
+                file: cfg.rootfs_check.as_ref().map(|(f, _)| f.clone()),
+            };
+            let info = BootInfo::new(cfg, &usable, devs, image.app_gpa, &rootfs);
             write(BOOT_INFO_ADDR, info.as_slice(), "boot info")?;
             write(guest::LOAD_ADDR, guest::AGENT_IMAGE, "agent image")?;
             if !payload.is_empty() {
-                write(app_gpa, &payload, "app payload")?;
+                write(image.app_gpa, &payload, "app payload")?;
             }
             EntryMode::Long64 {
                 rip: guest::ENTRY_ADDR,
@@ -99,4 +98,50 @@ pub(super) fn load_guest(
         entry,
         app_checksum,
     })
+}
+
+/// Writes on guestmem's instant-zero list, errors naming the sandbox.
+fn writer<'a>(
+    sb: &'a str,
+    mem: &'a guestmem::GuestMemory,
+) -> impl Fn(u64, &[u8], &'static str) -> Result<(), Error> + 'a {
+    move |gpa, data, what| {
+        mem.write_instant(gpa, data).map_err(|e| Error::GuestWrite {
+            sandbox: sb.to_string(),
+            gpa,
+            what,
+            msg: e.to_string(),
+        })
+    }
+}
+
+/// pmem mode: copies the EROFS image (`len` bytes of `f`) to `gpa` in the
+/// image region, 1 MiB at a time, timed as the VMM's part of the `rootfs`
+/// stage.
+pub(super) fn load_pmem_image(
+    cfg: &VmConfig,
+    mem: &guestmem::GuestMemory,
+    f: &std::fs::File,
+    len: u64,
+    gpa: u64,
+    trace: &TraceWriter,
+) -> Result<(), Error> {
+    use std::os::unix::fs::FileExt;
+    let t0 = monotonic_ns();
+    let write = writer(&cfg.sandbox, mem);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = 0;
+    while off < len {
+        let n = (len - off).min(buf.len() as u64) as usize;
+        f.read_exact_at(&mut buf[..n], off)
+            .map_err(|source| Error::File {
+                what: "--rootfs-pmem image",
+                path: cfg.rootfs_pmem.clone().unwrap_or_default(),
+                source,
+            })?;
+        write(gpa + off, &buf[..n], "rootfs image")?;
+        off += n as u64;
+    }
+    trace.record(Stage::Rootfs, t0, monotonic_ns())?;
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! Step 5 of the build: devices on the buses. Port I/O: the serial console
-//! (IRQ 4 through an irqfd) and the agent port; MMIO: one virtio-net device
-//! per `--net` (for a sync VF, `vf-open` happens in here).
+//! (IRQ 4 through an irqfd), the i8042 reset line and the agent port; MMIO:
+//! one virtio-net device per `--net` (for a sync VF, `vf-open` happens in
+//! here), then one virtio-blk device per `--disk`.
 
 use std::io::Write;
 use std::sync::atomic::AtomicU64;
@@ -13,8 +14,10 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{kvm_err, os_err};
 use crate::args::VmConfig;
+use crate::bootinfo::DevEntry;
 use crate::bus::{Bus, DeviceContext, NetBackend, SharedDevice};
-use crate::devices::agent_port::AgentPort;
+use crate::devices::agent_port::{AgentPort, RootfsExpect};
+use crate::devices::i8042::{I8042, I8042_LEN, I8042_PORT};
 use crate::devices::serial::SerialDevice;
 use crate::error::Error;
 use crate::events::EventSink;
@@ -42,6 +45,7 @@ pub(super) fn attach_legacy_devices(
     vm: &VmFd,
     serial_out: Box<dyn Write + Send>,
     app_checksum: u32,
+    rootfs: RootfsExpect,
     trace: &Arc<TraceWriter>,
     sink: &Arc<EventSink>,
 ) -> Result<LegacyDevices, Error> {
@@ -62,16 +66,26 @@ pub(super) fn attach_legacy_devices(
     )
     .map_err(bus_err(sb, "serial"))?;
     pio.insert(
+        "i8042",
+        I8042_PORT,
+        I8042_LEN,
+        Arc::new(Mutex::new(I8042::new(sink.clone()))),
+    )
+    .map_err(bus_err(sb, "i8042"))?;
+    pio.insert(
         "agent-port",
         AGENT_PORT,
         AGENT_PORT_LEN,
-        Arc::new(Mutex::new(AgentPort::new(
-            vcpu_start.clone(),
-            app_checksum,
-            trace.clone(),
-            sink.clone(),
-            values.clone(),
-        ))),
+        Arc::new(Mutex::new(
+            AgentPort::new(
+                vcpu_start.clone(),
+                app_checksum,
+                trace.clone(),
+                sink.clone(),
+                values.clone(),
+            )
+            .with_rootfs(rootfs),
+        )),
     )
     .map_err(bus_err(sb, "agent-port"))?;
     Ok(LegacyDevices {
@@ -82,27 +96,39 @@ pub(super) fn attach_legacy_devices(
     })
 }
 
-/// The virtio-net devices at `devs` (base, GSI), all sharing `device_mem`.
+fn device_context(
+    cfg: &VmConfig,
+    vm: &Arc<VmFd>,
+    mem: &Arc<guestmem::GuestMemory>,
+    device_mem: &GuestMemoryMmap,
+    trace: &Arc<TraceWriter>,
+    slot: &DevEntry,
+) -> DeviceContext {
+    DeviceContext {
+        vm: vm.clone(),
+        mem: device_mem.clone(),
+        guestmem: mem.clone(),
+        mmio_base: slot.mmio_base,
+        gsi: slot.gsi,
+        trace: trace.clone(),
+        vf_init: cfg.vf_init,
+    }
+}
+
+/// The virtio-net devices in the first slots of `devs`, all sharing `device_mem`.
 pub(super) fn attach_net_devices(
     cfg: &VmConfig,
     vm: &Arc<VmFd>,
     mem: &Arc<guestmem::GuestMemory>,
     device_mem: &GuestMemoryMmap,
     trace: &Arc<TraceWriter>,
-    devs: &[(u64, u32)],
+    devs: &[DevEntry],
 ) -> Result<Bus, Error> {
     let sb = cfg.sandbox.as_str();
     let mut mmio = Bus::new();
-    for (backend, &(base, gsi)) in cfg.net.iter().zip(devs) {
-        let ctx = DeviceContext {
-            vm: vm.clone(),
-            mem: device_mem.clone(),
-            guestmem: mem.clone(),
-            mmio_base: base,
-            gsi,
-            trace: trace.clone(),
-            vf_init: cfg.vf_init,
-        };
+    for (backend, slot) in cfg.net.iter().zip(devs) {
+        let ctx = device_context(cfg, vm, mem, device_mem, trace, slot);
+        let base = slot.mmio_base;
         let name = match backend {
             NetBackend::Tap(n) => format!("tap:{n}"),
             NetBackend::VhostUser(p) => format!("vf:{}", p.display()),
@@ -119,4 +145,32 @@ pub(super) fn attach_net_devices(
             .map_err(bus_err(sb, &name))?;
     }
     Ok(mmio)
+}
+
+/// The virtio-blk devices (the rootfs layers), in the slots after the
+/// network devices.
+pub(super) fn attach_disks(
+    cfg: &VmConfig,
+    vm: &Arc<VmFd>,
+    mem: &Arc<guestmem::GuestMemory>,
+    device_mem: &GuestMemoryMmap,
+    trace: &Arc<TraceWriter>,
+    devs: &[DevEntry],
+    mmio: &mut Bus,
+) -> Result<(), Error> {
+    let sb = cfg.sandbox.as_str();
+    for (spec, slot) in cfg.disks.iter().zip(&devs[cfg.net.len()..]) {
+        let ctx = device_context(cfg, vm, mem, device_mem, trace, slot);
+        let name = format!("disk:{}", spec.path.display());
+        let (dev, _sectors) =
+            crate::virtio::create_blk_device(spec, &ctx).map_err(|e| Error::Device {
+                sandbox: sb.to_string(),
+                device: name.clone(),
+                msg: e.to_string(),
+            })?;
+        let dev: SharedDevice = Arc::new(Mutex::new(dev));
+        mmio.insert(&name, slot.mmio_base, MMIO_SIZE, dev)
+            .map_err(bus_err(sb, &name))?;
+    }
+    Ok(())
 }

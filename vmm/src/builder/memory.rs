@@ -20,14 +20,27 @@ pub(super) fn mem_err(sandbox: &str) -> impl Fn(guestmem::Error) -> Error + '_ {
     }
 }
 
-/// The agent image followed by the app payload, and where the payload starts.
-pub(super) fn agent_image_layout(cfg: &VmConfig) -> (u64, u64) {
-    let app_gpa = align_up(guest::LOAD_ADDR + guest::AGENT_IMAGE.len() as u64, 8);
-    let image_size = align_up(app_gpa + cfg.app_size - IMAGE_ADDR, ALIGN_2M);
-    (app_gpa, image_size)
+/// The image region of the built-in agent: the agent, the app payload and
+/// (pmem mode) the EROFS image, each where the previous ends.
+pub(super) struct ImageLayout {
+    pub app_gpa: u64,
+    /// (gpa, len) of the EROFS image in pmem mode.
+    pub rootfs: Option<(u64, u64)>,
+    pub size: u64,
 }
 
-fn region_specs(cfg: &VmConfig) -> Vec<guestmem::RegionSpec> {
+pub(super) fn agent_image_layout(cfg: &VmConfig, pmem_len: Option<u64>) -> ImageLayout {
+    let app_gpa = align_up(guest::LOAD_ADDR + guest::AGENT_IMAGE.len() as u64, 8);
+    let rootfs = pmem_len.map(|len| (align_up(app_gpa + cfg.app_size, 4096), len));
+    let end = rootfs.map_or(app_gpa + cfg.app_size, |(gpa, len)| gpa + len);
+    ImageLayout {
+        app_gpa,
+        rootfs,
+        size: align_up(end - IMAGE_ADDR, ALIGN_2M),
+    }
+}
+
+fn region_specs(cfg: &VmConfig, image: &ImageLayout) -> Vec<guestmem::RegionSpec> {
     let mut specs = vec![guestmem::RegionSpec {
         name: "ram".into(),
         gpa: 0,
@@ -35,11 +48,10 @@ fn region_specs(cfg: &VmConfig) -> Vec<guestmem::RegionSpec> {
         dma: cfg.dma_ram,
     }];
     if let BootSource::Agent = cfg.boot {
-        let (_, image_size) = agent_image_layout(cfg);
         specs.push(guestmem::RegionSpec {
             name: "image".into(),
             gpa: IMAGE_ADDR,
-            size: image_size,
+            size: image.size,
             dma: cfg.dma_image,
         });
     }
@@ -50,6 +62,7 @@ fn region_specs(cfg: &VmConfig) -> Vec<guestmem::RegionSpec> {
 /// its guest view.
 pub(super) fn create_memory(
     cfg: &VmConfig,
+    image: &ImageLayout,
     vm: &VmFd,
     interrupted: &dyn Fn() -> Result<(), Error>,
 ) -> Result<guestmem::GuestMemory, Error> {
@@ -61,8 +74,9 @@ pub(super) fn create_memory(
         None => guestmem::MemorySource::Fresh,
     };
     interrupted()?;
-    let mem = guestmem::GuestMemory::new(&region_specs(cfg), cfg.policy, source, cfg.hugepages)
-        .map_err(mem_err(sb))?;
+    let mem =
+        guestmem::GuestMemory::new(&region_specs(cfg, image), cfg.policy, source, cfg.hugepages)
+            .map_err(mem_err(sb))?;
     for (slot, r) in mem.regions().iter().enumerate() {
         let region = kvm_userspace_memory_region {
             slot: slot as u32,

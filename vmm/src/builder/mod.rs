@@ -17,7 +17,9 @@ use trace::{monotonic_ns, Stage, TraceWriter};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::args::{BootSource, VmConfig};
+use crate::bootinfo::{DevEntry, VIRTIO_ID_BLOCK, VIRTIO_ID_NET};
 use crate::bus::Bus;
+use crate::devices::agent_port::RootfsExpect;
 use crate::error::{Error, GuestFailure};
 use crate::events::{EventSink, VmEvent};
 use crate::layout::*;
@@ -88,10 +90,20 @@ pub fn open_kvm(cfg: &VmConfig) -> Result<Kvm, Error> {
     Ok(kvm)
 }
 
-/// `(mmio_base, gsi)` of each virtio device.
-fn devices_of(cfg: &VmConfig) -> Vec<(u64, u32)> {
-    (0..cfg.net.len())
-        .map(|i| (virtio_mmio_base(i), virtio_gsi(i)))
+/// The virtio-mmio devices in slot order: network devices, then disks.
+fn devices_of(cfg: &VmConfig) -> Vec<DevEntry> {
+    let types = cfg
+        .net
+        .iter()
+        .map(|_| VIRTIO_ID_NET)
+        .chain(cfg.disks.iter().map(|_| VIRTIO_ID_BLOCK));
+    types
+        .enumerate()
+        .map(|(i, virtio_type)| DevEntry {
+            mmio_base: virtio_mmio_base(i),
+            gsi: virtio_gsi(i),
+            virtio_type,
+        })
         .collect()
 }
 
@@ -99,18 +111,55 @@ fn devices_of(cfg: &VmConfig) -> Vec<(u64, u32)> {
 struct Inputs {
     linux: Option<LoadedKernel>,
     serial_out: Box<dyn Write + Send>,
+    /// The pmem-mode EROFS image, open, and its length.
+    pmem: Option<(std::fs::File, u64)>,
+}
+
+/// The pmem-mode EROFS image: opened and sized before anything is built.
+fn open_pmem(cfg: &VmConfig) -> Result<Option<(std::fs::File, u64)>, Error> {
+    let Some(p) = &cfg.rootfs_pmem else {
+        return Ok(None);
+    };
+    let file_err = |source| Error::File {
+        what: "--rootfs-pmem image",
+        path: p.clone(),
+        source,
+    };
+    let f = std::fs::File::open(p).map_err(file_err)?;
+    let len = f.metadata().map_err(file_err)?.len();
+    let room = MAX_IMAGE - memory::agent_image_layout(cfg, Some(0)).size;
+    if len == 0 || len > room {
+        return Err(Error::InvalidArg {
+            field: "--rootfs-pmem",
+            msg: format!(
+                "{}: {len} bytes; the image region has room for 1..{room}",
+                p.display()
+            ),
+        });
+    }
+    Ok(Some((f, len)))
 }
 
 /// Step 1: everything read from files comes first, so bad input fails
 /// before any memory or device exists.
-fn read_inputs(cfg: &VmConfig, devs: &[(u64, u32)]) -> Result<Inputs, Error> {
+fn read_inputs(cfg: &VmConfig, devs: &[DevEntry]) -> Result<Inputs, Error> {
     let linux = match &cfg.boot {
         BootSource::Linux {
             kernel,
             initrd,
             cmdline,
         } => {
-            let cl = crate::linux::build_cmdline(cmdline.as_deref(), devs).map_err(|msg| {
+            let slots: Vec<(u64, u32)> = devs.iter().map(|d| (d.mmio_base, d.gsi)).collect();
+            // burstvm's Linux init reads the file to check from its environment.
+            let cmdline = match (&cfg.rootfs_check, cmdline) {
+                (Some((f, _)), Some(c)) => Some(format!("{c} burstvm_check={f}")),
+                (Some((f, _)), None) => Some(format!(
+                    "{} burstvm_check={f}",
+                    crate::linux::DEFAULT_CMDLINE
+                )),
+                (None, c) => c.clone(),
+            };
+            let cl = crate::linux::build_cmdline(cmdline.as_deref(), &slots).map_err(|msg| {
                 Error::InvalidArg {
                     field: "--cmdline",
                     msg,
@@ -139,7 +188,11 @@ fn read_inputs(cfg: &VmConfig, devs: &[(u64, u32)]) -> Result<Inputs, Error> {
         )),
         None => Box::new(std::io::stdout()),
     };
-    Ok(Inputs { linux, serial_out })
+    Ok(Inputs {
+        linux,
+        serial_out,
+        pmem: open_pmem(cfg)?,
+    })
 }
 
 /// Step 2: the KVM VM with its in-kernel irqchip and PIT.
@@ -201,12 +254,17 @@ pub fn build(
     let inputs = read_inputs(cfg, &devs)?;
     let trace = Arc::new(TraceWriter::new(sb, cfg.trace.as_deref())?);
 
+    let image = memory::agent_image_layout(cfg, inputs.pmem.as_ref().map(|p| p.1));
     let vm = create_vm(sb, &kvm)?;
-    let mut mem = memory::create_memory(cfg, &vm, interrupted)?;
+    let mut mem = memory::create_memory(cfg, &image, &vm, interrupted)?;
     trace.record(Stage::VmmSpawn, spawn_start, monotonic_ns())?;
     memory::dma_map(cfg, &mut mem, &trace, interrupted)?;
 
-    let guest = boot::load_guest(cfg, &mem, inputs.linux, &devs)?;
+    let guest = boot::load_guest(cfg, &mem, inputs.linux, &devs, &image)?;
+    if let (Some((f, len)), Some((gpa, _))) = (&inputs.pmem, image.rootfs) {
+        boot::load_pmem_image(cfg, &mem, f, *len, gpa, &trace)?;
+    }
+    drop(inputs.pmem);
     interrupted()?;
     mem.start_lazy_zeroing().map_err(memory::mem_err(sb))?;
     let mem = Arc::new(mem);
@@ -220,16 +278,22 @@ pub fn build(
         }));
     }
 
+    let rootfs = RootfsExpect {
+        file: cfg.rootfs_check.clone(),
+        marker: cfg.disks.iter().any(|d| !d.read_only),
+    };
     let legacy = devices::attach_legacy_devices(
         sb,
         &vm,
         inputs.serial_out,
         guest.app_checksum,
+        rootfs,
         &trace,
         &sink,
     )?;
     let device_mem = memory::device_view(sb, &mem)?;
-    let mmio = devices::attach_net_devices(cfg, &vm, &mem, &device_mem, &trace, &devs)?;
+    let mut mmio = devices::attach_net_devices(cfg, &vm, &mem, &device_mem, &trace, &devs)?;
+    devices::attach_disks(cfg, &vm, &mem, &device_mem, &trace, &devs, &mut mmio)?;
 
     interrupted()?;
     let vcpus = create_vcpus(cfg, &kvm, &vm, guest.entry)?;

@@ -19,6 +19,17 @@ pub const EV_READY: u8 = 0x06;
 pub const EV_VALUE: u8 = 0x07;
 pub const EV_ERROR: u8 = 0x08;
 pub const EV_EXIT: u8 = 0x09;
+pub const EV_ROOTFS_FILE: u8 = 0x0a;
+pub const EV_ROOTFS_MARKER: u8 = 0x0b;
+
+/// What the agent must report about the rootfs (docs/rootfs.md).
+#[derive(Debug, Clone, Default)]
+pub struct RootfsExpect {
+    /// Path and checksum of the file it reads from the EROFS layer.
+    pub file: Option<(String, u32)>,
+    /// A writable layer is attached: its first sector must start clean.
+    pub marker: bool,
+}
 
 /// Stage boundaries seen so far (0 = not yet).
 #[derive(Default)]
@@ -29,6 +40,8 @@ struct Marks {
     app_start: u64,
     app_end: u64,
     ready: bool,
+    rootfs_file: bool,
+    rootfs_marker: bool,
 }
 
 pub struct AgentPort {
@@ -37,6 +50,7 @@ pub struct AgentPort {
     /// When vCPU 0 first entered the guest (set by the vCPU thread).
     vcpu_start: Arc<AtomicU64>,
     expected_checksum: u32,
+    rootfs: RootfsExpect,
     trace: Arc<TraceWriter>,
     sink: Arc<EventSink>,
     values: Arc<Mutex<Vec<u32>>>,
@@ -55,10 +69,20 @@ impl AgentPort {
             marks: Marks::default(),
             vcpu_start,
             expected_checksum,
+            rootfs: RootfsExpect::default(),
             trace,
             sink,
             values,
         }
+    }
+
+    pub fn with_rootfs(mut self, rootfs: RootfsExpect) -> Self {
+        self.rootfs = rootfs;
+        self
+    }
+
+    fn fail(&self, f: GuestFailure) {
+        self.sink.post(VmEvent::Failure(f));
     }
 
     fn record(&self, stage: Stage, start: u64, end: u64) {
@@ -85,13 +109,43 @@ impl AgentPort {
             EV_APP_LAUNCH_START => m.app_start = now,
             EV_APP_LAUNCH_END if m.app_end == 0 => {
                 m.app_end = now;
+                let (have_file, have_marker) = (m.rootfs_file, m.rootfs_marker);
                 let start = start_or(m.app_start, m.boot_end);
                 self.record(Stage::AppLaunch, start, now);
                 if self.data != self.expected_checksum {
-                    self.sink.post(VmEvent::Failure(GuestFailure::AppChecksum {
+                    self.fail(GuestFailure::AppChecksum {
                         expected: self.expected_checksum,
                         got: self.data,
-                    }));
+                    });
+                }
+                if self.rootfs.file.is_some() && !have_file {
+                    self.fail(GuestFailure::RootfsMissing {
+                        what: "the rootfs file checksum",
+                    });
+                }
+                if self.rootfs.marker && !have_marker {
+                    self.fail(GuestFailure::RootfsMissing {
+                        what: "the writable-layer marker",
+                    });
+                }
+            }
+            EV_ROOTFS_FILE if !m.rootfs_file => {
+                m.rootfs_file = true;
+                if let Some((file, expected)) = &self.rootfs.file {
+                    if self.data != *expected {
+                        self.fail(GuestFailure::RootfsChecksum {
+                            file: file.clone(),
+                            expected: *expected,
+                            got: self.data,
+                        });
+                    }
+                }
+            }
+            EV_ROOTFS_MARKER if !m.rootfs_marker => {
+                m.rootfs_marker = true;
+                // Zero: the first sector was all zeros, as in the template.
+                if self.data != 0 {
+                    self.fail(GuestFailure::WritableLayerNotFresh { got: self.data });
                 }
             }
             EV_READY if !m.ready => {
@@ -183,6 +237,48 @@ mod tests {
         assert!(ev.windows(2).all(|w| w[0].end_ns <= w[1].end_ns));
         assert_eq!(sink.drain(), vec![VmEvent::Ready]);
         assert_eq!(*values.lock().unwrap(), vec![7]);
+    }
+
+    #[test]
+    fn rootfs_reports_are_checked() {
+        let trace = Arc::new(TraceWriter::new("sb", None).unwrap());
+        let sink = Arc::new(EventSink::new().unwrap());
+        let port = || {
+            let start = Arc::new(AtomicU64::new(1));
+            AgentPort::new(start, 0, trace.clone(), sink.clone(), Arc::default()).with_rootfs(
+                RootfsExpect {
+                    file: Some(("/etc/os-release".into(), 0x42)),
+                    marker: true,
+                },
+            )
+        };
+        let mut p = port();
+        p.write(4, &0x42u32.to_le_bytes());
+        p.write(0, &[EV_ROOTFS_FILE]);
+        p.write(4, &0u32.to_le_bytes());
+        p.write(0, &[EV_ROOTFS_MARKER]);
+        p.write(0, &[EV_APP_LAUNCH_END]);
+        assert_eq!(sink.drain(), vec![]);
+        // Wrong file checksum, another sandbox's marker, and missing reports.
+        let mut p = port();
+        p.write(4, &0x43u32.to_le_bytes());
+        p.write(0, &[EV_ROOTFS_FILE]);
+        p.write(0, &[EV_ROOTFS_MARKER]);
+        assert_eq!(
+            sink.drain(),
+            vec![
+                VmEvent::Failure(GuestFailure::RootfsChecksum {
+                    file: "/etc/os-release".into(),
+                    expected: 0x42,
+                    got: 0x43
+                }),
+                VmEvent::Failure(GuestFailure::WritableLayerNotFresh { got: 0x43 }),
+            ]
+        );
+        let mut p = port();
+        p.write(4, &0u32.to_le_bytes());
+        p.write(0, &[EV_APP_LAUNCH_END]);
+        assert_eq!(sink.drain().len(), 2);
     }
 
     #[test]

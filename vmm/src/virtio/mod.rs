@@ -1,15 +1,18 @@
 //! Virtio devices of the VMM: the virtio-mmio (version 2) transport,
-//! virtio-net over a tap device and the vhost-user-net frontend (a VF of
-//! `burstvm nic`).
+//! virtio-net over a tap device, the vhost-user-net frontend (a VF of
+//! `burstvm nic`) and virtio-blk over a file (the rootfs layers).
 //!
 //! Queue notifications from the guest arrive on ioeventfds (one per queue,
 //! registered at `mmio_base + 0x50` with the queue index as datamatch) and
 //! interrupts go out through an irqfd on the device's GSI, so neither path
 //! takes a VM exit to user space once the device is running.
 
+mod blk;
+mod chain;
 mod mmio;
 mod net;
 mod vhost_user;
+mod worker;
 
 pub use mmio::MmioTransport;
 
@@ -20,7 +23,7 @@ use kvm_ioctls::{IoEventAddress, VmFd};
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::bus::{BusDevice, DeviceContext, NetBackend};
+use crate::bus::{BusDevice, DeviceContext, DiskSpec, NetBackend};
 
 /// Size of one virtio-mmio device window.
 pub const MMIO_SIZE: u64 = 0x1000;
@@ -53,6 +56,12 @@ pub enum VirtioError {
     },
     #[error("virtio device: {0}")]
     Activate(String),
+    #[error("disk {path}: {what}: {reason}")]
+    Disk {
+        path: String,
+        what: &'static str,
+        reason: String,
+    },
 }
 
 /// The interrupt line of one device: InterruptStatus bits plus the irqfd.
@@ -240,6 +249,22 @@ pub fn create_net_device(
     })
 }
 
+/// Create a virtio-blk device serving `spec`, wired to KVM at
+/// `ctx.mmio_base` / `ctx.gsi`. The file is opened (and unlinked, if asked)
+/// before anything is registered. Returns the device and its size in sectors.
+pub fn create_blk_device(
+    spec: &DiskSpec,
+    ctx: &DeviceContext,
+) -> Result<(Box<dyn BusDevice>, u64), VirtioError> {
+    let disk = blk::Disk::open(spec)?;
+    let sectors = disk.sectors();
+    let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, 1)?;
+    let (mut evts, irqfd) = wiring.clone_evts()?;
+    let interrupt = Arc::new(Interrupt::new(irqfd));
+    let dev = blk::Blk::new(disk, ctx, evts.remove(0), interrupt.clone());
+    Ok((wire(dev, ctx, interrupt, wiring), sectors))
+}
+
 /// Puts `dev` behind a virtio-mmio transport that keeps its KVM wiring alive.
 fn wire<D: VirtioDevice + 'static>(
     dev: D,
@@ -255,7 +280,7 @@ fn wire<D: VirtioDevice + 'static>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::process::Command;
 
     use kvm_ioctls::Kvm;
@@ -265,7 +290,7 @@ mod tests {
     use super::*;
     use crate::bus::VfInit;
 
-    fn ctx(dma: bool) -> DeviceContext {
+    pub(crate) fn ctx(dma: bool) -> DeviceContext {
         let vm = Kvm::new().unwrap().create_vm().unwrap();
         vm.create_irq_chip().unwrap();
         let spec = guestmem::RegionSpec {

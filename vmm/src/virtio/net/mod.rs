@@ -10,17 +10,19 @@ use std::io::ErrorKind;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_INT_VRING;
 use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP};
 use virtio_queue::{DescriptorChain, Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+use vmm_sys_util::eventfd::EventFd;
 
+use super::chain;
+pub use super::chain::PrepareWrite;
+use super::worker::{Worker, STOP_TOKEN};
 use super::{Interrupt, VirtioDevice, VirtioError, QUEUE_MAX_SIZE};
 use crate::bus::DeviceContext;
 use netutil::Tap;
@@ -61,9 +63,6 @@ pub struct NetCounters {
     pub bad_chains: AtomicU64,
 }
 
-/// A guest-memory write that lazy zeroing may have to prepare for.
-pub type PrepareWrite = dyn Fn(u64, u64) -> Result<(), String> + Send + Sync;
-
 /// Write `data` (header + frame) into the device-writable chain. Returns the
 /// number of bytes written; errors name what was wrong with the chain.
 pub fn write_rx_chain<M, P>(
@@ -76,60 +75,46 @@ where
     M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
     P: Fn(u64, u64) -> Result<(), String> + ?Sized,
 {
-    let mut capacity = 0u64;
-    for d in chain.clone() {
-        if !d.is_write_only() {
-            return Err("device-readable descriptor in an RX chain".into());
-        }
-        capacity += d.len() as u64;
+    let c = chain::split(chain)?;
+    if !c.readable.is_empty() {
+        return Err("device-readable descriptor in an RX chain".into());
     }
+    let capacity = chain::total(&c.writable);
     if capacity < data.len() as u64 {
         return Err(format!(
             "RX chain holds {capacity} bytes, frame needs {}",
             data.len()
         ));
     }
-    let mut off = 0usize;
-    for d in chain {
-        if off == data.len() {
-            break;
-        }
-        let n = (d.len() as usize).min(data.len() - off);
-        let addr = d.addr().0;
-        prepare(addr, n as u64)?;
-        mem.write_slice(&data[off..off + n], GuestAddress(addr))
-            .map_err(|e| format!("RX buffer {addr:#x}+{n:#x}: {e}"))?;
-        off += n;
-    }
-    Ok(off as u32)
+    chain::write_bufs(mem, prepare, &c.writable, 0, data)?;
+    Ok(data.len() as u32)
 }
 
 /// Gather the device-readable chain into `buf`; returns its length.
-pub fn read_tx_chain<M>(
+pub fn read_tx_chain<M, P>(
     mem: &GuestMemoryMmap,
+    prepare: &P,
     chain: DescriptorChain<M>,
     buf: &mut Vec<u8>,
 ) -> Result<usize, String>
 where
     M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
+    P: Fn(u64, u64) -> Result<(), String> + ?Sized,
 {
     buf.clear();
-    for d in chain {
-        if d.is_write_only() {
-            return Err("device-writable descriptor in a TX chain".into());
-        }
-        let (addr, n) = (d.addr().0, d.len() as usize);
-        if buf.len() + n > MAX_FRAME + VNET_HDR_LEN {
-            return Err(format!(
-                "TX chain longer than {} bytes",
-                MAX_FRAME + VNET_HDR_LEN
-            ));
-        }
-        let start = buf.len();
-        buf.resize(start + n, 0);
-        mem.read_slice(&mut buf[start..], GuestAddress(addr))
-            .map_err(|e| format!("TX buffer {addr:#x}+{n:#x}: {e}"))?;
+    let c = chain::split(chain)?;
+    if !c.writable.is_empty() {
+        return Err("device-writable descriptor in a TX chain".into());
     }
+    let len = chain::total(&c.readable);
+    if len > (MAX_FRAME + VNET_HDR_LEN) as u64 {
+        return Err(format!(
+            "TX chain longer than {} bytes",
+            MAX_FRAME + VNET_HDR_LEN
+        ));
+    }
+    buf.resize(len as usize, 0);
+    chain::read_bufs(mem, prepare, &c.readable, 0, buf)?;
     Ok(buf.len())
 }
 
@@ -168,12 +153,7 @@ impl TapNet {
         queue_evts: Vec<EventFd>,
         interrupt: Arc<Interrupt>,
     ) -> Self {
-        let guestmem = ctx.guestmem.clone();
-        let prepare: Arc<PrepareWrite> = Arc::new(move |gpa, len| {
-            guestmem
-                .prepare_for_device_write(gpa, len)
-                .map_err(|e| e.to_string())
-        });
+        let prepare = chain::prepare_for(ctx);
         TapNet {
             mac,
             tap: Arc::new(tap),
@@ -240,7 +220,18 @@ impl VirtioDevice for TapNet {
                 VirtioError::Activate(format!("tap {}: used ring: {e}", self.tap.name()))
             })?;
         }
-        self.worker = Some(Worker::spawn(self.tap.name(), state, evts)?);
+        let name = self.tap.name().to_string();
+        let fds = [
+            (self.tap.as_raw_fd(), TOKEN_TAP),
+            (evts[0].as_raw_fd(), TOKEN_RX),
+            (evts[1].as_raw_fd(), TOKEN_TX),
+        ];
+        let mut state = state;
+        let worker = Worker::spawn(format!("virtio-net-{name}"), &fds, move |epoll| {
+            state.run(epoll, evts)
+        })
+        .map_err(|reason| VirtioError::Tap { name, reason })?;
+        self.worker = Some(worker);
         Ok(())
     }
     fn reset(&mut self) {
@@ -248,62 +239,9 @@ impl VirtioDevice for TapNet {
     }
 }
 
-/// The worker thread; dropping this stops and joins it.
-struct Worker {
-    stop: EventFd,
-    handle: Option<JoinHandle<()>>,
-}
-
 const TOKEN_TAP: u64 = 0;
 const TOKEN_RX: u64 = 1;
 const TOKEN_TX: u64 = 2;
-const TOKEN_STOP: u64 = 3;
-
-impl Worker {
-    fn spawn(
-        name: &str,
-        mut state: WorkerState,
-        evts: Vec<EventFd>,
-    ) -> Result<Worker, VirtioError> {
-        let err = |reason: String| VirtioError::Tap {
-            name: name.to_string(),
-            reason,
-        };
-        let stop = EventFd::new(EFD_NONBLOCK).map_err(|e| err(format!("eventfd: {e}")))?;
-        let stop2 = stop.try_clone().map_err(|e| err(format!("eventfd: {e}")))?;
-        let epoll = Epoll::new().map_err(|e| err(format!("epoll: {e}")))?;
-        let add = |fd, token| {
-            epoll
-                .ctl(
-                    ControlOperation::Add,
-                    fd,
-                    EpollEvent::new(EventSet::IN, token),
-                )
-                .map_err(|e| err(format!("epoll add: {e}")))
-        };
-        add(state.tap.as_raw_fd(), TOKEN_TAP)?;
-        add(evts[0].as_raw_fd(), TOKEN_RX)?;
-        add(evts[1].as_raw_fd(), TOKEN_TX)?;
-        add(stop2.as_raw_fd(), TOKEN_STOP)?;
-        let handle = std::thread::Builder::new()
-            .name(format!("virtio-net-{name}"))
-            .spawn(move || state.run(epoll, evts, stop2))
-            .map_err(|e| err(format!("spawn worker: {e}")))?;
-        Ok(Worker {
-            stop,
-            handle: Some(handle),
-        })
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.stop.write(1);
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
-    }
-}
 
 struct WorkerState {
     tap: Arc<Tap>,
@@ -320,8 +258,7 @@ struct WorkerState {
 }
 
 impl WorkerState {
-    // `_stop` stays open while the thread runs: epoll watches it.
-    fn run(&mut self, epoll: Epoll, evts: Vec<EventFd>, _stop: EventFd) {
+    fn run(&mut self, epoll: Epoll, evts: Vec<EventFd>) {
         let mut events = [EpollEvent::default(); 8];
         let mut tap_armed = true;
         // Buffers may have been posted before the worker started.
@@ -356,7 +293,7 @@ impl WorkerState {
             };
             for ev in &events[..n] {
                 match ev.data() {
-                    TOKEN_STOP => return,
+                    STOP_TOKEN => return,
                     TOKEN_RX => {
                         let _ = evts[0].read();
                         rx_ready = self.process_rx();
@@ -435,7 +372,7 @@ impl WorkerState {
         let mut used = false;
         while let Some(chain) = self.tx.pop_descriptor_chain(&self.mem) {
             let head = chain.head_index();
-            match read_tx_chain(&self.mem, chain, &mut self.txbuf) {
+            match read_tx_chain(&self.mem, &*self.prepare, chain, &mut self.txbuf) {
                 Ok(n) if n > VNET_HDR_LEN => {
                     match self.tap.write_frame(&self.txbuf[VNET_HDR_LEN..n]) {
                         Ok(_) => {

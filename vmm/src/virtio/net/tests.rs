@@ -4,39 +4,7 @@
 use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
-
-const DESC: u64 = 0x1000;
-const AVAIL: u64 = 0x2000;
-const USED: u64 = 0x3000;
-const MEM_SIZE: u64 = 0x10000;
-const F_NEXT: u16 = 1;
-const F_WRITE: u16 = 2;
-
-fn mem() -> GuestMemoryMmap {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap()
-}
-
-/// Write descriptors 0.. and make descriptor 0 the only available chain.
-fn queue_with(mem: &GuestMemoryMmap, descs: &[(u64, u32, u16, u16)]) -> Queue {
-    for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
-        let at = GuestAddress(DESC + 16 * i as u64);
-        mem.write_obj(addr, at).unwrap();
-        mem.write_obj(len, GuestAddress(at.0 + 8)).unwrap();
-        mem.write_obj(flags, GuestAddress(at.0 + 12)).unwrap();
-        mem.write_obj(next, GuestAddress(at.0 + 14)).unwrap();
-    }
-    mem.write_obj(0u16, GuestAddress(AVAIL)).unwrap();
-    mem.write_obj(1u16, GuestAddress(AVAIL + 2)).unwrap();
-    mem.write_obj(0u16, GuestAddress(AVAIL + 4)).unwrap();
-    let mut q = Queue::new(16).unwrap();
-    q.set_size(8);
-    q.set_desc_table_address(Some(DESC as u32), Some(0));
-    q.set_avail_ring_address(Some(AVAIL as u32), Some(0));
-    q.set_used_ring_address(Some(USED as u32), Some(0));
-    q.set_ready(true);
-    assert!(q.is_valid(mem));
-    q
-}
+use crate::virtio::chain::tests::{mem, queue_with, F_NEXT, F_WRITE, MEM_SIZE};
 
 fn no_prepare() -> Box<PrepareWrite> {
     Box::new(|_, _| Ok(()))
@@ -71,7 +39,7 @@ fn malformed_rx_chains_are_rejected_without_writing() {
     let mut q = queue_with(&m, &[(MEM_SIZE - 16, 64, F_WRITE, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
     let e = write_rx_chain(&m, &*no_prepare(), chain, &data).unwrap_err();
-    assert!(e.contains("RX buffer"), "{e}");
+    assert!(e.contains("buffer"), "{e}");
     // Address overflowing u64.
     let mut q = queue_with(&m, &[(u64::MAX - 8, 64, F_WRITE, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
@@ -132,23 +100,23 @@ fn tx_chain_gathers_and_rejects_malformed() {
     let mut buf = Vec::new();
     let mut q = queue_with(&m, &[(0x4000, 3, F_NEXT, 1), (0x5000, 2, 0, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert_eq!(read_tx_chain(&m, chain, &mut buf), Ok(5));
+    assert_eq!(read_tx_chain(&m, &*no_prepare(), chain, &mut buf), Ok(5));
     assert_eq!(buf, [1, 2, 3, 4, 5]);
 
     let mut q = queue_with(&m, &[(0x4000, 3, F_WRITE, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert!(read_tx_chain(&m, chain, &mut buf)
+    assert!(read_tx_chain(&m, &*no_prepare(), chain, &mut buf)
         .unwrap_err()
         .contains("writable"));
     let mut q = queue_with(&m, &[(MEM_SIZE - 1, 2, 0, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert!(read_tx_chain(&m, chain, &mut buf)
+    assert!(read_tx_chain(&m, &*no_prepare(), chain, &mut buf)
         .unwrap_err()
-        .contains("TX buffer"));
+        .contains("buffer"));
     // A huge length is refused before any allocation.
     let mut q = queue_with(&m, &[(0x4000, u32::MAX, 0, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert!(read_tx_chain(&m, chain, &mut buf)
+    assert!(read_tx_chain(&m, &*no_prepare(), chain, &mut buf)
         .unwrap_err()
         .contains("longer"));
 }

@@ -1,0 +1,62 @@
+//! The device worker thread model: one thread per running device, asleep in
+//! epoll on the device's fds (queue ioeventfds, a tap, ...) and a stop
+//! eventfd. Dropping the `Worker` stops and joins the thread, so a device
+//! reset or teardown never leaves a thread touching guest memory.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::thread::JoinHandle;
+
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+/// The epoll token of the stop eventfd; the body returns when it sees it.
+pub const STOP_TOKEN: u64 = u64::MAX;
+
+pub struct Worker {
+    stop: EventFd,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Spawns thread `name` running `body(epoll)`; `fds` (fd, token) and the
+    /// stop eventfd ([`STOP_TOKEN`]) are registered for input. Errors are
+    /// plain strings; the caller wraps them with the device's name.
+    pub fn spawn<F>(name: String, fds: &[(RawFd, u64)], body: F) -> Result<Worker, String>
+    where
+        F: FnOnce(Epoll) + Send + 'static,
+    {
+        let stop = EventFd::new(EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
+        let stop2 = stop.try_clone().map_err(|e| format!("eventfd: {e}"))?;
+        let epoll = Epoll::new().map_err(|e| format!("epoll: {e}"))?;
+        for &(fd, token) in fds.iter().chain([&(stop2.as_raw_fd(), STOP_TOKEN)]) {
+            epoll
+                .ctl(
+                    ControlOperation::Add,
+                    fd,
+                    EpollEvent::new(EventSet::IN, token),
+                )
+                .map_err(|e| format!("epoll add: {e}"))?;
+        }
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || {
+                // The stop eventfd stays open while the body runs: epoll watches it.
+                let _stop = stop2;
+                body(epoll)
+            })
+            .map_err(|e| format!("spawn worker: {e}"))?;
+        Ok(Worker {
+            stop,
+            handle: Some(handle),
+        })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
