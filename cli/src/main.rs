@@ -24,9 +24,18 @@ enum Command {
     Pool(guestmem::pool::PoolArgs),
     /// Create one sandbox through every startup stage.
     Run(runtime::RunArgs),
+    /// Root filesystems (RunD's read-only layer).
+    #[command(subcommand)]
+    Rootfs(RootfsCommand),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum RootfsCommand {
+    /// Build the EROFS image of a container image (cached by digest).
+    Build(rootfs::BuildArgs),
 }
 
 #[derive(Subcommand)]
@@ -52,6 +61,9 @@ fn main() -> std::process::ExitCode {
         Command::Nic(a) => nic::run_cli(&a).context("burstvm nic"),
         Command::Pool(a) => guestmem::pool::run_cli(&a).context("burstvm pool"),
         Command::Run(a) => runtime::run_cli(&a).context("burstvm run"),
+        Command::Rootfs(RootfsCommand::Build(a)) => {
+            rootfs::image::build_cli(&a).context("burstvm rootfs build")
+        }
         Command::Bench(BenchCommand::Startup(a)) => {
             runtime::bench_startup_cli(&a).context("burstvm bench startup")
         }

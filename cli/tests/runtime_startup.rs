@@ -4,38 +4,19 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::Mutex;
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_burstvm");
-const CNI_BIN: &str = env!("CARGO_BIN_EXE_burstvm-cni");
+mod cli_common;
+use cli_common::{burstvm, text, BIN, CNI_BIN};
 
 /// The tests start many VMs on a 2-core machine: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 const ALL_VARIANTS: &str =
     "no-net,tap,vanilla,fastiov,fastiov-L,fastiov-S,fastiov-D,fastiov-A,pre10,pre50,pre100";
-
-fn burstvm(args: &[&str]) -> Output {
-    let cni_dir = Path::new(CNI_BIN).parent().unwrap();
-    Command::new(BIN)
-        .args(args)
-        .env("CNI_PATH", format!("{}:/opt/cni/bin", cni_dir.display()))
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .expect("run burstvm")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn tempdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("burstvm-rt-{name}-{}", std::process::id()));

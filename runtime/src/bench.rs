@@ -10,8 +10,9 @@ use serde::Serialize;
 use trace::TraceEvent;
 
 use crate::leaks::{self, LeakReport};
+use crate::rootfs::{LayerMode, RootfsSpec};
 use crate::runtime::Runtime;
-use crate::sandbox::{Sandbox, SandboxFailure, SandboxSpec};
+use crate::sandbox::{RootfsCost, Sandbox, SandboxFailure, SandboxSpec};
 use crate::stats::{self, GroupStats};
 use crate::variant::Variant;
 
@@ -28,6 +29,9 @@ pub struct Round {
     pub teardown_errors: Vec<String>,
     /// Ready sandboxes whose request the echo server answered (None: no network).
     pub answered: Option<usize>,
+    /// How the writable layers were made, and what each cost.
+    pub rootfs: Option<LayerMode>,
+    pub rootfs_costs: Vec<RootfsCost>,
 }
 
 /// Parameters shared by every sandbox of a round.
@@ -39,6 +43,9 @@ pub struct RoundSpec {
     // A limit of the run, not a property of the sandboxes: summary.json omits it.
     #[serde(skip_serializing)]
     pub timeout_secs: u64,
+    /// The rootfs of every sandbox (its layer mode is set per round).
+    #[serde(skip_serializing)]
+    pub rootfs: Option<RootfsSpec>,
 }
 
 /// Starts `n` sandboxes at once (a barrier), waits until every one is ready
@@ -58,7 +65,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
     let barrier = Barrier::new(n + 1);
     let issue = AtomicU64::new(u64::MAX);
     let done = Barrier::new(n);
-    type Outcome = Result<(Option<String>, Option<bool>), SandboxFailure>;
+    type Outcome = Result<(Option<String>, Option<bool>, Option<RootfsCost>), SandboxFailure>;
     let results: Vec<Outcome> = std::thread::scope(|s| {
         let handles: Vec<_> = ids
             .iter()
@@ -72,6 +79,8 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                     app_size: spec.app_size,
                     keep_running: true,
                     timeout_secs: spec.timeout_secs,
+                    rootfs: spec.rootfs.clone(),
+                    kernel: None,
                 };
                 std::thread::Builder::new()
                     .name(format!("sb-{id}"))
@@ -100,7 +109,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                         drop(done_guard);
                         let r = sb.check_alive();
                         let td = sb.teardown().err();
-                        r.map(|_| (td, answered))
+                        r.map(|_| (td, answered, sb.rootfs_cost))
                     })
                     .expect("spawn sandbox thread")
             })
@@ -125,10 +134,12 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
     let mut failures = Vec::new();
     let mut teardown_errors = Vec::new();
     let mut answered = None;
+    let mut rootfs_costs = Vec::new();
     for r in results {
         match r {
-            Ok((td, ans)) => {
+            Ok((td, ans, cost)) => {
                 teardown_errors.extend(td);
+                rootfs_costs.extend(cost);
                 if let Some(a) = ans {
                     *answered.get_or_insert(0) += a as usize;
                 }
@@ -144,6 +155,8 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
         failures,
         teardown_errors,
         answered,
+        rootfs: spec.rootfs.as_ref().map(|r| r.layer_mode),
+        rootfs_costs,
     }
 }
 
@@ -170,9 +183,11 @@ pub fn mem_available() -> u64 {
         * 1024
 }
 
-/// Guest bytes one sandbox backs: RAM plus the image region (agent + app, 2 MiB aligned).
+/// Guest bytes one sandbox backs: RAM plus the image region (agent + app
+/// + a pmem rootfs image, 2 MiB aligned).
 pub fn sandbox_bytes(spec: &RoundSpec) -> u64 {
-    spec.memory_bytes + (spec.app_size + (2 << 20)).next_multiple_of(2 << 20)
+    let pmem = spec.rootfs.as_ref().map_or(0, |r| r.guest_bytes());
+    spec.memory_bytes + (spec.app_size + pmem + (2 << 20)).next_multiple_of(2 << 20)
 }
 
 /// Before a round of fresh-memory sandboxes: shrink the pool so that its
@@ -214,6 +229,8 @@ pub fn round_events(all: &[TraceEvent], ids: &[String]) -> Vec<TraceEvent> {
 
 pub struct BenchPlan {
     pub variants: Vec<Variant>,
+    /// Writable-layer modes each variant runs with (empty: no rootfs).
+    pub layer_modes: Vec<LayerMode>,
     pub levels: Vec<usize>,
     pub spec: RoundSpec,
     pub out: PathBuf,
@@ -237,14 +254,33 @@ pub fn run(
         path: plan.out.clone(),
         reason: e.to_string(),
     })?;
-    let mut measured: Vec<(Round, Vec<TraceEvent>)> = Vec::new();
+    let mut measured: Vec<(Round, String, Vec<TraceEvent>)> = Vec::new();
     let mut leak_checks = Vec::new();
     let mut clean = true;
+    let modes: Vec<Option<LayerMode>> = if plan.layer_modes.is_empty() {
+        vec![None]
+    } else {
+        plan.layer_modes.iter().copied().map(Some).collect()
+    };
+    let runs: Vec<(Variant, Option<LayerMode>)> = plan
+        .variants
+        .iter()
+        .flat_map(|&v| modes.iter().map(move |&m| (v, m)))
+        .collect();
     'levels: for &n in &plan.levels {
-        for &v in &plan.variants {
+        for &(v, mode) in &runs {
             if rt.interrupted() {
                 break 'levels;
             }
+            let mut round_spec = plan.spec.clone();
+            if let (Some(r), Some(m)) = (round_spec.rootfs.as_mut(), mode) {
+                r.layer_mode = m;
+            }
+            // With two layer modes the groups are named by mode too.
+            let label = match mode {
+                Some(m) if modes.len() > 1 => format!("{v}+{}", m.name()),
+                _ => v.name().to_string(),
+            };
             rt.prepare_variant(v)?;
             if !v.policy().uses_pool() {
                 let released = fit_pool_for_fresh_round(rt, n, &plan.spec);
@@ -252,10 +288,11 @@ pub fn run(
                     log(&format!("pool: released {released} cached memfds so that {n} fresh sandboxes fit in host memory"));
                 }
             }
+            let tag = mode.map_or(String::new(), |m| m.name()[..1].to_string());
             if plan.warmup {
-                log(&format!("{v} x{n}: warm-up round"));
+                log(&format!("{label} x{n}: warm-up round"));
                 // The concurrency is in the label: sandbox ids of sweep levels must not collide in the trace.
-                let w = run_round(rt, v, n, &format!("w{n}"), &plan.spec);
+                let w = run_round(rt, v, n, &format!("w{n}{tag}"), &round_spec);
                 for f in &w.failures {
                     log(&format!("  warm-up failure: {f}"));
                 }
@@ -277,8 +314,8 @@ pub fn run(
             if rt.interrupted() {
                 break 'levels;
             }
-            log(&format!("{v} x{n}: measured round"));
-            let r = run_round(rt, v, n, &format!("m{n}"), &plan.spec);
+            log(&format!("{label} x{n}: measured round"));
+            let r = run_round(rt, v, n, &format!("m{n}{tag}"), &round_spec);
             for f in &r.failures {
                 log(&format!("  failure: {f}"));
             }
@@ -289,7 +326,7 @@ pub fn run(
             log(&format!("  {}", lc.describe()));
             clean &= lc.is_clean() && r.teardown_errors.is_empty();
             leak_checks.push(LeakCheck {
-                after: format!("{v} x{n}"),
+                after: format!("{label} x{n}"),
                 clean: lc.is_clean(),
                 report: lc,
             });
@@ -298,18 +335,19 @@ pub fn run(
                 reason: e.to_string(),
             })?;
             let evs = round_events(&all, &r.ids);
-            measured.push((r, evs));
+            measured.push((r, label, evs));
         }
     }
     // Outputs.
     let mut groups = Vec::new();
     let mut failures = Vec::new();
     let mut trace_out = String::new();
-    for (r, evs) in &measured {
+    for (r, label, evs) in &measured {
         let ok = ready_events(r, evs);
         let times = stats::per_sandbox(&ok, Some(r.issue_ns));
-        let mut g = stats::group_stats(r.variant.name(), r.concurrency, &times, r.failures.len());
+        let mut g = stats::group_stats(label, r.concurrency, &times, r.failures.len());
         g.answered = r.answered;
+        g.rootfs = r.rootfs.map(|m| stats::rootfs_stats(m, &r.rootfs_costs));
         groups.push(g);
         failures.extend(r.failures.iter().cloned());
         for e in evs {
@@ -325,7 +363,7 @@ pub fn run(
         .filter(|g| g.concurrency == top)
         .cloned()
         .collect();
-    let table = stats::format_table(&main);
+    let table = stats::format_table(&main) + &stats::rootfs_comparison(&main);
     let mut sweep_table = String::new();
     if plan.levels.len() > 1 {
         sweep_table.push_str("\n== sweep: end-to-end ms (avg / p99) against concurrency\n");
@@ -364,7 +402,7 @@ fn write(path: &Path, data: &[u8]) -> Result<(), crate::Error> {
 
 fn draw(
     plan: &BenchPlan,
-    measured: &[(Round, Vec<TraceEvent>)],
+    measured: &[(Round, String, Vec<TraceEvent>)],
     groups: &[GroupStats],
     top: usize,
 ) -> Result<Vec<PathBuf>, crate::Error> {
@@ -372,18 +410,15 @@ fn draw(
     let mut out = Vec::new();
     let mib = plan.spec.memory_bytes >> 20;
     let mut cdf_series = Vec::new();
-    for (r, evs) in measured.iter().filter(|(r, _)| r.concurrency == top) {
+    for (r, label, evs) in measured.iter().filter(|(r, _, _)| r.concurrency == top) {
         let ok = ready_events(r, evs);
         if ok.is_empty() {
             continue;
         }
-        let p = plan.out.join(format!("timeline-{}.png", r.variant.name()));
+        let p = plan.out.join(format!("timeline-{label}.png"));
         plot::timeline(
             &p,
-            &format!(
-                "{} startup timeline: {} sandboxes, {mib} MiB",
-                r.variant, top
-            ),
+            &format!("{label} startup timeline: {top} sandboxes, {mib} MiB"),
             &ok,
             r.issue_ns,
         )?;
@@ -392,7 +427,7 @@ fn draw(
             .iter()
             .map(|s| s.e2e_ns)
             .collect();
-        cdf_series.push((r.variant.name().to_string(), e2e));
+        cdf_series.push((label.clone(), e2e));
     }
     let main: Vec<GroupStats> = groups
         .iter()
@@ -466,6 +501,7 @@ mod tests {
             cpus: 1.0,
             app_size: 0,
             timeout_secs: 1,
+            rootfs: None,
         };
         assert_eq!(sandbox_bytes(&spec), (64 << 20) + (2 << 20));
         let spec = RoundSpec {

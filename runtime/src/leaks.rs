@@ -16,6 +16,10 @@ pub struct LeakReport {
     pub vmm_pids: Vec<u32>,
     pub pool_lent_memfds: u64,
     pub pool_clients: usize,
+    /// Writable-layer files (reflinks or copies) still on the managed filesystem.
+    pub rootfs_layers: Vec<String>,
+    /// The writable layers' template changed (it must never).
+    pub rootfs_template: Option<String>,
     /// A check that could not run (e.g. the NIC daemon did not answer).
     pub errors: Vec<String>,
 }
@@ -27,7 +31,7 @@ impl LeakReport {
 
     pub fn describe(&self) -> String {
         if self.is_clean() {
-            return "leak check: clean (no netns, link, cgroup, assigned VF, VMM process or lent pool memory left)".into();
+            return "leak check: clean (no netns, link, cgroup, assigned VF, VMM process, lent pool memory or writable layer left)".into();
         }
         let mut parts = Vec::new();
         let mut add = |what: &str, v: &[String]| {
@@ -39,6 +43,8 @@ impl LeakReport {
         add("links", &self.links);
         add("cgroups", &self.cgroups);
         add("assigned VFs", &self.assigned_vfs);
+        add("writable layers", &self.rootfs_layers);
+        add("rootfs template changed", self.rootfs_template.as_slice());
         add("errors", &self.errors);
         if !self.vmm_pids.is_empty() {
             parts.push(format!("VMM pids: {:?}", self.vmm_pids));
@@ -73,6 +79,7 @@ pub fn check(rt: &Runtime, grace: Duration) -> LeakReport {
             pool_clients: rt.pool_clients(),
             ..Default::default()
         };
+        (r.rootfs_layers, r.rootfs_template) = rt.layer_leaks();
         match rt.assigned_vfs() {
             Ok(v) => r.assigned_vfs = v,
             Err(e) => r.errors.push(format!("NIC daemon: {e}")),

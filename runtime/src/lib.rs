@@ -9,6 +9,7 @@ pub mod guestnet;
 pub mod leaks;
 pub mod nicd;
 pub mod plot;
+pub mod rootfs;
 pub mod runtime;
 pub mod sandbox;
 pub mod stats;
@@ -40,6 +41,8 @@ pub enum Error {
     Interrupted,
     #[error("cannot find the burstvm binary: {0}")]
     Bin(std::io::Error),
+    #[error(transparent)]
+    Rootfs(#[from] ::rootfs::Error),
 }
 
 fn bad(field: &'static str, reason: impl Into<String>) -> Error {
@@ -104,6 +107,65 @@ impl SandboxArgs {
     }
 }
 
+/// The root filesystem of each sandbox, shared by `run` and `bench startup`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RootfsArgs {
+    /// Container image for the rootfs (RunD split): an OCI image layout,
+    /// an OCI archive, a directory, or an image `burstvm rootfs build` made
+    /// (X.erofs). Built once and cached by digest.
+    #[arg(long)]
+    pub rootfs: Option<PathBuf>,
+    /// File of the image the guest reads and checksums (default:
+    /// /etc/os-release, else the smallest file).
+    #[arg(long, requires = "rootfs")]
+    pub rootfs_file: Option<String>,
+    /// How the guest gets the read-only layer: blk (virtio-blk) or pmem
+    /// (copied into the image region; built-in agent only).
+    #[arg(long, value_enum, default_value_t = rootfs::ImageMode::Blk, requires = "rootfs")]
+    pub rootfs_image: rootfs::ImageMode,
+    /// Capacity of each sandbox's writable layer (the ext4 template).
+    #[arg(long, default_value = "64M", requires = "rootfs")]
+    pub rootfs_layer_size: String,
+    /// Image cache (default: $BURSTVM_IMAGE_CACHE or /var/lib/burstvm/images).
+    #[arg(long, requires = "rootfs")]
+    pub image_cache: Option<PathBuf>,
+}
+
+impl RootfsArgs {
+    /// The image (built or found in the cache; with burstvm's Linux init for
+    /// a kernel) and the layer size, if a rootfs was asked for.
+    fn image(&self, init: bool) -> Result<Option<(std::sync::Arc<::rootfs::Image>, u64)>, Error> {
+        let Some(src) = &self.rootfs else {
+            return Ok(None);
+        };
+        let cache = self
+            .image_cache
+            .clone()
+            .map(::rootfs::ImageCache::new)
+            .unwrap_or_else(::rootfs::ImageCache::from_env);
+        let img = cache.resolve(src, init)?;
+        let bytes = parse_size("--rootfs-layer-size", &self.rootfs_layer_size)?;
+        if bytes < (1 << 20) {
+            return Err(bad("--rootfs-layer-size", "at least 1M"));
+        }
+        Ok(Some((std::sync::Arc::new(img), bytes)))
+    }
+
+    fn spec(
+        &self,
+        image: &std::sync::Arc<::rootfs::Image>,
+        layer: rootfs::LayerMode,
+    ) -> Result<rootfs::RootfsSpec, Error> {
+        rootfs::RootfsSpec::new(
+            image.clone(),
+            self.rootfs_file.as_deref(),
+            self.rootfs_image,
+            layer,
+        )
+        .map_err(|e| bad("--rootfs-file", e))
+    }
+}
+
 /// `burstvm run`: one sandbox through every stage.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
@@ -112,6 +174,15 @@ pub struct RunArgs {
     pub variant: Variant,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    #[command(flatten)]
+    pub rootfs: RootfsArgs,
+    /// Boot this Linux kernel (vmlinux) on the rootfs instead of the built-in
+    /// agent: root=/dev/vda rootfstype=erofs (docs/rootfs.md).
+    #[arg(long, requires = "rootfs")]
+    pub kernel: Option<PathBuf>,
+    /// The writable layer is a full copy of the template, not a reflink.
+    #[arg(long, requires = "rootfs")]
+    pub rootfs_copy: bool,
     /// Keep the sandbox running after READY until Ctrl-C.
     #[arg(long)]
     pub keep_running: bool,
@@ -137,6 +208,12 @@ pub struct BenchStartupArgs {
     pub variants: Vec<Variant>,
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+    #[command(flatten)]
+    pub rootfs: RootfsArgs,
+    /// Also run every variant with a full copy of the writable layer per
+    /// sandbox, beside RunD's reflink (RunD §4.2: 207 ms → 0.2 ms).
+    #[arg(long, requires = "rootfs")]
+    pub rootfs_copy: bool,
     /// Run at each of these concurrencies instead (Fig. 13a), e.g. 10,50,100,200.
     #[arg(long, value_delimiter = ',')]
     pub sweep: Vec<usize>,
@@ -161,6 +238,22 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
     runtime::install_sigint_handler();
     let (memory, app_size) = a.sandbox.bytes()?;
     let policy = a.variant.policy();
+    if a.kernel.is_some() && a.rootfs.rootfs_image == rootfs::ImageMode::Pmem {
+        return Err(bad(
+            "--rootfs-image",
+            "pmem is for the built-in agent; a Linux guest reads the image from virtio-blk",
+        ));
+    }
+    let image = a.rootfs.image(a.kernel.is_some())?;
+    let layer_mode = if a.rootfs_copy {
+        rootfs::LayerMode::Copy
+    } else {
+        rootfs::LayerMode::Reflink
+    };
+    let rootfs = image
+        .as_ref()
+        .map(|(img, _)| a.rootfs.spec(img, layer_mode))
+        .transpose()?;
     let rt = Runtime::new(RuntimeConfig {
         bin: burstvm_bin(&a.burstvm_bin)?,
         trace_path: a.trace.clone(),
@@ -171,6 +264,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
             memory_bytes: memory,
             cpus: a.sandbox.cpus,
         },
+        rootfs_layer_bytes: image.as_ref().map(|(_, b)| *b),
     })?;
     rt.prepare_variant(a.variant)?;
     let id = format!(
@@ -186,6 +280,8 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
         app_size,
         keep_running: a.keep_running,
         timeout_secs: a.timeout,
+        rootfs,
+        kernel: a.kernel.clone(),
     };
     let start = trace::monotonic_ns();
     let result = (|| -> Result<(), Error> {
@@ -215,14 +311,17 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
         }
         if a.keep_running {
             println!("running; Ctrl-C to stop");
-            while !rt.interrupted()
-                && sb
-                    .vmm_pid()
-                    .is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
-            {
+            // Until Ctrl-C, or the VMM ends (a killed VMM is an error of the run).
+            let mut alive = Ok(());
+            while !rt.interrupted() {
+                alive = sb.check_alive();
+                if alive.is_err() {
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(200));
             }
             sb.teardown().map_err(Error::Leaks)?;
+            alive?;
         } else {
             sb.wait_exit()?;
             sb.teardown().map_err(Error::Leaks)?;
@@ -252,11 +351,25 @@ pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
     if a.variants.is_empty() {
         return Err(bad("--variants", "at least one variant"));
     }
+    let image = a.rootfs.image(false)?;
+    let rootfs = image
+        .as_ref()
+        .map(|(img, _)| a.rootfs.spec(img, rootfs::LayerMode::Reflink))
+        .transpose()?;
+    let mut layer_modes = Vec::new();
+    if rootfs.is_some() {
+        layer_modes.push(rootfs::LayerMode::Reflink);
+        if a.rootfs_copy {
+            layer_modes.push(rootfs::LayerMode::Copy);
+        }
+    }
+    let pmem_bytes = rootfs.as_ref().map_or(0, |r| r.guest_bytes());
     let spec = bench::RoundSpec {
         memory_bytes: memory,
         cpus: a.sandbox.cpus,
         app_size,
         timeout_secs: a.timeout,
+        rootfs,
     };
     let max_n = *levels.iter().max().expect("non-empty");
     let need = max_n as u64 * bench::sandbox_bytes(&spec) + bench::MEMORY_MARGIN;
@@ -296,12 +409,14 @@ pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
         network,
         cgroup_pool: if a.cgroup_pool { max_n } else { 0 },
         cgroup_limits: cgroup::Limits {
-            memory_bytes: memory + (app_size + (4 << 20)).next_multiple_of(2 << 20),
+            memory_bytes: memory + (app_size + pmem_bytes + (4 << 20)).next_multiple_of(2 << 20),
             cpus: a.sandbox.cpus,
         },
+        rootfs_layer_bytes: image.as_ref().map(|(_, b)| *b),
     })?;
     let plan = bench::BenchPlan {
         variants: a.variants.clone(),
+        layer_modes,
         levels,
         spec,
         out: a.out.clone(),

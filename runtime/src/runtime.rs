@@ -48,6 +48,8 @@ pub enum RuntimeError {
     Nic { bin: PathBuf, reason: String },
     #[error("CNI plugin burstvm-cni not found next to {bin} nor in {path:?}")]
     NoCniPlugin { bin: PathBuf, path: Vec<PathBuf> },
+    #[error(transparent)]
+    Rootfs(#[from] ::rootfs::Error),
 }
 
 /// How to set the runtime up.
@@ -65,6 +67,8 @@ pub struct RuntimeConfig {
     pub cgroup_pool: usize,
     /// Cgroup limits of pooled groups (must match the sandboxes').
     pub cgroup_limits: Limits,
+    /// Make writable rootfs layers of this size (the ext4 template); None: no rootfs.
+    pub rootfs_layer_bytes: Option<u64>,
 }
 
 /// One runtime instance; everything it created is removed on drop.
@@ -82,6 +86,8 @@ pub struct Runtime {
     server: Option<ServerNet>,
     tap_free: Mutex<BTreeSet<u32>>,
     interrupted: Arc<AtomicBool>,
+    /// The managed filesystem of writable layers, and its template's digest.
+    layers: Option<(::rootfs::WritableLayers, String)>,
 }
 
 static SIGINT: AtomicBool = AtomicBool::new(false);
@@ -130,6 +136,7 @@ impl Runtime {
             server: None,
             tap_free: Mutex::new((TAP_RANGE.0..=TAP_RANGE.1).collect()),
             interrupted: Arc::new(AtomicBool::new(false)),
+            layers: None,
             state_dir,
             cfg,
         };
@@ -154,7 +161,38 @@ impl Runtime {
             rt.server = Some(ServerNet::create(&tag, Addressing::default())?);
             rt.write_cni_config()?;
         }
+        if let Some(bytes) = rt.cfg.rootfs_layer_bytes {
+            let mut lc = ::rootfs::LayerConfig::new(rt.state_dir.join("rootfs"));
+            lc.template_bytes = bytes;
+            let l = ::rootfs::WritableLayers::create(&lc)?;
+            let digest = l.template_digest()?;
+            rt.layers = Some((l, digest));
+        }
         Ok(rt)
+    }
+
+    /// The writable layers (when the runtime was made with `rootfs_layer_bytes`).
+    pub fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
+        self.layers.as_ref().map(|(l, _)| l)
+    }
+
+    /// Leak check of the writable layers: clone files nobody removed, and
+    /// whether the template still has the bytes it was made with.
+    pub fn layer_leaks(&self) -> (Vec<String>, Option<String>) {
+        let Some((l, digest)) = &self.layers else {
+            return (Vec::new(), None);
+        };
+        let files = l
+            .leftovers()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        let changed = match l.template_digest() {
+            Ok(d) if d == *digest => None,
+            Ok(d) => Some(format!("template digest {d}, made as {digest}")),
+            Err(e) => Some(e.to_string()),
+        };
+        (files, changed)
     }
 
     pub fn tag(&self) -> &str {
@@ -358,6 +396,8 @@ impl Drop for Runtime {
             p.shutdown();
         }
         self.cgroup_pool = None;
+        // Unmounted (with its loop device) before the state directory goes.
+        self.layers = None;
         // BURSTVM_KEEP_LOGS=1 keeps the state directory (NIC log, VMM stderr) for debugging.
         if std::env::var_os("BURSTVM_KEEP_LOGS").is_none() {
             let _ = std::fs::remove_dir_all(&self.state_dir);
@@ -381,12 +421,16 @@ pub fn cni_path(bin: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// The stages a sandbox of `variant` goes through, in order.
-pub fn expected_stages(variant: Variant) -> Vec<Stage> {
+/// The stages a sandbox of `variant` goes through, in order (`rootfs`:
+/// it has a root filesystem).
+pub fn expected_stages(variant: Variant, rootfs: bool) -> Vec<Stage> {
     let p = variant.policy();
     let mut v = vec![Stage::Cgroup, Stage::Netns];
     if p.net != NetKind::None {
         v.push(Stage::CniAdd);
+    }
+    if rootfs {
+        v.push(Stage::Rootfs);
     }
     v.push(Stage::VmmSpawn);
     if p.dma_ram {
@@ -456,6 +500,13 @@ pub fn reap_stale(layout: &Layout) -> Vec<String> {
             }
             reaped.push(format!("cgroup {cg}"));
         }
+        // Its writable layers are a mount inside the state directory: the
+        // mount goes first, so that removing the directory never reaches
+        // into the filesystem.
+        reaped.extend(::rootfs::layers::reap(&e.path().join("rootfs")));
+        if ::rootfs::layers::is_mounted(&e.path().join("rootfs/mnt")) {
+            continue;
+        }
         let _ = std::fs::remove_dir_all(e.path());
         reaped.push(format!("state {}", e.path().display()));
     }
@@ -495,12 +546,14 @@ mod tests {
 
     #[test]
     fn expected_stages_follow_the_policy() {
-        let f = expected_stages(Variant::Fastiov);
+        let f = expected_stages(Variant::Fastiov, false);
         assert!(!f.contains(&Stage::DmaImage) && f.contains(&Stage::VfOpen));
-        assert!(expected_stages(Variant::FastiovS).contains(&Stage::DmaImage));
-        let n = expected_stages(Variant::NoNet);
+        assert!(!f.contains(&Stage::Rootfs));
+        assert!(expected_stages(Variant::FastiovS, false).contains(&Stage::DmaImage));
+        let n = expected_stages(Variant::NoNet, true);
         assert!(!n.contains(&Stage::CniAdd) && !n.contains(&Stage::VfDriver));
-        let t = expected_stages(Variant::Tap);
+        assert_eq!(n[2], Stage::Rootfs);
+        let t = expected_stages(Variant::Tap, false);
         assert!(t.contains(&Stage::CniAdd) && !t.contains(&Stage::VfOpen));
         assert_eq!(f.first(), Some(&Stage::Cgroup));
         assert_eq!(f.last(), Some(&Stage::Ready));

@@ -1,7 +1,7 @@
 //! One sandbox through its startup stages, and its teardown on every exit
-//! path: `cgroup`, `netns`, `cni-add` are recorded here; the VMM records
-//! `vmm-spawn` (from the spawn instant this side passes in BURSTVM_SPAWN_NS)
-//! and `dma-ram` .. `ready` in the same trace file.
+//! path: `cgroup`, `netns`, `cni-add`, `rootfs` are recorded here; the VMM
+//! records `vmm-spawn` (from the spawn instant this side passes in
+//! BURSTVM_SPAWN_NS) and `dma-ram` .. `ready` in the same trace file.
 
 use std::fs::File;
 use std::io::Read;
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use trace::{Stage, TraceWriter};
 
 use crate::cgroup::{self, Cgroup, Limits};
+use crate::rootfs::RootfsSpec;
 use crate::runtime::Runtime;
 use crate::variant::{NetKind, Variant};
 use netutil::NamedNetns;
@@ -33,6 +34,18 @@ pub struct SandboxSpec {
     pub keep_running: bool,
     /// Seconds the VMM may take to reach READY.
     pub timeout_secs: u64,
+    /// Root filesystem (RunD split); None: the agent runs without one.
+    pub rootfs: Option<RootfsSpec>,
+    /// Boot this Linux kernel instead of the built-in agent.
+    pub kernel: Option<PathBuf>,
+}
+
+/// What the `rootfs` stage cost this sandbox (bench statistics).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RootfsCost {
+    pub wall_ns: u64,
+    pub cpu_ns: u64,
+    pub bytes_copied: u64,
 }
 
 /// A sandbox that failed: in which stage, and why.
@@ -56,6 +69,9 @@ pub struct Sandbox<'rt> {
     neighbor: Option<Ipv4Addr>,
     tap_ip: Option<Ipv4Addr>,
     vmm: Option<Child>,
+    layer: Option<::rootfs::Layer>,
+    /// The writable layer's cost, when the sandbox has a rootfs.
+    pub rootfs_cost: Option<RootfsCost>,
     stderr_path: PathBuf,
     /// Address the guest was given (network variants).
     pub guest_ip: Option<Ipv4Addr>,
@@ -85,15 +101,21 @@ impl<'rt> Sandbox<'rt> {
             neighbor: None,
             tap_ip: None,
             vmm: None,
+            layer: None,
+            rootfs_cost: None,
             guest_ip: None,
             torn_down: false,
         };
         // On any error below, `sb` is dropped and torn down.
         sb.stage(Stage::Cgroup, |sb| {
             let limits = Limits {
-                // The image region (agent + app payload, 2 MiB aligned) is guest memory too.
+                // The image region (agent + app payload + a pmem rootfs
+                // image, 2 MiB aligned) is guest memory too.
                 memory_bytes: sb.spec.memory_bytes
-                    + (sb.spec.app_size + (4 << 20)).next_multiple_of(2 << 20),
+                    + (sb.spec.app_size
+                        + sb.spec.rootfs.as_ref().map_or(0, |r| r.guest_bytes())
+                        + (4 << 20))
+                        .next_multiple_of(2 << 20),
                 cpus: sb.spec.cpus,
             };
             sb.cgroup = Some(
@@ -119,6 +141,23 @@ impl<'rt> Sandbox<'rt> {
                 net_args = sb.tap_add()?;
                 Ok(())
             })?,
+        }
+        if let Some(r) = sb.spec.rootfs.clone() {
+            sb.stage(Stage::Rootfs, |sb| {
+                let layers = sb
+                    .rt
+                    .writable_layers()
+                    .ok_or("this runtime was created without writable layers")?;
+                let p = crate::rootfs::prepare(layers, &sb.spec.id, r.layer_mode)?;
+                net_args.extend(crate::rootfs::vmm_args(&r, p.layer.path()));
+                sb.rootfs_cost = Some(RootfsCost {
+                    wall_ns: p.wall_ns,
+                    cpu_ns: p.cpu_ns,
+                    bytes_copied: p.layer.bytes_copied(),
+                });
+                sb.layer = Some(p.layer);
+                Ok(())
+            })?;
         }
         let (ready_r, ready_w) =
             pipe().map_err(|e| fail("vmm-spawn", format!("ready pipe: {e}")))?;
@@ -230,6 +269,13 @@ impl<'rt> Sandbox<'rt> {
         ]
     }
 
+    /// The serial console of a Linux guest (kept with the VMM's stderr).
+    pub fn console_path(&self) -> PathBuf {
+        self.rt
+            .state_dir()
+            .join(format!("{}.console", self.spec.id))
+    }
+
     fn spawn_vmm(&mut self, net_args: &[String], ready_w: OwnedFd) -> Result<(), String> {
         let policy = self.spec.variant.policy();
         let ns = self.netns.as_ref().expect("netns stage ran");
@@ -257,6 +303,11 @@ impl<'rt> Sandbox<'rt> {
             .args(net_args);
         if let Some(vi) = policy.vf_init {
             cmd.args(["--vf-init", vi]);
+        }
+        if let Some(k) = &self.spec.kernel {
+            cmd.arg("--kernel").arg(k);
+            cmd.args(["--cmdline", &crate::rootfs::linux_cmdline()]);
+            cmd.arg("--serial-log").arg(self.console_path());
         }
         if let Some(sock) = self.rt.pool_socket() {
             cmd.arg("--pool-socket").arg(sock);
@@ -326,6 +377,21 @@ impl<'rt> Sandbox<'rt> {
         let status = status
             .map(|s| s.to_string())
             .unwrap_or_else(|| "unknown status".into());
+        // A Linux guest says on its console how far it got.
+        let line = match &self.spec.kernel {
+            Some(_) => {
+                let console = std::fs::read_to_string(self.console_path()).unwrap_or_default();
+                let tail: Vec<&str> = console
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .rev()
+                    .take(3)
+                    .collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                format!("{line} | console: {}", tail.join(" | "))
+            }
+            None => line,
+        };
         Err(self.failure(
             &self.next_stage(),
             format!("VMM exited ({status}) without READY: {line}"),
@@ -342,7 +408,8 @@ impl<'rt> Sandbox<'rt> {
                     .collect()
             })
             .unwrap_or_default();
-        let expected = crate::runtime::expected_stages(self.spec.variant);
+        let expected =
+            crate::runtime::expected_stages(self.spec.variant, self.spec.rootfs.is_some());
         expected
             .into_iter()
             .find(|s| !done.contains(s))
@@ -397,6 +464,9 @@ impl<'rt> Sandbox<'rt> {
         if let Some(c) = self.vmm.take() {
             stop_child(c, Duration::from_secs(2));
         }
+        // The VMM unlinked its layer once open; if it never got there, the
+        // layer removes its file now.
+        self.layer = None;
         if let Some(ip) = self.neighbor.take() {
             if let Err(e) = self.rt.server().del_neighbor(ip) {
                 errs.push(e.to_string());
@@ -431,6 +501,7 @@ impl<'rt> Sandbox<'rt> {
         }
         if std::env::var_os("BURSTVM_KEEP_LOGS").is_none() {
             let _ = std::fs::remove_file(&self.stderr_path);
+            let _ = std::fs::remove_file(self.console_path());
         }
         if errs.is_empty() {
             Ok(())

@@ -123,6 +123,71 @@ pub struct GroupStats {
     /// Ready sandboxes whose first request the echo server answered (None: no network).
     #[serde(default)]
     pub answered: Option<usize>,
+    /// The writable rootfs layers of the round (None: no rootfs).
+    #[serde(default)]
+    pub rootfs: Option<RootfsStats>,
+}
+
+/// What making the writable layers cost, per sandbox (RunD §4.2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RootfsStats {
+    /// "reflink" or "copy".
+    pub mode: String,
+    pub wall_avg_ms: f64,
+    pub wall_p99_ms: f64,
+    /// Host CPU time of the rootfs stage (the thread that made the layer).
+    pub cpu_avg_ms: f64,
+    pub cpu_p99_ms: f64,
+    pub bytes_copied_avg: f64,
+}
+
+/// Statistics of the writable layers of one round.
+pub fn rootfs_stats(
+    mode: crate::rootfs::LayerMode,
+    costs: &[crate::sandbox::RootfsCost],
+) -> RootfsStats {
+    let wall: Vec<u64> = costs.iter().map(|c| c.wall_ns).collect();
+    let cpu: Vec<u64> = costs.iter().map(|c| c.cpu_ns).collect();
+    let bytes: Vec<u64> = costs.iter().map(|c| c.bytes_copied).collect();
+    RootfsStats {
+        mode: mode.name().into(),
+        wall_avg_ms: ms(mean(&wall)),
+        wall_p99_ms: ms(percentile(&wall, 0.99) as f64),
+        cpu_avg_ms: ms(mean(&cpu)),
+        cpu_p99_ms: ms(percentile(&cpu, 0.99) as f64),
+        bytes_copied_avg: mean(&bytes),
+    }
+}
+
+/// Reflink against copy for each variant run both ways (same concurrency).
+pub fn rootfs_comparison(groups: &[GroupStats]) -> String {
+    let mut out = String::new();
+    for g in groups {
+        let Some(r) = g.rootfs.as_ref().filter(|r| r.mode == "reflink") else {
+            continue;
+        };
+        let base = g.variant.trim_end_matches("+reflink");
+        let copy = groups.iter().find_map(|c| {
+            c.rootfs
+                .as_ref()
+                .filter(|cr| cr.mode == "copy" && c.concurrency == g.concurrency)
+                .filter(|_| c.variant.trim_end_matches("+copy") == base)
+        });
+        if let Some(c) = copy {
+            let x = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+            out.push_str(&format!(
+                "\n== rootfs writable layer per sandbox, {base} x{}: copy {:.3} ms wall / {:.3} ms CPU -> reflink {:.3} ms wall / {:.3} ms CPU ({:.0}x / {:.0}x less)\n",
+                g.concurrency,
+                c.wall_avg_ms,
+                c.cpu_avg_ms,
+                r.wall_avg_ms,
+                r.cpu_avg_ms,
+                x(c.wall_avg_ms, r.wall_avg_ms),
+                x(c.cpu_avg_ms, r.cpu_avg_ms)
+            ));
+        }
+    }
+    out
 }
 
 /// Statistics of one round (the sandboxes that reached `ready`).
@@ -175,6 +240,7 @@ pub fn group_stats(
         vf_related_p99_share: share(vf_p99, p99),
         vs_vanilla: None,
         answered: None,
+        rootfs: None,
     }
 }
 
@@ -239,6 +305,12 @@ pub fn format_table(groups: &[GroupStats]) -> String {
             g.vf_related_p99_ms,
             g.vf_related_p99_share * 100.0
         ));
+        if let Some(r) = &g.rootfs {
+            out.push_str(&format!(
+                "rootfs layer ({}): wall avg {:.3} ms p99 {:.3} ms, host CPU avg {:.3} ms p99 {:.3} ms, {:.0} bytes copied avg\n",
+                r.mode, r.wall_avg_ms, r.wall_p99_ms, r.cpu_avg_ms, r.cpu_p99_ms, r.bytes_copied_avg
+            ));
+        }
         if let Some(r) = &g.vs_vanilla {
             // Signed change against vanilla: -65.7% means 65.7% less time.
             out.push_str(&format!(
@@ -344,6 +416,33 @@ mod tests {
         assert!(table.contains("== vanilla (concurrency 100, 100 ready, 0 failed)"));
         assert!(table.contains("vf-open"));
         assert!(table.contains("vs vanilla: avg -89.1%"));
+    }
+
+    #[test]
+    fn rootfs_layers_are_compared_per_variant() {
+        use crate::rootfs::LayerMode;
+        use crate::sandbox::RootfsCost;
+        let cost = |w, c, b| RootfsCost {
+            wall_ns: w * MS,
+            cpu_ns: c * MS,
+            bytes_copied: b,
+        };
+        let mut r = group_stats("no-net+reflink", 2, &synthetic(1, 2), 0);
+        r.rootfs = Some(rootfs_stats(
+            LayerMode::Reflink,
+            &[cost(1, 1, 0), cost(3, 1, 0)],
+        ));
+        let mut c = group_stats("no-net+copy", 2, &synthetic(1, 2), 0);
+        c.rootfs = Some(rootfs_stats(
+            LayerMode::Copy,
+            &[cost(100, 50, 10), cost(100, 50, 30)],
+        ));
+        assert_eq!(r.rootfs.as_ref().unwrap().wall_avg_ms, 2.0);
+        assert_eq!(c.rootfs.as_ref().unwrap().bytes_copied_avg, 20.0);
+        let cmp = rootfs_comparison(&[r.clone(), c.clone()]);
+        assert!(cmp.contains("no-net x2: copy 100.000 ms wall / 50.000 ms CPU -> reflink 2.000 ms wall / 1.000 ms CPU (50x / 50x less)"), "{cmp}");
+        assert!(format_table(&[c]).contains("rootfs layer (copy)"));
+        assert_eq!(rootfs_comparison(&[r]), "");
     }
 
     #[test]

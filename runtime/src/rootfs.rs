@@ -1,0 +1,206 @@
+//! A sandbox's root filesystem (RunD §4.2, docs/rootfs.md): the shared
+//! read-only EROFS image (built once, before any sandbox) and a writable
+//! layer made in the `rootfs` stage — a reflink of the runtime's ext4
+//! template, or a full copy for comparison — handed to the VMM, which opens
+//! and unlinks it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ::rootfs::{Image, Layer, WritableLayers};
+
+/// How the guest sees the read-only layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ImageMode {
+    /// A read-only virtio-blk disk.
+    #[default]
+    Blk,
+    /// Copied into the guest's image region (pmem-style; DMA-mapped with it
+    /// unless the variant skips the image region). Built-in agent only.
+    Pmem,
+}
+
+/// How the writable layer is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerMode {
+    /// FICLONE of the template (RunD).
+    #[default]
+    Reflink,
+    /// A full copy of the template's data (the baseline RunD replaces).
+    Copy,
+}
+
+impl LayerMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerMode::Reflink => "reflink",
+            LayerMode::Copy => "copy",
+        }
+    }
+}
+
+/// The rootfs part of a sandbox's spec.
+#[derive(Debug, Clone)]
+pub struct RootfsSpec {
+    pub image: Arc<Image>,
+    /// File of the image the guest reads, with its checksum.
+    pub check: Option<(String, u32)>,
+    pub image_mode: ImageMode,
+    pub layer_mode: LayerMode,
+}
+
+impl RootfsSpec {
+    /// `file` (default: the image's default check file) must be a regular
+    /// file of the image.
+    pub fn new(
+        image: Arc<Image>,
+        file: Option<&str>,
+        image_mode: ImageMode,
+        layer_mode: LayerMode,
+    ) -> Result<RootfsSpec, String> {
+        let file = file
+            .map(str::to_string)
+            .or_else(|| image.default_check_file());
+        let check = match file {
+            Some(f) => {
+                let sum = image.file(&f).ok_or_else(|| {
+                    format!("{f} is not a regular file of {}", image.path.display())
+                })?;
+                Some((f, sum.checksum))
+            }
+            None => None,
+        };
+        Ok(RootfsSpec {
+            image,
+            check,
+            image_mode,
+            layer_mode,
+        })
+    }
+
+    /// Guest memory the image takes in pmem mode.
+    pub fn guest_bytes(&self) -> u64 {
+        match self.image_mode {
+            ImageMode::Pmem => self.image.meta.erofs_bytes.next_multiple_of(4096),
+            ImageMode::Blk => 0,
+        }
+    }
+}
+
+/// What the `rootfs` stage made for one sandbox.
+#[derive(Debug)]
+pub struct Prepared {
+    pub layer: Layer,
+    pub wall_ns: u64,
+    /// Host CPU time of the stage (this thread: the ioctl or the copy).
+    pub cpu_ns: u64,
+}
+
+/// CPU time of the calling thread, ns.
+pub fn thread_cpu_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
+/// The `rootfs` stage: the sandbox's writable layer.
+pub fn prepare(layers: &WritableLayers, id: &str, mode: LayerMode) -> Result<Prepared, String> {
+    let (t0, c0) = (trace::monotonic_ns(), thread_cpu_ns());
+    let layer = match mode {
+        LayerMode::Reflink => layers.clone_for(id),
+        LayerMode::Copy => layers.copy_for(id),
+    }
+    .map_err(|e| e.to_string())?;
+    Ok(Prepared {
+        layer,
+        wall_ns: trace::monotonic_ns() - t0,
+        cpu_ns: thread_cpu_ns().saturating_sub(c0),
+    })
+}
+
+/// `burstvm vmm` arguments for the image and the layer. The image is the
+/// first disk (Linux's /dev/vda), the writable layer the next (/dev/vdb).
+pub fn vmm_args(spec: &RootfsSpec, layer: &Path) -> Vec<String> {
+    let mut a = Vec::new();
+    match spec.image_mode {
+        ImageMode::Blk => {
+            a.push("--disk".into());
+            a.push(format!("path={},ro,id=rootfs", spec.image.path.display()));
+        }
+        ImageMode::Pmem => {
+            a.push("--rootfs-pmem".into());
+            a.push(spec.image.path.display().to_string());
+        }
+    }
+    a.push("--disk".into());
+    a.push(format!("path={},unlink,id=rw", layer.display()));
+    if let Some((f, sum)) = &spec.check {
+        a.push("--rootfs-check".into());
+        a.push(format!("{f}={sum:08x}"));
+    }
+    a
+}
+
+/// The Linux command line for a kernel with this rootfs (the VMM adds the
+/// console, the devices and what a kvm_pvm host needs).
+pub fn linux_cmdline() -> String {
+    "reboot=k panic=1 pci=off nomodules root=/dev/vda rootfstype=erofs ro".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn image() -> Arc<Image> {
+        let mut files = BTreeMap::new();
+        files.insert(
+            "/bin/app".to_string(),
+            ::rootfs::image::FileSum {
+                size: 5,
+                checksum: 0xabc,
+            },
+        );
+        Arc::new(Image {
+            path: "/cache/x.erofs".into(),
+            meta: ::rootfs::ImageMeta {
+                digest: "dir-sha256:00".into(),
+                source: "/src".into(),
+                kind: "directory".into(),
+                erofs_bytes: 5000,
+                build_ms: 1.0,
+                files,
+            },
+        })
+    }
+
+    #[test]
+    fn vmm_args_name_both_layers_and_the_check() {
+        let s = RootfsSpec::new(image(), None, ImageMode::Blk, LayerMode::Reflink).unwrap();
+        assert_eq!(s.check, Some(("/bin/app".into(), 0xabc)));
+        assert_eq!(s.guest_bytes(), 0);
+        let a = vmm_args(&s, Path::new("/mnt/sb.rw"));
+        assert_eq!(
+            a,
+            [
+                "--disk",
+                "path=/cache/x.erofs,ro,id=rootfs",
+                "--disk",
+                "path=/mnt/sb.rw,unlink,id=rw",
+                "--rootfs-check",
+                "/bin/app=00000abc"
+            ]
+        );
+        let p =
+            RootfsSpec::new(image(), Some("/bin/app"), ImageMode::Pmem, LayerMode::Copy).unwrap();
+        assert_eq!(p.guest_bytes(), 8192);
+        assert_eq!(
+            vmm_args(&p, Path::new("/l"))[..2],
+            ["--rootfs-pmem", "/cache/x.erofs"]
+        );
+        let e =
+            RootfsSpec::new(image(), Some("/nope"), ImageMode::Blk, LayerMode::Copy).unwrap_err();
+        assert!(e.contains("/nope"), "{e}");
+    }
+}
