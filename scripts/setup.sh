@@ -8,7 +8,9 @@ pkgs=(gcc binutils libclang-dev iproute2 fonts-dejavu-core linux-image-amd64 zst
   # rootfs: EROFS images, the XFS of writable layers, the ext4 template
   erofs-utils xfsprogs e2fsprogs mount
   # the condensed guest kernel (scripts/build-guest-kernel.sh)
-  linux-source-6.1 bc flex bison libelf-dev make)
+  linux-source-6.1 bc flex bison libelf-dev make
+  # containerd (1.6, runs without systemd) for the shim; protobuf-compiler for the CRI bindings
+  containerd protobuf-compiler)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -22,12 +24,19 @@ command -v cargo >/dev/null || { echo "setup: cargo (Rust >= 1.85) is required; 
 command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || { apt-get install -y -qq golang-go >/dev/null; }
 export PATH="$PATH:/usr/local/go/bin"
 
-# The reference CNI tools: cnitool and the host-local IPAM plugin, in /opt/cni/bin.
+# The reference CNI tools: cnitool, the host-local IPAM plugin and loopback
+# (containerd's CRI plugin sets up lo with it), in /opt/cni/bin.
 mkdir -p /opt/cni/bin
 if [ ! -x /opt/cni/bin/cnitool ] || [ ! -x /opt/cni/bin/host-local ]; then
   GOBIN=/opt/cni/bin go install github.com/containernetworking/cni/cnitool@v1.3.1
   GOBIN=/opt/cni/bin go install github.com/containernetworking/plugins/plugins/ipam/host-local@v1.9.1
 fi
+if [ ! -x /opt/cni/bin/loopback ]; then
+  GOBIN=/opt/cni/bin go install github.com/containernetworking/plugins/plugins/main/loopback@v1.9.1
+fi
+# Debian's containerd package would start a host-wide daemon under systemd;
+# burstvm's tests and bench start their own, with their own config and sockets.
+command -v containerd >/dev/null && command -v ctr >/dev/null || { echo "setup: containerd/ctr missing" >&2; exit 1; }
 
 [ -c /dev/kvm ] || echo "setup: warning: /dev/kvm is missing; sandboxes cannot start" >&2
 mkdir -p /run/burstvm

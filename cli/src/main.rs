@@ -3,6 +3,9 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod cri;
+mod cri_bench;
+
 #[derive(Parser)]
 #[command(
     name = "burstvm",
@@ -27,6 +30,10 @@ enum Command {
     /// Root filesystems (RunD's read-only layer).
     #[command(subcommand)]
     Rootfs(RootfsCommand),
+    /// Run the host-wide services the containerd shim attaches to.
+    Services(runtime::ServicesArgs),
+    /// A CRI client for containerd's CRI plugin (crictl runp/stopp/rmp/pods).
+    Cri(cri::CriArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -41,7 +48,7 @@ enum RootfsCommand {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Concurrent sandbox startup, per variant (FastIOV's evaluation).
-    Startup(runtime::BenchStartupArgs),
+    Startup(Box<runtime::BenchStartupArgs>),
     /// DMA-map and first-touch cost of each memory policy.
     Memory(guestmem::bench::MemoryBenchArgs),
     /// Concurrent VF opens under each devset lock policy.
@@ -57,12 +64,22 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Vmm(a) => vmm::run_cli(&a).context("burstvm vmm"),
+        // The VMM's exit status is the guest's under --until-exit.
+        Command::Vmm(a) => match vmm::run_cli(&a) {
+            Ok(0) => Ok(()),
+            Ok(status) => return std::process::ExitCode::from(status),
+            Err(e) => Err(anyhow::Error::new(e).context("burstvm vmm")),
+        },
         Command::Nic(a) => nic::run_cli(&a).context("burstvm nic"),
         Command::Pool(a) => guestmem::pool::run_cli(&a).context("burstvm pool"),
         Command::Run(a) => runtime::run_cli(&a).context("burstvm run"),
         Command::Rootfs(RootfsCommand::Build(a)) => {
             rootfs::image::build_cli(&a).context("burstvm rootfs build")
+        }
+        Command::Services(a) => runtime::services_cli(&a).context("burstvm services"),
+        Command::Cri(a) => cri::run_cli(&a).context("burstvm cri"),
+        Command::Bench(BenchCommand::Startup(a)) if a.via == runtime::Via::Cri => {
+            cri_bench::run(&a).context("burstvm bench startup --via cri")
         }
         Command::Bench(BenchCommand::Startup(a)) => {
             runtime::bench_startup_cli(&a).context("burstvm bench startup")

@@ -244,6 +244,50 @@ pub struct BenchOutput {
     pub clean: bool,
 }
 
+/// Everything before a measured round of `n` × `v`: the NIC's lock policy,
+/// room for fresh memory, the uncounted warm-up round, the pre-zeroer.
+/// Returns false if the warm-up left something behind. Shared by
+/// `bench startup` and its `--via cri` variant (cli).
+pub fn prepare_measured_round(
+    rt: &Runtime,
+    v: Variant,
+    n: usize,
+    plan: &BenchPlan,
+    log: &mut dyn FnMut(&str),
+) -> Result<bool, crate::Error> {
+    let mut clean = true;
+    rt.prepare_variant(v)?;
+    if !v.policy().uses_pool() {
+        let released = fit_pool_for_fresh_round(rt, n, &plan.spec);
+        if released > 0 {
+            log(&format!("pool: released {released} cached memfds so that {n} fresh sandboxes fit in host memory"));
+        }
+    }
+    if plan.warmup {
+        log(&format!("{v} x{n}: warm-up round"));
+        // The concurrency is in the label: sandbox ids of sweep levels must not collide in the trace.
+        let w = run_round(rt, v, n, &format!("w{n}"), &plan.spec);
+        for f in &w.failures {
+            log(&format!("  warm-up failure: {f}"));
+        }
+        let lc = leaks::check(rt, Duration::from_secs(5));
+        if !lc.is_clean() {
+            log(&format!("  after warm-up: {}", lc.describe()));
+            clean = false;
+        }
+    }
+    let mp = v.policy().memory_policy;
+    if let Some(p) = mp.strip_prefix("pre").and_then(|p| p.parse::<u8>().ok()) {
+        // What the idle pre-zeroer would have done between bursts.
+        rt.pool()
+            .prezero_now(p)
+            .map_err(crate::runtime::RuntimeError::from)?;
+    } else {
+        rt.pool().set_prezero_percent(0);
+    }
+    Ok(clean)
+}
+
 /// Runs every (concurrency, variant) pair and writes trace.jsonl, summary.json and the plots.
 pub fn run(
     rt: &Runtime,
@@ -386,7 +430,7 @@ pub fn run(
     )?;
     let plots = draw(plan, &measured, &summary.groups, top)?;
     Ok(BenchOutput {
-        table: table + &sweep_table,
+        table,
         summary,
         plots,
         clean,

@@ -6,12 +6,14 @@ pub mod bench;
 pub mod cgroup;
 pub mod cni;
 pub mod guestnet;
+pub mod host;
 pub mod leaks;
 pub mod nicd;
 pub mod plot;
 pub mod rootfs;
 pub mod runtime;
 pub mod sandbox;
+pub mod services;
 pub mod stats;
 pub mod uplink;
 pub mod variant;
@@ -19,8 +21,11 @@ pub mod variant;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use host::{HostServices, SandboxHost, ServicesInfo};
 pub use runtime::{Runtime, RuntimeConfig, RuntimeError};
-pub use sandbox::{Sandbox, SandboxFailure, SandboxSpec};
+pub use sandbox::{Attach, Sandbox, SandboxFailure, SandboxSpec};
+pub use services::{services_cli, ServicesArgs};
+
 pub use variant::{Policy, Variant};
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +38,8 @@ pub enum Error {
     Sandbox(#[from] SandboxFailure),
     #[error(transparent)]
     Plot(#[from] plot::PlotError),
+    #[error(transparent)]
+    Host(#[from] host::HostError),
     #[error("output {path}: {reason}")]
     Output { path: PathBuf, reason: String },
     #[error("{0}")]
@@ -45,7 +52,7 @@ pub enum Error {
     Rootfs(#[from] ::rootfs::Error),
 }
 
-fn bad(field: &'static str, reason: impl Into<String>) -> Error {
+pub(crate) fn bad(field: &'static str, reason: impl Into<String>) -> Error {
     Error::BadArg {
         field,
         reason: reason.into(),
@@ -74,7 +81,7 @@ pub fn parse_size(field: &'static str, s: &str) -> Result<u64, Error> {
         .ok_or_else(|| bad(field, format!("{s:?} is too large")))
 }
 
-fn burstvm_bin(given: &Option<PathBuf>) -> Result<PathBuf, Error> {
+pub(crate) fn burstvm_bin(given: &Option<PathBuf>) -> Result<PathBuf, Error> {
     match given {
         Some(p) => Ok(p.clone()),
         None => std::env::current_exe().map_err(Error::Bin),
@@ -97,7 +104,7 @@ pub struct SandboxArgs {
 
 impl SandboxArgs {
     /// Checks `--cpus`; returns `--memory` and `--app-size` in bytes.
-    fn bytes(&self) -> Result<(u64, u64), Error> {
+    pub fn bytes(&self) -> Result<(u64, u64), Error> {
         let memory = parse_size("--memory", &self.memory)?;
         let app_size = parse_size("--app-size", &self.app_size)?;
         if !self.cpus.is_finite() || self.cpus <= 0.0 {
@@ -232,6 +239,23 @@ pub struct BenchStartupArgs {
     /// The burstvm binary (default: this one).
     #[arg(long)]
     pub burstvm_bin: Option<PathBuf>,
+    /// `cri`: also create each round's sandboxes through containerd's CRI
+    /// plugin (RunPodSandbox, a private containerd with the burstvm shim) and
+    /// report that path beside the direct one (docs/shim.md).
+    #[arg(long, value_enum, default_value_t = Via::Direct)]
+    pub via: Via,
+    /// With `--via cri`: the directory with pause.tar made by scripts/build-images.sh.
+    #[arg(long, default_value = "bench-images")]
+    pub images: PathBuf,
+}
+
+/// How `bench startup` creates sandboxes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Via {
+    /// The runtime library only.
+    Direct,
+    /// The runtime library, and RunPodSandbox through containerd's CRI plugin.
+    Cri,
 }
 
 pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
@@ -337,8 +361,9 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
     Ok(())
 }
 
-pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
-    runtime::install_sigint_handler();
+/// What `bench startup` measures: the validated levels and round spec, and
+/// the runtime (checked against host memory and VF limits).
+pub fn bench_setup(a: &BenchStartupArgs) -> Result<(Runtime, bench::BenchPlan), Error> {
     let (memory, app_size) = a.sandbox.bytes()?;
     let levels = if a.sweep.is_empty() {
         vec![a.concurrency]
@@ -398,10 +423,11 @@ pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
             ),
         ));
     }
-    let network = a
-        .variants
-        .iter()
-        .any(|v| v.policy().net != variant::NetKind::None);
+    // The CRI path needs the services' CNI config even for no-net rounds.
+    let network = a.via == Via::Cri
+        || a.variants
+            .iter()
+            .any(|v| v.policy().net != variant::NetKind::None);
     let rt = Runtime::new(RuntimeConfig {
         bin: burstvm_bin(&a.burstvm_bin)?,
         trace_path: None,
@@ -422,6 +448,12 @@ pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
         out: a.out.clone(),
         warmup: !a.no_warmup,
     };
+    Ok((rt, plan))
+}
+
+pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
+    runtime::install_sigint_handler();
+    let (rt, plan) = bench_setup(a)?;
     let result = bench::run(&rt, &plan, &mut |l| eprintln!("{l}"));
     // Also after an error or Ctrl-C: say whether anything was left.
     let final_check = leaks::check(&rt, Duration::from_secs(5));

@@ -265,6 +265,28 @@ pub fn add_reductions(groups: &mut [GroupStats]) {
     }
 }
 
+/// The tables of a bench: `format_table` at the highest concurrency, and
+/// with several levels a sweep table (avg / p99 against concurrency).
+pub fn format_levels(groups: &[GroupStats], levels: &[usize]) -> String {
+    let top = levels.iter().copied().max().unwrap_or(0);
+    let main: Vec<GroupStats> = groups
+        .iter()
+        .filter(|g| g.concurrency == top)
+        .cloned()
+        .collect();
+    let mut out = format_table(&main);
+    if levels.len() > 1 {
+        out.push_str("\n== sweep: end-to-end ms (avg / p99) against concurrency\n");
+        for g in groups {
+            out.push_str(&format!(
+                "{:<10} {:>5}  avg {:>9.1}  p99 {:>9.1}  failed {}\n",
+                g.variant, g.concurrency, g.avg_ms, g.p99_ms, g.failed
+            ));
+        }
+    }
+    out
+}
+
 /// The stdout table: one block per variant, Table 1 shape.
 pub fn format_table(groups: &[GroupStats]) -> String {
     let mut out = String::new();

@@ -65,8 +65,54 @@ pub struct ServerNet {
     addr: Addressing,
     echo: Option<EchoServer>,
     /// rtnetlink of the server netns (the socket stays bound to it).
+    neigh: NeighborTable,
+}
+
+/// Permanent neighbour entries on the server bridge, through an rtnetlink
+/// socket bound to the server netns: the runtime that owns it has one, and
+/// so has an attached sandbox (the shim), which opens it by path.
+pub struct NeighborTable {
     nl: Mutex<Rtnl>,
     bridge_index: u32,
+}
+
+impl NeighborTable {
+    /// Opens the neighbour table of the server netns at `netns` (another process's).
+    pub fn open(netns: &std::path::Path) -> Result<NeighborTable, UplinkError> {
+        let ns = netutil::Netns::open(netns)?;
+        let (nl, bridge_index) = ns.run(|| -> Result<_, UplinkError> {
+            let mut nl = Rtnl::open().map_err(sys("open rtnetlink"))?;
+            let br = nl
+                .index_of(SERVER_BRIDGE)
+                .map_err(sys(format!("index of {SERVER_BRIDGE}")))?;
+            Ok((nl, br))
+        })??;
+        Ok(NeighborTable {
+            nl: Mutex::new(nl),
+            bridge_index,
+        })
+    }
+
+    /// A permanent neighbour entry so that replies reach a guest without ARP.
+    pub fn add(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), UplinkError> {
+        self.nl
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_neighbour(self.bridge_index, IpAddr::V4(ip), mac)
+            .map_err(sys(format!("add neighbour {ip}")))
+    }
+
+    pub fn del(&self, ip: Ipv4Addr) -> Result<(), UplinkError> {
+        match self
+            .nl
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .delete_neighbour(self.bridge_index, IpAddr::V4(ip))
+        {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            r => r.map_err(sys(format!("delete neighbour {ip}"))),
+        }
+    }
 }
 
 impl ServerNet {
@@ -118,8 +164,10 @@ impl ServerNet {
             uplink_if,
             addr,
             echo: None,
-            nl: Mutex::new(nl),
-            bridge_index,
+            neigh: NeighborTable {
+                nl: Mutex::new(nl),
+                bridge_index,
+            },
         };
         net.echo = Some(EchoServer::start(sock)?);
         Ok(net)
@@ -147,28 +195,20 @@ impl ServerNet {
 
     /// rtnetlink of the server netns, one request at a time.
     pub fn rtnl(&self) -> MutexGuard<'_, Rtnl> {
-        self.nl.lock().unwrap_or_else(|e| e.into_inner())
+        self.neigh.nl.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn bridge_index(&self) -> u32 {
-        self.bridge_index
+        self.neigh.bridge_index
     }
 
     /// A permanent neighbour entry so that replies reach a guest without ARP.
     pub fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), UplinkError> {
-        self.rtnl()
-            .set_neighbour(self.bridge_index, IpAddr::V4(ip), mac)
-            .map_err(sys(format!("add neighbour {ip}")))
+        self.neigh.add(ip, mac)
     }
 
     pub fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), UplinkError> {
-        match self
-            .rtnl()
-            .delete_neighbour(self.bridge_index, IpAddr::V4(ip))
-        {
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-            r => r.map_err(sys(format!("delete neighbour {ip}"))),
-        }
+        self.neigh.del(ip)
     }
 
     /// Requests the echo server answered, per source address.

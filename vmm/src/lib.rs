@@ -42,8 +42,10 @@ fn spawn_start() -> u64 {
         .unwrap_or(now)
 }
 
-/// Runs one microVM until READY (or until stopped with --keep-running).
-pub fn run_cli(args: &VmmArgs) -> Result<(), Error> {
+/// Runs one microVM until READY (or until stopped with --keep-running, or
+/// until the guest's EXIT with --until-exit). Returns the process exit
+/// status: 0, or the guest's EXIT status (low 8 bits) with --until-exit.
+pub fn run_cli(args: &VmmArgs) -> Result<u8, Error> {
     let t0 = spawn_start();
     let cfg = VmConfig::from_args(args)?;
     let os_err = |what: &'static str| {
@@ -84,7 +86,7 @@ pub fn run_cli(args: &VmmArgs) -> Result<(), Error> {
     run_vm(&cfg, vm, &sigfd)
 }
 
-fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<(), Error> {
+fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<u8, Error> {
     let sb = cfg.sandbox.clone();
     let mut threads = Vec::new();
     for (id, fd) in vm.vcpus.drain(..).enumerate() {
@@ -140,14 +142,19 @@ fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<(), E
     for (i, v) in values.iter().enumerate() {
         println!("value {i} {v:#010x}");
     }
-    outcome.map_err(|failure| Error::Guest {
-        sandbox: sb,
+    let status = outcome.map_err(|failure| Error::Guest {
+        sandbox: sb.clone(),
         failure,
-    })
+    })?;
+    if cfg.until_exit {
+        println!("sandbox {sb}: guest exited with status {status}");
+    }
+    Ok(status as u8)
 }
 
-/// The main loop: guest events, signals and the READY deadline.
-fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<(), GuestFailure> {
+/// The main loop: guest events, signals and the READY deadline. Returns the
+/// guest's EXIT status under --until-exit, else 0.
+fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<u32, GuestFailure> {
     let deadline =
         (cfg.timeout_secs > 0).then(|| Instant::now() + Duration::from_secs(cfg.timeout_secs));
     let mut ready = false;
@@ -181,7 +188,7 @@ fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<(), GuestF
         }
         if let Some(signal) = take_signal(sigfd) {
             if ready {
-                return Ok(());
+                return Ok(0);
             }
             return Err(GuestFailure::Terminated { signal });
         }
@@ -193,15 +200,17 @@ fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<(), GuestF
                     if let Some(fd) = cfg.ready_fd {
                         notify_ready(fd);
                     }
-                    if !cfg.keep_running {
-                        return Ok(());
+                    if !cfg.keep_running && !cfg.until_exit {
+                        return Ok(0);
                     }
                 }
                 VmEvent::Ready => {}
+                // A task (--until-exit) ends with its guest, with the guest's status.
+                VmEvent::GuestExit(status) if ready && cfg.until_exit => return Ok(status),
                 // After READY the agent ends with EXIT 0; with --keep-running
                 // the VM stays (idle) until a signal.
                 VmEvent::GuestExit(0) if ready => {}
-                VmEvent::GuestExit(0) if !cfg.probe.is_empty() => return Ok(()),
+                VmEvent::GuestExit(0) if !cfg.probe.is_empty() => return Ok(0),
                 VmEvent::GuestExit(status) => return Err(GuestFailure::Exit { status }),
                 VmEvent::Failure(f) => return Err(f),
             }

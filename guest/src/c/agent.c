@@ -155,6 +155,17 @@ void wait_until(int (*cond)(void *), void *arg, uint32_t err) {
 
 /* The app loads from its rootfs (rootfs.c), then checksums its payload
  * (csum.h, docs/guest.md). */
+
+/* An app payload may begin with a header that names the status the app ends
+ * with (docs/guest.md): the 8 bytes "BVMAPP01", then a little-endian u32.
+ * A container image's entrypoint carries it; generated payloads do not. */
+#define APP_MAGIC 0x31305050414D5642ULL
+static uint32_t app_exit_status(const struct boot_info *bi) {
+  const uint8_t *p = (const uint8_t *)bi->app_gpa;
+  if (bi->app_len < 12 || *(const uint64_t *)p != APP_MAGIC) return 0;
+  return *(const uint32_t *)(p + 8);
+}
+
 static void app_launch(const struct boot_info *bi) {
   report(EV_APP_LAUNCH_START);
   rootfs_launch(bi);
@@ -223,7 +234,7 @@ void agent_main(struct boot_info *bi) {
     app_launch(bi);
     if (bi->flags & BI_PROBE_MODE) probe(bi);
     report_data(EV_READY, 0);
-    agent_exit(0);
+    agent_exit(app_exit_status(bi));
   }
 
   static struct vnet net;
@@ -249,5 +260,5 @@ void agent_main(struct boot_info *bi) {
   send_request(&net);
   wait_until(got_reply, &net, ERR_REPLY_TIMEOUT);
   report_data(EV_READY, reply_len);
-  agent_exit(0);
+  agent_exit(app_exit_status(bi));
 }

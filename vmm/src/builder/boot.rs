@@ -30,7 +30,10 @@ pub(super) fn load_guest(
     image: &ImageLayout,
 ) -> Result<LoadedGuest, Error> {
     let sb = cfg.sandbox.as_str();
-    let payload = crate::app::payload(sb, cfg.app_size as usize);
+    let payload = match &cfg.app_bytes {
+        Some(b) => b.clone(),
+        None => crate::app::payload(sb, cfg.app_size as usize),
+    };
     let app_checksum = crate::app::checksum(&payload);
     let write = writer(sb, mem);
     let entry = match linux {

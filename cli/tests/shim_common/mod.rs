@@ -1,0 +1,232 @@
+//! A private containerd with the burstvm shim and the host services it
+//! attaches to, for the shim tests (root, KVM). Unique paths per test.
+
+#![allow(dead_code)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use shim::containerd::{Containerd, ContainerdConfig};
+
+pub const BURSTVM: &str = env!("CARGO_BIN_EXE_burstvm");
+pub const CNI: &str = env!("CARGO_BIN_EXE_burstvm-cni");
+pub const SHIM: &str = env!("CARGO_BIN_EXE_containerd-shim-burstvm-v2");
+pub const APP_IMAGE: &str = "burstvm.local/app:1";
+pub const PAUSE_IMAGE: &str = "burstvm.local/pause:1";
+
+pub struct Fixture {
+    pub dir: PathBuf,
+    pub ns: String,
+    pub services_dir: PathBuf,
+    pub shim_config: PathBuf,
+    pub trace: PathBuf,
+    pub containerd: Containerd,
+    services: Option<Child>,
+}
+
+fn link(from: &str, to: &Path) {
+    let _ = std::fs::remove_file(to);
+    std::os::unix::fs::symlink(from, to).unwrap();
+}
+
+impl Fixture {
+    pub fn new(name: &str, vfs: usize) -> Fixture {
+        let dir = PathBuf::from(format!("/tmp/bvshim-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["bin", "cni-bin", "cni-conf", "images"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        link(SHIM, &dir.join("bin/containerd-shim-burstvm-v2"));
+        link(CNI, &dir.join("cni-bin/burstvm-cni"));
+        for p in ["host-local", "loopback"] {
+            link(&format!("/opt/cni/bin/{p}"), &dir.join("cni-bin").join(p));
+        }
+        let services_dir = dir.join("services");
+        let mut cmd = Command::new(BURSTVM);
+        cmd.arg("services")
+            .arg("--dir")
+            .arg(&services_dir)
+            .arg("--cni-conf")
+            .arg(dir.join("cni-conf/10-burstvm.conf"))
+            .args(["--vfs", &vfs.to_string()])
+            .env(
+                "PATH",
+                format!("/opt/cni/bin:{}", std::env::var("PATH").unwrap_or_default()),
+            )
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("services.log")).unwrap());
+        // SAFETY: prctl is async-signal-safe; the services die with the test.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let services = cmd.spawn().unwrap();
+        let info = services_dir.join("services.json");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !info.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "services did not start: {}",
+                std::fs::read_to_string(dir.join("services.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let shim_config = dir.join("shim.json");
+        let trace = dir.join("trace.jsonl");
+        shim::containerd::write_shim_config(&shim_config, &info, "fastiov", 64 << 20, Some(&trace))
+            .unwrap();
+        let st = Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scripts/build-images.sh"
+        ))
+        .arg(dir.join("images"))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+        assert!(st.success(), "build-images.sh");
+        let containerd = Containerd::start(ContainerdConfig {
+            dir: dir.join("containerd"),
+            shim_dir: dir.join("bin"),
+            shim_config: shim_config.clone(),
+            cni_bin_dir: dir.join("cni-bin"),
+            cni_conf_dir: dir.join("cni-conf"),
+            sandbox_image: PAUSE_IMAGE.into(),
+        })
+        .unwrap();
+        let ns = format!("bvt{}", std::process::id());
+        containerd.import(&ns, &dir.join("images/app.tar")).unwrap();
+        Fixture {
+            dir,
+            ns,
+            services_dir,
+            shim_config,
+            trace,
+            containerd,
+            services: Some(services),
+        }
+    }
+
+    pub fn ctr(&self, args: &[&str]) -> Command {
+        self.containerd.ctr(&self.ns, args)
+    }
+
+    /// `ctr run` of the app image with the burstvm runtime.
+    pub fn ctr_run(&self, id: &str, extra: &[&str], entry: Option<&str>) -> Command {
+        let cfg = self.shim_config.display().to_string();
+        let mut args = vec![
+            "run",
+            "--runtime",
+            "io.containerd.burstvm.v2",
+            "--runtime-config-path",
+            &cfg,
+        ];
+        args.extend_from_slice(extra);
+        args.push(APP_IMAGE);
+        args.push(id);
+        if let Some(e) = entry {
+            args.push(e);
+        }
+        self.containerd.ctr(&self.ns, &args)
+    }
+
+    pub fn sandbox_id(&self, id: &str) -> String {
+        shim::sandbox_id(&self.ns, id)
+    }
+
+    /// What is left of sandboxes `ids`: shims, VMMs, netns, cgroups, assigned VFs, mounts.
+    pub fn leftovers(&self, sandboxes: &[String]) -> Vec<String> {
+        let mut left = Vec::new();
+        for pid in self.containerd.shim_pids() {
+            left.push(format!("shim {pid}"));
+        }
+        for sb in sandboxes {
+            let vmm = shim::containerd::processes(|a| {
+                a.get(1).is_some_and(|s| s == "vmm")
+                    && a.windows(2).any(|w| w[0] == "--sandbox" && &w[1] == sb)
+            });
+            left.extend(vmm.iter().map(|p| format!("VMM {p} of {sb}")));
+            if Path::new("/run/netns").join(sb).exists() {
+                left.push(format!("netns {sb}"));
+            }
+            for p in runtime::cgroup::Layout::detect().unwrap().dirs(sb) {
+                if p.exists() {
+                    left.push(format!("cgroup {}", p.display()));
+                }
+            }
+        }
+        let info = runtime::ServicesInfo::load(&self.services_dir.join("services.json")).unwrap();
+        let mut c = nic::control::Client::connect(&info.nic_socket).unwrap();
+        for v in c.list().unwrap() {
+            if let Some(s) = v.sandbox {
+                left.push(format!("VF {} assigned to {s}", v.id));
+            }
+        }
+        // The guests' permanent neighbour entries in the services' server netns.
+        let ns = info
+            .server_netns
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let out = Command::new("ip")
+            .args(["-n", &ns, "neigh", "show", "nud", "permanent"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ip -n {ns} neigh: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for l in String::from_utf8_lossy(&out.stdout).lines() {
+            left.push(format!("neighbour entry {l}"));
+        }
+        for m in shim::containerd::mounts_under(&self.containerd.bundle(&self.ns, "")) {
+            left.push(format!("mount {}", m.display()));
+        }
+        left
+    }
+
+    /// Polls `leftovers` until nothing is left or `limit` passes.
+    pub fn wait_clean(&self, sandboxes: &[String], limit: Duration) -> Vec<String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let l = self.leftovers(sandboxes);
+            if l.is_empty() || Instant::now() > deadline {
+                return l;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn trace_stages(&self, sandbox: &str) -> Vec<String> {
+        trace::read_trace(&self.trace)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.sandbox == sandbox)
+            .map(|e| e.stage.name().to_string())
+            .collect()
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let left = self.containerd.stop();
+        if !left.is_empty() {
+            eprintln!(
+                "fixture {}: removed leftovers: {left:?}",
+                self.dir.display()
+            );
+        }
+        if let Some(s) = self.services.take() {
+            // SIGTERM lets it tear down (NIC daemon, server netns, pool).
+            runtime::sandbox::stop_child(s, Duration::from_secs(15));
+        }
+        if std::env::var_os("BURSTVM_KEEP_LOGS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

@@ -1,0 +1,431 @@
+//! What a sandbox borrows from the host, and the two ways to provide it.
+//!
+//! `Runtime` (runtime.rs) is *self-hosted*: one long-lived process owns the
+//! page-pool server, the NIC daemon, the server netns and the CNI config, and
+//! its sandboxes borrow them (`burstvm run`, `burstvm bench startup`).
+//! `HostServices` is *attached*: a process that lives only as long as its
+//! sandbox (containerd's shim, one per pod) uses host-wide services that were
+//! started separately and described in a `services.json` file: a NIC daemon on
+//! its control socket, a page-pool server, the burstvm-cni config (the one
+//! containerd's CRI plugin executes). `burstvm services` starts them all from
+//! one self-hosted `Runtime` and writes that file (`export`).
+//!
+//! `Sandbox` only sees the `SandboxHost` trait, so every stage, variant and
+//! trace of `burstvm run` applies to both.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::{Cgroup, CgroupError, Layout, Limits};
+use crate::cni::CniNetwork;
+use crate::guestnet::GuestLink;
+use crate::runtime::Runtime;
+use crate::uplink::{self, Addressing};
+use netutil::{MacAddr, Netns};
+
+/// Everything a `Sandbox` needs from the host it runs on.
+pub trait SandboxHost: Sync {
+    /// The `burstvm` binary spawned as `burstvm vmm`.
+    fn bin(&self) -> &Path;
+    /// The trace file the sandbox's stages (and its VMM's) are appended to.
+    fn trace_path(&self) -> &Path;
+    /// Where per-sandbox files (VMM stderr) go.
+    fn state_dir(&self) -> &Path;
+    /// Set when every sandbox of this host must stop (SIGINT/SIGTERM).
+    fn interrupted(&self) -> bool;
+    fn cgroup_for(&self, id: &str, limits: Limits) -> Result<Cgroup, CgroupError>;
+    /// The CNI network the runtime executes itself (None: no network).
+    fn cni(&self) -> Option<&CniNetwork>;
+    fn pool_socket(&self) -> Option<&Path>;
+    /// The VF's vhost-user socket, asked from the NIC daemon.
+    fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, String>;
+    /// The server side of the sandbox network (the guest's request goes there).
+    fn addressing(&self) -> Addressing;
+    /// A permanent neighbour entry for the guest on the server side (so no ARP).
+    fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), String>;
+    fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), String>;
+    /// The `tap` variant's software CNI exists only in the self-hosted runtime.
+    fn alloc_tap_ip(&self) -> Option<Ipv4Addr> {
+        None
+    }
+    fn free_tap_ip(&self, _ip: Ipv4Addr) {}
+    fn tap_attach(&self, _id: &str, _ns: &Netns, _ip: Ipv4Addr) -> Result<GuestLink, String> {
+        Err("the tap variant needs the self-hosted runtime (burstvm run / bench startup)".into())
+    }
+    fn tap_detach(&self, _id: &str) -> Result<(), String> {
+        Ok(())
+    }
+    /// RunD's writable layers (the `rootfs` stage); None: no rootfs stage possible.
+    fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
+        None
+    }
+}
+
+impl SandboxHost for Runtime {
+    fn bin(&self) -> &Path {
+        Runtime::bin(self)
+    }
+    fn trace_path(&self) -> &Path {
+        Runtime::trace_path(self)
+    }
+    fn state_dir(&self) -> &Path {
+        Runtime::state_dir(self)
+    }
+    fn interrupted(&self) -> bool {
+        Runtime::interrupted(self)
+    }
+    fn cgroup_for(&self, id: &str, limits: Limits) -> Result<Cgroup, CgroupError> {
+        Runtime::cgroup_for(self, id, limits)
+    }
+    fn cni(&self) -> Option<&CniNetwork> {
+        Runtime::cni(self)
+    }
+    fn pool_socket(&self) -> Option<&Path> {
+        Runtime::pool_socket(self)
+    }
+    fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, String> {
+        Runtime::vf_socket(self, vf_id)
+    }
+    fn addressing(&self) -> Addressing {
+        self.server().addressing()
+    }
+    fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), String> {
+        self.server()
+            .add_neighbor(ip, mac)
+            .map_err(|e| e.to_string())
+    }
+    fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), String> {
+        self.server().del_neighbor(ip).map_err(|e| e.to_string())
+    }
+    fn alloc_tap_ip(&self) -> Option<Ipv4Addr> {
+        Runtime::alloc_tap_ip(self)
+    }
+    fn free_tap_ip(&self, ip: Ipv4Addr) {
+        Runtime::free_tap_ip(self, ip)
+    }
+    fn tap_attach(&self, id: &str, ns: &Netns, ip: Ipv4Addr) -> Result<GuestLink, String> {
+        Runtime::tap_attach(self, id, ns, ip)
+    }
+    fn tap_detach(&self, id: &str) -> Result<(), String> {
+        Runtime::tap_detach(self, id)
+    }
+    fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
+        Runtime::writable_layers(self)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("host services file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("host services file {path}: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("host services file {path}: field {field}: {reason}")]
+    Field {
+        path: PathBuf,
+        field: &'static str,
+        reason: String,
+    },
+    #[error("host services file {path}: the services process (pid {pid}) is not running")]
+    Gone { path: PathBuf, pid: u32 },
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error(transparent)]
+    Cni(#[from] Box<crate::cni::CniError>),
+}
+
+/// `services.json`: where the host-wide services are. Written by
+/// `burstvm services` (or by `burstvm bench startup --via cri`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ServicesInfo {
+    /// The process that owns the services; attached sandboxes refuse a dead one.
+    pub owner_pid: u32,
+    /// The `burstvm` binary VMMs are spawned from.
+    pub bin: PathBuf,
+    pub nic_socket: PathBuf,
+    pub pool_socket: Option<PathBuf>,
+    /// The burstvm-cni network config (cniVersion 1.0.0, what containerd 1.6 executes).
+    pub cni_config: PathBuf,
+    /// Directories searched for CNI plugins when the sandbox runs CNI itself.
+    pub cni_path: Vec<PathBuf>,
+    pub server_ip: Ipv4Addr,
+    pub prefix_len: u8,
+    pub server_mac: String,
+    /// The services' server netns (attached sandboxes add their guest's
+    /// neighbour entry there, as the self-hosted runtime does).
+    pub server_netns: PathBuf,
+    /// Where the services write the echo server's answers per guest address.
+    pub replies: PathBuf,
+}
+
+impl ServicesInfo {
+    pub fn load(path: &Path) -> Result<ServicesInfo, HostError> {
+        let data = std::fs::read(path).map_err(|source| HostError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let info: ServicesInfo =
+            serde_json::from_slice(&data).map_err(|source| HostError::Json {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if info.server_mac.parse::<MacAddr>().is_err() {
+            return Err(HostError::Field {
+                path: path.to_path_buf(),
+                field: "server_mac",
+                reason: format!("{:?} is not a MAC address", info.server_mac),
+            });
+        }
+        if !Path::new(&format!("/proc/{}", info.owner_pid)).exists() {
+            return Err(HostError::Gone {
+                path: path.to_path_buf(),
+                pid: info.owner_pid,
+            });
+        }
+        Ok(info)
+    }
+
+    pub fn addressing(&self) -> Addressing {
+        Addressing {
+            server_ip: self.server_ip,
+            prefix_len: self.prefix_len,
+            server_mac: self.server_mac.parse().unwrap_or(MacAddr::new([0; 6])),
+        }
+    }
+}
+
+/// The CNI config for an engine's CNI conf dir: the runtime's network with
+/// cniVersion 1.0.0 (containerd 1.6's libcni predates 1.1.0; burstvm-cni
+/// speaks both, and the VF socket is then asked from the NIC).
+pub fn engine_cni_config(rt_conf: &Path) -> Result<Vec<u8>, HostError> {
+    let data = std::fs::read(rt_conf).map_err(|source| HostError::Io {
+        path: rt_conf.to_path_buf(),
+        source,
+    })?;
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&data).map_err(|source| HostError::Json {
+            path: rt_conf.to_path_buf(),
+            source,
+        })?;
+    v["cniVersion"] = "1.0.0".into();
+    Ok(serde_json::to_vec_pretty(&v).expect("json"))
+}
+
+/// Makes `rt`'s services usable by attached sandboxes: writes the engine's
+/// CNI config to `cni_conf` and `services.json` into `dir`. `rt` must have
+/// a network and its NIC daemon running (`prepare_variant`).
+pub fn export(rt: &Runtime, dir: &Path, cni_conf: &Path) -> Result<ServicesInfo, HostError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| HostError::Io { path, source }
+    };
+    let net = rt.cni().ok_or_else(|| HostError::Field {
+        path: dir.join("services.json"),
+        field: "cni_config",
+        reason: "the runtime has no network".into(),
+    })?;
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    if let Some(parent) = cni_conf.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    std::fs::write(cni_conf, engine_cni_config(&net.config_path)?).map_err(io(cni_conf))?;
+    let a = rt.server().addressing();
+    let info = ServicesInfo {
+        owner_pid: std::process::id(),
+        bin: rt.bin().to_path_buf(),
+        nic_socket: rt.nic_socket(),
+        pool_socket: rt.pool_socket().map(Path::to_path_buf),
+        cni_config: cni_conf.to_path_buf(),
+        cni_path: crate::runtime::cni_path(rt.bin()),
+        server_ip: a.server_ip,
+        prefix_len: a.prefix_len,
+        server_mac: a.server_mac.to_string(),
+        server_netns: rt.server().netns_path(),
+        replies: dir.join("replies.json"),
+    };
+    let path = dir.join("services.json");
+    let tmp = dir.join("services.json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&info).expect("json")).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io(&path))?;
+    Ok(info)
+}
+
+/// Writes the echo server's answers (guest address → count) for attached
+/// sandboxes' owners to read; returns whether the file changed.
+pub fn write_replies(rt: &Runtime, info: &ServicesInfo, last: &mut String) -> bool {
+    let map: std::collections::BTreeMap<String, u64> = rt
+        .server()
+        .replies()
+        .into_iter()
+        .map(|(ip, n)| (ip.to_string(), n))
+        .collect();
+    let s = serde_json::to_string(&map).expect("json");
+    if s == *last {
+        return false;
+    }
+    let tmp = info.replies.with_extension("tmp");
+    if std::fs::write(&tmp, &s).is_ok() && std::fs::rename(&tmp, &info.replies).is_ok() {
+        *last = s;
+        return true;
+    }
+    false
+}
+
+/// Reads what `write_replies` wrote: answers per guest address.
+pub fn read_replies(path: &Path) -> std::collections::BTreeMap<String, u64> {
+    std::fs::read(path)
+        .ok()
+        .and_then(|d| serde_json::from_slice(&d).ok())
+        .unwrap_or_default()
+}
+
+/// Host services used by a sandbox whose process does not own them (the shim).
+pub struct HostServices {
+    info: ServicesInfo,
+    layout: Layout,
+    cni: CniNetwork,
+    state_dir: PathBuf,
+    trace_path: PathBuf,
+    interrupted: AtomicBool,
+    neighbors: std::sync::OnceLock<uplink::NeighborTable>,
+}
+
+impl HostServices {
+    /// `state_dir` holds per-sandbox files (e.g. the bundle); stages go to `trace_path`.
+    pub fn attach(
+        info: ServicesInfo,
+        state_dir: PathBuf,
+        trace_path: PathBuf,
+    ) -> Result<HostServices, HostError> {
+        let layout = Layout::detect()?;
+        layout.ensure_parents()?;
+        let cni = CniNetwork::load(&info.cni_config, info.cni_path.clone()).map_err(Box::new)?;
+        Ok(HostServices {
+            info,
+            layout,
+            cni,
+            state_dir,
+            trace_path,
+            interrupted: AtomicBool::new(false),
+            neighbors: std::sync::OnceLock::new(),
+        })
+    }
+
+    pub fn info(&self) -> &ServicesInfo {
+        &self.info
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Stops every wait of this host's sandboxes (e.g. the shim's shutdown).
+    pub fn interrupt(&self) {
+        self.interrupted.store(true, Ordering::SeqCst);
+    }
+}
+
+impl SandboxHost for HostServices {
+    fn bin(&self) -> &Path {
+        &self.info.bin
+    }
+    fn trace_path(&self) -> &Path {
+        &self.trace_path
+    }
+    fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+    fn interrupted(&self) -> bool {
+        self.interrupted.load(Ordering::SeqCst)
+    }
+    fn cgroup_for(&self, id: &str, limits: Limits) -> Result<Cgroup, CgroupError> {
+        Cgroup::create(&self.layout, id, limits)
+    }
+    fn cni(&self) -> Option<&CniNetwork> {
+        Some(&self.cni)
+    }
+    fn pool_socket(&self) -> Option<&Path> {
+        self.info.pool_socket.as_deref()
+    }
+    fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, String> {
+        let mut c =
+            nic::control::Client::connect(&self.info.nic_socket).map_err(|e| e.to_string())?;
+        Ok(c.get_by_id(vf_id).map_err(|e| e.to_string())?.socket)
+    }
+    fn addressing(&self) -> Addressing {
+        self.info.addressing()
+    }
+    // Without the entry the server ARPs for each guest; the NIC floods every
+    // broadcast to every VF, and at 200 guests replies were lost (docs/shim.md).
+    fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), String> {
+        let t = match self.neighbors.get() {
+            Some(t) => t,
+            None => {
+                let t = uplink::NeighborTable::open(&self.info.server_netns)
+                    .map_err(|e| e.to_string())?;
+                self.neighbors.get_or_init(|| t)
+            }
+        };
+        t.add(ip, mac).map_err(|e| e.to_string())
+    }
+    fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), String> {
+        match self.neighbors.get() {
+            Some(t) => t.del(ip).map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Removes what an attached sandbox left when its owner died (a SIGKILLed
+/// shim): VMM processes still in its cgroup, the cgroup, and — when the
+/// sandbox made its own netns — its CNI attachment and netns. Returns what
+/// was removed; each step tolerates a part that is already gone.
+pub fn reap_sandbox(
+    layout: &Layout,
+    cni: Option<&CniNetwork>,
+    id: &str,
+    owned_netns: bool,
+) -> Vec<String> {
+    let mut done = Vec::new();
+    let dirs: Vec<PathBuf> = layout.dirs(id).into_iter().filter(|d| d.is_dir()).collect();
+    for d in &dirs {
+        if let Ok(procs) = std::fs::read_to_string(d.join("cgroup.procs")) {
+            for p in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // SAFETY: kill(2) on a process in the dead sandbox's own cgroup.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+                done.push(format!("process {p}"));
+            }
+        }
+    }
+    for d in dirs.iter().rev() {
+        match crate::cgroup::rmdir_retry(d) {
+            Ok(()) => done.push(format!("cgroup {}", d.display())),
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+    if owned_netns {
+        let ns = Path::new(netutil::netns::NETNS_DIR).join(id);
+        if ns.exists() {
+            match cni.map(|c| c.del(id, &ns, crate::sandbox::IFNAME)) {
+                Some(Ok(())) => done.push(format!("CNI attachment of {id}")),
+                Some(Err(e)) => tracing::warn!("{e}"),
+                None => tracing::warn!("sandbox {id}: no CNI config to delete its attachment"),
+            }
+            if netutil::netns::delete_path(&ns).is_ok() {
+                done.push(format!("netns {}", ns.display()));
+            }
+        }
+    }
+    done
+}

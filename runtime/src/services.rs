@@ -1,0 +1,74 @@
+//! `burstvm services`: the host-wide services that attached sandboxes (the
+//! containerd shim) use, started once per host: the page-pool server, the NIC
+//! daemon, the server netns with the echo server, and the burstvm-cni config
+//! in the engine's CNI conf dir. It is a self-hosted `Runtime` that exports
+//! itself (`host::export`) and runs until SIGINT/SIGTERM.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::runtime::{install_sigint_handler, sigint_received};
+use crate::{burstvm_bin, cgroup, host, Error, Runtime, RuntimeConfig, Variant};
+
+/// `burstvm services`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServicesArgs {
+    /// Directory for services.json (what the shim config names) and replies.json.
+    #[arg(long, default_value = "/run/burstvm/services")]
+    pub dir: PathBuf,
+    /// Where to write the burstvm-cni network config (containerd's CNI conf dir).
+    #[arg(long, default_value = "/etc/cni/net.d/10-burstvm.conf")]
+    pub cni_conf: PathBuf,
+    /// VFs the NIC daemon creates: at least the pods that run at once.
+    #[arg(long, default_value_t = 64)]
+    pub vfs: usize,
+    /// The NIC daemon runs this variant's devset lock policy.
+    #[arg(long, default_value = "fastiov")]
+    pub variant: Variant,
+    /// The burstvm binary VMMs and the NIC daemon are spawned from (default: this one).
+    #[arg(long)]
+    pub burstvm_bin: Option<PathBuf>,
+}
+
+pub fn services_cli(a: &ServicesArgs) -> Result<(), Error> {
+    install_sigint_handler();
+    if a.variant.policy().devset_lock.is_none() {
+        return Err(crate::bad(
+            "--variant",
+            format!("{} has no VF; name a VF variant (e.g. fastiov)", a.variant),
+        ));
+    }
+    let rt = Runtime::new(RuntimeConfig {
+        bin: burstvm_bin(&a.burstvm_bin)?,
+        trace_path: None,
+        vfs: a.vfs,
+        network: true,
+        cgroup_pool: 0,
+        rootfs_layer_bytes: None,
+        cgroup_limits: cgroup::Limits {
+            memory_bytes: 64 << 20,
+            cpus: 1.0,
+        },
+    })?;
+    rt.prepare_variant(a.variant)?;
+    let info = host::export(&rt, &a.dir, &a.cni_conf)?;
+    println!(
+        "services ready: {} (NIC {}, CNI config {})",
+        a.dir.join("services.json").display(),
+        info.nic_socket.display(),
+        info.cni_config.display()
+    );
+    let mut last = String::new();
+    while !sigint_received() {
+        host::write_replies(&rt, &info, &mut last);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for p in [
+        a.dir.join("services.json"),
+        info.replies.clone(),
+        a.cni_conf.clone(),
+    ] {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! The shim's configuration: a JSON file named by the runtime options
+//! (`ConfigPath`, as Kata does), overridable per pod by annotations.
+
+use std::path::{Path, PathBuf};
+
+use runtime::Variant;
+use serde::{Deserialize, Serialize};
+
+/// Where the config is when containerd passes no `ConfigPath`.
+pub const DEFAULT_CONFIG: &str = "/etc/burstvm/shim.json";
+/// The pod/container annotation that selects the variant (`io.burstvm.variant=vanilla`).
+pub const ANNOTATION_VARIANT: &str = "io.burstvm.variant";
+/// The runtime options type containerd 1.6 sends for runtimes other than runc.
+const RUNTIME_OPTIONS_TYPE: &str = "runtimeoptions.v1.Options";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("shim config {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("shim config {path}: {source}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("shim config {path}: field {field}: {reason}")]
+    Field {
+        path: PathBuf,
+        field: &'static str,
+        reason: String,
+    },
+    #[error("runtime options ({type_url}): {reason}")]
+    Options { type_url: String, reason: String },
+    #[error("annotation {key}={value:?}: {reason}")]
+    Annotation {
+        key: &'static str,
+        value: String,
+        reason: String,
+    },
+}
+
+/// `shim.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ShimConfig {
+    /// The `services.json` written by `burstvm services`.
+    pub services: PathBuf,
+    /// Default variant (annotation `io.burstvm.variant` overrides it).
+    #[serde(default = "default_variant")]
+    pub variant: String,
+    /// Guest memory per sandbox, e.g. "64M".
+    #[serde(default = "default_memory")]
+    pub memory: String,
+    /// CPU limit of each sandbox's cgroup.
+    #[serde(default = "default_cpus")]
+    pub cpus: f64,
+    /// Seconds a guest may take to become ready.
+    #[serde(default = "default_timeout")]
+    pub timeout_secs: u64,
+    /// Also append each sandbox's trace lines here once it is ready (a
+    /// benchmark's merged trace); the bundle's `trace.jsonl` is always written.
+    #[serde(default)]
+    pub trace_copy: Option<PathBuf>,
+}
+
+fn default_variant() -> String {
+    "fastiov".into()
+}
+fn default_memory() -> String {
+    "64M".into()
+}
+fn default_cpus() -> f64 {
+    1.0
+}
+fn default_timeout() -> u64 {
+    60
+}
+
+impl ShimConfig {
+    pub fn load(path: &Path) -> Result<ShimConfig, ConfigError> {
+        let data = std::fs::read(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let c: ShimConfig = serde_json::from_slice(&data).map_err(|source| ConfigError::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let field = |field, reason: String| ConfigError::Field {
+            path: path.to_path_buf(),
+            field,
+            reason,
+        };
+        let v = c
+            .variant
+            .parse::<Variant>()
+            .map_err(|e| field("variant", e.to_string()))?;
+        if v == Variant::Tap {
+            return Err(field(
+                "variant",
+                "the tap variant needs the self-hosted runtime (burstvm run)".into(),
+            ));
+        }
+        runtime::parse_size("memory", &c.memory).map_err(|e| field("memory", e.to_string()))?;
+        if !c.cpus.is_finite() || c.cpus <= 0.0 {
+            return Err(field("cpus", format!("{} must be positive", c.cpus)));
+        }
+        Ok(c)
+    }
+
+    pub fn memory_bytes(&self) -> u64 {
+        runtime::parse_size("memory", &self.memory).unwrap_or(64 << 20)
+    }
+
+    /// The variant of a sandbox: the annotation if present, else the config's.
+    pub fn variant_for(
+        &self,
+        annotations: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Variant, ConfigError> {
+        match annotations.get(ANNOTATION_VARIANT).and_then(|v| v.as_str()) {
+            Some(v) => {
+                let variant: Variant =
+                    v.parse().map_err(|e: runtime::variant::UnknownVariant| {
+                        ConfigError::Annotation {
+                            key: ANNOTATION_VARIANT,
+                            value: v.to_string(),
+                            reason: e.to_string(),
+                        }
+                    })?;
+                if variant == Variant::Tap {
+                    return Err(ConfigError::Annotation {
+                        key: ANNOTATION_VARIANT,
+                        value: v.to_string(),
+                        reason: "the tap variant needs the self-hosted runtime (burstvm run)"
+                            .into(),
+                    });
+                }
+                Ok(variant)
+            }
+            None => Ok(self.variant.parse().expect("checked at load")),
+        }
+    }
+}
+
+/// The config path from the task's runtime options (`ConfigPath` of
+/// containerd's `runtimeoptions.v1.Options`, or `ctr run
+/// --runtime-config-path`), else `BURSTVM_SHIM_CONFIG`, else the default.
+pub fn config_path(type_url: &str, value: &[u8]) -> Result<PathBuf, ConfigError> {
+    if !type_url.is_empty() {
+        let name = type_url.rsplit('/').next().unwrap_or(type_url);
+        if name != RUNTIME_OPTIONS_TYPE {
+            return Err(ConfigError::Options {
+                type_url: type_url.into(),
+                reason: format!("expected {RUNTIME_OPTIONS_TYPE} (ConfigPath)"),
+            });
+        }
+        if let Some(p) = decode_config_path(value).map_err(|reason| ConfigError::Options {
+            type_url: type_url.into(),
+            reason,
+        })? {
+            return Ok(PathBuf::from(p));
+        }
+    }
+    Ok(std::env::var_os("BURSTVM_SHIM_CONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG)))
+}
+
+/// `runtimeoptions.v1.Options { string type_url = 1; string config_path = 2; }`:
+/// returns field 2 if set (empty = unset).
+fn decode_config_path(buf: &[u8]) -> Result<Option<String>, String> {
+    use containerd_shim::protos::protobuf::CodedInputStream;
+    let mut is = CodedInputStream::from_bytes(buf);
+    let mut path = None;
+    while !is.eof().map_err(|e| e.to_string())? {
+        let tag = is.read_raw_varint32().map_err(|e| e.to_string())?;
+        match (tag >> 3, tag & 7) {
+            (2, 2) => path = Some(is.read_string().map_err(|e| e.to_string())?),
+            (_, 2) => {
+                is.read_bytes().map_err(|e| e.to_string())?;
+            }
+            (_, 0) => {
+                is.read_raw_varint64().map_err(|e| e.to_string())?;
+            }
+            (f, w) => return Err(format!("field {f}: unexpected wire type {w}")),
+        }
+    }
+    Ok(path.filter(|p| !p.is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_options_give_the_config_path() {
+        // type_url = "x", config_path = "/etc/b.json", as containerd encodes it.
+        let mut buf = vec![0x0a, 1, b'x', 0x12, 11];
+        buf.extend_from_slice(b"/etc/b.json");
+        let p = config_path("runtimeoptions.v1.Options", &buf).unwrap();
+        assert_eq!(p, PathBuf::from("/etc/b.json"));
+        let e = config_path("containerd.runc.v1.Options", &buf).unwrap_err();
+        assert!(e.to_string().contains("ConfigPath"), "{e}");
+        assert!(config_path("runtimeoptions.v1.Options", &[0x12, 5, b'a']).is_err());
+        // No options: the environment or the default.
+        let p = config_path("", &[]).unwrap();
+        assert!(p.ends_with("shim.json") || std::env::var_os("BURSTVM_SHIM_CONFIG").is_some());
+    }
+
+    #[test]
+    fn config_and_annotations() {
+        let dir = std::env::temp_dir().join(format!("burstvm-shimcfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("shim.json");
+        std::fs::write(&p, r#"{"services":"/run/s.json","variant":"vanilla"}"#).unwrap();
+        let c = ShimConfig::load(&p).unwrap();
+        assert_eq!(c.memory_bytes(), 64 << 20);
+        let mut ann = serde_json::Map::new();
+        assert_eq!(c.variant_for(&ann).unwrap(), Variant::Vanilla);
+        ann.insert(ANNOTATION_VARIANT.into(), "no-net".into());
+        assert_eq!(c.variant_for(&ann).unwrap(), Variant::NoNet);
+        ann.insert(ANNOTATION_VARIANT.into(), "tap".into());
+        assert!(c.variant_for(&ann).is_err());
+        ann.insert(ANNOTATION_VARIANT.into(), "warp".into());
+        let e = c.variant_for(&ann).unwrap_err().to_string();
+        assert!(e.contains(ANNOTATION_VARIANT) && e.contains("warp"), "{e}");
+        std::fs::write(&p, r#"{"services":"/s","variant":"bogus"}"#).unwrap();
+        let e = ShimConfig::load(&p).unwrap_err().to_string();
+        assert!(e.contains("variant") && e.contains("shim.json"), "{e}");
+        std::fs::write(&p, r#"{"services":"/s","memroy":"1G"}"#).unwrap();
+        assert!(ShimConfig::load(&p).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,488 @@
+//! One task of the shim: a burstvm sandbox created through the runtime
+//! library (`Sandbox::start_attached`), owned by a thread of its own.
+//!
+//! That thread spawns the VMM, so the VMM's `PR_SET_PDEATHSIG` is tied to a
+//! thread that lives as long as the sandbox (not to a ttrpc worker that may
+//! exit), and to the shim process: a SIGKILLed shim takes its VMMs with it.
+//! What such a shim leaves (cgroup, own netns and CNI attachment, rootfs
+//! mount) is named in `<bundle>/burstvm.json` and removed by `shim delete`,
+//! which containerd runs after a shim dies.
+
+use std::io::Write;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use runtime::{Attach, HostServices, Sandbox, SandboxSpec};
+use serde::{Deserialize, Serialize};
+
+use crate::rootfs::{self, GuestRootfs, Prepared};
+
+/// What `<bundle>/burstvm.json` records for `shim delete` after a crash.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    pub sandbox_id: String,
+    /// The sandbox made its own netns and ran CNI itself (`ctr run`).
+    pub owned_netns: bool,
+    /// `<bundle>/rootfs` was mounted by the shim.
+    pub mounted: bool,
+    /// The services file, for the CNI config a cleanup needs.
+    pub services: PathBuf,
+    /// The guest's neighbour entry in the services' server netns (once started).
+    #[serde(default)]
+    pub guest_ip: Option<std::net::Ipv4Addr>,
+}
+
+pub const RECORD: &str = "burstvm.json";
+
+impl Record {
+    pub fn write(&self, bundle: &Path) -> std::io::Result<()> {
+        std::fs::write(
+            bundle.join(RECORD),
+            serde_json::to_vec(self).expect("record serializes"),
+        )
+    }
+
+    pub fn read(bundle: &Path) -> Option<Record> {
+        serde_json::from_slice(&std::fs::read(bundle.join(RECORD)).ok()?).ok()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Created,
+    Starting,
+    Running,
+    Stopped,
+}
+
+#[derive(Debug, Clone)]
+pub struct Exit {
+    pub status: u32,
+    /// Wall-clock seconds and nanoseconds (containerd's `exited_at`).
+    pub at: (i64, u32),
+}
+
+#[derive(Debug)]
+struct State {
+    status: Status,
+    pid: u32,
+    exit: Option<Exit>,
+}
+
+enum Ctl {
+    Teardown(mpsc::Sender<Result<(), String>>),
+}
+
+/// The parameters a task is created with.
+pub struct TaskParams {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub stdout: String,
+    pub stderr: String,
+    pub spec: SandboxSpec,
+    /// The engine's netns (CRI), else the sandbox makes its own.
+    pub netns: Option<PathBuf>,
+    /// A standalone task ends with its guest; a pod sandbox stays up.
+    pub until_exit: bool,
+    pub prepared: Prepared,
+    pub trace_copy: Option<PathBuf>,
+}
+
+pub struct Task {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub stdout: String,
+    pub stderr: String,
+    pub sandbox_id: String,
+    /// Seconds the guest may take to become ready.
+    pub timeout_secs: u64,
+    host: &'static HostServices,
+    params: Mutex<Option<TaskParams>>,
+    prepared_rootfs: Mutex<Option<(PathBuf, bool)>>,
+    state: Mutex<State>,
+    changed: Condvar,
+    cancel: Arc<AtomicBool>,
+    ctl: Mutex<Option<mpsc::Sender<Ctl>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Called with the final status when the VMM exits (publishes TaskExit).
+pub type OnExit = Box<dyn Fn(&Task, &Exit, u32) + Send + Sync>;
+
+pub fn now() -> (i64, u32) {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs() as i64, d.subsec_nanos())
+}
+
+/// A process status as a container exit status (128 + signal when killed).
+fn exit_code(st: std::process::ExitStatus) -> u32 {
+    use std::os::unix::process::ExitStatusExt;
+    match (st.code(), st.signal()) {
+        (Some(c), _) => c as u32,
+        (None, Some(s)) => 128 + s as u32,
+        _ => 255,
+    }
+}
+
+impl Task {
+    pub fn new(host: &'static HostServices, p: TaskParams) -> Task {
+        Task {
+            id: p.id.clone(),
+            bundle: p.bundle.clone(),
+            stdout: p.stdout.clone(),
+            stderr: p.stderr.clone(),
+            sandbox_id: p.spec.id.clone(),
+            timeout_secs: p.spec.timeout_secs,
+            host,
+            prepared_rootfs: Mutex::new(Some((p.prepared.rootfs.clone(), p.prepared.mounted))),
+            params: Mutex::new(Some(p)),
+            state: Mutex::new(State {
+                status: Status::Created,
+                pid: 0,
+                exit: None,
+            }),
+            changed: Condvar::new(),
+            cancel: Arc::new(AtomicBool::new(false)),
+            ctl: Mutex::new(None),
+            thread: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn status(&self) -> (Status, u32, Option<Exit>) {
+        let s = self.lock();
+        (s.status, s.pid, s.exit.clone())
+    }
+
+    fn finish(&self, s: &mut State, status: u32) -> Exit {
+        let e = Exit { status, at: now() };
+        s.status = Status::Stopped;
+        s.exit = Some(e.clone());
+        self.changed.notify_all();
+        e
+    }
+
+    /// Creates the sandbox (every startup stage through READY) on the task's
+    /// own thread; returns the VMM's pid, or why it failed. Waits at most
+    /// `limit`; a start that takes longer is cancelled.
+    pub fn start(self: &Arc<Task>, limit: Duration, on_exit: Arc<OnExit>) -> Result<u32, String> {
+        let params = {
+            let mut s = self.lock();
+            if s.status != Status::Created {
+                return Err(format!("task {} is {:?}, not created", self.id, s.status));
+            }
+            s.status = Status::Starting;
+            self.params
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .ok_or_else(|| format!("task {}: already started", self.id))?
+        };
+        let (start_tx, start_rx) = mpsc::channel::<Result<u32, String>>();
+        let (ctl_tx, ctl_rx) = mpsc::channel::<Ctl>();
+        *self.ctl.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctl_tx);
+        let task = Arc::clone(self);
+        let handle = std::thread::Builder::new()
+            .name(format!("sandbox-{}", self.sandbox_id))
+            .spawn(move || task.run(params, start_tx, ctl_rx, on_exit))
+            .map_err(|e| format!("task {}: spawn sandbox thread: {e}", self.id))?;
+        *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        match start_rx.recv_timeout(limit) {
+            Ok(r) => r,
+            Err(_) => {
+                self.cancel.store(true, Ordering::SeqCst);
+                Err(format!(
+                    "task {}: sandbox {} not ready within {} s; cancelled",
+                    self.id,
+                    self.sandbox_id,
+                    limit.as_secs()
+                ))
+            }
+        }
+    }
+
+    /// The sandbox thread: start, wait for the VMM's exit, tear down on request.
+    fn run(
+        self: Arc<Task>,
+        p: TaskParams,
+        start_tx: mpsc::Sender<Result<u32, String>>,
+        ctl_rx: mpsc::Receiver<Ctl>,
+        on_exit: Arc<OnExit>,
+    ) {
+        let stdout = relay_stdout(&p.stdout);
+        let GuestRootfs::AppPayload(app) = p.prepared.guest.clone();
+        let attach = Attach {
+            netns: p.netns.clone(),
+            app_file: Some(app),
+            until_exit: p.until_exit,
+            stdout,
+            cancel: Some(Arc::clone(&self.cancel)),
+        };
+        let mut sb = match Sandbox::start_attached(self.host, p.spec, attach) {
+            Ok(sb) => sb,
+            Err(f) => {
+                write_fifo(&self.stderr, format!("burstvm: {f}\n").as_bytes());
+                let mut s = self.lock();
+                let code = if self.cancel.load(Ordering::SeqCst) {
+                    137
+                } else {
+                    1
+                };
+                let e = self.finish(&mut s, code);
+                drop(s);
+                let _ = start_tx.send(Err(f.to_string()));
+                on_exit(&self, &e, 0);
+                return;
+            }
+        };
+        let pid = sb.vmm_pid().unwrap_or(0);
+        if let (Some(ip), Some(mut rec)) = (sb.guest_ip, Record::read(&self.bundle)) {
+            rec.guest_ip = Some(ip);
+            if let Err(e) = rec.write(&self.bundle) {
+                tracing::warn!("{}: {e}", self.bundle.join(RECORD).display());
+            }
+        }
+        if let Some(copy) = &p.trace_copy {
+            copy_trace(self.host, &self.sandbox_id, copy);
+        }
+        {
+            let mut s = self.lock();
+            s.status = Status::Running;
+            s.pid = pid;
+        }
+        let _ = start_tx.send(Ok(pid));
+        // Wait without reaping, so that a concurrent kill never signals a
+        // recycled pid: the VMM is reaped below under the state lock.
+        wait_exited(pid);
+        let e = {
+            let mut s = self.lock();
+            let code = sb.wait_status().map(exit_code).unwrap_or(255);
+            self.finish(&mut s, code)
+        };
+        write_fifo(&self.stderr, sb.vmm_stderr().as_bytes());
+        on_exit(&self, &e, pid);
+        if let Ok(Ctl::Teardown(reply)) = ctl_rx.recv() {
+            let _ = reply.send(sb.teardown());
+        }
+    }
+
+    /// A task's kill: SIGTERM stops the VMM gracefully (it closes its devices
+    /// and exits), SIGKILL at once; a start in progress is cancelled.
+    pub fn kill(&self, signal: u32) -> Result<(), KillError> {
+        let mut s = self.lock();
+        match s.status {
+            Status::Created => {
+                self.finish(&mut s, 128 + signal);
+                Ok(())
+            }
+            Status::Starting => {
+                self.cancel.store(true, Ordering::SeqCst);
+                Ok(())
+            }
+            Status::Running => {
+                // SAFETY: kill(2) on our VMM child; it is reaped only under this lock.
+                if unsafe { libc::kill(s.pid as i32, signal as i32) } < 0 {
+                    return Err(KillError::Os(std::io::Error::last_os_error()));
+                }
+                Ok(())
+            }
+            Status::Stopped => Err(KillError::Finished),
+        }
+    }
+
+    /// Blocks until the task has stopped.
+    pub fn wait(&self) -> Exit {
+        let mut s = self.lock();
+        loop {
+            if let Some(e) = &s.exit {
+                return e.clone();
+            }
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Tears the sandbox down (within `limit`) and unmounts the rootfs.
+    /// Refused while the task runs.
+    pub fn delete(&self, limit: Duration) -> Result<Exit, String> {
+        let exit = {
+            let mut s = self.lock();
+            match s.status {
+                Status::Running | Status::Starting => {
+                    return Err(format!("task {} is still running", self.id))
+                }
+                Status::Created => self.finish(&mut s, 128 + libc::SIGKILL as u32),
+                Status::Stopped => s.exit.clone().expect("stopped has an exit"),
+            }
+        };
+        self.teardown(limit)?;
+        Ok(exit)
+    }
+
+    /// Sandbox teardown and rootfs unmount; also for a shim shutting down.
+    pub fn teardown(&self, limit: Duration) -> Result<(), String> {
+        self.cancel.store(true, Ordering::SeqCst);
+        let mut errs = Vec::new();
+        if let Some(ctl) = self.ctl.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let (tx, rx) = mpsc::channel();
+            if ctl.send(Ctl::Teardown(tx)).is_ok() {
+                match rx.recv_timeout(limit) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => errs.push(e),
+                    // The thread ended (start failed: its sandbox was torn down on drop).
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {}
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        errs.push(format!("sandbox {}: teardown timed out", self.sandbox_id))
+                    }
+                }
+            }
+        }
+        if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            if h.is_finished() {
+                let _ = h.join();
+            }
+        }
+        if let Some((rootfs, true)) = self
+            .prepared_rootfs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            if let Err(e) = rootfs::unmount(&rootfs) {
+                errs.push(e.to_string());
+            }
+        }
+        let _ = std::fs::remove_file(self.bundle.join(RECORD));
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs.join("; "))
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KillError {
+    #[error("process already finished")]
+    Finished,
+    #[error("kill: {0}")]
+    Os(std::io::Error),
+}
+
+/// Blocks until `pid` has exited, leaving it unreaped (waitid WNOWAIT).
+fn wait_exited(pid: u32) {
+    loop {
+        // SAFETY: siginfo is plain data filled by waitid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child with a valid siginfo pointer.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+    }
+}
+
+/// Appends the sandbox's trace lines to `to` in one write (O_APPEND), so
+/// that concurrent shims' lines never interleave within a line.
+fn copy_trace(host: &HostServices, sandbox: &str, to: &Path) {
+    use runtime::SandboxHost;
+    let Ok(evs) = trace::read_trace(host.trace_path()) else {
+        return;
+    };
+    let mut buf = String::new();
+    for e in evs.iter().filter(|e| e.sandbox == sandbox) {
+        buf.push_str(&serde_json::to_string(e).expect("event serializes"));
+        buf.push('\n');
+    }
+    let r = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(to)
+        .and_then(|mut f| f.write_all(buf.as_bytes()));
+    if let Err(e) = r {
+        tracing::warn!("trace copy {}: {e}", to.display());
+    }
+}
+
+/// Opens a task's output FIFO for writing without ever blocking: the
+/// reader (ctr, the CRI plugin) opened it before Create; data is dropped
+/// when nobody reads or the pipe is full, never stalling the VMM.
+fn open_fifo(path: &str) -> Option<std::fs::File> {
+    if path.is_empty() {
+        return None;
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+        {
+            Ok(f) => return Some(f),
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => {
+                tracing::warn!("task output {path}: {e}");
+                return None;
+            }
+        }
+    }
+}
+
+fn write_fifo(path: &str, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    if let Some(mut f) = open_fifo(path) {
+        let _ = f.write_all(data);
+    }
+}
+
+/// A pipe for the VMM's stdout whose far end a thread copies to the task's
+/// stdout FIFO (containerd's `io`).
+fn relay_stdout(fifo: &str) -> Option<OwnedFd> {
+    let out = open_fifo(fifo)?;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two new descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return None;
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    std::thread::Builder::new()
+        .name("stdout-relay".into())
+        .spawn(move || {
+            let mut r = std::fs::File::from(r);
+            let mut out = out;
+            let mut buf = [0u8; 4096];
+            loop {
+                match std::io::Read::read(&mut r, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        // EAGAIN (nobody reading, pipe full): drop, never block the VMM.
+                        let _ = out.write(&buf[..n]);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+        })
+        .ok()?;
+    Some(w)
+}
