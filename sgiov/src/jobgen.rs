@@ -1,0 +1,557 @@
+//! The job generator (SG-IOV §5.2, Fig. 9-10): a pure function from the data
+//! in a source ring, the space in a sink ring, a transformation and a
+//! maximum job size to a list of jobs whose input and output are each
+//! contiguous (the continuity constraint of hardware engines).
+//!
+//! Recursive strategy: take the first contiguous data chunk of the source
+//! (up to its wrap point) and the first contiguous space chunk of the sink,
+//! make one job from them, and recurse on what remains. That covers the
+//! eight cases (source wraps or not × sink wraps or not × the transform
+//! grows or shrinks the data):
+//!
+//! - `Copy`/`Direct` (size-preserving): the job is as long as the shorter
+//!   chunk; at most three jobs cross both wrap points.
+//! - `Encrypt` (grows by header, tag and padding): the record's payload is
+//!   sized so the record fits the sink chunk; bytes before the sink's end
+//!   that cannot hold a record become one `Pad` job.
+//! - `Decrypt` (shrinks): one job per record. Records never straddle the
+//!   source's end (the encryptor padded), so a source wrap falls between
+//!   records. When a record's plaintext would straddle the sink's end — the
+//!   one case recursion cannot cover (Fig. 10: shrinking, contiguous source,
+//!   wrapping sink) — the record is decrypted *in place* inside the source
+//!   and two copy jobs move the plaintext to both sides of the sink's end.
+//!
+//! No byte goes through a scratch buffer. Jobs are listed in stream order;
+//! each carries how far the source tail and sink head may move once it and
+//! every job before it completed, so pointers are published in job order.
+
+use crate::exec::crypto::{self, RecordHeader, HDR, KIND_DATA, KIND_PAD, OVERHEAD};
+use crate::job::Op;
+use crate::layout::{limits, ErrorCode};
+
+/// Bytes of one ring: `len` bytes from free-running pointer `ptr` in a ring
+/// of `size` bytes (data of a source, space of a sink).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub size: u32,
+    pub ptr: u32,
+    pub len: u32,
+}
+
+impl Span {
+    pub fn new(size: u32, ptr: u32, len: u32) -> Span {
+        debug_assert!(size.is_power_of_two() && len <= size);
+        Span { size, ptr, len }
+    }
+
+    /// Contiguous bytes from `ptr` (up to the wrap point).
+    pub fn chunk(&self) -> u32 {
+        self.len.min(self.size - (self.ptr & (self.size - 1)))
+    }
+
+    pub fn off(&self) -> u32 {
+        self.ptr & (self.size - 1)
+    }
+
+    pub fn advance(&self, n: u32) -> Span {
+        Span {
+            size: self.size,
+            ptr: self.ptr.wrapping_add(n),
+            len: self.len - n,
+        }
+    }
+
+    pub fn wraps(&self, used: u32) -> bool {
+        used > self.size - self.off()
+    }
+}
+
+/// The transformation of a pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Xf {
+    Copy,
+    Direct,
+    Encrypt,
+    Decrypt,
+}
+
+impl Xf {
+    pub fn grows(self) -> bool {
+        self == Xf::Encrypt
+    }
+}
+
+/// Which ring a job's range is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Src,
+    Sink,
+}
+
+/// A contiguous range of one of the two rings: ring offset and length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loc {
+    pub side: Side,
+    pub off: u32,
+    pub len: u32,
+}
+
+/// One generated job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannedJob {
+    pub op: Op,
+    pub src: Option<Loc>,
+    pub dst: Option<Loc>,
+    pub seq: u64,
+    /// Source bytes consumed / sink bytes produced once this job and all
+    /// jobs before it are complete.
+    pub src_adv: u32,
+    pub sink_adv: u32,
+    /// Runs only after every earlier job of the pipe, and before any later
+    /// one (the in-place decrypt of Fig. 10, which the two copies read).
+    pub barrier: bool,
+}
+
+/// What one call generated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub jobs: Vec<PlannedJob>,
+    pub src_used: u32,
+    pub sink_used: u32,
+    /// The case this call fell in, for tests and statistics.
+    pub src_wrapped: bool,
+    pub sink_wrapped: bool,
+    pub in_place: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JobGenError {
+    #[error("record at source offset {off:#x}: {what}")]
+    Record { off: u32, what: &'static str },
+    #[error("record at source offset {off:#x}: sequence {got}, expected {want}")]
+    Sequence { off: u32, got: u64, want: u64 },
+    #[error("reading a record header: {0}")]
+    Header(String),
+}
+
+impl JobGenError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            JobGenError::Sequence { .. } => ErrorCode::Auth,
+            _ => ErrorCode::Record,
+        }
+    }
+}
+
+/// Generator parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Params {
+    pub xf: Xf,
+    /// Most input bytes per job (bounds head-of-line blocking).
+    pub max_job: u32,
+    /// Most jobs to generate in this call.
+    pub max_jobs: usize,
+}
+
+/// Generates jobs for `src` data and `sink` space. `seq` is the pipe's
+/// record counter (next to assign for `Encrypt`, next expected for
+/// `Decrypt`), advanced for every record planned. `header` reads the 16
+/// header bytes at a source pointer (only `Decrypt` calls it, once per record).
+pub fn generate(
+    src: Span,
+    sink: Span,
+    p: &Params,
+    seq: &mut u64,
+    header: &mut dyn FnMut(u32) -> Result<[u8; 16], String>,
+) -> Result<Plan, JobGenError> {
+    let mut plan = Plan::default();
+    step(src, sink, p, seq, header, &mut plan)?;
+    plan.src_wrapped = src.wraps(plan.src_used);
+    plan.sink_wrapped = sink.wraps(plan.sink_used);
+    Ok(plan)
+}
+
+fn push(plan: &mut Plan, j: PlannedJob) {
+    plan.src_used += j.src_adv;
+    plan.sink_used += j.sink_adv;
+    plan.jobs.push(j);
+}
+
+fn loc(side: Side, span: &Span, delta: u32, len: u32) -> Option<Loc> {
+    Some(Loc {
+        side,
+        off: span.ptr.wrapping_add(delta) & (span.size - 1),
+        len,
+    })
+}
+
+/// One level of the recursion: a job from the first contiguous chunks, then
+/// the rest.
+fn step(
+    src: Span,
+    sink: Span,
+    p: &Params,
+    seq: &mut u64,
+    header: &mut dyn FnMut(u32) -> Result<[u8; 16], String>,
+    plan: &mut Plan,
+) -> Result<(), JobGenError> {
+    if plan.jobs.len() >= p.max_jobs || src.len == 0 {
+        return Ok(());
+    }
+    let (sc, kc) = (src.chunk(), sink.chunk());
+    match p.xf {
+        Xf::Copy | Xf::Direct => {
+            let n = sc.min(kc).min(p.max_job);
+            if n == 0 {
+                return Ok(());
+            }
+            let op = if p.xf == Xf::Copy {
+                Op::Copy
+            } else {
+                Op::Direct
+            };
+            push(
+                plan,
+                PlannedJob {
+                    op,
+                    src: loc(Side::Src, &src, 0, n),
+                    dst: loc(Side::Sink, &sink, 0, n),
+                    seq: 0,
+                    src_adv: n,
+                    sink_adv: n,
+                    barrier: false,
+                },
+            );
+            step(src.advance(n), sink.advance(n), p, seq, header, plan)
+        }
+        Xf::Encrypt => {
+            // Records start and end at multiples of 16; the smallest (1..16
+            // payload bytes) takes 48.
+            let room = kc & !15;
+            if room < OVERHEAD + 16 {
+                if kc == sink.len {
+                    // The space does not continue past the ring end: wait.
+                    return Ok(());
+                }
+                // Too few bytes before the sink's end: pad them, continue after it.
+                push(
+                    plan,
+                    PlannedJob {
+                        op: Op::Pad,
+                        src: None,
+                        dst: loc(Side::Sink, &sink, 0, kc),
+                        seq: 0,
+                        src_adv: 0,
+                        sink_adv: kc,
+                        barrier: false,
+                    },
+                );
+                return step(src, sink.advance(kc), p, seq, header, plan);
+            }
+            let n = sc.min(room - OVERHEAD).min(p.max_job);
+            let total = crypto::data_record_len(n);
+            push(
+                plan,
+                PlannedJob {
+                    op: Op::Encrypt,
+                    src: loc(Side::Src, &src, 0, n),
+                    dst: loc(Side::Sink, &sink, 0, total),
+                    seq: *seq,
+                    src_adv: n,
+                    sink_adv: total,
+                    barrier: false,
+                },
+            );
+            *seq += 1;
+            step(src.advance(n), sink.advance(total), p, seq, header, plan)
+        }
+        Xf::Decrypt => {
+            if src.len < HDR {
+                return Ok(());
+            }
+            let off = src.off();
+            let rec = |what| JobGenError::Record { off, what };
+            if sc < HDR || off % 16 != 0 {
+                return Err(rec("header straddles the ring end or is misaligned"));
+            }
+            let h = RecordHeader::decode(&header(src.ptr).map_err(JobGenError::Header)?);
+            match h.kind {
+                KIND_PAD => {
+                    if h.len % 16 != 0 || h.total() > (src.size - off) as u64 {
+                        return Err(rec("bad padding record"));
+                    }
+                    let total = h.total() as u32;
+                    if total > src.len {
+                        return Ok(()); // not all published yet
+                    }
+                    push(
+                        plan,
+                        PlannedJob {
+                            op: Op::Skip,
+                            src: loc(Side::Src, &src, 0, total),
+                            dst: None,
+                            seq: 0,
+                            src_adv: total,
+                            sink_adv: 0,
+                            barrier: false,
+                        },
+                    );
+                    step(src.advance(total), sink, p, seq, header, plan)
+                }
+                KIND_DATA => {
+                    let n = h.len;
+                    if n == 0 || n > limits::MAX_RECORD_PAYLOAD || n > sink.size {
+                        return Err(rec("payload length out of range"));
+                    }
+                    let total = crypto::data_record_len(n);
+                    if total > src.size - off {
+                        return Err(rec("record straddles the ring end"));
+                    }
+                    if h.seq != *seq {
+                        return Err(JobGenError::Sequence {
+                            off,
+                            got: h.seq,
+                            want: *seq,
+                        });
+                    }
+                    if total > src.len || n > sink.len {
+                        return Ok(()); // wait for the rest of the record or for space
+                    }
+                    let s = *seq;
+                    *seq += 1;
+                    if n <= kc {
+                        push(
+                            plan,
+                            PlannedJob {
+                                op: Op::Decrypt,
+                                src: loc(Side::Src, &src, 0, total),
+                                dst: loc(Side::Sink, &sink, 0, n),
+                                seq: s,
+                                src_adv: total,
+                                sink_adv: n,
+                                barrier: false,
+                            },
+                        );
+                    } else {
+                        // Fig. 10: decrypt inside the source, then two copies.
+                        plan.in_place = true;
+                        let jobs = [
+                            PlannedJob {
+                                op: Op::Decrypt,
+                                src: loc(Side::Src, &src, 0, total),
+                                dst: loc(Side::Src, &src, HDR, n),
+                                seq: s,
+                                src_adv: 0,
+                                sink_adv: 0,
+                                barrier: true,
+                            },
+                            PlannedJob {
+                                op: Op::Copy,
+                                src: loc(Side::Src, &src, HDR, kc),
+                                dst: loc(Side::Sink, &sink, 0, kc),
+                                seq: 0,
+                                src_adv: 0,
+                                sink_adv: 0,
+                                barrier: false,
+                            },
+                            PlannedJob {
+                                op: Op::Copy,
+                                src: loc(Side::Src, &src, HDR + kc, n - kc),
+                                dst: loc(Side::Sink, &sink, kc, n - kc),
+                                seq: 0,
+                                src_adv: total,
+                                sink_adv: n,
+                                barrier: false,
+                            },
+                        ];
+                        for j in jobs {
+                            push(plan, j);
+                        }
+                    }
+                    step(src.advance(total), sink.advance(n), p, seq, header, plan)
+                }
+                _ => Err(rec("unknown record kind")),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_headers(_: u32) -> Result<[u8; 16], String> {
+        Err("no headers here".into())
+    }
+
+    fn params(xf: Xf) -> Params {
+        Params {
+            xf,
+            max_job: 1 << 16,
+            max_jobs: 128,
+        }
+    }
+
+    #[test]
+    fn copy_splits_at_both_wrap_points() {
+        // Source wraps after 100 bytes, sink after 300: three jobs.
+        let src = Span::new(4096, 4096 * 3 - 100, 1000);
+        let sink = Span::new(4096, 4096 - 300, 2000);
+        let plan = generate(src, sink, &params(Xf::Copy), &mut 0, &mut no_headers).unwrap();
+        let lens: Vec<_> = plan.jobs.iter().map(|j| j.src.unwrap().len).collect();
+        assert_eq!(lens, vec![100, 200, 700]);
+        assert_eq!((plan.src_used, plan.sink_used), (1000, 1000));
+        assert!(plan.src_wrapped && plan.sink_wrapped);
+        assert_eq!(plan.jobs[1].src.unwrap().off, 0);
+        assert_eq!(plan.jobs[1].dst.unwrap().off, 4096 - 200);
+        assert_eq!(plan.jobs[2].dst.unwrap().off, 0);
+    }
+
+    #[test]
+    fn max_job_bounds_every_job() {
+        let src = Span::new(1 << 20, 0, 1 << 20);
+        let sink = Span::new(1 << 20, 0, 1 << 20);
+        let p = Params {
+            max_job: 4096,
+            ..params(Xf::Copy)
+        };
+        let plan = generate(src, sink, &p, &mut 0, &mut no_headers).unwrap();
+        assert_eq!(plan.jobs.len(), 128, "max_jobs stops the recursion");
+        assert!(plan.jobs.iter().all(|j| j.src.unwrap().len == 4096));
+    }
+
+    #[test]
+    fn encrypt_pads_a_short_tail() {
+        // 40 bytes before the sink's end: too few for a record.
+        let src = Span::new(4096, 0, 100);
+        let sink = Span::new(4096, 4096 - 40, 2000);
+        let mut seq = 9;
+        let plan = generate(src, sink, &params(Xf::Encrypt), &mut seq, &mut no_headers).unwrap();
+        assert_eq!(plan.jobs[0].op, Op::Pad);
+        assert_eq!(plan.jobs[0].dst.unwrap().len, 40);
+        assert_eq!(plan.jobs[1].op, Op::Encrypt);
+        assert_eq!(
+            plan.jobs[1].dst.unwrap(),
+            Loc {
+                side: Side::Sink,
+                off: 0,
+                len: 32 + 112
+            }
+        );
+        assert_eq!(plan.jobs[1].seq, 9);
+        assert_eq!(seq, 10);
+        // Without space after the end, it waits instead of padding.
+        let sink = Span::new(4096, 4096 - 40, 40);
+        let plan = generate(src, sink, &params(Xf::Encrypt), &mut seq, &mut no_headers).unwrap();
+        assert!(plan.jobs.is_empty());
+    }
+
+    #[test]
+    fn decrypt_rejects_bad_records() {
+        let mut seq = 0;
+        let mut hdr = |h: RecordHeader| move |_: u32| Ok::<_, String>(h.encode());
+        let src = Span::new(4096, 0, 4096);
+        let sink = Span::new(4096, 0, 4096);
+        let p = params(Xf::Decrypt);
+        let e = generate(src, sink, &p, &mut seq, &mut hdr(RecordHeader::data(0, 0))).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Record);
+        let e = generate(
+            src,
+            sink,
+            &p,
+            &mut seq,
+            &mut hdr(RecordHeader::data(5000, 0)),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Record);
+        let e = generate(src, sink, &p, &mut seq, &mut hdr(RecordHeader::data(10, 3))).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::Auth);
+        let mut bogus = RecordHeader::data(10, 0);
+        bogus.kind = 7;
+        assert!(generate(src, sink, &p, &mut seq, &mut hdr(bogus)).is_err());
+        // A record that would straddle the source's end.
+        let near_end = Span::new(4096, 4096 - 64, 4096);
+        let e = generate(
+            near_end,
+            sink,
+            &p,
+            &mut seq,
+            &mut hdr(RecordHeader::data(100, 0)),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            JobGenError::Record {
+                off: 4032,
+                what: "record straddles the ring end"
+            }
+        );
+        // A misaligned record start.
+        let odd = Span::new(4096, 8, 100);
+        assert!(generate(odd, sink, &p, &mut seq, &mut hdr(RecordHeader::data(10, 0))).is_err());
+        // An incomplete record waits.
+        let short = Span::new(4096, 0, 40);
+        let plan = generate(
+            short,
+            sink,
+            &p,
+            &mut seq,
+            &mut hdr(RecordHeader::data(10, 0)),
+        )
+        .unwrap();
+        assert!(plan.jobs.is_empty());
+        assert_eq!(seq, 0);
+    }
+
+    #[test]
+    fn fig10_in_place_chunking() {
+        // One record of 3 units (48 bytes payload) with 32 bytes of sink before its end.
+        let mut seq = 0;
+        let rec = RecordHeader::data(48, 0);
+        let src = Span::new(4096, 256, crypto::data_record_len(48));
+        let sink = Span::new(4096, 4096 - 32, 1000);
+        let plan = generate(src, sink, &params(Xf::Decrypt), &mut seq, &mut |_| {
+            Ok(rec.encode())
+        })
+        .unwrap();
+        assert!(plan.in_place && plan.sink_wrapped && !plan.src_wrapped);
+        let ops: Vec<_> = plan.jobs.iter().map(|j| (j.op, j.barrier)).collect();
+        assert_eq!(
+            ops,
+            vec![(Op::Decrypt, true), (Op::Copy, false), (Op::Copy, false)]
+        );
+        assert_eq!(
+            plan.jobs[0].dst.unwrap(),
+            Loc {
+                side: Side::Src,
+                off: 256 + 16,
+                len: 48
+            }
+        );
+        assert_eq!(
+            plan.jobs[1].dst.unwrap(),
+            Loc {
+                side: Side::Sink,
+                off: 4096 - 32,
+                len: 32
+            }
+        );
+        assert_eq!(
+            plan.jobs[2].src.unwrap(),
+            Loc {
+                side: Side::Src,
+                off: 256 + 16 + 32,
+                len: 16
+            }
+        );
+        assert_eq!(
+            plan.jobs[2].dst.unwrap(),
+            Loc {
+                side: Side::Sink,
+                off: 0,
+                len: 16
+            }
+        );
+        assert_eq!((plan.src_used, plan.sink_used), (80, 48));
+    }
+}

@@ -1,0 +1,12 @@
+//! SG-IOV core (socket-granular I/O virtualization, ASPLOS'26): the pure,
+//! device-independent part of burstvm's SG functions. See docs/sgiov.md.
+
+pub mod exec;
+pub mod fifo;
+pub mod job;
+pub mod jobgen;
+pub mod layout;
+pub mod mem;
+pub mod ring;
+pub mod sched;
+pub mod signal;
