@@ -26,8 +26,9 @@
 //! every job before it completed, so pointers are published in job order.
 
 use crate::exec::crypto::{self, RecordHeader, HDR, KIND_DATA, KIND_PAD, OVERHEAD};
-use crate::job::Op;
+use crate::job::{Buf, JobDesc, Op};
 use crate::layout::{limits, ErrorCode};
+use crate::ring::RingView;
 
 /// Bytes of one ring: `len` bytes from free-running pointer `ptr` in a ring
 /// of `size` bytes (data of a source, space of a sink).
@@ -110,6 +111,30 @@ pub struct PlannedJob {
     /// Runs only after every earlier job of the pipe, and before any later
     /// one (the in-place decrypt of Fig. 10, which the two copies read).
     pub barrier: bool,
+}
+
+impl PlannedJob {
+    /// The executor's descriptor for this job, with the source and sink
+    /// rings it was planned for.
+    pub fn desc(&self, src: &RingView, sink: &RingView, key_slot: u16) -> JobDesc {
+        let buf = |l: Option<Loc>| {
+            l.map(|l| {
+                let v = if l.side == Side::Src { src } else { sink };
+                Buf {
+                    mem: v.mem.clone(),
+                    addr: v.geom.base + l.off as u64,
+                    len: l.len,
+                }
+            })
+        };
+        JobDesc {
+            op: self.op,
+            src: buf(self.src),
+            dst: buf(self.dst),
+            key_slot,
+            seq: self.seq,
+        }
+    }
 }
 
 /// What one call generated.
@@ -225,6 +250,12 @@ fn step(
             step(src.advance(n), sink.advance(n), p, seq, header, plan)
         }
         Xf::Encrypt => {
+            if sink.ptr % 16 != 0 {
+                return Err(JobGenError::Record {
+                    off: sink.off(),
+                    what: "sink head is not 16-byte aligned",
+                });
+            }
             // Records start and end at multiples of 16; the smallest (1..16
             // payload bytes) takes 48.
             let room = kc & !15;

@@ -1,0 +1,678 @@
+//! The data-plane engine: rings, warp pipes, the job generator feeding the
+//! scheduler, executors, and in-order publication of heads and tails.
+//!
+//! A *ring* is a byte ring in some memory (a guest's, or staging). A *pipe*
+//! moves bytes from its source ring to its sink ring through a
+//! transformation. A ring has at most one producer and one consumer; each
+//! is either a pipe of this engine or *external* (a guest, or a benchmark
+//! driving the ring itself). Pipes chain: the sink ring of one pipe is the
+//! source ring of the next, with no copy in between.
+//!
+//! The engine is driven by one thread (the signal plane): it tells the
+//! engine when an external end moved a pointer ([`Engine::external_head`],
+//! [`Engine::external_tail`]), calls [`Engine::poll`], and turns the
+//! returned [`Event`]s into signals. Work is proportional to events: only
+//! pipes whose rings changed are looked at (the dirty list). Workers run
+//! jobs in parallel; a pipe publishes its pointers strictly in job order,
+//! so a consumer never sees bytes before all bytes ahead of them.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use slab::Slab;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::exec::capacity::Capacities;
+use crate::exec::crypto::KeyStore;
+use crate::exec::pool::{Dispatcher, WorkerPool};
+use crate::exec::{execute, ExecError};
+use crate::job::JobDesc;
+use crate::jobgen::{self, Params, Span, Xf};
+use crate::layout::{limits, ErrorCode};
+use crate::ring::{RingError, RingPtrs, RingView};
+use crate::sched::{PipeKey, Queued, SchedConfig, SchedStats, TenantId};
+
+pub type RingKey = usize;
+
+#[derive(Debug, Clone, Copy)]
+pub struct EngineConfig {
+    pub sched: SchedConfig,
+    pub capacity: Capacities,
+    /// Worker threads; 0 = jobs run on the polling thread ([`Engine::run_inline`]).
+    pub workers: usize,
+    /// Most input bytes per job ([`limits::DEFAULT_MAX_JOB`]).
+    pub max_job: u32,
+    /// Jobs generated but not completed, per pipe (the paper's job queue of 128).
+    pub max_queued: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            sched: SchedConfig::default(),
+            capacity: Capacities::unlimited(),
+            workers: 2,
+            max_job: limits::DEFAULT_MAX_JOB,
+            max_queued: 128,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("ring {0} does not exist")]
+    NoRing(RingKey),
+    #[error("pipe {0} does not exist")]
+    NoPipe(PipeKey),
+    #[error("{ring}: already has a {end}")]
+    Busy { ring: String, end: &'static str },
+    #[error("{ring}: still used by a pipe")]
+    InUse { ring: String },
+    #[error("{ring}: its {end} is a pipe, not external")]
+    NotExternal { ring: String, end: &'static str },
+    #[error("starting {n} executor threads")]
+    Workers {
+        n: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Ring(#[from] RingError),
+}
+
+/// What happened, for the owner of the external ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A pipe produced into `ring`, whose consumer is external: new head.
+    Head { ring: RingKey, tag: u64, head: u32 },
+    /// A pipe consumed from `ring`, whose producer is external: new tail.
+    Tail { ring: RingKey, tag: u64, tail: u32 },
+    /// The pipe stopped with an error; it publishes nothing more.
+    PipeError {
+        pipe: PipeKey,
+        tag: u64,
+        code: ErrorCode,
+        what: String,
+    },
+    /// A closed pipe is gone (no job of it runs any more): its rings and
+    /// their memory may be released.
+    PipeGone { pipe: PipeKey, tag: u64 },
+}
+
+/// How a pipe is made.
+#[derive(Debug, Clone)]
+pub struct PipeSpec {
+    pub src: RingKey,
+    pub sink: RingKey,
+    pub xf: Xf,
+    pub tenant: TenantId,
+    pub prio: u8,
+    pub key_slot: u16,
+    pub label: String,
+    pub tag: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PipeState {
+    Running,
+    Error(ErrorCode),
+    Closing,
+}
+
+/// Per-pipe counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipeStats {
+    pub jobs: u64,
+    pub src_bytes: u64,
+    pub sink_bytes: u64,
+    pub in_place: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub jobs: u64,
+    pub completed: u64,
+    pub pipe_errors: u64,
+    pub sched: SchedStats,
+}
+
+struct ERing {
+    view: RingView,
+    ptrs: RingPtrs,
+    label: String,
+    tag: u64,
+    producer: Option<PipeKey>,
+    consumer: Option<PipeKey>,
+}
+
+struct Pending {
+    done: bool,
+    src_adv: u32,
+    sink_adv: u32,
+}
+
+struct EPipe {
+    spec: PipeSpec,
+    seq: u64,
+    gen_src: u32,
+    gen_sink: u32,
+    /// Generated jobs in order; `first_ord` is the ordinal of the front.
+    pending: VecDeque<Pending>,
+    first_ord: u64,
+    outstanding: usize,
+    state: PipeState,
+    dirty: bool,
+    stats: PipeStats,
+}
+
+/// What the scheduler carries for each job.
+pub struct JobEnv {
+    pub desc: JobDesc,
+    pub ord: u64,
+}
+
+struct Completion {
+    pipe: PipeKey,
+    ord: u64,
+    result: Result<(), ExecError>,
+}
+
+/// Completed jobs, handed from the workers to the polling thread. The
+/// eventfd lets a daemon's event loop wait for them with its other fds.
+pub struct Completions {
+    q: Mutex<Vec<Completion>>,
+    cv: Condvar,
+    efd: EventFd,
+}
+
+impl Completions {
+    fn push(&self, c: Completion) {
+        self.q.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+        self.cv.notify_all();
+        let _ = self.efd.write(1);
+    }
+
+    fn drain(&self) -> Vec<Completion> {
+        std::mem::take(&mut *self.q.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Waits until a completion is pending or `timeout` passed.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let q = self.q.lock().unwrap_or_else(|e| e.into_inner());
+        if !q.is_empty() {
+            return true;
+        }
+        let (q, _) = self
+            .cv
+            .wait_timeout(q, timeout)
+            .unwrap_or_else(|e| e.into_inner());
+        !q.is_empty()
+    }
+
+    /// Readable when jobs completed (read it to reset).
+    pub fn eventfd(&self) -> &EventFd {
+        &self.efd
+    }
+}
+
+pub struct Engine {
+    cfg: EngineConfig,
+    rings: Slab<ERing>,
+    pipes: Slab<EPipe>,
+    dirty: VecDeque<PipeKey>,
+    disp: Arc<Dispatcher<JobEnv>>,
+    keys: Arc<KeyStore>,
+    done: Arc<Completions>,
+    // Dropped before `disp`: joins the workers.
+    pool: Option<WorkerPool>,
+    events: Vec<Event>,
+    stats: EngineStats,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig, keys: Arc<KeyStore>) -> Result<Engine, EngineError> {
+        let disp = Arc::new(Dispatcher::new(cfg.sched, cfg.capacity));
+        let done = Arc::new(Completions {
+            q: Mutex::new(Vec::new()),
+            cv: Condvar::new(),
+            efd: EventFd::new(EFD_NONBLOCK)
+                .map_err(|source| EngineError::Workers { n: 0, source })?,
+        });
+        let pool = if cfg.workers > 0 {
+            let (k, d) = (keys.clone(), done.clone());
+            Some(
+                WorkerPool::start(
+                    "sgiov-exec",
+                    cfg.workers,
+                    disp.clone(),
+                    Arc::new(move |pipe, job: Queued<JobEnv>| {
+                        let result = execute(&job.payload.desc, &k);
+                        d.push(Completion {
+                            pipe,
+                            ord: job.payload.ord,
+                            result,
+                        });
+                    }),
+                )
+                .map_err(|source| EngineError::Workers {
+                    n: cfg.workers,
+                    source,
+                })?,
+            )
+        } else {
+            None
+        };
+        Ok(Engine {
+            cfg,
+            rings: Slab::new(),
+            pipes: Slab::new(),
+            dirty: VecDeque::new(),
+            disp,
+            keys,
+            done,
+            pool,
+            events: Vec::new(),
+            stats: EngineStats::default(),
+        })
+    }
+
+    pub fn keys(&self) -> &Arc<KeyStore> {
+        &self.keys
+    }
+
+    pub fn completions(&self) -> &Arc<Completions> {
+        &self.done
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Adds a ring with both ends external.
+    pub fn add_ring(&mut self, view: RingView, label: String, tag: u64) -> RingKey {
+        self.rings.insert(ERing {
+            ptrs: RingPtrs::new(view.geom.size),
+            view,
+            label,
+            tag,
+            producer: None,
+            consumer: None,
+        })
+    }
+
+    /// Removes a ring no pipe uses.
+    pub fn remove_ring(&mut self, r: RingKey) -> Result<RingView, EngineError> {
+        let ring = self.rings.get(r).ok_or(EngineError::NoRing(r))?;
+        if ring.producer.is_some() || ring.consumer.is_some() {
+            return Err(EngineError::InUse {
+                ring: ring.label.clone(),
+            });
+        }
+        Ok(self.rings.remove(r).view)
+    }
+
+    pub fn ring_ptrs(&self, r: RingKey) -> Option<RingPtrs> {
+        self.rings.get(r).map(|x| x.ptrs)
+    }
+
+    pub fn ring_view(&self, r: RingKey) -> Option<&RingView> {
+        self.rings.get(r).map(|x| &x.view)
+    }
+
+    pub fn rings(&self) -> usize {
+        self.rings.len()
+    }
+
+    pub fn pipes(&self) -> usize {
+        self.pipes.len()
+    }
+
+    pub fn add_pipe(&mut self, spec: PipeSpec) -> Result<PipeKey, EngineError> {
+        let src = self
+            .rings
+            .get(spec.src)
+            .ok_or(EngineError::NoRing(spec.src))?;
+        let sink = self
+            .rings
+            .get(spec.sink)
+            .ok_or(EngineError::NoRing(spec.sink))?;
+        if src.consumer.is_some() || spec.src == spec.sink {
+            return Err(EngineError::Busy {
+                ring: src.label.clone(),
+                end: "consumer",
+            });
+        }
+        if sink.producer.is_some() {
+            return Err(EngineError::Busy {
+                ring: sink.label.clone(),
+                end: "producer",
+            });
+        }
+        let (gen_src, gen_sink) = (src.ptrs.tail, sink.ptrs.head);
+        let p = self.pipes.insert(EPipe {
+            spec: spec.clone(),
+            seq: 0,
+            gen_src,
+            gen_sink,
+            pending: VecDeque::new(),
+            first_ord: 0,
+            outstanding: 0,
+            state: PipeState::Running,
+            dirty: false,
+            stats: PipeStats::default(),
+        }) as PipeKey;
+        self.rings[spec.src].consumer = Some(p);
+        self.rings[spec.sink].producer = Some(p);
+        self.mark(p);
+        Ok(p)
+    }
+
+    pub fn pipe_state(&self, p: PipeKey) -> Option<PipeState> {
+        self.pipes.get(p as usize).map(|x| x.state)
+    }
+
+    pub fn pipe_stats(&self, p: PipeKey) -> Option<PipeStats> {
+        self.pipes.get(p as usize).map(|x| x.stats)
+    }
+
+    fn mark(&mut self, p: PipeKey) {
+        if let Some(x) = self.pipes.get_mut(p as usize) {
+            if !x.dirty {
+                x.dirty = true;
+                self.dirty.push_back(p);
+            }
+        }
+    }
+
+    /// The external producer of `r` published head `ptr` (checked).
+    pub fn external_head(&mut self, r: RingKey, ptr: u32) -> Result<u32, EngineError> {
+        let ring = self.rings.get_mut(r).ok_or(EngineError::NoRing(r))?;
+        if ring.producer.is_some() {
+            return Err(EngineError::NotExternal {
+                ring: ring.label.clone(),
+                end: "producer",
+            });
+        }
+        let added = ring.ptrs.publish_head(&ring.label, ptr)?;
+        if let (Some(c), true) = (ring.consumer, added > 0) {
+            self.mark(c);
+        }
+        Ok(added)
+    }
+
+    /// The external consumer of `r` published tail `ptr` (checked).
+    pub fn external_tail(&mut self, r: RingKey, ptr: u32) -> Result<u32, EngineError> {
+        let ring = self.rings.get_mut(r).ok_or(EngineError::NoRing(r))?;
+        if ring.consumer.is_some() {
+            return Err(EngineError::NotExternal {
+                ring: ring.label.clone(),
+                end: "consumer",
+            });
+        }
+        let freed = ring.ptrs.publish_tail(&ring.label, ptr)?;
+        if let (Some(p), true) = (ring.producer, freed > 0) {
+            self.mark(p);
+        }
+        Ok(freed)
+    }
+
+    /// Stops a pipe with an error: queued jobs are dropped, nothing more is
+    /// published (running jobs finish and are ignored).
+    pub fn fail_pipe(&mut self, p: PipeKey, code: ErrorCode, what: String) {
+        let Some(x) = self.pipes.get_mut(p as usize) else {
+            return;
+        };
+        if x.state != PipeState::Running {
+            return;
+        }
+        x.state = PipeState::Error(code);
+        let cancelled = self.disp.cancel(p).len();
+        x.outstanding -= cancelled;
+        self.stats.pipe_errors += 1;
+        self.events.push(Event::PipeError {
+            pipe: p,
+            tag: x.spec.tag,
+            code,
+            what,
+        });
+    }
+
+    /// Closes a pipe (mid-transfer is fine): queued jobs are dropped; the
+    /// pipe is gone ([`Event::PipeGone`]) once its running jobs finished.
+    pub fn close_pipe(&mut self, p: PipeKey) -> Result<(), EngineError> {
+        let x = self
+            .pipes
+            .get_mut(p as usize)
+            .ok_or(EngineError::NoPipe(p))?;
+        if x.state == PipeState::Closing {
+            return Ok(());
+        }
+        if x.state == PipeState::Running {
+            let cancelled = self.disp.cancel(p).len();
+            x.outstanding -= cancelled;
+        }
+        x.state = PipeState::Closing;
+        if x.outstanding == 0 {
+            self.remove_pipe(p);
+        }
+        Ok(())
+    }
+
+    fn remove_pipe(&mut self, p: PipeKey) {
+        let x = self.pipes.remove(p as usize);
+        self.disp.cancel(p);
+        if let Some(r) = self.rings.get_mut(x.spec.src) {
+            r.consumer = None;
+        }
+        if let Some(r) = self.rings.get_mut(x.spec.sink) {
+            r.producer = None;
+        }
+        self.events.push(Event::PipeGone {
+            pipe: p,
+            tag: x.spec.tag,
+        });
+    }
+
+    /// Events since the last call.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Processes completions (publishing pointers in job order) and
+    /// generates jobs for the pipes whose rings changed. Returns how much
+    /// happened (completions + jobs generated).
+    pub fn poll(&mut self) -> usize {
+        let mut n = 0;
+        for c in self.done.drain() {
+            n += 1;
+            self.complete(c);
+        }
+        while let Some(p) = self.dirty.pop_front() {
+            n += self.generate(p);
+        }
+        n
+    }
+
+    /// Without workers: runs every job that may run now on this thread,
+    /// polling in between, until nothing is left to do.
+    pub fn run_inline(&mut self) -> usize {
+        let mut total = 0;
+        loop {
+            let mut n = self.poll();
+            while let Some((pipe, job)) = self.disp.try_take() {
+                let result = execute(&job.payload.desc, &self.keys);
+                self.disp.done(pipe, job.barrier);
+                self.done.push(Completion {
+                    pipe,
+                    ord: job.payload.ord,
+                    result,
+                });
+                n += 1;
+            }
+            if n == 0 {
+                return total;
+            }
+            total += n;
+        }
+    }
+
+    /// Waits for completions (with workers) up to `timeout`.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        self.done.wait(timeout)
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            sched: self.disp.stats(),
+            ..self.stats
+        }
+    }
+
+    fn complete(&mut self, c: Completion) {
+        self.stats.completed += 1;
+        let Some(x) = self.pipes.get_mut(c.pipe as usize) else {
+            return;
+        };
+        x.outstanding -= 1;
+        if let Some(e) = x.pending.get_mut((c.ord - x.first_ord) as usize) {
+            e.done = true;
+        }
+        match (&c.result, x.state) {
+            (Err(e), PipeState::Running) => {
+                let (code, what) = (e.code(), format!("{}: {e}", x.spec.label));
+                self.fail_pipe(c.pipe, code, what);
+            }
+            (Ok(()), PipeState::Running) => self.publish(c.pipe),
+            _ => {}
+        }
+        if let Some(x) = self.pipes.get(c.pipe as usize) {
+            if x.state == PipeState::Closing && x.outstanding == 0 {
+                self.remove_pipe(c.pipe);
+            }
+        }
+    }
+
+    /// Publishes the completed prefix of a pipe's jobs.
+    fn publish(&mut self, p: PipeKey) {
+        let x = &mut self.pipes[p as usize];
+        let (mut src_adv, mut sink_adv) = (0u32, 0u32);
+        while x.pending.front().is_some_and(|e| e.done) {
+            let e = x.pending.pop_front().unwrap_or(Pending {
+                done: true,
+                src_adv: 0,
+                sink_adv: 0,
+            });
+            x.first_ord += 1;
+            src_adv += e.src_adv;
+            sink_adv += e.sink_adv;
+        }
+        x.stats.src_bytes += src_adv as u64;
+        x.stats.sink_bytes += sink_adv as u64;
+        let (src, sink) = (x.spec.src, x.spec.sink);
+        let mut mark = vec![p];
+        if src_adv > 0 {
+            let r = &mut self.rings[src];
+            let tail = r.ptrs.tail.wrapping_add(src_adv);
+            // Our own pointer: it cannot be out of range.
+            let _ = r.ptrs.publish_tail(&r.label, tail);
+            match r.producer {
+                None => self.events.push(Event::Tail {
+                    ring: src,
+                    tag: r.tag,
+                    tail,
+                }),
+                Some(q) => mark.push(q),
+            }
+        }
+        if sink_adv > 0 {
+            let r = &mut self.rings[sink];
+            let head = r.ptrs.head.wrapping_add(sink_adv);
+            let _ = r.ptrs.publish_head(&r.label, head);
+            match r.consumer {
+                None => self.events.push(Event::Head {
+                    ring: sink,
+                    tag: r.tag,
+                    head,
+                }),
+                Some(q) => mark.push(q),
+            }
+        }
+        for q in mark {
+            self.mark(q);
+        }
+    }
+
+    /// Runs the job generator for one pipe; returns jobs generated.
+    fn generate(&mut self, p: PipeKey) -> usize {
+        let Some(x) = self.pipes.get_mut(p as usize) else {
+            return 0;
+        };
+        x.dirty = false;
+        let room = self.cfg.max_queued.saturating_sub(x.outstanding);
+        if x.state != PipeState::Running || room == 0 {
+            return 0;
+        }
+        let (src, sink) = (&self.rings[x.spec.src], &self.rings[x.spec.sink]);
+        let sspan = Span::new(
+            src.view.geom.size,
+            x.gen_src,
+            src.ptrs.head.wrapping_sub(x.gen_src),
+        );
+        let kfree = sink
+            .ptrs
+            .tail
+            .wrapping_add(sink.view.geom.size)
+            .wrapping_sub(x.gen_sink);
+        let kspan = Span::new(sink.view.geom.size, x.gen_sink, kfree);
+        let params = Params {
+            xf: x.spec.xf,
+            max_job: self.cfg.max_job,
+            max_jobs: room,
+        };
+        let view = &src.view;
+        let mut header = |ptr: u32| {
+            let mut h = [0u8; 16];
+            view.read(ptr, &mut h).map(|_| h).map_err(|e| e.to_string())
+        };
+        let plan = match jobgen::generate(sspan, kspan, &params, &mut x.seq, &mut header) {
+            Ok(plan) => plan,
+            Err(e) => {
+                let what = format!("{}: {e}", x.spec.label);
+                self.fail_pipe(p, e.code(), what);
+                return 0;
+            }
+        };
+        let n = plan.jobs.len();
+        x.gen_src = x.gen_src.wrapping_add(plan.src_used);
+        x.gen_sink = x.gen_sink.wrapping_add(plan.sink_used);
+        x.outstanding += n;
+        x.stats.jobs += n as u64;
+        x.stats.in_place += plan.in_place as u64;
+        self.stats.jobs += n as u64;
+        for j in plan.jobs {
+            let desc = j.desc(&src.view, &sink.view, x.spec.key_slot);
+            let ord = x.first_ord + x.pending.len() as u64;
+            x.pending.push_back(Pending {
+                done: false,
+                src_adv: j.src_adv,
+                sink_adv: j.sink_adv,
+            });
+            let job = Queued {
+                class: j.op.class(),
+                cost: desc.cost(),
+                barrier: j.barrier,
+                payload: JobEnv { desc, ord },
+            };
+            self.disp.submit(p, x.spec.tenant, x.spec.prio, job);
+        }
+        n
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Join the workers before the rings' memories can go away.
+        self.pool.take();
+    }
+}
