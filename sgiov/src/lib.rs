@@ -1,6 +1,8 @@
 //! SG-IOV core (socket-granular I/O virtualization, ASPLOS'26): the pure,
 //! device-independent part of burstvm's SG functions. See docs/sgiov.md.
 
+pub mod device;
+pub mod driver;
 pub mod engine;
 pub mod exec;
 pub mod fifo;
@@ -10,4 +12,5 @@ pub mod layout;
 pub mod mem;
 pub mod ring;
 pub mod sched;
+pub mod sgf;
 pub mod signal;

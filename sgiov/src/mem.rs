@@ -248,12 +248,58 @@ pub struct StagingMemory {
     alloc: Mutex<BlockAlloc>,
 }
 
-struct BlockAlloc {
+/// Power-of-two blocks aligned to their size, carved from `[base, base+cap)`;
+/// freed blocks are reused for the same size (rings come in a few sizes).
+/// Used for staging rings here and for ring buffers by the guest driver.
+#[derive(Debug)]
+pub struct BlockAlloc {
+    base: u64,
     next: u64,
-    cap: u64,
+    end: u64,
     /// Free blocks by log2(size).
     free: Vec<Vec<u64>>,
     in_use: u64,
+}
+
+impl BlockAlloc {
+    pub fn new(base: u64, cap: u64) -> BlockAlloc {
+        BlockAlloc {
+            base,
+            next: base,
+            end: base + cap,
+            free: vec![Vec::new(); 64],
+            in_use: 0,
+        }
+    }
+
+    /// A block of `size` bytes (a power of two), aligned to its size
+    /// relative to `base`; None when the range is exhausted.
+    pub fn alloc(&mut self, size: u64) -> Option<u64> {
+        debug_assert!(size.is_power_of_two());
+        let order = size.trailing_zeros() as usize;
+        let addr = match self.free[order].pop() {
+            Some(addr) => addr,
+            None => {
+                let addr = self.base + (self.next - self.base).next_multiple_of(size);
+                if addr.checked_add(size)? > self.end {
+                    return None;
+                }
+                self.next = addr + size;
+                addr
+            }
+        };
+        self.in_use += size;
+        Some(addr)
+    }
+
+    pub fn free(&mut self, addr: u64, size: u64) {
+        self.in_use -= size;
+        self.free[size.trailing_zeros() as usize].push(addr);
+    }
+
+    pub fn in_use(&self) -> u64 {
+        self.in_use
+    }
 }
 
 impl StagingMemory {
@@ -276,34 +322,18 @@ impl StagingMemory {
             name: name.to_string(),
             file,
             map,
-            alloc: Mutex::new(BlockAlloc {
-                next: 0,
-                cap: capacity as u64,
-                free: vec![Vec::new(); 64],
-                in_use: 0,
-            }),
+            alloc: Mutex::new(BlockAlloc::new(0, capacity as u64)),
         })
     }
 
     /// A block of `size` bytes (a power of two), aligned to its size; None
     /// when the memory is exhausted.
     pub fn alloc(&self, size: u32) -> Option<u64> {
-        debug_assert!(size.is_power_of_two());
-        let order = size.trailing_zeros() as usize;
-        let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
-        let addr = match a.free[order].pop() {
-            Some(addr) => addr,
-            None => {
-                let addr = a.next.next_multiple_of(size as u64);
-                if addr + size as u64 > a.cap {
-                    return None;
-                }
-                a.next = addr + size as u64;
-                addr
-            }
-        };
-        a.in_use += size as u64;
-        Some(addr)
+        self.lock().alloc(size as u64)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BlockAlloc> {
+        self.alloc.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Returns a block; its pages are released (they read as zero afterwards).
@@ -318,14 +348,12 @@ impl StagingMemory {
                 size as libc::off_t,
             );
         }
-        let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
-        a.in_use -= size as u64;
-        a.free[size.trailing_zeros() as usize].push(addr);
+        self.lock().free(addr, size as u64);
     }
 
     /// Bytes currently allocated to rings (leak checks).
     pub fn in_use(&self) -> u64 {
-        self.alloc.lock().unwrap_or_else(|e| e.into_inner()).in_use
+        self.lock().in_use()
     }
 }
 

@@ -1,0 +1,580 @@
+//! The guest side of an SG function, in Rust: what the built-in agent's C
+//! warp-pipe driver does, step for step (docs/sgiov.md, "Guest driver"), and
+//! what stage 2's host frontend wraps with vhost-user. It sets up the area,
+//! opens sockets (a TX and an RX ring each), sends and receives bytes, and
+//! exchanges signals with the device over the Cross-FIFO.
+//!
+//! The transport is left to the caller: [`Driver::flush`] says when to ring
+//! the doorbell, and [`Driver::interrupt`] is what to run when the device's
+//! interrupt arrives. The driver trusts the device (as a guest trusts its
+//! NIC); the device trusts nothing the driver writes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use vm_memory::{ByteValued, Bytes};
+
+use crate::fifo::{FifoConsumer, FifoError, FifoProducer};
+use crate::layout::{
+    ctrl, ring as rd, CtrlMsg, CtrlOp, ErrorCode, Layout, PathKind, RingDesc, RingRole, SetupCmd,
+    Transform, CTRL_REPLY_RING, CTRL_REQ_RING, FIRST_DATA_RING, SETUP_ATTACH, SETUP_MAGIC,
+};
+use crate::mem::{BlockAlloc, MemError, Memory};
+use crate::ring::{RingGeom, RingView};
+use crate::signal::{RingId, Signal, SignalType, SignalWord};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("driver: {0}")]
+    Memory(#[from] MemError),
+    #[error("driver: {0}")]
+    Fifo(#[from] FifoError),
+    #[error("driver: out of {0}")]
+    Exhausted(&'static str),
+    #[error("driver: socket {0} does not exist")]
+    NoSocket(RingId),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct DriverConfig {
+    pub fifo_entries: u32,
+    pub table_entries: u32,
+    pub ctrl_ring: u32,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        DriverConfig {
+            fifo_entries: 4096,
+            table_entries: 8194,
+            ctrl_ring: 64 << 10,
+        }
+    }
+}
+
+/// A socket's state as the guest knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SockState {
+    /// OPEN sent, no reply yet.
+    Opening,
+    Open,
+    /// The device reported an error on one of its rings.
+    Error(ErrorCode),
+    /// The peer (or the device) closed it; only CLOSE is left to do.
+    Closed,
+    /// CLOSE sent; its rings are freed with the reply.
+    Closing,
+}
+
+struct DrvRing {
+    id: RingId,
+    view: RingView,
+    /// The guest's pointer (head of TX, tail of RX).
+    ours: u32,
+    /// The device's pointer as last signalled (tail of TX, head of RX).
+    theirs: u32,
+}
+
+struct DrvSock {
+    tx: DrvRing,
+    rx: DrvRing,
+    state: SockState,
+}
+
+pub struct Driver {
+    mem: Arc<dyn Memory>,
+    area: u64,
+    layout: Layout,
+    g2d: FifoProducer,
+    d2g: FifoConsumer,
+    heap: BlockAlloc,
+    req: DrvRing,
+    rep: DrvRing,
+    socks: HashMap<RingId, DrvSock>,
+    /// Ring id → socket id, for the words of RX rings.
+    ring_sock: HashMap<RingId, RingId>,
+    free_ids: Vec<RingId>,
+    next_id: u32,
+    next_req: u32,
+    replies: HashMap<u32, CtrlMsg>,
+    /// Words that did not fit the FIFO yet.
+    backlog: Vec<SignalWord>,
+    kick: bool,
+}
+
+impl Driver {
+    /// Lays out an area at `area` (4 KiB aligned) and a heap for ring
+    /// buffers at `[heap, heap+heap_len)`, writes the header, the FIFOs'
+    /// guest-owned fields and the control ring descriptors. Returns the
+    /// driver and the setup command to give the device.
+    pub fn new(
+        mem: Arc<dyn Memory>,
+        area: u64,
+        heap: u64,
+        heap_len: u64,
+        cfg: DriverConfig,
+    ) -> Result<(Driver, SetupCmd), DriverError> {
+        let layout = Layout::canonical(cfg.fifo_entries, cfg.table_entries);
+        let a = mem.for_write(area, layout.area_len as usize)?;
+        a.write_slice(&vec![0u8; layout.area_len as usize], 0)
+            .map_err(|_| DriverError::Exhausted("area"))?;
+        a.write_obj(layout.header(), 0)
+            .map_err(|_| DriverError::Exhausted("area"))?;
+        let g2d = FifoProducer::new(
+            "guest g2d".into(),
+            mem.clone(),
+            area + layout.g2d_off as u64,
+            layout.g2d_entries,
+        )?;
+        let d2g = FifoConsumer::new(
+            "guest d2g".into(),
+            mem.clone(),
+            area + layout.d2g_off as u64,
+            layout.d2g_entries,
+            1,
+        )?;
+        let mut heap = BlockAlloc::new(heap, heap_len);
+        let mut ring = |id, role: RingRole, size: u32| -> Result<DrvRing, DriverError> {
+            let base = heap
+                .alloc(size as u64)
+                .ok_or(DriverError::Exhausted("ring memory"))?;
+            let d = RingDesc {
+                base,
+                size,
+                role: role as u32,
+                ..Default::default()
+            };
+            mem.for_write(area + layout.desc_off(id), rd::BYTES as usize)?
+                .write_obj(d, 0)
+                .map_err(|_| DriverError::Exhausted("ring table"))?;
+            Ok(DrvRing {
+                id,
+                view: RingView::new(mem.clone(), RingGeom { base, size }),
+                ours: 0,
+                theirs: 0,
+            })
+        };
+        let req = ring(CTRL_REQ_RING, RingRole::GuestProduces, cfg.ctrl_ring)?;
+        let rep = ring(CTRL_REPLY_RING, RingRole::DeviceProduces, cfg.ctrl_ring)?;
+        let setup = SetupCmd {
+            magic: SETUP_MAGIC,
+            op: SETUP_ATTACH,
+            area_gpa: area,
+            area_len: layout.area_len,
+            ..Default::default()
+        };
+        Ok((
+            Driver {
+                mem,
+                area,
+                layout,
+                g2d,
+                d2g,
+                heap,
+                req,
+                rep,
+                socks: HashMap::new(),
+                ring_sock: HashMap::new(),
+                free_ids: Vec::new(),
+                next_id: FIRST_DATA_RING as u32,
+                next_req: 1,
+                replies: HashMap::new(),
+                backlog: Vec::new(),
+                kick: false,
+            },
+            setup,
+        ))
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn signal(&mut self, ty: SignalType, ring: RingId, ptr: u32) -> Result<(), DriverError> {
+        let w = Signal::new(ty, ring, ptr).word();
+        if !self.backlog.is_empty() || !self.g2d.push(w)? {
+            self.backlog.push(w);
+        }
+        Ok(())
+    }
+
+    fn request(&mut self, mut m: CtrlMsg) -> Result<u32, DriverError> {
+        if self.req.view.geom.size - self.req.ours.wrapping_sub(self.req.theirs) < ctrl::MSG_BYTES {
+            return Err(DriverError::Exhausted("control ring space"));
+        }
+        m.req_id = self.next_req;
+        self.next_req = self.next_req.wrapping_add(1).max(1);
+        self.req.view.write(self.req.ours, m.as_slice())?;
+        self.req.ours = self.req.ours.wrapping_add(ctrl::MSG_BYTES);
+        self.signal(SignalType::Head, CTRL_REQ_RING, self.req.ours)?;
+        Ok(m.req_id)
+    }
+
+    fn alloc_id(&mut self) -> Result<RingId, DriverError> {
+        if let Some(id) = self.free_ids.pop() {
+            return Ok(id);
+        }
+        if self.next_id >= self.layout.table_entries.min(0xFFFF) {
+            return Err(DriverError::Exhausted("ring ids"));
+        }
+        self.next_id += 1;
+        Ok((self.next_id - 1) as RingId)
+    }
+
+    fn new_ring(&mut self, role: RingRole, size: u32) -> Result<DrvRing, DriverError> {
+        let id = self.alloc_id()?;
+        let Some(base) = self.heap.alloc(size as u64) else {
+            self.free_ids.push(id);
+            return Err(DriverError::Exhausted("ring memory"));
+        };
+        let d = RingDesc {
+            base,
+            size,
+            role: role as u32,
+            ..Default::default()
+        };
+        self.mem
+            .for_write(self.area + self.layout.desc_off(id), rd::BYTES as usize)?
+            .write_obj(d, 0)
+            .map_err(|_| DriverError::Exhausted("ring table"))?;
+        Ok(DrvRing {
+            id,
+            view: RingView::new(self.mem.clone(), RingGeom { base, size }),
+            ours: 0,
+            theirs: 0,
+        })
+    }
+
+    /// Opens a socket: allocates its TX and RX rings, fills their
+    /// descriptors and sends OPEN. Returns the socket id (its TX ring id)
+    /// and the request id.
+    pub fn open(
+        &mut self,
+        tx_size: u32,
+        rx_size: u32,
+        prio: u8,
+    ) -> Result<(RingId, u32), DriverError> {
+        let tx = self.new_ring(RingRole::GuestProduces, tx_size)?;
+        let rx = self.new_ring(RingRole::DeviceProduces, rx_size)?;
+        self.open_rings(tx, rx, prio)
+    }
+
+    /// Fault injection for tests: sends OPEN for ring ids whose descriptors
+    /// are written exactly as given. The driver does not track the socket.
+    pub fn open_raw(
+        &mut self,
+        tx: (RingId, RingDesc),
+        rx: (RingId, RingDesc),
+    ) -> Result<u32, DriverError> {
+        for (id, d) in [tx, rx] {
+            if (id as u32) < self.layout.table_entries {
+                self.mem
+                    .for_write(self.area + self.layout.desc_off(id), rd::BYTES as usize)?
+                    .write_obj(d, 0)
+                    .map_err(|_| DriverError::Exhausted("ring table"))?;
+            }
+        }
+        self.request(CtrlMsg {
+            op: CtrlOp::Open as u16,
+            sock: tx.0,
+            aux: rx.0,
+            ..Default::default()
+        })
+    }
+
+    /// Fault injection for tests: pushes any word.
+    pub fn push_word(&mut self, w: SignalWord) -> Result<(), DriverError> {
+        if !self.g2d.push(w)? {
+            self.backlog.push(w);
+        }
+        Ok(())
+    }
+
+    /// The socket's (TX, RX) ring ids.
+    pub fn rings(&self, sock: RingId) -> Option<(RingId, RingId)> {
+        self.socks.get(&sock).map(|s| (s.tx.id, s.rx.id))
+    }
+
+    /// The guest-physical bases of the socket's (TX, RX) rings.
+    pub fn ring_bases(&self, sock: RingId) -> Option<(u64, u64)> {
+        self.socks
+            .get(&sock)
+            .map(|s| (s.tx.view.geom.base, s.rx.view.geom.base))
+    }
+
+    fn open_rings(
+        &mut self,
+        tx: DrvRing,
+        rx: DrvRing,
+        prio: u8,
+    ) -> Result<(RingId, u32), DriverError> {
+        let sock = tx.id;
+        self.ring_sock.insert(tx.id, sock);
+        self.ring_sock.insert(rx.id, sock);
+        let m = CtrlMsg {
+            op: CtrlOp::Open as u16,
+            sock,
+            aux: rx.id,
+            prio,
+            ..Default::default()
+        };
+        self.socks.insert(
+            sock,
+            DrvSock {
+                tx,
+                rx,
+                state: SockState::Opening,
+            },
+        );
+        Ok((sock, self.request(m)?))
+    }
+
+    pub fn listen(&mut self, sock: RingId, port: u32) -> Result<u32, DriverError> {
+        self.request(CtrlMsg {
+            op: CtrlOp::Listen as u16,
+            sock,
+            port,
+            ..Default::default()
+        })
+    }
+
+    pub fn connect(
+        &mut self,
+        sock: RingId,
+        port: u32,
+        xf: Transform,
+        path: PathKind,
+    ) -> Result<u32, DriverError> {
+        self.request(CtrlMsg {
+            op: CtrlOp::Connect as u16,
+            sock,
+            port,
+            xf: xf as u8,
+            path: path as u8,
+            ..Default::default()
+        })
+    }
+
+    /// Offers `new_sock` (open, unconnected) to the listener `sock` for
+    /// the next incoming connection.
+    pub fn accept(&mut self, sock: RingId, new_sock: RingId) -> Result<u32, DriverError> {
+        self.request(CtrlMsg {
+            op: CtrlOp::Accept as u16,
+            sock,
+            aux: new_sock,
+            ..Default::default()
+        })
+    }
+
+    pub fn close(&mut self, sock: RingId) -> Result<u32, DriverError> {
+        let s = self
+            .socks
+            .get_mut(&sock)
+            .ok_or(DriverError::NoSocket(sock))?;
+        s.state = SockState::Closing;
+        self.request(CtrlMsg {
+            op: CtrlOp::Close as u16,
+            sock,
+            ..Default::default()
+        })
+    }
+
+    /// Writes as much of `data` as fits into the socket's TX ring and
+    /// publishes the new head.
+    pub fn send(&mut self, sock: RingId, data: &[u8]) -> Result<usize, DriverError> {
+        let s = self
+            .socks
+            .get_mut(&sock)
+            .ok_or(DriverError::NoSocket(sock))?;
+        let free = s.tx.view.geom.size - s.tx.ours.wrapping_sub(s.tx.theirs);
+        let n = (data.len() as u32).min(free);
+        if n == 0 {
+            return Ok(0);
+        }
+        s.tx.view.write(s.tx.ours, &data[..n as usize])?;
+        s.tx.ours = s.tx.ours.wrapping_add(n);
+        let (id, ptr) = (s.tx.id, s.tx.ours);
+        self.mirror(id, ptr)?;
+        self.signal(SignalType::Head, id, ptr)?;
+        Ok(n as usize)
+    }
+
+    /// Reads what arrived (up to `buf.len()`) and publishes the new tail.
+    pub fn recv(&mut self, sock: RingId, buf: &mut [u8]) -> Result<usize, DriverError> {
+        let s = self
+            .socks
+            .get_mut(&sock)
+            .ok_or(DriverError::NoSocket(sock))?;
+        let avail = s.rx.theirs.wrapping_sub(s.rx.ours);
+        let n = (buf.len() as u32).min(avail);
+        if n == 0 {
+            return Ok(0);
+        }
+        s.rx.view.read(s.rx.ours, &mut buf[..n as usize])?;
+        s.rx.ours = s.rx.ours.wrapping_add(n);
+        let (id, ptr) = (s.rx.id, s.rx.ours);
+        self.mirror(id, ptr)?;
+        self.signal(SignalType::Tail, id, ptr)?;
+        Ok(n as usize)
+    }
+
+    /// The guest's pointer in its descriptor (for a reader of the table).
+    fn mirror(&self, id: RingId, ptr: u32) -> Result<(), DriverError> {
+        let s = self
+            .mem
+            .get(self.area + self.layout.desc_off(id), rd::BYTES as usize)?;
+        let _ = s.store(
+            ptr,
+            rd::GUEST_PTR as usize,
+            std::sync::atomic::Ordering::Release,
+        );
+        Ok(())
+    }
+
+    pub fn rx_ready(&self, sock: RingId) -> u32 {
+        self.socks
+            .get(&sock)
+            .map_or(0, |s| s.rx.theirs.wrapping_sub(s.rx.ours))
+    }
+
+    pub fn tx_space(&self, sock: RingId) -> u32 {
+        self.socks.get(&sock).map_or(0, |s| {
+            s.tx.view.geom.size - s.tx.ours.wrapping_sub(s.tx.theirs)
+        })
+    }
+
+    /// Bytes sent but not yet taken by the device.
+    pub fn tx_pending(&self, sock: RingId) -> u32 {
+        self.socks
+            .get(&sock)
+            .map_or(0, |s| s.tx.ours.wrapping_sub(s.tx.theirs))
+    }
+
+    pub fn state(&self, sock: RingId) -> Option<SockState> {
+        self.socks.get(&sock).map(|s| s.state)
+    }
+
+    pub fn sockets(&self) -> usize {
+        self.socks.len()
+    }
+
+    /// The reply to request `req`, once it arrived.
+    pub fn reply(&mut self, req: u32) -> Option<CtrlMsg> {
+        self.replies.remove(&req)
+    }
+
+    /// Ends a burst of sends: pushes held-back words and says whether the
+    /// doorbell must be rung.
+    pub fn flush(&mut self) -> Result<bool, DriverError> {
+        let mut pushed = 0;
+        for w in &self.backlog {
+            if !self.g2d.push(*w)? {
+                break;
+            }
+            pushed += 1;
+        }
+        self.backlog.drain(..pushed);
+        if self.backlog.is_empty() {
+            self.g2d.clear_backlog()?;
+        }
+        let notify = self.g2d.flush()?;
+        Ok(notify || std::mem::take(&mut self.kick))
+    }
+
+    /// Handles the device's interrupt: drains device → guest words, reads
+    /// control replies, then re-arms (and drains again if words raced in).
+    pub fn interrupt(&mut self) -> Result<usize, DriverError> {
+        let mut total = 0;
+        loop {
+            let mut words = Vec::new();
+            let n = self.d2g.pop(usize::MAX, &mut words)?;
+            total += n;
+            for w in words {
+                self.on_word(w)?;
+            }
+            self.read_replies()?;
+            if self.d2g.producer_backlog()? {
+                self.kick = true;
+            }
+            if !self.d2g.arm()? {
+                return Ok(total);
+            }
+        }
+    }
+
+    fn on_word(&mut self, w: SignalWord) -> Result<(), DriverError> {
+        let Ok(s) = w.decode() else { return Ok(()) };
+        match (s.ty, s.ring) {
+            (SignalType::Tail, CTRL_REQ_RING) => self.req.theirs = s.ptr,
+            (SignalType::Head, CTRL_REPLY_RING) => self.rep.theirs = s.ptr,
+            (ty, ring) => {
+                let sock = self.ring_sock.get(&ring).copied();
+                let Some(sk) = sock.and_then(|k| self.socks.get_mut(&k)) else {
+                    return Ok(());
+                };
+                match ty {
+                    SignalType::Tail if sk.tx.id == ring => sk.tx.theirs = s.ptr,
+                    SignalType::Head if sk.rx.id == ring => sk.rx.theirs = s.ptr,
+                    SignalType::Error => {
+                        if sk.state != SockState::Closing {
+                            sk.state = SockState::Error(
+                                ErrorCode::from_u32(s.ptr).unwrap_or(ErrorCode::BadRequest),
+                            );
+                        }
+                    }
+                    SignalType::Closed => {
+                        if sk.state != SockState::Closing {
+                            sk.state = SockState::Closed;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn read_replies(&mut self) -> Result<(), DriverError> {
+        let mut any = false;
+        while self.rep.theirs.wrapping_sub(self.rep.ours) >= ctrl::MSG_BYTES {
+            let mut m = CtrlMsg::default();
+            self.rep.view.read(self.rep.ours, m.as_mut_slice())?;
+            self.rep.ours = self.rep.ours.wrapping_add(ctrl::MSG_BYTES);
+            any = true;
+            self.on_reply(&m);
+            self.replies.insert(m.req_id, m);
+        }
+        if any {
+            self.signal(SignalType::Tail, CTRL_REPLY_RING, self.rep.ours)?;
+        }
+        Ok(())
+    }
+
+    fn on_reply(&mut self, m: &CtrlMsg) {
+        match CtrlOp::from_u16(m.op & !ctrl::REPLY) {
+            Some(CtrlOp::Open) => {
+                if m.status == 0 {
+                    if let Some(s) = self.socks.get_mut(&m.sock) {
+                        s.state = SockState::Open;
+                    }
+                } else if self.state(m.sock) == Some(SockState::Opening) {
+                    self.forget(m.sock);
+                }
+            }
+            Some(CtrlOp::Close) if m.status == 0 => self.forget(m.sock),
+            _ => {}
+        }
+    }
+
+    /// Frees a socket's ring ids and memory (after the CLOSE reply, or a
+    /// refused OPEN): the device no longer touches them.
+    fn forget(&mut self, sock: RingId) {
+        if let Some(s) = self.socks.remove(&sock) {
+            for r in [s.tx, s.rx] {
+                self.ring_sock.remove(&r.id);
+                self.heap.free(r.view.geom.base, r.view.geom.size as u64);
+                self.free_ids.push(r.id);
+            }
+        }
+    }
+}
