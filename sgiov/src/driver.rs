@@ -515,17 +515,14 @@ impl Driver {
                 match ty {
                     SignalType::Tail if sk.tx.id == ring => sk.tx.theirs = s.ptr,
                     SignalType::Head if sk.rx.id == ring => sk.rx.theirs = s.ptr,
-                    SignalType::Error => {
-                        if sk.state != SockState::Closing {
-                            sk.state = SockState::Error(
-                                ErrorCode::from_u32(s.ptr).unwrap_or(ErrorCode::BadRequest),
-                            );
-                        }
+                    // A socket being closed keeps that state until the reply.
+                    SignalType::Error if sk.state != SockState::Closing => {
+                        sk.state = SockState::Error(
+                            ErrorCode::from_u32(s.ptr).unwrap_or(ErrorCode::BadRequest),
+                        );
                     }
-                    SignalType::Closed => {
-                        if sk.state != SockState::Closing {
-                            sk.state = SockState::Closed;
-                        }
+                    SignalType::Closed if sk.state != SockState::Closing => {
+                        sk.state = SockState::Closed;
                     }
                     _ => {}
                 }

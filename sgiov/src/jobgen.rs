@@ -250,7 +250,7 @@ fn step(
             step(src.advance(n), sink.advance(n), p, seq, header, plan)
         }
         Xf::Encrypt => {
-            if sink.ptr % 16 != 0 {
+            if !sink.ptr.is_multiple_of(16) {
                 return Err(JobGenError::Record {
                     off: sink.off(),
                     what: "sink head is not 16-byte aligned",
@@ -302,13 +302,13 @@ fn step(
             }
             let off = src.off();
             let rec = |what| JobGenError::Record { off, what };
-            if sc < HDR || off % 16 != 0 {
+            if sc < HDR || !off.is_multiple_of(16) {
                 return Err(rec("header straddles the ring end or is misaligned"));
             }
             let h = RecordHeader::decode(&header(src.ptr).map_err(JobGenError::Header)?);
             match h.kind {
                 KIND_PAD => {
-                    if h.len % 16 != 0 || h.total() > (src.size - off) as u64 {
+                    if !h.len.is_multiple_of(16) || h.total() > (src.size - off) as u64 {
                         return Err(rec("bad padding record"));
                     }
                     let total = h.total() as u32;
@@ -480,7 +480,7 @@ mod tests {
     #[test]
     fn decrypt_rejects_bad_records() {
         let mut seq = 0;
-        let mut hdr = |h: RecordHeader| move |_: u32| Ok::<_, String>(h.encode());
+        let hdr = |h: RecordHeader| move |_: u32| Ok::<_, String>(h.encode());
         let src = Span::new(4096, 0, 4096);
         let sink = Span::new(4096, 0, 4096);
         let p = params(Xf::Decrypt);

@@ -479,7 +479,7 @@ impl Layout {
         if h.version != VERSION {
             return Err("unsupported version");
         }
-        if h.area_len == 0 || h.area_len % 4096 != 0 || h.area_len > limits::MAX_AREA {
+        if h.area_len == 0 || !h.area_len.is_multiple_of(4096) || h.area_len > limits::MAX_AREA {
             return Err("area_len not a multiple of 4096 within 16 MiB");
         }
         let fifo_ok = |e: u32| {

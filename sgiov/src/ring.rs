@@ -87,7 +87,7 @@ impl RingGeom {
         {
             return Err(bad("size is not a power of two in 4 KiB..64 MiB"));
         }
-        if base % limits::RING_ALIGN != 0 {
+        if !base.is_multiple_of(limits::RING_ALIGN) {
             return Err(bad("base is not 64-byte aligned"));
         }
         if base.checked_add(size).is_none() || mem.slice(base, size as usize).is_none() {

@@ -171,7 +171,7 @@ impl Sgf {
             sgf: name.to_string(),
             source,
         };
-        if gpa % 4096 != 0 {
+        if !gpa.is_multiple_of(4096) {
             return Err(bad("not 4 KiB aligned"));
         }
         let h: AreaHeader = mem

@@ -133,7 +133,8 @@ fn bad_inputs_stay_with_their_ring_or_sgf() {
         ..Default::default()
     };
     let ok_rx = d(0x300_0000, 4096, RingRole::DeviceProduces);
-    let cases: Vec<((u16, RingDesc), (u16, RingDesc), ErrorCode)> = vec![
+    type Case = ((u16, RingDesc), (u16, RingDesc), ErrorCode);
+    let cases: Vec<Case> = vec![
         (
             (7000, d(MEM as u64, 4096, RingRole::GuestProduces)),
             (7001, ok_rx),

@@ -38,7 +38,7 @@ fn rings(src_size: u32, sink_size: u32) -> Rings {
 /// Runs the jobs in a random order that respects barriers.
 fn run_shuffled(jobs: &[PlannedJob], r: &Rings, keys: &KeyStore, slot: u16, rng: &mut impl Rng) {
     let mut seg: Vec<&PlannedJob> = Vec::new();
-    let mut flush = |seg: &mut Vec<&PlannedJob>, rng: &mut dyn RngCore| {
+    let flush = |seg: &mut Vec<&PlannedJob>, rng: &mut dyn RngCore| {
         seg.shuffle(rng);
         for j in seg.drain(..) {
             execute(&j.desc(&r.src, &r.sink, slot), keys).unwrap();
@@ -79,7 +79,7 @@ fn reference_decrypt(
         let h = RecordHeader::decode(bytes[i..i + 16].try_into().unwrap());
         let total = h.total() as usize;
         let at = (off as usize + i) % size as usize;
-        assert!(at % 16 == 0, "record at {at} misaligned");
+        assert!(at.is_multiple_of(16), "record at {at} misaligned");
         assert!(
             at + total <= size as usize,
             "record at {at} (+{total}) straddles the ring end"

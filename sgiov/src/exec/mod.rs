@@ -202,7 +202,9 @@ mod tests {
     use crate::mem::{GuestMem, Memory, StagingMemory};
     use std::sync::Arc;
 
-    fn setup() -> (Arc<dyn Memory>, Arc<dyn Memory>, KeyStore, u16, [u8; 32]) {
+    type Setup = (Arc<dyn Memory>, Arc<dyn Memory>, KeyStore, u16, [u8; 32]);
+
+    fn setup() -> Setup {
         let (g, _f) = GuestMem::memfd("t-exec-guest", 0, 1 << 20).unwrap();
         let s = StagingMemory::new("t-exec-staging", 1 << 20).unwrap();
         let ks = KeyStore::new(8);

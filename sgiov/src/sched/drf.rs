@@ -431,10 +431,10 @@ mod tests {
             if before < warm && now >= warm {
                 at_warm.copy_from_slice(&delivered);
             }
-            for j in 0..caps.len() {
-                if let Some((t, k, done)) = running[j] {
+            for slot in running.iter_mut() {
+                if let Some((t, k, done)) = *slot {
                     if done <= now {
-                        running[j] = None;
+                        *slot = None;
                         let size = sizes[t] as f64;
                         stages[t][k].busy = false;
                         stages[t][k].input -= size;

@@ -188,10 +188,10 @@ impl<T> Scheduler<T> {
         match p.jobs.front() {
             None => false,
             Some(j) => {
-                !p.dead
-                    && !p.barrier_inflight
-                    && p.inflight < self.cfg.max_inflight
-                    && !(j.barrier && p.inflight > 0)
+                !(p.dead
+                    || p.barrier_inflight
+                    || p.inflight >= self.cfg.max_inflight
+                    || j.barrier && p.inflight > 0)
             }
         }
     }
