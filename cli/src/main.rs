@@ -53,6 +53,17 @@ enum BenchCommand {
     Memory(guestmem::bench::MemoryBenchArgs),
     /// Concurrent VF opens under each devset lock policy.
     Devset(nic::bench::BenchDevsetArgs),
+    /// SG-IOV: scheduling policies and the job generator.
+    #[command(subcommand)]
+    Sgiov(SgiovBench),
+}
+
+#[derive(Subcommand)]
+enum SgiovBench {
+    /// Tenants contending for executor classes under rr, prio and drf.
+    Sched(sgiov::bench::sched::SchedArgs),
+    /// Recursive splitting against bounce buffers and the raw executor.
+    Jobgen(sgiov::bench::jobgen::JobgenArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -89,6 +100,12 @@ fn main() -> std::process::ExitCode {
         }
         Command::Bench(BenchCommand::Devset(a)) => {
             nic::bench::run_cli(&a).context("burstvm bench devset")
+        }
+        Command::Bench(BenchCommand::Sgiov(SgiovBench::Sched(a))) => {
+            sgiov::bench::sched::run_cli(&a).context("burstvm bench sgiov sched")
+        }
+        Command::Bench(BenchCommand::Sgiov(SgiovBench::Jobgen(a))) => {
+            sgiov::bench::jobgen::run_cli(&a).context("burstvm bench sgiov jobgen")
         }
     };
     match result {

@@ -645,6 +645,7 @@ impl Device {
             tenant,
             prio,
             key_slot,
+            max_job: None,
             label: label(what),
             tag: conn as u64,
         };

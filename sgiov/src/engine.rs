@@ -109,6 +109,8 @@ pub struct PipeSpec {
     pub tenant: TenantId,
     pub prio: u8,
     pub key_slot: u16,
+    /// This pipe's maximum job size, if not the engine's.
+    pub max_job: Option<u32>,
     pub label: String,
     pub tag: u64,
 }
@@ -627,7 +629,7 @@ impl Engine {
         let kspan = Span::new(sink.view.geom.size, x.gen_sink, kfree);
         let params = Params {
             xf: x.spec.xf,
-            max_job: self.cfg.max_job,
+            max_job: x.spec.max_job.unwrap_or(self.cfg.max_job),
             max_jobs: room,
         };
         let view = &src.view;

@@ -80,6 +80,30 @@ impl Xf {
     pub fn grows(self) -> bool {
         self == Xf::Encrypt
     }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Xf::Copy => "copy",
+            Xf::Direct => "direct",
+            Xf::Encrypt => "encrypt",
+            Xf::Decrypt => "decrypt",
+        }
+    }
+}
+
+impl std::str::FromStr for Xf {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "copy" => Ok(Xf::Copy),
+            "direct" => Ok(Xf::Direct),
+            "encrypt" => Ok(Xf::Encrypt),
+            "decrypt" => Ok(Xf::Decrypt),
+            _ => Err(format!(
+                "unknown transformation {s:?} (copy, direct, encrypt, decrypt)"
+            )),
+        }
+    }
 }
 
 /// Which ring a job's range is in.

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use crate::job::{Class, CLASSES, NCLASSES};
 
+const MIB: f64 = (1u64 << 20) as f64;
+
 /// Bytes per second per class; `None` = unlimited.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Capacities(pub [Option<f64>; NCLASSES]);
@@ -23,20 +25,13 @@ impl Capacities {
     }
 }
 
-/// Parses `1500`, `64K`, `400M`, `2G` (decimal: K = 10^3 bytes, M = 10^6, G = 10^9).
+/// Parses a rate in bytes per second with guestmem's size syntax
+/// (`64K`, `400M`, `2G`: binary multiples, so `400M` is 400 MiB/s).
 pub fn parse_rate(s: &str) -> Result<f64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, 'K' | 'k')) => (&s[..i], 1e3),
-        Some((i, 'M' | 'm')) => (&s[..i], 1e6),
-        Some((i, 'G' | 'g')) => (&s[..i], 1e9),
-        _ => (s, 1.0),
-    };
-    let v: f64 = num.parse().map_err(|_| format!("bad rate {s:?}"))?;
-    if !(v > 0.0 && v.is_finite()) {
-        return Err(format!("rate {s:?} must be positive"));
-    }
-    Ok(v * mult)
+    guestmem::parse_bytes(s)
+        .filter(|v| *v > 0)
+        .map(|v| v as f64)
+        .ok_or_else(|| format!("bad rate {s:?} (bytes per second: 400M, 2G)"))
 }
 
 impl FromStr for Capacities {
@@ -62,7 +57,7 @@ impl fmt::Display for Capacities {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let parts: Vec<_> = CLASSES
             .iter()
-            .filter_map(|c| self.get(*c).map(|r| format!("{}={}M", c.name(), r / 1e6)))
+            .filter_map(|c| self.get(*c).map(|r| format!("{}={}M", c.name(), r / MIB)))
             .collect();
         if parts.is_empty() {
             f.write_str("none")
@@ -131,8 +126,8 @@ mod tests {
     #[test]
     fn parses_specs() {
         let c: Capacities = "copy=400M,crypto=160M".parse().unwrap();
-        assert_eq!(c.get(Class::Copy), Some(400e6));
-        assert_eq!(c.get(Class::Crypto), Some(160e6));
+        assert_eq!(c.get(Class::Copy), Some(400.0 * MIB));
+        assert_eq!(c.get(Class::Crypto), Some(160.0 * MIB));
         assert_eq!(c.to_string(), "copy=400M,crypto=160M");
         let c: Capacities = "crypto=2G".parse().unwrap();
         assert_eq!(c.get(Class::Copy), None);
@@ -143,7 +138,7 @@ mod tests {
         assert!("dma=1M".parse::<Capacities>().is_err());
         assert!("copy=0".parse::<Capacities>().is_err());
         assert!("copy".parse::<Capacities>().is_err());
-        assert_eq!(parse_rate("64K").unwrap(), 64e3);
+        assert_eq!(parse_rate("64K").unwrap(), 65536.0);
     }
 
     #[test]
