@@ -24,7 +24,7 @@ use slab::Slab;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::exec::capacity::Capacities;
-use crate::exec::crypto::KeyStore;
+use crate::exec::crypto::{KeyStore, OVERHEAD};
 use crate::exec::pool::{Dispatcher, WorkerPool};
 use crate::exec::{execute, ExecError};
 use crate::job::JobDesc;
@@ -607,6 +607,19 @@ impl Engine {
 
     /// Runs the job generator for one pipe; returns jobs generated.
     fn generate(&mut self, p: PipeKey) -> usize {
+        // A chained neighbour with jobs running will publish more data (or
+        // free more space) and mark this pipe again: until then, bytes
+        // short of a full job wait, so that jobs do not shrink along a
+        // chain (TCP's silly window syndrome).
+        let busy = |q: Option<PipeKey>| {
+            q.and_then(|q| self.pipes.get(q as usize))
+                .is_some_and(|y| y.outstanding > 0)
+        };
+        let Some(x) = self.pipes.get(p as usize) else {
+            return 0;
+        };
+        let (src, sink) = (&self.rings[x.spec.src], &self.rings[x.spec.sink]);
+        let (up, down) = (busy(src.producer), busy(sink.consumer));
         let Some(x) = self.pipes.get_mut(p as usize) else {
             return 0;
         };
@@ -632,6 +645,28 @@ impl Engine {
             max_job: x.spec.max_job.unwrap_or(self.cfg.max_job),
             max_jobs: room,
         };
+        let full = params
+            .max_job
+            .min(src.view.geom.size / 2)
+            .min(sink.view.geom.size / 2);
+        // Trailing bytes short of a full job wait too (they would become a
+        // small job whose remainder makes the next one small as well).
+        let unit = if x.spec.xf == Xf::Encrypt {
+            full.saturating_add(OVERHEAD)
+        } else {
+            full
+        };
+        let mut sspan = sspan;
+        let mut kspan = kspan;
+        if up {
+            sspan.len -= sspan.len % full;
+        }
+        if down {
+            kspan.len -= kspan.len % unit;
+        }
+        if sspan.len == 0 || kspan.len == 0 {
+            return 0;
+        }
         let view = &src.view;
         let mut header = |ptr: u32| {
             let mut h = [0u8; 16];

@@ -477,13 +477,13 @@ mod tests {
 
     #[test]
     fn encrypt_pads_a_short_tail() {
-        // 40 bytes before the sink's end: too few for a record.
+        // 32 bytes before the sink's end: too few for a record.
         let src = Span::new(4096, 0, 100);
-        let sink = Span::new(4096, 4096 - 40, 2000);
+        let sink = Span::new(4096, 4096 - 32, 2000);
         let mut seq = 9;
         let plan = generate(src, sink, &params(Xf::Encrypt), &mut seq, &mut no_headers).unwrap();
         assert_eq!(plan.jobs[0].op, Op::Pad);
-        assert_eq!(plan.jobs[0].dst.unwrap().len, 40);
+        assert_eq!(plan.jobs[0].dst.unwrap().len, 32);
         assert_eq!(plan.jobs[1].op, Op::Encrypt);
         assert_eq!(
             plan.jobs[1].dst.unwrap(),
@@ -496,7 +496,7 @@ mod tests {
         assert_eq!(plan.jobs[1].seq, 9);
         assert_eq!(seq, 10);
         // Without space after the end, it waits instead of padding.
-        let sink = Span::new(4096, 4096 - 40, 40);
+        let sink = Span::new(4096, 4096 - 32, 32);
         let plan = generate(src, sink, &params(Xf::Encrypt), &mut seq, &mut no_headers).unwrap();
         assert!(plan.jobs.is_empty());
     }
