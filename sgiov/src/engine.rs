@@ -27,7 +27,7 @@ use crate::exec::capacity::Capacities;
 use crate::exec::crypto::{KeyStore, OVERHEAD};
 use crate::exec::pool::{Dispatcher, WorkerPool};
 use crate::exec::{execute, ExecError};
-use crate::job::JobDesc;
+use crate::job::{Class, JobDesc, Op};
 use crate::jobgen::{self, Params, Span, Xf};
 use crate::layout::{limits, ErrorCode};
 use crate::ring::{RingError, RingPtrs, RingView};
@@ -608,9 +608,10 @@ impl Engine {
     /// Runs the job generator for one pipe; returns jobs generated.
     fn generate(&mut self, p: PipeKey) -> usize {
         // A chained neighbour with jobs running will publish more data (or
-        // free more space) and mark this pipe again: until then, bytes
-        // short of a full job wait, so that jobs do not shrink along a
-        // chain (TCP's silly window syndrome).
+        // free more space) and mark this pipe again; so will this pipe's own
+        // running jobs. Until then, bytes short of a full job wait, so that
+        // jobs do not shrink along a chain (TCP's silly window syndrome,
+        // avoided as Nagle does: small pieces wait while work is in flight).
         let busy = |q: Option<PipeKey>| {
             q.and_then(|q| self.pipes.get(q as usize))
                 .is_some_and(|y| y.outstanding > 0)
@@ -619,11 +620,13 @@ impl Engine {
             return 0;
         };
         let (src, sink) = (&self.rings[x.spec.src], &self.rings[x.spec.sink]);
-        let (up, down) = (busy(src.producer), busy(sink.consumer));
+        let (mut up, mut down) = (busy(src.producer), busy(sink.consumer));
         let Some(x) = self.pipes.get_mut(p as usize) else {
             return 0;
         };
         x.dirty = false;
+        up |= x.outstanding > 0;
+        down |= x.outstanding > 0;
         let room = self.cfg.max_queued.saturating_sub(x.outstanding);
         if x.state != PipeState::Running || room == 0 {
             return 0;
@@ -687,6 +690,10 @@ impl Engine {
         x.stats.jobs += n as u64;
         x.stats.in_place += plan.in_place as u64;
         self.stats.jobs += n as u64;
+        let pipe_class = match x.spec.xf {
+            Xf::Encrypt | Xf::Decrypt => Class::Crypto,
+            Xf::Copy | Xf::Direct => Class::Copy,
+        };
         for j in plan.jobs {
             let desc = j.desc(&src.view, &sink.view, x.spec.key_slot);
             let ord = x.first_ord + x.pending.len() as u64;
@@ -696,7 +703,12 @@ impl Engine {
                 sink_adv: j.sink_adv,
             });
             let job = Queued {
-                class: j.op.class(),
+                // Padding and skips are bookkeeping of this pipe's own stream:
+                // they run in its class, not as copies competing elsewhere.
+                class: match j.op {
+                    Op::Pad | Op::Skip => pipe_class,
+                    op => op.class(),
+                },
                 cost: desc.cost(),
                 barrier: j.barrier,
                 payload: JobEnv { desc, ord },

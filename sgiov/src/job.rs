@@ -123,7 +123,9 @@ impl JobDesc {
     /// Bytes of input the job processes (what capacities and DRF charge).
     pub fn cost(&self) -> u64 {
         match self.op {
-            Op::Pad => self.dst.as_ref().map_or(0, |d| d.len as u64),
+            // A padding record writes its 16-byte header only.
+            Op::Pad => 16,
+            Op::Skip => 0,
             _ => self.src.as_ref().map_or(0, |s| s.len as u64),
         }
     }
