@@ -190,9 +190,15 @@ pub struct Completions {
 
 impl Completions {
     fn push(&self, c: Completion) {
-        self.q.lock().unwrap_or_else(|e| e.into_inner()).push(c);
-        self.cv.notify_all();
-        let _ = self.efd.write(1);
+        let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
+        q.push(c);
+        // The reader drains everything: only the first completion of a
+        // batch needs to wake it (one syscall per batch, not per job).
+        if q.len() == 1 {
+            drop(q);
+            self.cv.notify_all();
+            let _ = self.efd.write(1);
+        }
     }
 
     fn drain(&self) -> Vec<Completion> {
@@ -505,7 +511,7 @@ impl Engine {
             while let Some((pipe, job)) = self.disp.try_take() {
                 let result = execute(&job.payload.desc, &self.keys);
                 self.disp.done(pipe, job.barrier);
-                self.done.push(Completion {
+                self.complete(Completion {
                     pipe,
                     ord: job.payload.ord,
                     result,

@@ -47,6 +47,9 @@ pub struct JobgenArgs {
     /// High-priority messages timed in the latency table (0: skip it).
     #[arg(long, default_value_t = 300)]
     pub pings: usize,
+    /// Runs of each measurement; the table shows the median.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -225,15 +228,15 @@ impl Stream {
                 let mut h = [0u8; 16];
                 view.read(ptr, &mut h).map(|_| h).map_err(|e| e.to_string())
             })?;
-            if plan.jobs.is_empty() {
-                return Ok(());
-            }
             for j in &plan.jobs {
                 execute(&j.desc(&self.src, &self.sink, b.slot), &b.keys)?;
             }
             self.jobs += plan.jobs.len() as u64;
             self.src_tail = self.src_tail.wrapping_add(plan.src_used);
             self.sink_head = self.sink_head.wrapping_add(plan.sink_used);
+            if plan.jobs.len() < p.max_jobs {
+                return Ok(());
+            }
         }
     }
 
@@ -313,27 +316,39 @@ impl Stream {
     }
 }
 
+/// The executor alone: one job per message, messages laid out one after
+/// another in a contiguous buffer as large as the rings (so caches favour
+/// it no more than the ring strategies), starting over at its end.
 fn raw(b: &Bench, xf: Xf, msg: u32, count: u64) -> Result<(f64, f64), JobgenBenchError> {
     let rec = crypto::data_record_len(msg);
-    let (x, y) = (
-        b.block(rec.next_power_of_two())?,
-        b.block(rec.next_power_of_two())?,
-    );
-    let job = match xf {
-        Xf::Copy | Xf::Direct => b.job(Op::Copy, b.buf(x, msg), b.buf(y, msg), 0),
-        Xf::Encrypt => b.job(Op::Encrypt, b.buf(x, msg), b.buf(y, rec), 0),
-        Xf::Decrypt => {
-            // One record, made once; decrypting it again verifies again.
-            execute(
-                &b.job(Op::Encrypt, b.buf(y, msg), b.buf(x, rec), 0),
-                &b.keys,
-            )?;
-            b.job(Op::Decrypt, b.buf(x, rec), b.buf(y, msg), 0)
+    let (x, y) = (b.block(RING)?, b.block(RING)?);
+    let per = RING / rec;
+    let job = |i: u64| -> JobDesc {
+        let (xi, yi) = (
+            x + (i % per as u64) * rec as u64,
+            y + (i % per as u64) * rec as u64,
+        );
+        match xf {
+            Xf::Copy | Xf::Direct => b.job(Op::Copy, b.buf(xi, msg), b.buf(yi, msg), 0),
+            Xf::Encrypt => b.job(Op::Encrypt, b.buf(xi, msg), b.buf(yi, rec), i),
+            Xf::Decrypt => b.job(Op::Decrypt, b.buf(xi, rec), b.buf(yi, msg), i % per as u64),
         }
     };
+    if xf == Xf::Decrypt {
+        // The records, made once; decrypting them again verifies them again.
+        for i in 0..per as u64 {
+            let at = i * rec as u64;
+            execute(
+                &b.job(Op::Encrypt, b.buf(y + at, msg), b.buf(x + at, rec), i),
+                &b.keys,
+            )?;
+        }
+    }
+    let jobs: Vec<JobDesc> = (0..count.min(per as u64)).map(job).collect();
     let t = Instant::now();
-    for _ in 0..count {
-        execute(&job, &b.keys)?;
+    for i in 0..count {
+        let j = &jobs[(i % jobs.len() as u64) as usize];
+        execute(j, &b.keys)?;
     }
     Ok((t.elapsed().as_secs_f64(), 1.0))
 }
@@ -660,8 +675,9 @@ pub fn run_cli(a: &JobgenArgs) -> Result<(), JobgenBenchError> {
     let bytes = super::parse_size(&a.bytes).map_err(JobgenBenchError::Args)?;
     let max_job = super::parse_size(&a.max_job).map_err(JobgenBenchError::Args)? as u32;
     println!(
-        "bench sgiov jobgen: {} MiB per run, rings of {} MiB, max job {}; one thread",
+        "bench sgiov jobgen: {} MiB per run, median of {} runs, rings of {} MiB, max job {}; one thread",
         bytes >> 20,
+        a.repeat.max(1),
         RING >> 20,
         super::fmt_size(max_job as u64)
     );
@@ -669,11 +685,19 @@ pub fn run_cli(a: &JobgenArgs) -> Result<(), JobgenBenchError> {
     println!("|---|---|---|---|---|---|---|");
     for &xf in &a.xf {
         for &m in &sizes {
-            let rows = run_size(xf, m, bytes, max_job)?;
+            let runs: Vec<Vec<JobgenRow>> = (0..a.repeat.max(1))
+                .map(|_| run_size(xf, m, bytes, max_job))
+                .collect::<Result<_, _>>()?;
+            let mut rows = runs[0].clone();
+            for (i, r) in rows.iter_mut().enumerate() {
+                let mut v: Vec<f64> = runs.iter().map(|x| x[i].mib_s).collect();
+                v.sort_by(|a, b| a.total_cmp(b));
+                r.mib_s = super::percentile(&v, 50.0);
+            }
             let raw = rows[0].mib_s;
             for r in rows {
                 println!(
-                    "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.0} |",
+                    "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} |",
                     xf.name(),
                     super::fmt_size(m),
                     r.strategy.name(),

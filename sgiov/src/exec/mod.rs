@@ -49,12 +49,19 @@ impl ExecError {
     }
 }
 
+fn need<'a>(b: &'a Option<Buf>, op: &'static str, which: &str) -> Result<&'a Buf, ExecError> {
+    b.as_ref().ok_or_else(|| ExecError::Malformed {
+        op,
+        what: format!("no {which}"),
+    })
+}
+
 /// Runs one job.
 pub fn execute(job: &JobDesc, keys: &KeyStore) -> Result<(), ExecError> {
     let op = job.op.name();
     let mem = |source| ExecError::Memory { op, source };
     let bad = |what: String| ExecError::Malformed { op, what };
-    let need = |b: &Option<Buf>, which: &str| b.clone().ok_or_else(|| bad(format!("no {which}")));
+    let need = |b, which| need(b, op, which);
     match job.op {
         Op::Skip => Ok(()),
         Op::Copy | Op::Direct => {
