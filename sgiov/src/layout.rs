@@ -384,6 +384,15 @@ impl PathKind {
     }
 }
 
+/// The SG function's virtio-mmio device id (burstvm-private: no standard
+/// virtio driver binds to it).
+pub const VIRTIO_DEVICE_ID: u32 = 0x5347;
+/// Virtqueue 0 carries [`SetupCmd`]s (attach, detach).
+pub const SETUP_QUEUE: u16 = 0;
+/// Virtqueue 1 carries no buffers: its kick eventfd is the Cross-FIFO
+/// doorbell, its call eventfd (irqfd) the Cross-FIFO interrupt.
+pub const SIGNAL_QUEUE: u16 = 1;
+
 /// The transport bootstrap (stage 2, vhost-user): the guest sends this on
 /// the SGF's setup queue (virtqueue 0) as a device-readable buffer followed
 /// by a device-writable `u32` status.
@@ -570,6 +579,18 @@ mod tests {
         assert_eq!(&c.port as *const _ as usize - b, 16);
         assert_eq!(&c.prio as *const _ as usize - b, 20);
         assert_eq!(&c.peer_sock as *const _ as usize - b, 24);
+    }
+
+    #[test]
+    fn constants_match_the_docs() {
+        assert_eq!(AREA_MAGIC, 0x3152_4156_4F49_4753);
+        assert_eq!(SETUP_MAGIC, 0x5553_4753);
+        assert_eq!(VIRTIO_DEVICE_ID, 0x5347);
+        assert_eq!(ErrorCode::from_u32(16), Some(ErrorCode::BadArea));
+        assert_eq!(ErrorCode::from_u32(17), None);
+        for v in 1..=16 {
+            assert_eq!(ErrorCode::from_u32(v).map(|c| c as u32), Some(v));
+        }
     }
 
     #[test]
