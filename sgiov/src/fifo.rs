@@ -66,6 +66,15 @@ struct Fifo {
 }
 
 impl Fifo {
+    fn new(label: String, mem: Arc<dyn Memory>, ctl: u64, entries: u32) -> Fifo {
+        Fifo {
+            label,
+            mem,
+            ctl,
+            entries,
+        }
+    }
+
     fn err(&self) -> impl Fn(MemError) -> FifoError + '_ {
         move |source| FifoError::Memory {
             fifo: self.label.clone(),
@@ -131,12 +140,7 @@ impl FifoProducer {
         ctl: u64,
         entries: u32,
     ) -> Result<Self, FifoError> {
-        let f = Fifo {
-            label,
-            mem,
-            ctl,
-            entries,
-        };
+        let f = Fifo::new(label, mem, ctl, entries);
         f.store(fifo::PROD, 0, Ordering::Release)?;
         f.store(fifo::PFLAGS, 0, Ordering::Release)?;
         Ok(FifoProducer {
@@ -235,12 +239,7 @@ impl FifoConsumer {
         entries: u32,
         watermark: u32,
     ) -> Result<Self, FifoError> {
-        let f = Fifo {
-            label,
-            mem,
-            ctl,
-            entries,
-        };
+        let f = Fifo::new(label, mem, ctl, entries);
         f.store(fifo::CONS, 0, Ordering::Release)?;
         f.store(fifo::EVENT_IDX, 0, Ordering::Release)?;
         f.store(fifo::CFLAGS, 0, Ordering::Release)?;

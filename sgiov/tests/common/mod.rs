@@ -218,3 +218,20 @@ pub fn echo(dev: &mut Dev, g: &mut Guest, s: u16, data: &[u8]) {
         data.len()
     );
 }
+
+/// Nothing of any connection is left (pipes, staging rings, key slots) and
+/// `sockets` sockets are still open.
+pub fn assert_released(dev: &Device, sockets: usize) {
+    let st = dev.stats();
+    assert_eq!(
+        (
+            st.connections,
+            st.pipes,
+            st.staging_bytes,
+            st.key_slots,
+            st.sockets
+        ),
+        (0, 0, 0, 0, sockets),
+        "{st:?}"
+    );
+}
