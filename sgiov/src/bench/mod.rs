@@ -40,9 +40,9 @@ pub fn parse_sizes(s: &str) -> Result<Vec<u64>, String> {
 
 /// Formats a byte count as the shortest of `N`, `NK`, `NM`.
 pub fn fmt_size(n: u64) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}M", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}K", n >> 10)
     } else {
         n.to_string()

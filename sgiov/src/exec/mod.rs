@@ -150,7 +150,7 @@ pub fn execute(job: &JobDesc, keys: &KeyStore) -> Result<(), ExecError> {
             let mut tag = [0u8; 16];
             src.read_slice(&mut tag, (HDR + n) as usize)
                 .map_err(|e| bad(e.to_string()))?;
-            let in_place = s.same_place(&d, HDR as u64);
+            let in_place = s.same_place(d, HDR as u64);
             let dst = if in_place {
                 d.mem.for_write(d.addr, n as usize).map_err(mem)?
             } else {
