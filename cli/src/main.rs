@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod cri;
 mod cri_bench;
+mod pool;
 
 #[derive(Parser)]
 #[command(
@@ -24,7 +25,7 @@ enum Command {
     /// Run the software SR-IOV NIC daemon.
     Nic(nic::NicArgs),
     /// Run a standalone page-pool server for VMMs started by hand.
-    Pool(guestmem::pool::PoolArgs),
+    Pool(pool::PoolArgs),
     /// Create one sandbox through every startup stage.
     Run(runtime::RunArgs),
     /// Root filesystems (RunD's read-only layer).
@@ -82,7 +83,7 @@ fn main() -> std::process::ExitCode {
             Err(e) => Err(anyhow::Error::new(e).context("burstvm vmm")),
         },
         Command::Nic(a) => nic::run_cli(&a).context("burstvm nic"),
-        Command::Pool(a) => guestmem::pool::run_cli(&a).context("burstvm pool"),
+        Command::Pool(a) => pool::run(&a).context("burstvm pool"),
         Command::Run(a) => runtime::run_cli(&a).context("burstvm run"),
         Command::Rootfs(RootfsCommand::Build(a)) => {
             rootfs::image::build_cli(&a).context("burstvm rootfs build")

@@ -1,0 +1,150 @@
+//! Host-wide page pool (PiBooster §3.5, §4.2): a cache of resident memfds per size class with
+//! O(1) take/return, never zeroed on return, shrinkable by count, by percentage and
+//! automatically above a threshold. `PoolServer` hands memfds to VMM processes over a unix
+//! socket (SCM_RIGHTS) and takes them back, marked dirty, when the connection closes — also
+//! when the VMM was killed. `PoolClient` is the VMM side.
+//!
+//! One file per concern: `cache` (the in-process cache), `zeroer` (the idle pre-zeroer),
+//! `protocol` (the wire format), `server` and `client`.
+
+mod cache;
+mod client;
+mod protocol;
+mod server;
+mod zeroer;
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use serde::{Deserialize, Serialize};
+
+pub use cache::{ClassStats, Lent, Pool, PoolStats};
+pub use client::PoolClient;
+pub use server::PoolServer;
+
+use crate::sys::{self, Mapping};
+use crate::table::{self, PageTable, DIRTY, ZERO};
+
+const RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("pool socket {path}: {source}")]
+    Socket {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("pool socket {path}: protocol error: {reason}")]
+    Protocol { path: String, reason: String },
+    #[error("pool server {path} refused: {reason}")]
+    Refused { path: String, reason: String },
+    #[error("pool: vanilla memory is never taken from the pool (it must be fresh)")]
+    VanillaFromPool,
+    #[error("pool size class {size} bytes{}: {what}: {source}", if *.hugepages { " (hugepages)" } else { "" })]
+    Memory {
+        size: u64,
+        hugepages: bool,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("pool: bad argument {arg}: {reason}")]
+    BadArg { arg: String, reason: String },
+}
+
+/// Memfds of one size class are interchangeable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub struct SizeClass {
+    /// Guest bytes (the memfd is this plus the page-state table).
+    pub size: u64,
+    pub hugepages: bool,
+}
+
+impl SizeClass {
+    pub fn page_size(&self) -> u64 {
+        sys::page_size_for(self.hugepages)
+    }
+
+    pub fn memfd_size(&self) -> u64 {
+        self.size + table::table_size(self.size, self.page_size())
+    }
+
+    pub(super) fn validate(&self) -> Result<(), Error> {
+        let ps = self.page_size();
+        if self.size == 0 || !self.size.is_multiple_of(ps) {
+            return Err(Error::BadArg {
+                arg: format!("size {}", self.size),
+                reason: format!("must be a non-zero multiple of the page size {ps}"),
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn mem_err(&self, what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let (size, hugepages, what) = (self.size, self.hugepages, what.into());
+        move |source| Error::Memory {
+            size,
+            hugepages,
+            what,
+            source,
+        }
+    }
+
+    /// Maps guest bytes and table of `memfd` (the pool's own short-lived device view).
+    pub(super) fn map(&self, memfd: &OwnedFd) -> Result<(Mapping, PageTable), Error> {
+        let m = Mapping::new(memfd.as_fd(), 0, self.memfd_size(), RW)
+            .map_err(self.mem_err("mmap pool memfd"))?;
+        // SAFETY: data and table lie inside `m`, which the caller keeps while using the table.
+        let t = unsafe {
+            PageTable::new(
+                m.ptr(),
+                m.ptr().add(self.size as usize),
+                self.size,
+                self.page_size(),
+            )
+        };
+        Ok((m, t))
+    }
+
+    /// A new memfd with a formatted table. `fill`: make it resident, writing `pattern`
+    /// into every byte if given (pages then DIRTY), else leave it sparse (pages ZERO).
+    pub(super) fn create(&self, fill: Option<Option<u8>>) -> Result<OwnedFd, Error> {
+        let fd = sys::memfd_create("pool", self.hugepages).map_err(self.mem_err("memfd_create"))?;
+        sys::ftruncate(fd.as_fd(), self.memfd_size()).map_err(self.mem_err("ftruncate"))?;
+        let m = Mapping::new(fd.as_fd(), 0, self.memfd_size(), RW).map_err(|e| {
+            if self.hugepages && e.raw_os_error() == Some(libc::ENOMEM) {
+                Error::Memory {
+                    size: self.size,
+                    hugepages: true,
+                    what: "not enough reserved huge pages (see /proc/sys/vm/nr_hugepages)".into(),
+                    source: e,
+                }
+            } else {
+                self.mem_err("mmap new memfd")(e)
+            }
+        })?;
+        let state = match fill {
+            Some(Some(pattern)) => {
+                // SAFETY: writes inside our own fresh mapping.
+                unsafe { std::ptr::write_bytes(m.ptr(), pattern, self.size as usize) };
+                DIRTY
+            }
+            Some(None) => {
+                m.populate_write(0, self.size as usize)
+                    .map_err(self.mem_err("MADV_POPULATE_WRITE"))?;
+                ZERO
+            }
+            None => ZERO,
+        };
+        // SAFETY: the table lies inside `m`; nobody else has this memfd yet.
+        unsafe {
+            PageTable::format(
+                m.ptr().add(self.size as usize),
+                self.size,
+                self.page_size(),
+                state,
+            );
+        }
+        Ok(fd)
+    }
+}

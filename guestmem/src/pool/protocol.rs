@@ -1,0 +1,88 @@
+//! The wire protocol: one JSON object per SOCK_SEQPACKET message each way; a `take` response
+//! carries the memfd as SCM_RIGHTS.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde::{Deserialize, Serialize};
+
+use super::PoolStats;
+
+const MAX_MSG: usize = 64 * 1024;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub(super) enum Request {
+    Take {
+        size: u64,
+        hugepages: bool,
+        policy: String,
+    },
+    Stats,
+    Shrink {
+        count: Option<u64>,
+        percent: Option<u8>,
+        to_bytes: Option<u64>,
+    },
+    Fill {
+        size: u64,
+        hugepages: bool,
+        count: u64,
+        pattern: Option<u8>,
+    },
+    Prezero {
+        percent: u8,
+    },
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(super) struct Response {
+    pub(super) ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) memfd_size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) recycled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) released: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) stats: Option<PoolStats>,
+}
+
+pub(super) fn send_msg(fd: RawFd, body: &[u8], pass: Option<RawFd>) -> nix::Result<()> {
+    let iov = [IoSlice::new(body)];
+    let fds = pass.map(|f| [f]);
+    let cmsgs: Vec<ControlMessage> = fds.iter().map(|f| ControlMessage::ScmRights(f)).collect();
+    socket::sendmsg::<()>(fd, &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
+    Ok(())
+}
+
+/// Receives one message; `Ok(None)` on EOF.
+pub(super) fn recv_msg(fd: RawFd) -> nix::Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_MSG];
+    let mut cmsg = nix::cmsg_space!([RawFd; 4]);
+    let (n, fds) = loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        match socket::recvmsg::<()>(fd, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for c in msg.cmsgs()? {
+                    if let ControlMessageOwned::ScmRights(v) = c {
+                        // SAFETY: the kernel just installed these fds for us.
+                        fds.extend(v.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
+                    }
+                }
+                break (msg.bytes, fds);
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    if n == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    buf.truncate(n);
+    Ok(Some((buf, fds)))
+}

@@ -1,0 +1,388 @@
+//! The pool behind a unix socket: an accept thread, one thread per client connection, and
+//! the idle pre-zeroer. Everything a connection took comes back when it closes.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
+
+use super::protocol::{recv_msg, send_msg, Request, Response};
+use super::{Error, Lent, Pool, SizeClass};
+use crate::sys::{self, EventFd};
+use crate::MemoryPolicy;
+
+/// The pool behind a unix socket.
+pub struct PoolServer {
+    path: PathBuf,
+    pool: Arc<Pool>,
+    stop: Arc<AtomicBool>,
+    wake: Arc<EventFd>,
+    conns: Arc<Mutex<HashMap<u64, Arc<OwnedFd>>>>,
+    threads: Vec<JoinHandle<()>>,
+    conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl std::fmt::Debug for PoolServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolServer")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl PoolServer {
+    /// Binds `path` (replacing a stale socket file) and serves `pool` on background threads,
+    /// including the idle pre-zeroer.
+    pub fn start(path: impl AsRef<Path>, pool: Arc<Pool>) -> Result<PoolServer, Error> {
+        Self::start_with(path, pool, true)
+    }
+
+    /// As `start`; `idle_prezero = false` leaves pre-zeroing to explicit `prezero_now`
+    /// calls (benchmarks that need a fixed starting state).
+    pub fn start_with(
+        path: impl AsRef<Path>,
+        pool: Arc<Pool>,
+        idle_prezero: bool,
+    ) -> Result<PoolServer, Error> {
+        let path = path.as_ref().to_path_buf();
+        let serr = |source: std::io::Error| Error::Socket {
+            path: path.display().to_string(),
+            source,
+        };
+        let listener = socket::socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(|e| serr(e.into()))?;
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            use std::os::unix::fs::FileTypeExt;
+            if meta.file_type().is_socket() {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+        let addr = UnixAddr::new(&path).map_err(|e| serr(e.into()))?;
+        socket::bind(listener.as_raw_fd(), &addr).map_err(|e| serr(e.into()))?;
+        // Pool memory holds other tenants' bytes: only this user may connect.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .map_err(serr)?;
+        }
+        let backlog = Backlog::new(256).map_err(|e| serr(e.into()))?;
+        socket::listen(&listener, backlog).map_err(|e| serr(e.into()))?;
+        let wake = Arc::new(EventFd::new().map_err(serr)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns = Arc::new(Mutex::new(HashMap::new()));
+        let conn_threads = Arc::new(Mutex::new(Vec::new()));
+
+        let mut threads = Vec::new();
+        {
+            let (pool, stop, wake, conns, conn_threads, p) = (
+                pool.clone(),
+                stop.clone(),
+                wake.clone(),
+                conns.clone(),
+                conn_threads.clone(),
+                path.clone(),
+            );
+            threads.push(
+                std::thread::Builder::new()
+                    .name("pool-accept".into())
+                    .spawn(move || {
+                        accept_loop(listener, &p, pool, stop, &wake, conns, conn_threads)
+                    })
+                    .map_err(serr)?,
+            );
+        }
+        if idle_prezero {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name("pool-prezero".into())
+                    .spawn(move || pool.idle_prezero_loop(&stop))
+                    .map_err(serr)?,
+            );
+        }
+        Ok(PoolServer {
+            path,
+            pool,
+            stop,
+            wake,
+            conns,
+            threads,
+            conn_threads,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// Number of connected clients.
+    pub fn clients(&self) -> usize {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Stops serving: closes every connection (their memfds come back), joins the threads
+    /// and removes the socket file.
+    pub fn shutdown(mut self) {
+        self.stop_all();
+    }
+
+    fn stop_all(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        self.wake.signal();
+        self.pool.idle_wake.notify_all();
+        for h in self.threads.drain(..) {
+            let _ = h.join();
+        }
+        for c in self
+            .conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            let _ = socket::shutdown(c.as_raw_fd(), socket::Shutdown::Both);
+        }
+        let hs: Vec<_> = self
+            .conn_threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        for h in hs {
+            let _ = h.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for PoolServer {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.stop_all();
+        }
+    }
+}
+
+fn accept_loop(
+    listener: OwnedFd,
+    path: &Path,
+    pool: Arc<Pool>,
+    stop: Arc<AtomicBool>,
+    wake: &EventFd,
+    conns: Arc<Mutex<HashMap<u64, Arc<OwnedFd>>>>,
+    conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+) {
+    let mut next_id = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        match sys::poll_readable(&[listener.as_fd(), wake.fd()], -1) {
+            Ok(r) if r[0] => {}
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::error!("pool {}: poll: {e}", path.display());
+                return;
+            }
+        }
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let fd = match socket::accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+            // SAFETY: accept4 returned a new fd that we now own.
+            Ok(fd) => Arc::new(unsafe { OwnedFd::from_raw_fd(fd) }),
+            Err(e) => {
+                tracing::warn!("pool {}: accept: {e}", path.display());
+                continue;
+            }
+        };
+        if !peer_trusted(&fd) {
+            tracing::warn!("pool {}: refused a client of another user", path.display());
+            continue;
+        }
+        next_id += 1;
+        let id = next_id;
+        conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, fd.clone());
+        let (pool, conns2, p, stop2) = (
+            pool.clone(),
+            conns.clone(),
+            path.to_path_buf(),
+            stop.clone(),
+        );
+        let h = std::thread::Builder::new()
+            .name(format!("pool-conn-{id}"))
+            .spawn(move || {
+                serve_conn(&fd, &p, &pool, &stop2);
+                conns2.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            });
+        match h {
+            Ok(h) => {
+                let mut ts = conn_threads.lock().unwrap_or_else(|p| p.into_inner());
+                ts.retain(|t| !t.is_finished());
+                ts.push(h);
+            }
+            Err(e) => {
+                tracing::error!("pool {}: spawn connection thread: {e}", path.display());
+                conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            }
+        }
+    }
+}
+
+/// Only root or this process's own user may take pool memory.
+fn peer_trusted(fd: &OwnedFd) -> bool {
+    match socket::getsockopt(fd, socket::sockopt::PeerCredentials) {
+        Ok(cred) => {
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            cred.uid() == 0 || cred.uid() == me
+        }
+        Err(_) => false,
+    }
+}
+
+/// Serves one client until it disconnects, then gives back everything it took.
+fn serve_conn(fd: &OwnedFd, path: &Path, pool: &Pool, stop: &AtomicBool) {
+    let mut lent: Vec<Lent> = Vec::new();
+    loop {
+        let msg = match recv_msg(fd.as_raw_fd()) {
+            Ok(Some((body, _fds))) => body,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::debug!("pool {}: client gone: {e}", path.display());
+                break;
+            }
+        };
+        let mut pass = None;
+        let resp = match serde_json::from_slice::<Request>(&msg) {
+            Err(e) => Response {
+                error: Some(format!("bad request: {e}")),
+                ..Default::default()
+            },
+            Ok(req) => match handle(pool, req) {
+                Ok((resp, l)) => {
+                    if let Some(l) = l {
+                        pass = Some(l);
+                    }
+                    resp
+                }
+                Err(e) => Response {
+                    error: Some(e.to_string()),
+                    ..Default::default()
+                },
+            },
+        };
+        let body = serde_json::to_vec(&resp).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
+        let sent = send_msg(
+            fd.as_raw_fd(),
+            &body,
+            pass.as_ref().map(|l: &Lent| l.memfd().as_raw_fd()),
+        );
+        if let Some(l) = pass {
+            // Counted as lent even if sending failed: it comes back below either way.
+            lent.push(l);
+        }
+        if let Err(e) = sent {
+            tracing::debug!("pool {}: send to client: {e}", path.display());
+            break;
+        }
+    }
+    // The server stopping is not the client going away: its VMM may still run on that
+    // memory, so it must not be marked dirty (nor reused). Only drop our reference.
+    let server_stopping = stop.load(Ordering::Acquire);
+    for l in lent {
+        if server_stopping {
+            pool.forget(l);
+        } else {
+            pool.give_back(l);
+        }
+    }
+}
+
+fn handle(pool: &Pool, req: Request) -> Result<(Response, Option<Lent>), Error> {
+    let ok = Response {
+        ok: true,
+        ..Default::default()
+    };
+    match req {
+        Request::Take {
+            size,
+            hugepages,
+            policy,
+        } => {
+            let policy: MemoryPolicy = policy.parse().map_err(|e: crate::Error| Error::BadArg {
+                arg: "policy".into(),
+                reason: e.to_string(),
+            })?;
+            let lent = pool.take(SizeClass { size, hugepages }, policy)?;
+            let resp = Response {
+                memfd_size: Some(lent.class().memfd_size()),
+                recycled: Some(lent.recycled),
+                ..ok
+            };
+            Ok((resp, Some(lent)))
+        }
+        Request::Stats => Ok((
+            Response {
+                stats: Some(pool.stats()),
+                ..ok
+            },
+            None,
+        )),
+        Request::Shrink {
+            count,
+            percent,
+            to_bytes,
+        } => {
+            let released = match (count, percent, to_bytes) {
+                (Some(n), None, None) => pool.shrink_count(n),
+                (None, Some(p), None) if p <= 100 => pool.shrink_percent(p),
+                (None, None, Some(b)) => pool.shrink_to(b),
+                _ => {
+                    return Err(Error::BadArg {
+                        arg: "shrink".into(),
+                        reason: "give exactly one of count, percent (0-100), to_bytes".into(),
+                    })
+                }
+            };
+            Ok((
+                Response {
+                    released: Some(released),
+                    ..ok
+                },
+                None,
+            ))
+        }
+        Request::Fill {
+            size,
+            hugepages,
+            count,
+            pattern,
+        } => {
+            pool.fill(SizeClass { size, hugepages }, count, pattern)?;
+            Ok((ok, None))
+        }
+        Request::Prezero { percent } => {
+            if percent > 100 {
+                return Err(Error::BadArg {
+                    arg: "percent".into(),
+                    reason: format!("{percent} > 100"),
+                });
+            }
+            pool.prezero_now(percent)?;
+            Ok((ok, None))
+        }
+    }
+}
