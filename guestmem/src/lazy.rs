@@ -8,7 +8,10 @@ use std::thread::JoinHandle;
 
 use userfaultfd::{Event, EventBuffer, FeatureFlags, RegisterMode, Uffd, UffdBuilder};
 
-use crate::sys::{self, EventFd};
+use nix::poll::PollTimeout;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::sys;
 use crate::table::{PageTable, MAPPED, ZERO};
 use crate::{Error, Region};
 
@@ -46,7 +49,7 @@ impl ErrorSlot {
     pub fn new() -> Result<ErrorSlot, Error> {
         Ok(ErrorSlot {
             first: Mutex::new(None),
-            fd: EventFd::new().map_err(|e| Error::io("eventfd for lazy-zeroing errors", e))?,
+            fd: sys::wake_fd().map_err(|e| Error::io("eventfd for lazy-zeroing errors", e))?,
             callback: Mutex::new(None),
             fired: AtomicBool::new(false),
         })
@@ -63,7 +66,7 @@ impl ErrorSlot {
         }
         self.fire();
         // Last, so a poller that wakes up finds the callback done.
-        self.fd.signal();
+        sys::signal(&self.fd);
     }
 
     /// Calls the callback once with the first error, whichever of report/set_callback
@@ -82,7 +85,7 @@ impl ErrorSlot {
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.fd()
+        sys::borrow(&self.fd)
     }
 
     pub fn set_callback(&self, cb: ErrorCallback) {
@@ -168,7 +171,7 @@ impl Lazy {
             uffd,
             regions: lazy_regions,
             stop: AtomicBool::new(false),
-            wake: EventFd::new().map_err(|e| Error::io("eventfd for lazy-zeroing stop", e))?,
+            wake: sys::wake_fd().map_err(|e| Error::io("eventfd for lazy-zeroing stop", e))?,
             errors,
             faults: AtomicU64::new(0),
             fault_zeroed: AtomicU64::new(0),
@@ -216,7 +219,7 @@ impl Lazy {
     /// and would let them map pages that were never zeroed.
     pub fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        self.shared.wake.signal();
+        sys::signal(&self.shared.wake);
         if let Some(h) = self.handler.take() {
             let _ = h.join();
         }
@@ -244,10 +247,11 @@ impl Drop for Lazy {
 fn handler_loop(s: &Shared) {
     let mut buf = EventBuffer::new(64);
     loop {
-        let ready = match sys::poll_readable(&[s.uffd_fd(), s.wake.fd()], -1) {
-            Ok(r) => r,
-            Err(e) => return s.errors.report(format!("poll on userfaultfd: {e}")),
-        };
+        let ready =
+            match sys::poll_readable(&[s.uffd_fd(), sys::borrow(&s.wake)], PollTimeout::NONE) {
+                Ok(r) => r,
+                Err(e) => return s.errors.report(format!("poll on userfaultfd: {e}")),
+            };
         if s.stop.load(Ordering::Acquire) {
             return;
         }

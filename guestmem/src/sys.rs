@@ -1,22 +1,29 @@
-//! Thin wrappers over the Linux calls guestmem needs (memfd, mmap, mlock, limits).
+//! The Linux calls guestmem needs, on nix and vmm-sys-util (memfd, mmap, mlock, limits,
+//! eventfd, poll); only what those crates lack is done here (MADV_POPULATE_WRITE, SCHED_IDLE,
+//! /proc and /sys reads).
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::num::NonZeroUsize;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::memfd::{memfd_create as nix_memfd_create, MemFdCreateFlag};
+use nix::sys::mman::{self, MapFlags, ProtFlags};
+use nix::sys::resource::{getrlimit, Resource, RLIM_INFINITY};
+use nix::sys::statfs::{fstatfs, HUGETLBFS_MAGIC};
+use nix::unistd::{sysconf, SysconfVar};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Size of a hugetlb page as used by burstvm (`MFD_HUGE_2MB`).
 pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
-const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
-const MADV_POPULATE_WRITE: i32 = 23;
 const CAP_IPC_LOCK: u32 = 14;
 
 pub fn base_page_size() -> u64 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if v > 0 {
-        v as u64
-    } else {
-        4096
+    match sysconf(SysconfVar::PAGE_SIZE) {
+        Ok(Some(v)) if v > 0 => v as u64,
+        _ => 4096,
     }
 }
 
@@ -35,47 +42,26 @@ pub fn round_up(v: u64, align: u64) -> u64 {
 pub fn memfd_create(name: &str, hugepages: bool) -> io::Result<OwnedFd> {
     let cname = CString::new(format!("burstvm-{name}"))
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in memfd name"))?;
-    let mut flags = libc::MFD_CLOEXEC;
+    let mut flags = MemFdCreateFlag::MFD_CLOEXEC;
     if hugepages {
-        flags |= libc::MFD_HUGETLB | libc::MFD_HUGE_2MB;
+        flags |= MemFdCreateFlag::MFD_HUGETLB | MemFdCreateFlag::MFD_HUGE_2MB;
     }
-    // SAFETY: cname is a valid NUL-terminated string.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by the kernel and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(nix_memfd_create(&cname, flags)?)
 }
 
 pub fn ftruncate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
-    // SAFETY: plain syscall on a valid fd.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    Ok(nix::unistd::ftruncate(fd, len as libc::off_t)?)
 }
 
 pub fn file_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    // SAFETY: stat is plain-old-data; fstat fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and out-pointer.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st.st_size as u64)
+    Ok(nix::sys::stat::fstat(fd.as_raw_fd())?.st_size as u64)
 }
 
 /// Page size of the file system backing `fd` (2 MiB for hugetlbfs memfds).
 pub fn fd_page_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    // SAFETY: statfs is plain-old-data; fstatfs fills it.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and out-pointer.
-    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if st.f_type as i64 == HUGETLBFS_MAGIC {
-        Ok(st.f_bsize as u64)
+    let st = fstatfs(fd)?;
+    if st.filesystem_type() == HUGETLBFS_MAGIC {
+        Ok(st.block_size() as u64)
     } else {
         Ok(base_page_size())
     }
@@ -84,7 +70,7 @@ pub fn fd_page_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
 /// One `MAP_SHARED` mapping of a file, unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {
-    ptr: *mut u8,
+    ptr: NonNull<libc::c_void>,
     len: usize,
 }
 
@@ -94,30 +80,33 @@ unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
 
+fn prot_flags(prot: i32) -> ProtFlags {
+    ProtFlags::from_bits_truncate(prot)
+}
+
 impl Mapping {
     pub fn new(fd: BorrowedFd<'_>, offset: u64, len: u64, prot: i32) -> io::Result<Mapping> {
+        let n = NonZeroUsize::new(len as usize)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"))?;
         // SAFETY: a fresh mapping chosen by the kernel; it aliases nothing in this process.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
+        let ptr = unsafe {
+            mman::mmap(
+                None,
+                n,
+                prot_flags(prot),
+                MapFlags::MAP_SHARED,
+                fd,
                 offset as libc::off_t,
             )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        }?;
         Ok(Mapping {
-            ptr: p as *mut u8,
+            ptr,
             len: len as usize,
         })
     }
 
     pub fn ptr(&self) -> *mut u8 {
-        self.ptr
+        self.ptr.as_ptr().cast()
     }
 
     pub fn len(&self) -> usize {
@@ -126,20 +115,18 @@ impl Mapping {
 
     pub fn protect(&self, prot: i32) -> io::Result<()> {
         // SAFETY: the range is exactly our own mapping.
-        if unsafe { libc::mprotect(self.ptr as *mut libc::c_void, self.len, prot) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        Ok(unsafe { mman::mprotect(self.ptr, self.len, prot_flags(prot)) }?)
     }
 
     /// Allocates (kernel-zeroes) every page of `[off, off+len)` that is not resident yet.
+    /// (nix has no MADV_POPULATE_WRITE.)
     pub fn populate_write(&self, off: usize, len: usize) -> io::Result<()> {
         // SAFETY: the range lies inside our own mapping.
         let r = unsafe {
             libc::madvise(
-                self.ptr.add(off) as *mut libc::c_void,
+                self.ptr().add(off) as *mut libc::c_void,
                 len,
-                MADV_POPULATE_WRITE,
+                libc::MADV_POPULATE_WRITE,
             )
         };
         if r < 0 {
@@ -149,20 +136,17 @@ impl Mapping {
     }
 
     pub fn lock(&self, off: usize, len: usize) -> io::Result<()> {
-        // SAFETY: the range lies inside our own mapping.
-        if unsafe { libc::mlock(self.ptr.add(off) as *const libc::c_void, len) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        // SAFETY: the range lies inside our own mapping (off < len, so not null).
+        let p = unsafe { NonNull::new_unchecked(self.ptr().add(off)) };
+        // SAFETY: locking pages of our own mapping.
+        Ok(unsafe { mman::mlock(p.cast(), len) }?)
     }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: we own this mapping; nobody uses it after drop.
-        unsafe {
-            libc::munmap(self.ptr as *mut libc::c_void, self.len);
-        }
+        let _ = unsafe { mman::munmap(self.ptr, self.len) };
     }
 }
 
@@ -199,16 +183,9 @@ pub fn memlock_limit() -> Option<u64> {
     if has_cap_ipc_lock() {
         return None;
     }
-    // SAFETY: rlimit is plain-old-data; getrlimit fills it.
-    let mut rl: libc::rlimit = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out-pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) } < 0 {
-        return None;
-    }
-    if rl.rlim_cur == libc::RLIM_INFINITY {
-        None
-    } else {
-        Some(rl.rlim_cur)
+    match getrlimit(Resource::RLIMIT_MEMLOCK) {
+        Ok((cur, _)) if cur != RLIM_INFINITY => Some(cur),
+        _ => None,
     }
 }
 
@@ -222,7 +199,8 @@ fn has_cap_ipc_lock() -> bool {
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
-/// Sets the calling thread's scheduling policy (SCHED_IDLE or SCHED_OTHER).
+/// Sets the calling thread's scheduling policy (SCHED_IDLE or SCHED_OTHER); nix has no
+/// sched_setscheduler.
 pub fn set_thread_sched(idle: bool) -> io::Result<()> {
     let param = libc::sched_param { sched_priority: 0 };
     let policy = if idle {
@@ -239,66 +217,43 @@ pub fn set_thread_sched(idle: bool) -> io::Result<()> {
 
 /// Lowest nice value for the calling thread (fallback when SCHED_IDLE is refused).
 pub fn set_thread_nice(nice: i32) {
-    // SAFETY: gettid/setpriority on our own thread.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, nice);
-    }
+    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
+    // SAFETY: setpriority on our own thread.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
 }
 
-/// An eventfd used to wake a thread blocked in poll.
-#[derive(Debug)]
-pub struct EventFd(OwnedFd);
-
-impl EventFd {
-    pub fn new() -> io::Result<EventFd> {
-        // SAFETY: plain syscall.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh fd owned by nobody else.
-        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    pub fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64.
-        unsafe {
-            libc::write(
-                self.0.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            );
-        }
-    }
-
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        use std::os::fd::AsFd;
-        self.0.as_fd()
-    }
+/// A non-blocking eventfd used to wake a thread blocked in poll.
+pub fn wake_fd() -> io::Result<EventFd> {
+    EventFd::new(EFD_NONBLOCK | libc::EFD_CLOEXEC)
 }
 
-/// Waits until one of `fds` is readable; returns the readiness (revents != 0) of each.
-pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: i32) -> io::Result<Vec<bool>> {
-    let mut pfds: Vec<libc::pollfd> = fds
+/// Wakes whoever polls `e` (a full counter still wakes, so the error is ignored).
+pub fn signal(e: &EventFd) {
+    let _ = e.write(1);
+}
+
+/// `e` as a borrowed fd (vmm-sys-util's EventFd has no `AsFd`).
+pub fn borrow(e: &EventFd) -> BorrowedFd<'_> {
+    // SAFETY: the eventfd lives as long as `e`, which the borrow ties to.
+    unsafe { BorrowedFd::borrow_raw(e.as_raw_fd()) }
+}
+
+/// Waits until one of `fds` is readable; returns the readiness of each.
+pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: PollTimeout) -> io::Result<Vec<bool>> {
+    let mut pfds: Vec<PollFd> = fds
         .iter()
-        .map(|f| libc::pollfd {
-            fd: f.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|f| PollFd::new(*f, PollFlags::POLLIN))
         .collect();
     loop {
-        // SAFETY: pfds is a valid array of pollfd.
-        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
+        match nix::poll::poll(&mut pfds, timeout) {
+            Ok(_) => {
+                return Ok(pfds
+                    .iter()
+                    .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+                    .collect())
             }
-            return Err(e);
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
         }
-        return Ok(pfds.iter().map(|p| p.revents != 0).collect());
     }
 }

@@ -12,7 +12,10 @@ use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, UnixAdd
 
 use super::protocol::{recv_msg, send_msg, Request, Response};
 use super::{Error, Lent, Pool, SizeClass};
-use crate::sys::{self, EventFd};
+use nix::poll::PollTimeout;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::sys;
 use crate::MemoryPolicy;
 
 /// The pool behind a unix socket.
@@ -76,7 +79,7 @@ impl PoolServer {
         }
         let backlog = Backlog::new(256).map_err(|e| serr(e.into()))?;
         socket::listen(&listener, backlog).map_err(|e| serr(e.into()))?;
-        let wake = Arc::new(EventFd::new().map_err(serr)?);
+        let wake = Arc::new(sys::wake_fd().map_err(serr)?);
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(HashMap::new()));
         let conn_threads = Arc::new(Mutex::new(Vec::new()));
@@ -141,7 +144,7 @@ impl PoolServer {
 
     fn stop_all(&mut self) {
         self.stop.store(true, Ordering::Release);
-        self.wake.signal();
+        sys::signal(&self.wake);
         self.pool.idle_wake.notify_all();
         for h in self.threads.drain(..) {
             let _ = h.join();
@@ -186,7 +189,7 @@ fn accept_loop(
 ) {
     let mut next_id = 0u64;
     while !stop.load(Ordering::Acquire) {
-        match sys::poll_readable(&[listener.as_fd(), wake.fd()], -1) {
+        match sys::poll_readable(&[listener.as_fd(), sys::borrow(wake)], PollTimeout::NONE) {
             Ok(r) if r[0] => {}
             Ok(_) => continue,
             Err(e) => {
