@@ -17,6 +17,9 @@ pub struct DeviceMemory {
     _table_map: Option<Mapping>,
     table: Option<PageTable>,
     size: u64,
+    /// The pool lease the fd was received under (pool memory only): pages are prepared only
+    /// while the memory is still lent under it.
+    lease: Option<u64>,
 }
 
 impl DeviceMemory {
@@ -59,11 +62,23 @@ impl DeviceMemory {
                 (Some(table_map), Some(t))
             }
         };
+        let lease = crate::pool::lease_of(fd)?
+            .map(|k| k.lease)
+            .filter(|l| *l != 0);
+        if let (Some(l), Some(t)) = (lease, &table) {
+            if t.lease() != l {
+                return Err(Error::StaleLease {
+                    lease: l,
+                    now: t.lease(),
+                });
+            }
+        }
         Ok(DeviceMemory {
             data,
             _table_map: table_map,
             table,
             size,
+            lease,
         })
     }
 
@@ -117,14 +132,20 @@ impl DeviceMemory {
         self.size
     }
 
+    /// The pool lease the memory was received under (None: not lent by a pool server).
+    pub fn lease(&self) -> Option<u64> {
+        self.lease
+    }
+
     /// Zeroes still-dirty pages of `[offset, offset+len)` (relative to the attached range)
     /// and marks them; call before reading or writing guest pages. No-op without a table.
+    /// Fails with `StaleLease` once the pool took the memory back (its tenant is gone).
     pub fn prepare_for_device_write(&self, offset: u64, len: u64) -> Result<(), Error> {
         if offset.checked_add(len).is_none_or(|e| e > self.size) {
             return Err(Error::OutOfRange { gpa: offset, len });
         }
         if let Some(t) = &self.table {
-            t.ensure_range(offset, len)?;
+            t.ensure_range_for(offset, len, self.lease)?;
         }
         Ok(())
     }

@@ -115,6 +115,11 @@ pub enum Error {
     NotEnoughMemory { needed: u64, available: u64 },
     #[error("page-state table: page {page} has invalid state {state}")]
     CorruptTable { page: u64, state: u8 },
+    #[error(
+        "pool lease {lease} of this memory has ended (now {now}): its sandbox is gone and the \
+         memory went back to the pool; the device must not touch it"
+    )]
+    StaleLease { lease: u64, now: u64 },
     #[error("memfd {what}: {reason}")]
     BadMemfd { what: String, reason: String },
     #[error("userfaultfd for region {region:?}: {reason}")]

@@ -36,7 +36,10 @@ struct Trailer {
     npages: AtomicU64,
     /// Pages zeroed since the table was formatted or reset, by every party together.
     zeroed: AtomicU64,
-    _reserved: [u64; 3],
+    /// The pool lease the memory is lent under (0: not lent by a pool, or returned). A
+    /// device attached under another lease must not touch the pages any more.
+    lease: AtomicU64,
+    _reserved: [u64; 2],
 }
 
 pub fn table_size(data_size: u64, page_size: u64) -> u64 {
@@ -131,6 +134,7 @@ impl PageTable {
         tr.data_size.store(data_size, Ordering::Relaxed);
         tr.npages.store(npages, Ordering::Relaxed);
         tr.zeroed.store(0, Ordering::Relaxed);
+        tr.lease.store(0, Ordering::Relaxed);
         tr.magic.store(MAGIC, Ordering::Release);
     }
 
@@ -168,6 +172,16 @@ impl PageTable {
         self.cell(page).load(Ordering::Acquire)
     }
 
+    /// The lease the memory is lent under (see `Trailer::lease`).
+    pub fn lease(&self) -> u64 {
+        self.trailer().lease.load(Ordering::Acquire)
+    }
+
+    /// Sets the lease (only the pool, when it lends or takes the memfd back).
+    pub fn set_lease(&self, lease: u64) {
+        self.trailer().lease.store(lease, Ordering::SeqCst);
+    }
+
     /// Sets every page to `state` and resets the zeroed counter (only for the owner of an
     /// idle memfd, e.g. the pool).
     pub fn set_all(&self, state: u8) {
@@ -187,6 +201,15 @@ impl PageTable {
     /// Makes sure `page` holds no previous tenant's bytes. Returns true if this call zeroed
     /// it. Waits while another party zeroes it.
     pub fn ensure_zeroed(&self, page: u64) -> Result<bool, Error> {
+        self.ensure_zeroed_for(page, None)
+    }
+
+    /// `ensure_zeroed` for a device attached under `lease`: if the memory is no longer lent
+    /// under it (the tenant died and the pool took the memfd back), the page is left as it
+    /// is (`DIRTY` stays `DIRTY`) and `StaleLease` returned, so a late device write is never
+    /// hidden behind a `ZERO` mark. The check follows the DIRTY -> ZEROING exchange, and the
+    /// pool clears the lease before it marks pages dirty, so one of the two always sees it.
+    fn ensure_zeroed_for(&self, page: u64, lease: Option<u64>) -> Result<bool, Error> {
         let cell = self.cell(page);
         let mut spins = 0u32;
         loop {
@@ -197,6 +220,13 @@ impl PageTable {
                         .compare_exchange(DIRTY, ZEROING, Ordering::Acquire, Ordering::Relaxed)
                         .is_ok()
                     {
+                        if let Some(l) = lease {
+                            let now = self.lease();
+                            if now != l {
+                                cell.store(DIRTY, Ordering::Release);
+                                return Err(Error::StaleLease { lease: l, now });
+                            }
+                        }
                         // SAFETY: page < npages; we won the exchange, nobody else touches
                         // these bytes until we publish ZERO.
                         unsafe {
@@ -228,6 +258,23 @@ impl PageTable {
 
     /// `ensure_zeroed` for every page overlapping `[offset, offset+len)`.
     pub fn ensure_range(&self, offset: u64, len: u64) -> Result<u64, Error> {
+        self.ensure_range_for(offset, len, None)
+    }
+
+    /// `ensure_range` for a device attached under `lease` (see `ensure_zeroed_for`); also
+    /// refuses a range of already zeroed pages once the lease is gone.
+    pub fn ensure_range_for(
+        &self,
+        offset: u64,
+        len: u64,
+        lease: Option<u64>,
+    ) -> Result<u64, Error> {
+        if let Some(l) = lease {
+            let now = self.lease();
+            if now != l {
+                return Err(Error::StaleLease { lease: l, now });
+            }
+        }
         if len == 0 {
             return Ok(0);
         }
@@ -235,7 +282,7 @@ impl PageTable {
         let last = (offset + len - 1) / self.page_size;
         let mut zeroed = 0;
         for p in first..=last.min(self.npages.saturating_sub(1)) {
-            if self.ensure_zeroed(p)? {
+            if self.ensure_zeroed_for(p, lease)? {
                 zeroed += 1;
             }
         }

@@ -3,6 +3,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -270,4 +271,134 @@ fn server_shutdown_leaves_running_clients_alone() {
     assert_eq!(live, b"live");
     let st = pool.stats();
     assert_eq!((st.lent_memfds, st.cached_memfds, st.released), (0, 0, 1));
+}
+
+/// Waits (bounded) until the server's stats satisfy `f`; returns them.
+fn wait_stats(c: &PoolClient, what: &str, f: impl Fn(&pool::PoolStats) -> bool) -> pool::PoolStats {
+    for _ in 0..2500 {
+        let st = c.stats().unwrap();
+        if f(&st) {
+            return st;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    panic!("pool never {what}: {:?}", c.stats().unwrap());
+}
+
+/// A device registered on the memory a VMM took: when the VMM goes, the memfd is quarantined,
+/// not recycled; the next tenant gets other memory; what the device writes meanwhile is never
+/// seen by anyone; once the device lets go the memfd comes back, dirty. A lease that ended
+/// can no longer be registered nor prepared for device writes.
+#[test]
+fn device_mapping_keeps_returned_memory_out_of_the_cache() {
+    let size = 1 << 20;
+    let server = canary_pool("lease", size, 1);
+    let admin = client(&server);
+    let vmm = client(&server);
+    let (memfd, recycled) = vmm.take_memfd(size, false, MemoryPolicy::Lazy).unwrap();
+    assert!(recycled);
+    let key = pool::lease_of(memfd.as_fd())
+        .unwrap()
+        .expect("pool memory has a lease");
+    assert_ne!(key.lease, 0);
+    // A fresh memfd is not pool memory: nothing to register.
+    let fresh = GuestMemory::new(
+        &[ram(size, true)],
+        MemoryPolicy::Vanilla,
+        MemorySource::Fresh,
+        false,
+    )
+    .unwrap();
+    assert_eq!(pool::lease_of(fresh.memfd("ram").unwrap()).unwrap(), None);
+    assert!(
+        pool::DeviceHold::register(&[], &[fresh.memfd("ram").unwrap()])
+            .unwrap()
+            .is_none()
+    );
+    // Pool memory with no pool to register it with is refused.
+    let e = pool::DeviceHold::register(&[], &[memfd.as_fd()]).unwrap_err();
+    assert!(e.to_string().contains("no pool socket"), "{e}");
+
+    let hold = pool::DeviceHold::register(&[server.path().to_path_buf()], &[memfd.as_fd()])
+        .unwrap()
+        .expect("pool memory is registered");
+    assert_eq!(hold.keys(), &[key]);
+    assert_eq!(server.registrations(), 1);
+    let dev = DeviceMemory::attach(memfd.as_fd(), 0, size).unwrap();
+    assert_eq!(dev.lease(), Some(key.lease));
+    dev.prepare_for_device_write(0, size).unwrap();
+
+    // The VMM dies: its memory stays lent, quarantined.
+    drop(vmm);
+    let st = wait_stats(&admin, "quarantined the memfd", |s| {
+        s.quarantined_memfds == 1
+    });
+    assert_eq!((st.lent_memfds, st.cached_memfds), (1, 0), "{st:?}");
+    // A late device write lands in the quarantined memory only.
+    // SAFETY: inside the device's mapping of `size` bytes.
+    unsafe { std::ptr::write_bytes(dev.as_ptr(), CANARY, size as usize) };
+    // Nobody can register the dead tenant's lease any more.
+    let e =
+        pool::DeviceHold::register(&[server.path().to_path_buf()], &[memfd.as_fd()]).unwrap_err();
+    assert!(e.to_string().contains("not live"), "{e}");
+
+    // The next tenant gets other memory, zero.
+    let next = pool_ram(&server, size, MemoryPolicy::Lazy);
+    assert!(!next.regions()[0].pooled() || next.regions()[0].page_stats().dirty == 0);
+    assert_eq!(
+        count_byte(next.regions()[0].guest_view_ptr(), size, 0),
+        size
+    );
+    let st = admin.stats().unwrap();
+    assert_eq!((st.misses, st.quarantined_memfds), (1, 1), "{st:?}");
+
+    // The device unmaps, then lets go: the memfd is back, every page dirty.
+    drop(dev);
+    drop(hold);
+    let st = wait_stats(&admin, "took the memfd back", |s| {
+        s.quarantined_memfds == 0 && s.cached_memfds == 1
+    });
+    assert_eq!((st.lent_memfds, st.quarantined_bytes), (1, 0), "{st:?}");
+    assert_eq!(server.registrations(), 0);
+    // The old lease's fd is stale: attach and prepare refuse it.
+    assert!(matches!(
+        DeviceMemory::attach(memfd.as_fd(), 0, size),
+        Err(guestmem::Error::StaleLease { .. })
+    ));
+    // The tenant after that gets the recycled memfd and sees none of the device's bytes.
+    let third = pool_ram(&server, size, MemoryPolicy::Lazy);
+    assert!(third.regions()[0].pooled());
+    assert_eq!(admin.stats().unwrap().hits, 2);
+    assert_eq!(
+        count_byte(third.regions()[0].guest_view_ptr(), size, CANARY),
+        0
+    );
+    assert_eq!(
+        count_byte(third.regions()[0].guest_view_ptr(), size, 0),
+        size
+    );
+}
+
+/// A device attached under a lease stops preparing pages the moment the pool takes the memory
+/// back: a page it would write is left dirty, never marked zero.
+#[test]
+fn stale_lease_never_marks_a_page_zero() {
+    let size = 64 * PAGE;
+    let server = canary_pool("stale", size, 1);
+    let vmm = client(&server);
+    let (memfd, _) = vmm.take_memfd(size, false, MemoryPolicy::Lazy).unwrap();
+    let dev = DeviceMemory::attach(memfd.as_fd(), 0, size).unwrap();
+    dev.prepare_for_device_write(0, PAGE).unwrap();
+    let admin = client(&server);
+    // No device registered: the memfd goes back as soon as the VMM does.
+    drop(vmm);
+    wait_stats(&admin, "took the memfd back", |s| s.cached_memfds == 1);
+    let e = dev.prepare_for_device_write(PAGE, PAGE).unwrap_err();
+    assert!(matches!(e, guestmem::Error::StaleLease { .. }), "{e}");
+    let s = dev.page_stats().unwrap();
+    assert_eq!(
+        (s.dirty, s.zero, s.zeroed_total),
+        (size / PAGE, 0, 0),
+        "{s:?}"
+    );
 }

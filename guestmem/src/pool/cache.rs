@@ -50,6 +50,12 @@ pub struct PoolStats {
     pub returned: u64,
     /// Memfds released by shrinking.
     pub released: u64,
+    /// Lent memfds whose tenant is gone but which a device still maps (counted in `lent_*`
+    /// too): they return to the cache when the last device mapping is gone.
+    #[serde(default)]
+    pub quarantined_memfds: u64,
+    #[serde(default)]
+    pub quarantined_bytes: u64,
     pub classes: Vec<ClassStats>,
 }
 
@@ -66,6 +72,8 @@ pub(super) struct Inner {
     misses: u64,
     returned: u64,
     released: u64,
+    quarantined_memfds: u64,
+    quarantined_bytes: u64,
 }
 
 impl Inner {
@@ -197,10 +205,12 @@ impl Pool {
     /// (nothing is zeroed). Shrinks automatically above the threshold.
     pub fn give_back(&self, lent: Lent) {
         let mut entry = lent.entry;
-        let marked = entry
-            .class
-            .map(&entry.memfd)
-            .map(|(_m, t)| t.set_all(DIRTY));
+        // The lease ends before the pages are marked: a device still attached under it
+        // then never marks a page zero again (see `PageTable::ensure_range_for`).
+        let marked = entry.class.map(&entry.memfd).map(|(_m, t)| {
+            t.set_lease(0);
+            t.set_all(DIRTY)
+        });
         let mut inner = self.lock();
         inner.lent_memfds -= 1;
         inner.lent_bytes -= entry.class.memfd_size();
@@ -217,6 +227,18 @@ impl Pool {
             inner.shrink_to(max);
         }
         self.idle_wake.notify_all();
+    }
+
+    /// Counts a lent memfd in or out of quarantine (its tenant is gone, a device maps it).
+    pub(super) fn quarantine(&self, class: SizeClass, on: bool) {
+        let mut inner = self.lock();
+        if on {
+            inner.quarantined_memfds += 1;
+            inner.quarantined_bytes += class.memfd_size();
+        } else {
+            inner.quarantined_memfds -= 1;
+            inner.quarantined_bytes -= class.memfd_size();
+        }
     }
 
     /// Drops the pool's reference to a lent memfd without touching it (the holder keeps
@@ -313,6 +335,8 @@ impl Pool {
             misses: inner.misses,
             returned: inner.returned,
             released: inner.released,
+            quarantined_memfds: inner.quarantined_memfds,
+            quarantined_bytes: inner.quarantined_bytes,
             classes,
         }
     }

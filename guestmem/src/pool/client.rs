@@ -1,20 +1,30 @@
-//! The VMM side of the pool socket.
+//! The client side of the pool socket: a VMM taking memory, a device registering the
+//! mappings it holds (`DeviceHold`), `burstvm pool --stats`.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
-use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, UnixAddr};
+use nix::sys::time::TimeVal;
 
+use super::lease::{lease_of, LeaseKey};
 use super::protocol::{recv_msg, send_msg, Request, Response};
 use super::{Error, PoolStats, SizeClass};
 use crate::MemoryPolicy;
 
-/// A VMM's connection to a pool server. Memfds taken through it go back to the pool when it
-/// is dropped (or the process dies), so keep it until the memory is unmapped.
+/// A pool server that does not answer within this time is treated as failed (a `fill` of
+/// many resident memfds is the slowest request).
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A connection to a pool server. Memfds taken through it go back to the pool when it is
+/// dropped (or the process dies), so keep it until the memory is unmapped.
 #[derive(Debug)]
 pub struct PoolClient {
-    sock: Mutex<OwnedFd>,
+    /// `None` once a request timed out: a late answer would be taken for the next one. The
+    /// socket stays open all the same, since closing it gives the memory back.
+    sock: Mutex<(OwnedFd, bool)>,
     path: PathBuf,
 }
 
@@ -34,8 +44,12 @@ impl PoolClient {
         .map_err(|e| serr(e.into()))?;
         let addr = UnixAddr::new(&path).map_err(|e| serr(e.into()))?;
         socket::connect(sock.as_raw_fd(), &addr).map_err(|e| serr(e.into()))?;
+        let tv = TimeVal::new(CALL_TIMEOUT.as_secs() as _, 0);
+        socket::setsockopt(&sock, sockopt::ReceiveTimeout, &tv)
+            .and_then(|_| socket::setsockopt(&sock, sockopt::SendTimeout, &tv))
+            .map_err(|e| serr(e.into()))?;
         Ok(PoolClient {
-            sock: Mutex::new(sock),
+            sock: Mutex::new((sock, true)),
             path,
         })
     }
@@ -46,19 +60,41 @@ impl PoolClient {
 
     fn call(&self, req: &Request) -> Result<(Response, Vec<OwnedFd>), Error> {
         let p = || self.path.display().to_string();
-        let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.sock.lock().unwrap_or_else(|p| p.into_inner());
+        let (sock, in_sync) = &mut *guard;
+        if !*in_sync {
+            return Err(Error::Protocol {
+                path: p(),
+                reason: format!(
+                    "an earlier request got no answer within {} s",
+                    CALL_TIMEOUT.as_secs()
+                ),
+            });
+        }
         let body = serde_json::to_vec(req).map_err(|e| Error::Protocol {
             path: p(),
             reason: e.to_string(),
         })?;
-        send_msg(sock.as_raw_fd(), &body, None).map_err(|e| Error::Socket {
-            path: p(),
-            source: e.into(),
-        })?;
+        let timed_out = |e: nix::Error| {
+            if e == nix::errno::Errno::EAGAIN {
+                Error::Protocol {
+                    path: p(),
+                    reason: format!("no answer within {} s", CALL_TIMEOUT.as_secs()),
+                }
+            } else {
+                Error::Socket {
+                    path: p(),
+                    source: e.into(),
+                }
+            }
+        };
+        send_msg(sock.as_raw_fd(), &body, None).map_err(timed_out)?;
         let (body, fds) = recv_msg(sock.as_raw_fd())
-            .map_err(|e| Error::Socket {
-                path: p(),
-                source: e.into(),
+            .map_err(|e| {
+                if e == nix::errno::Errno::EAGAIN {
+                    *in_sync = false;
+                }
+                timed_out(e)
             })?
             .ok_or_else(|| Error::Protocol {
                 path: p(),
@@ -166,5 +202,76 @@ impl PoolClient {
     /// Asks the server to pre-zero `percent`% of every cached memfd now.
     pub fn prezero(&self, percent: u8) -> Result<(), Error> {
         self.call(&Request::Prezero { percent }).map(|_| ())
+    }
+}
+
+impl PoolClient {
+    /// Registers a device mapping of the memory lent under `key` (see `DeviceHold`).
+    pub fn register(&self, key: &LeaseKey) -> Result<(), Error> {
+        self.call(&Request::Register {
+            dev: key.dev,
+            ino: key.ino,
+            lease: key.lease,
+        })
+        .map(|_| ())
+    }
+}
+
+/// A device process's hold on the pool memory it maps (the NIC's, for a VF's memory table):
+/// one pool connection on which every lent memfd among the mapped fds is registered. The
+/// pool recycles none of them before this connection closes, so drop it only after the
+/// mappings are gone (a killed process's mappings are gone before its sockets close).
+#[derive(Debug)]
+pub struct DeviceHold {
+    client: PoolClient,
+    keys: Vec<LeaseKey>,
+}
+
+impl DeviceHold {
+    /// Registers the pool memory among `fds` with the pool of `sockets` that lent it. `None`
+    /// if no fd is pool memory. Fails (and the caller must not map the fds) if pool memory
+    /// is there but no pool accepts it: no socket given, or the lease already ended.
+    pub fn register(
+        sockets: &[PathBuf],
+        fds: &[BorrowedFd<'_>],
+    ) -> Result<Option<DeviceHold>, Error> {
+        let mut keys = Vec::new();
+        for fd in fds {
+            if let Some(k) = lease_of(*fd)? {
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+        }
+        let Some(first) = keys.first().copied() else {
+            return Ok(None);
+        };
+        let mut tried = Vec::new();
+        for path in sockets {
+            let attempt = PoolClient::connect(path).and_then(|client| {
+                keys.iter().try_for_each(|k| client.register(k))?;
+                Ok(client)
+            });
+            match attempt {
+                Ok(client) => return Ok(Some(DeviceHold { client, keys })),
+                Err(e) => tried.push(format!("{}: {e}", path.display())),
+            }
+        }
+        Err(Error::Unregistered {
+            key: first,
+            tried: if tried.is_empty() {
+                "no pool socket configured".into()
+            } else {
+                tried.join("; ")
+            },
+        })
+    }
+
+    pub fn keys(&self) -> &[LeaseKey] {
+        &self.keys
+    }
+
+    pub fn pool_path(&self) -> &Path {
+        self.client.path()
     }
 }

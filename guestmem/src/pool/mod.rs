@@ -9,6 +9,7 @@
 
 mod cache;
 mod client;
+mod lease;
 mod protocol;
 mod server;
 mod zeroer;
@@ -18,7 +19,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use serde::{Deserialize, Serialize};
 
 pub use cache::{ClassStats, Lent, Pool, PoolStats};
-pub use client::PoolClient;
+pub use client::{DeviceHold, PoolClient};
+pub use lease::{lease_of, LeaseKey};
 pub use server::PoolServer;
 
 use crate::sys::{self, Mapping};
@@ -50,6 +52,24 @@ pub enum Error {
     },
     #[error("pool: bad argument {arg}: {reason}")]
     BadArg { arg: String, reason: String },
+    #[error("pool lease: {what}: {source}")]
+    Lease {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "pool: lease {} of memfd (dev {}, inode {}) is not live: its sandbox is gone or it was \
+         never lent by this pool",
+        .key.lease, .key.dev, .key.ino
+    )]
+    NotLive { key: LeaseKey },
+    #[error(
+        "pool memory (lease {}, memfd inode {}) cannot be registered with any pool ({tried}): a \
+         device must not map pool memory that the pool could recycle under it",
+        .key.lease, .key.ino
+    )]
+    Unregistered { key: LeaseKey, tried: String },
 }
 
 /// Memfds of one size class are interchangeable.
@@ -109,7 +129,8 @@ impl SizeClass {
     /// A new memfd with a formatted table. `fill`: make it resident, writing `pattern`
     /// into every byte if given (pages then DIRTY), else leave it sparse (pages ZERO).
     pub(super) fn create(&self, fill: Option<Option<u8>>) -> Result<OwnedFd, Error> {
-        let fd = sys::memfd_create("pool", self.hugepages).map_err(self.mem_err("memfd_create"))?;
+        let fd = sys::memfd_create(lease::POOL_MEMFD_NAME, self.hugepages)
+            .map_err(self.mem_err("memfd_create"))?;
         sys::ftruncate(fd.as_fd(), self.memfd_size()).map_err(self.mem_err("ftruncate"))?;
         let m = Mapping::new(fd.as_fd(), 0, self.memfd_size(), RW).map_err(|e| {
             if self.hugepages && e.raw_os_error() == Some(libc::ENOMEM) {

@@ -34,6 +34,13 @@ pub(super) enum Request {
     Prezero {
         percent: u8,
     },
+    /// A device maps the memfd lent under `lease`: keep it out of the cache until this
+    /// connection closes.
+    Register {
+        dev: u64,
+        ino: u64,
+        lease: u64,
+    },
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]

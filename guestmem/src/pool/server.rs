@@ -1,5 +1,6 @@
 //! The pool behind a unix socket: an accept thread, one thread per client connection, and
-//! the idle pre-zeroer. Everything a connection took comes back when it closes.
+//! the idle pre-zeroer. What a connection took comes back when it closes and no device
+//! maps it any more (`lease`).
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -10,11 +11,12 @@ use std::thread::JoinHandle;
 
 use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
 
-use super::protocol::{recv_msg, send_msg, Request, Response};
-use super::{Error, Lent, Pool, SizeClass};
 use nix::poll::PollTimeout;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::lease::{LeaseKey, Leases};
+use super::protocol::{recv_msg, send_msg, Request, Response};
+use super::{Error, Pool, SizeClass};
 use crate::sys;
 use crate::MemoryPolicy;
 
@@ -22,6 +24,7 @@ use crate::MemoryPolicy;
 pub struct PoolServer {
     path: PathBuf,
     pool: Arc<Pool>,
+    leases: Arc<Leases>,
     stop: Arc<AtomicBool>,
     wake: Arc<EventFd>,
     conns: Arc<Mutex<HashMap<u64, Arc<OwnedFd>>>>,
@@ -84,10 +87,11 @@ impl PoolServer {
         let conns = Arc::new(Mutex::new(HashMap::new()));
         let conn_threads = Arc::new(Mutex::new(Vec::new()));
 
+        let leases = Arc::new(Leases::new(pool.clone()));
         let mut threads = Vec::new();
         {
-            let (pool, stop, wake, conns, conn_threads, p) = (
-                pool.clone(),
+            let (leases, stop, wake, conns, conn_threads, p) = (
+                leases.clone(),
                 stop.clone(),
                 wake.clone(),
                 conns.clone(),
@@ -98,7 +102,7 @@ impl PoolServer {
                 std::thread::Builder::new()
                     .name("pool-accept".into())
                     .spawn(move || {
-                        accept_loop(listener, &p, pool, stop, &wake, conns, conn_threads)
+                        accept_loop(listener, &p, leases, stop, &wake, conns, conn_threads)
                     })
                     .map_err(serr)?,
             );
@@ -115,6 +119,7 @@ impl PoolServer {
         Ok(PoolServer {
             path,
             pool,
+            leases,
             stop,
             wake,
             conns,
@@ -129,6 +134,11 @@ impl PoolServer {
 
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
+    }
+
+    /// Device registrations currently held (`PoolClient::register`), over all leases.
+    pub fn registrations(&self) -> usize {
+        self.leases.registrations()
     }
 
     /// Number of connected clients.
@@ -181,7 +191,7 @@ impl Drop for PoolServer {
 fn accept_loop(
     listener: OwnedFd,
     path: &Path,
-    pool: Arc<Pool>,
+    leases: Arc<Leases>,
     stop: Arc<AtomicBool>,
     wake: &EventFd,
     conns: Arc<Mutex<HashMap<u64, Arc<OwnedFd>>>>,
@@ -218,8 +228,8 @@ fn accept_loop(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, fd.clone());
-        let (pool, conns2, p, stop2) = (
-            pool.clone(),
+        let (leases, conns2, p, stop2) = (
+            leases.clone(),
             conns.clone(),
             path.to_path_buf(),
             stop.clone(),
@@ -227,7 +237,7 @@ fn accept_loop(
         let h = std::thread::Builder::new()
             .name(format!("pool-conn-{id}"))
             .spawn(move || {
-                serve_conn(&fd, &p, &pool, &stop2);
+                serve_conn(&fd, id, &p, &leases, &stop2);
                 conns2.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             });
         match h {
@@ -256,9 +266,8 @@ fn peer_trusted(fd: &OwnedFd) -> bool {
     }
 }
 
-/// Serves one client until it disconnects, then gives back everything it took.
-fn serve_conn(fd: &OwnedFd, path: &Path, pool: &Pool, stop: &AtomicBool) {
-    let mut lent: Vec<Lent> = Vec::new();
+/// Serves one client until it disconnects, then ends its leases and registrations.
+fn serve_conn(fd: &OwnedFd, conn: u64, path: &Path, leases: &Leases, stop: &AtomicBool) {
     loop {
         let msg = match recv_msg(fd.as_raw_fd()) {
             Ok(Some((body, _fds))) => body,
@@ -268,35 +277,29 @@ fn serve_conn(fd: &OwnedFd, path: &Path, pool: &Pool, stop: &AtomicBool) {
                 break;
             }
         };
-        let mut pass = None;
-        let resp = match serde_json::from_slice::<Request>(&msg) {
-            Err(e) => Response {
-                error: Some(format!("bad request: {e}")),
-                ..Default::default()
-            },
-            Ok(req) => match handle(pool, req) {
-                Ok((resp, l)) => {
-                    if let Some(l) = l {
-                        pass = Some(l);
-                    }
-                    resp
-                }
-                Err(e) => Response {
-                    error: Some(e.to_string()),
+        let (resp, pass) = match serde_json::from_slice::<Request>(&msg) {
+            Err(e) => (
+                Response {
+                    error: Some(format!("bad request: {e}")),
                     ..Default::default()
                 },
+                None,
+            ),
+            Ok(req) => match handle(leases, conn, req) {
+                Ok(r) => r,
+                Err(e) => (
+                    Response {
+                        error: Some(e.to_string()),
+                        ..Default::default()
+                    },
+                    None,
+                ),
             },
         };
         let body = serde_json::to_vec(&resp).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
-        let sent = send_msg(
-            fd.as_raw_fd(),
-            &body,
-            pass.as_ref().map(|l: &Lent| l.memfd().as_raw_fd()),
-        );
-        if let Some(l) = pass {
-            // Counted as lent even if sending failed: it comes back below either way.
-            lent.push(l);
-        }
+        // A lease whose fd could not be sent is still this connection's: it comes back when
+        // the connection closes, below.
+        let sent = send_msg(fd.as_raw_fd(), &body, pass.as_ref().map(|f| f.as_raw_fd()));
         if let Err(e) = sent {
             tracing::debug!("pool {}: send to client: {e}", path.display());
             break;
@@ -304,17 +307,12 @@ fn serve_conn(fd: &OwnedFd, path: &Path, pool: &Pool, stop: &AtomicBool) {
     }
     // The server stopping is not the client going away: its VMM may still run on that
     // memory, so it must not be marked dirty (nor reused). Only drop our reference.
-    let server_stopping = stop.load(Ordering::Acquire);
-    for l in lent {
-        if server_stopping {
-            pool.forget(l);
-        } else {
-            pool.give_back(l);
-        }
-    }
+    leases.conn_closed(conn, stop.load(Ordering::Acquire));
 }
 
-fn handle(pool: &Pool, req: Request) -> Result<(Response, Option<Lent>), Error> {
+/// One request of connection `conn`; a `take` answers with the lease fd to pass.
+fn handle(leases: &Leases, conn: u64, req: Request) -> Result<(Response, Option<OwnedFd>), Error> {
+    let pool = leases.pool();
     let ok = Response {
         ok: true,
         ..Default::default()
@@ -335,7 +333,7 @@ fn handle(pool: &Pool, req: Request) -> Result<(Response, Option<Lent>), Error> 
                 recycled: Some(lent.recycled),
                 ..ok
             };
-            Ok((resp, Some(lent)))
+            Ok((resp, Some(leases.lend(conn, lent)?)))
         }
         Request::Stats => Ok((
             Response {
@@ -385,6 +383,10 @@ fn handle(pool: &Pool, req: Request) -> Result<(Response, Option<Lent>), Error> 
                 });
             }
             pool.prezero_now(percent)?;
+            Ok((ok, None))
+        }
+        Request::Register { dev, ino, lease } => {
+            leases.register(conn, LeaseKey { dev, ino, lease })?;
             Ok((ok, None))
         }
     }
