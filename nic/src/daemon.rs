@@ -38,6 +38,8 @@ pub struct Pf {
 /// Everything the control server and the acceptors share.
 pub struct Nic {
     pub pfs: Vec<Pf>,
+    /// Pool servers the memory of VF memory tables is registered with (`--pool-socket`).
+    pub pool_sockets: Arc<[PathBuf]>,
     state_path: PathBuf,
     /// Serializes control operations: an assignment and its state-file write
     /// happen together.
@@ -87,6 +89,7 @@ impl Nic {
         }
         let nic = Nic {
             pfs: out,
+            pool_sockets: Arc::from(Vec::new()),
             state_path,
             control: Mutex::new(()),
         };
@@ -379,6 +382,7 @@ fn bind(path: &Path) -> Result<UnixListener, Error> {
 fn acceptor(
     pf_devset: Arc<Devset<VfHw>>,
     ports: Vec<Arc<Port>>,
+    pools: Arc<[PathBuf]>,
     listeners: Vec<UnixListener>,
     stop: Arc<AtomicBool>,
     stop_fd: Arc<EventFd>,
@@ -394,13 +398,13 @@ fn acceptor(
             }
             while let Ok((stream, _)) = l.accept() {
                 let _ = stream.set_nonblocking(false);
-                let (d, p) = (pf_devset.clone(), ports[i].clone());
+                let (d, p, pools) = (pf_devset.clone(), ports[i].clone(), pools.clone());
                 let s2 = match stream.try_clone() {
                     Ok(s) => s,
                     Err(_) => continue,
                 };
                 Sessions::spawn(&sessions, &stream, format!("vf-{}", p.id), move || {
-                    crate::session::serve(d, p, i, s2)
+                    crate::session::serve(d, p, pools, i, s2)
                 });
             }
         }
@@ -473,6 +477,11 @@ pub fn run(args: &NicArgs) -> Result<(), Error> {
 /// Runs the daemon until `wait` returns, then shuts it down: every session
 /// ends (closing its VF), threads are joined, sockets removed.
 pub fn run_until(args: &NicArgs, wait: impl FnOnce()) -> Result<(), Error> {
+    run_with(args, |_| wait())
+}
+
+/// As `run_until`; `wait` also gets the running `Nic` (tests inspect its devsets).
+pub fn run_with(args: &NicArgs, wait: impl FnOnce(&Arc<Nic>)) -> Result<(), Error> {
     let pfs = args.pf_list()?;
     let uplinks = args.uplink_list(pfs.len())?;
     let socket_dir = args
@@ -497,12 +506,14 @@ pub fn run_until(args: &NicArgs, wait: impl FnOnce()) -> Result<(), Error> {
             args.control.display()
         )));
     }
-    let nic = Arc::new(Nic::new(
+    let mut nic = Nic::new(
         &pfs,
         args.devset_lock,
         &socket_dir,
         args.state_dir.join("nic-state.json"),
-    )?);
+    )?;
+    nic.pool_sockets = Arc::from(args.pool_socket.clone());
+    let nic = Arc::new(nic);
     let mut run = Running::new()?;
     let r = start(&nic, args, uplinks, &mut run);
     if r.is_ok() {
@@ -511,7 +522,7 @@ pub fn run_until(args: &NicArgs, wait: impl FnOnce()) -> Result<(), Error> {
             nic.pfs.len(),
             args.control.display()
         );
-        wait();
+        wait(&nic);
     }
     run.shutdown(&nic);
     r
@@ -566,16 +577,17 @@ fn start_vfs(nic: &Arc<Nic>, run: &mut Running) -> Result<(), Error> {
             listeners.push(bind(&port.socket)?);
             run.sockets.push(port.socket.clone());
         }
-        let (d, p, s, sf, ss) = (
+        let (d, p, s, sf, ss, pools) = (
             pf.devset.clone(),
             pf.ports.clone(),
             run.stop.clone(),
             run.stop_fd.clone(),
             run.sessions.clone(),
+            nic.pool_sockets.clone(),
         );
         run.threads
             .push(spawn(format!("accept-{}", pf.name), move || {
-                acceptor(d, p, listeners, s, sf, ss)
+                acceptor(d, p, pools, listeners, s, sf, ss)
             })?);
     }
     Ok(())

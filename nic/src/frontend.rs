@@ -85,19 +85,36 @@ impl FrontendMemory {
         // SAFETY: fd was just created and is owned here.
         let memfd = unsafe { File::from_raw_fd(fd) };
         memfd.set_len(size as u64).map_err(io("ftruncate"))?;
-        // SAFETY: shared mapping of the whole memfd.
+        Self::map(memfd, size, populate)
+    }
+
+    /// The first `size` bytes of an existing memfd (e.g. memory taken from a page pool,
+    /// whose page-state table follows the guest bytes), mapped shared.
+    pub fn from_memfd(memfd: File, size: usize) -> Result<Self, FrontendError> {
+        if size < MIN_MEM {
+            return Err(FrontendError::Size(size));
+        }
+        Self::map(memfd, size, false)
+    }
+
+    fn map(memfd: File, size: usize, populate: bool) -> Result<Self, FrontendError> {
+        // SAFETY: shared mapping of the first `size` bytes of a memfd we own.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 size,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 },
-                fd,
+                memfd.as_raw_fd(),
                 0,
             )
         };
         if base == libc::MAP_FAILED {
-            return Err(io("mmap")(io::Error::last_os_error()));
+            return Err(FrontendError::Io {
+                socket: String::new(),
+                what: "mmap",
+                source: io::Error::last_os_error(),
+            });
         }
         Ok(FrontendMemory {
             memfd,

@@ -46,6 +46,11 @@ pub struct NicArgs {
     /// Dataplane batch size (frames per queue per round).
     #[arg(long, default_value_t = dataplane::DEFAULT_BATCH)]
     pub batch: usize,
+    /// Page-pool server whose memory VMMs may give a VF (repeat for several): the NIC
+    /// registers every pool memfd it maps there, so that the pool never recycles it while
+    /// the NIC maps it. Pool memory of no listed pool is refused.
+    #[arg(long = "pool-socket", value_name = "PATH")]
+    pub pool_socket: Vec<PathBuf>,
 }
 
 /// Most VFs a PF can have: 32 PCI devices × 8 functions on its bus.

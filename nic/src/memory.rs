@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::os::fd::AsFd;
+use std::path::PathBuf;
 
 use vhost::vhost_user::message::VhostUserMemoryRegion;
 use vm_memory::mmap::MmapRegionBuilder;
@@ -28,6 +29,12 @@ pub enum MemError {
     },
     #[error("VF {vf}: memory table: {what}")]
     Table { vf: String, what: String },
+    #[error("VF {vf}: memory table: {source}")]
+    Pool {
+        vf: String,
+        #[source]
+        source: guestmem::pool::Error,
+    },
     #[error("VF {vf}: guest write preparation at gpa {gpa:#x}+{len}: {what}")]
     Prepare {
         vf: String,
@@ -93,15 +100,21 @@ pub struct VfMemory {
     /// Declared before `regions`: dropped first, its regions borrow their mappings.
     pub gm: GuestMemoryMmap,
     regions: Vec<RegionInfo>,
+    /// The pool registration of the table's pool memory. Declared last: dropped (its pool
+    /// connection closed) only after every mapping above is unmapped, so the pool never
+    /// recycles a page this process can still write.
+    _hold: Option<guestmem::pool::DeviceHold>,
 }
 
 impl VfMemory {
     /// Maps every region (guestmem's device view, with its page-state table),
-    /// allocates its pages and locks them.
+    /// allocates its pages and locks them. Pool memory is first registered with the
+    /// pool of `pools` that lent it (refused if none does).
     pub fn map(
         vf: &str,
         table: &[VhostUserMemoryRegion],
         files: Vec<File>,
+        pools: &[PathBuf],
     ) -> Result<Self, MemError> {
         if table.len() != files.len() || table.is_empty() {
             return Err(MemError::FdCount {
@@ -119,6 +132,13 @@ impl VfMemory {
                 what: format!("memory table larger than {} GiB", MAX_TABLE_BYTES >> 30),
             });
         }
+        // Before any mapping: memory whose lease already ended is never touched.
+        let fds: Vec<_> = files.iter().map(|f| f.as_fd()).collect();
+        let hold =
+            guestmem::pool::DeviceHold::register(pools, &fds).map_err(|source| MemError::Pool {
+                vf: vf.into(),
+                source,
+            })?;
         let mut mmaps = Vec::with_capacity(table.len());
         let mut regions = Vec::with_capacity(table.len());
         for (index, (r, file)) in table.iter().zip(files).enumerate() {
@@ -182,6 +202,7 @@ impl VfMemory {
             vf: vf.into(),
             gm,
             regions,
+            _hold: hold,
         })
     }
 
@@ -241,7 +262,7 @@ mod tests {
     fn maps_checks_and_translates() {
         let f = memfd(1 << 20);
         let r = VhostUserMemoryRegion::new(0x10_0000, 1 << 20, 0x7000_0000, 0);
-        let m = VfMemory::map("vf-t", &[r], vec![f.try_clone().unwrap()]).unwrap();
+        let m = VfMemory::map("vf-t", &[r], vec![f.try_clone().unwrap()], &[]).unwrap();
         assert_eq!(m.va_to_gpa(0x7000_0010), Some(GuestAddress(0x10_0010)));
         assert_eq!(m.va_to_gpa(0x7010_0000), None);
         assert!(m.check(0x10_0000, 1 << 20));
@@ -263,18 +284,26 @@ mod tests {
         let c = || vec![f.try_clone().unwrap()];
         // Beyond the end of the file: refused, and the file did not grow.
         let r = VhostUserMemoryRegion::new(0, 2 << 20, 0, 0);
-        assert!(VfMemory::map("vf-t", &[r], c()).is_err());
+        assert!(VfMemory::map("vf-t", &[r], c(), &[]).is_err());
         assert_eq!(f.metadata().unwrap().len(), 1 << 20);
         // Unaligned offset, fd count mismatch, too large a table.
-        assert!(
-            VfMemory::map("vf-t", &[VhostUserMemoryRegion::new(0, 4096, 0, 100)], c()).is_err()
-        );
-        assert!(
-            VfMemory::map("vf-t", &[VhostUserMemoryRegion::new(0, 4096, 0, 0)], vec![]).is_err()
-        );
+        assert!(VfMemory::map(
+            "vf-t",
+            &[VhostUserMemoryRegion::new(0, 4096, 0, 100)],
+            c(),
+            &[]
+        )
+        .is_err());
+        assert!(VfMemory::map(
+            "vf-t",
+            &[VhostUserMemoryRegion::new(0, 4096, 0, 0)],
+            vec![],
+            &[]
+        )
+        .is_err());
         let huge = VhostUserMemoryRegion::new(0, MAX_TABLE_BYTES + 4096, 0, 0);
         assert!(matches!(
-            VfMemory::map("vf-t", &[huge], c()),
+            VfMemory::map("vf-t", &[huge], c(), &[]),
             Err(MemError::Table { .. })
         ));
         // Overlapping regions.
@@ -285,7 +314,8 @@ mod tests {
         assert!(VfMemory::map(
             "vf-t",
             &[a, b],
-            vec![f.try_clone().unwrap(), f.try_clone().unwrap()]
+            vec![f.try_clone().unwrap(), f.try_clone().unwrap()],
+            &[]
         )
         .is_err());
     }

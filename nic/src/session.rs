@@ -10,6 +10,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use vhost::vhost_user::message::*;
@@ -44,6 +45,8 @@ fn fail(what: String) -> VuError {
 pub struct VfSession {
     devset: Arc<Devset<VfHw>>,
     port: Arc<Port>,
+    /// Pool servers the memory table's pool memory is registered with.
+    pools: Arc<[PathBuf]>,
     index: usize,
     acked_features: u64,
     acked_protocol: u64,
@@ -137,7 +140,8 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         let id = self.port.id.clone();
         // The DMA mapping: mmap + populate + mlock, under the VF-side lock.
         self.vf(|vf| {
-            let mem = VfMemory::map(&id, ctx, files).map_err(|e| fail(e.to_string()))?;
+            let mem =
+                VfMemory::map(&id, ctx, files, &self.pools).map_err(|e| fail(e.to_string()))?;
             vf.dev.port.runtime().mem = Some(mem);
             Ok(())
         })?;
@@ -366,7 +370,13 @@ impl VhostUserBackendReqHandlerMut for VfSession {
 
 /// Serves one frontend connection on VF `index` until it disconnects, then
 /// closes the VF. Returns without serving if the devset refuses the open.
-pub fn serve(devset: Arc<Devset<VfHw>>, port: Arc<Port>, index: usize, stream: UnixStream) {
+pub fn serve(
+    devset: Arc<Devset<VfHw>>,
+    port: Arc<Port>,
+    pools: Arc<[PathBuf]>,
+    index: usize,
+    stream: UnixStream,
+) {
     let id = port.id.clone();
     match devset.open(index, |_| Ok::<(), ()>(())) {
         Ok(Ok(())) => {}
@@ -380,6 +390,7 @@ pub fn serve(devset: Arc<Devset<VfHw>>, port: Arc<Port>, index: usize, stream: U
     let session = Arc::new(Mutex::new(VfSession {
         devset: devset.clone(),
         port: port.clone(),
+        pools,
         index,
         acked_features: 0,
         acked_protocol: 0,

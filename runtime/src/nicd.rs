@@ -32,6 +32,14 @@ impl NicDaemon {
             .arg(&sock)
             .arg("--state-dir")
             .arg(rt.state_dir().join("nic"))
+            // VF memory tables hold pool memory: the NIC registers it with our pool so
+            // that it is never recycled while the NIC maps it.
+            .args(
+                rt.pool_socket()
+                    .map(|p| ["--pool-socket".as_ref(), p.as_os_str()])
+                    .into_iter()
+                    .flatten(),
+            )
             .arg("--uplink")
             .arg(format!(
                 "veth:{}/{}",

@@ -6,17 +6,20 @@
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nic::control::{Client, VfInfo};
+use nic::daemon::Nic;
 use nic::frontend::{SimFrontend, MIN_MEM};
 use nic::{LockPolicy, NicArgs};
 
 pub struct TestNic {
     pub dir: PathBuf,
     pub control: PathBuf,
+    /// The running daemon's state (devsets, ports).
+    pub nic: Arc<Nic>,
     /// Dropping it stops the daemon.
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<Result<(), nic::Error>>>,
@@ -24,6 +27,17 @@ pub struct TestNic {
 
 impl TestNic {
     pub fn start(name: &str, vfs: usize, uplink: Option<String>, policy: LockPolicy) -> TestNic {
+        Self::start_with_pools(name, vfs, uplink, policy, vec![])
+    }
+
+    /// As `start`, registering pool memory with the pool servers at `pools`.
+    pub fn start_with_pools(
+        name: &str,
+        vfs: usize,
+        uplink: Option<String>,
+        policy: LockPolicy,
+        pools: Vec<PathBuf>,
+    ) -> TestNic {
         let dir = PathBuf::from(format!("/tmp/nic-t{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -37,13 +51,20 @@ impl TestNic {
             devset_lock: policy,
             socket_dir: None,
             batch: 32,
+            pool_socket: pools,
         };
         let (stop, stopped) = mpsc::channel::<()>();
+        let (up, running) = mpsc::channel::<Arc<Nic>>();
         let thread = std::thread::spawn(move || {
-            nic::daemon::run_until(&args, move || {
+            nic::daemon::run_with(&args, move |nic| {
+                let _ = up.send(nic.clone());
                 let _ = stopped.recv();
             })
         });
+        let nic = match running.recv_timeout(Duration::from_secs(10)) {
+            Ok(nic) => nic,
+            Err(_) => panic!("daemon did not start: {:?}", thread.join()),
+        };
         let t0 = Instant::now();
         while Client::connect(&control).is_err() {
             assert!(!thread.is_finished(), "daemon exited: {:?}", thread.join());
@@ -56,6 +77,7 @@ impl TestNic {
         TestNic {
             dir,
             control,
+            nic,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -223,4 +245,55 @@ pub fn sh(cmd: &str) {
         .status()
         .unwrap();
     assert!(st.success(), "{cmd}");
+}
+
+const CHILD_NIC_ENV: &str = "NIC_TEST_CHILD_NIC";
+
+/// First line of a test that uses [`spawn_nic_child`]: in the child, runs a daemon (one PF,
+/// two VFs, no uplink) on the directory and pool socket the parent passed, until killed.
+pub fn run_nic_if_child() {
+    if let Ok(v) = std::env::var(CHILD_NIC_ENV) {
+        let (dir, pool) = v.split_once('\n').expect("dir and pool socket");
+        let dir = PathBuf::from(dir);
+        let args = NicArgs {
+            pf: vec!["pf0".into()],
+            vfs: vec![2],
+            uplink: vec![],
+            control: dir.join("ctl.sock"),
+            state_dir: dir,
+            devset_lock: LockPolicy::Hierarchical,
+            socket_dir: None,
+            batch: 32,
+            pool_socket: vec![PathBuf::from(pool)],
+        };
+        let r = nic::daemon::run(&args);
+        std::process::exit(i32::from(r.is_err()));
+    }
+}
+
+/// Re-runs `test` of this binary as a NIC daemon process on `dir` (control socket
+/// `dir/ctl.sock`, state kept there across restarts) registering pool memory with `pool`;
+/// returns once its control socket answers.
+pub fn spawn_nic_child(test: &str, dir: &Path, pool: &Path) -> Child {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(
+            CHILD_NIC_ENV,
+            format!("{}\n{}", dir.display(), pool.display()),
+        )
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while Client::connect(&dir.join("ctl.sock")).is_err() {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("child NIC exited: {st}");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "child NIC did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
 }
