@@ -249,7 +249,7 @@ pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: PollTimeout) -> io::Result
             Ok(_) => {
                 return Ok(pfds
                     .iter()
-                    .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+                    .map(|p| p.revents().is_none_or(|r| !r.is_empty()))
                     .collect())
             }
             Err(nix::errno::Errno::EINTR) => continue,
