@@ -273,10 +273,40 @@ impl<T: VfDevice> Devset<T> {
     /// Puts an open VF into the error state (malformed descriptors). It stays
     /// counted as open until its frontend goes away.
     pub fn mark_error(&self, i: usize) -> Result<(), DevsetError> {
+        self.mark_error_with(i, |_| {})
+    }
+
+    /// `mark_error`, running `work` (the device's side of it) in the same VF-side
+    /// critical section, so that a `recover` sees both or neither.
+    pub fn mark_error_with(
+        &self,
+        i: usize,
+        work: impl FnOnce(&mut VfLocal<T>),
+    ) -> Result<(), DevsetError> {
         self.with_vf(i, |vf| {
             if vf.state == VfState::Open {
                 vf.state = VfState::Error;
             }
+            work(vf);
+        })
+    }
+
+    /// A VF-level reset by its own frontend (the guest reset its device): `work` resets
+    /// the device, and an `error` VF still open (counted) becomes `open` again, in one
+    /// VF-side critical section. Other VFs are not touched. Returns whether it was in
+    /// error.
+    pub fn recover(
+        &self,
+        i: usize,
+        work: impl FnOnce(&mut VfLocal<T>),
+    ) -> Result<bool, DevsetError> {
+        self.with_vf(i, |vf| {
+            work(vf);
+            let was = vf.state == VfState::Error && vf.open_count == 1;
+            if was {
+                vf.state = VfState::Open;
+            }
+            was
         })
     }
 
@@ -423,6 +453,13 @@ mod tests {
             d.open(0, |_| Ok::<_, ()>(())).unwrap().unwrap();
             d.open(1, |_| Ok::<_, ()>(())).unwrap().unwrap();
             assert_eq!(d.open_count(), 2);
+            // A VF-level reset takes an open VF out of error, and only that VF.
+            d.mark_error(0).unwrap();
+            assert!(!d.recover(1, |_| {}).unwrap(), "VF 1 was not in error");
+            assert!(d.recover(0, |vf| vf.dev.opens += 10).unwrap());
+            assert_eq!(d.snapshot()[0].0, VfState::Open);
+            d.with_vf(0, |vf| assert_eq!(vf.dev.opens, 11)).unwrap();
+            d.check_invariants().unwrap();
             assert!(matches!(
                 d.try_reset(),
                 Err(DevsetError::Busy { open: 2, .. })

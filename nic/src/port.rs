@@ -70,6 +70,9 @@ pub struct Vring {
     pub queue: Queue,
     pub kick: Option<Arc<EventFd>>,
     pub call: Option<EventFd>,
+    /// VHOST_USER_SET_VRING_ERR: signalled when the VF goes to error, so that the VMM
+    /// tells the guest (DEVICE_NEEDS_RESET and a config interrupt).
+    pub err: Option<EventFd>,
     pub enabled: bool,
 }
 
@@ -79,6 +82,7 @@ impl Vring {
             queue: Queue::new(MAX_QUEUE_SIZE).expect("valid max size"),
             kick: None,
             call: None,
+            err: None,
             enabled: false,
         }
     }
@@ -90,6 +94,12 @@ impl Vring {
         if let Some(call) = &self.call {
             // A full eventfd counter still wakes the guest: ignoring the error is right.
             let _ = call.write(1);
+        }
+    }
+    /// Tells the frontend this ring failed (its err eventfd, if it gave one).
+    pub fn signal_error(&self) {
+        if let Some(err) = &self.err {
+            let _ = err.write(1);
         }
     }
 }
@@ -104,6 +114,15 @@ pub struct Runtime {
 }
 
 impl Runtime {
+    /// A guest's device reset (VHOST_USER_RESET_DEVICE, a VF-level reset): rings, their
+    /// eventfds and the error state go; the memory table stays (the frontend may send a
+    /// new one).
+    pub fn reset_device(&mut self) {
+        self.vrings = [Vring::new(), Vring::new()];
+        self.failed = false;
+        self.hdr_len = 12;
+    }
+
     fn new() -> Self {
         Runtime {
             active: false,

@@ -98,10 +98,18 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         Ok(())
     }
     fn reset_device(&mut self) -> Result<()> {
-        Err(fail(format!(
-            "VF {}: RESET_DEVICE not supported; disconnect to reset",
-            self.port.id
-        )))
+        // The guest reset its device: stop and forget the rings (the dataplane sees them
+        // unusable under the runtime lock), leave the error state; the session, the memory
+        // table and every other VF of the devset stay as they are.
+        let was_error = self
+            .devset
+            .recover(self.index, |vf| vf.dev.port.runtime().reset_device())
+            .map_err(|e| fail(e.to_string()))?;
+        if was_error {
+            tracing::info!("VF {}: reset by its frontend, out of error", self.port.id);
+        }
+        self.port.bump();
+        Ok(())
     }
     fn get_features(&mut self) -> Result<u64> {
         Ok(VIRTIO_FEATURES)
@@ -265,11 +273,27 @@ impl VhostUserBackendReqHandlerMut for VfSession {
             Ok(())
         })
     }
-    fn set_vring_err(&mut self, _index: u8, _fd: Option<File>) -> Result<()> {
-        Ok(())
+    fn set_vring_err(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        let q = self.queue_index(index as u32)?;
+        let id = self.port.id.clone();
+        let err = fd
+            .map(eventfd_from)
+            .transpose()
+            .map_err(|e| fail(format!("VF {id}: vring {q} err fd: {e}")))?;
+        self.vf(|vf| {
+            let mut rt = vf.dev.port.runtime();
+            // A ring that failed before the frontend asked is reported at once.
+            if rt.failed {
+                if let Some(e) = &err {
+                    let _ = e.write(1);
+                }
+            }
+            rt.vrings[q].err = err;
+            Ok(())
+        })
     }
     fn get_protocol_features(&mut self) -> Result<VhostUserProtocolFeatures> {
-        Ok(VhostUserProtocolFeatures::CONFIG)
+        Ok(VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::RESET_DEVICE)
     }
     fn set_protocol_features(&mut self, features: u64) -> Result<()> {
         self.acked_protocol = features;

@@ -115,6 +115,9 @@ fn stage_color(s: Stage) -> RGBColor {
         Stage::VfDriver => RGBColor(240, 200, 40),
         Stage::AppLaunch => RGBColor(40, 190, 190),
         Stage::Ready => RGBColor(30, 30, 30),
+        // Incidents after startup (never plotted as stages, but named).
+        Stage::VfReconnect => RGBColor(255, 0, 255),
+        Stage::VfLost => RGBColor(255, 0, 0),
     }
 }
 

@@ -31,6 +31,12 @@ pub enum Stage {
     VfDriver,
     AppLaunch,
     Ready,
+    /// Not a startup stage: a VF backend (the NIC) went away and the VMM restored the
+    /// vhost-user session on a new one (from the disconnect to the restored rings).
+    VfReconnect,
+    /// Not a startup stage: a VF backend went away and could not be restored (from the
+    /// disconnect to giving up).
+    VfLost,
 }
 
 impl Stage {
@@ -48,6 +54,9 @@ impl Stage {
         Stage::AppLaunch,
         Stage::Ready,
     ];
+
+    /// Events after startup that a trace may also hold (see `VfReconnect`, `VfLost`).
+    pub const INCIDENTS: [Stage; 2] = [Stage::VfReconnect, Stage::VfLost];
 
     /// The stages FastIOV's Table 1 counts as VF-related overhead.
     pub const VF_RELATED: [Stage; 4] = [
@@ -71,6 +80,8 @@ impl Stage {
             Stage::VfDriver => "vf-driver",
             Stage::AppLaunch => "app-launch",
             Stage::Ready => "ready",
+            Stage::VfReconnect => "vf-reconnect",
+            Stage::VfLost => "vf-lost",
         }
     }
 
@@ -109,6 +120,7 @@ impl FromStr for Stage {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Stage::ALL
             .into_iter()
+            .chain(Stage::INCIDENTS)
             .find(|st| st.name() == s)
             .ok_or_else(|| TraceError::UnknownStage(s.to_string()))
     }
@@ -273,7 +285,7 @@ mod tests {
 
     #[test]
     fn stage_names_round_trip() {
-        for s in Stage::ALL {
+        for s in Stage::ALL.into_iter().chain(Stage::INCIDENTS) {
             assert_eq!(s.name().parse::<Stage>().unwrap(), s);
             let json = serde_json::to_string(&s).unwrap();
             assert_eq!(json, format!("\"{}\"", s.name()));

@@ -254,13 +254,24 @@ impl Dataplane {
     /// A malformed descriptor chain: this VF only goes to error.
     fn fault(&mut self, i: usize, f: virtio::Fault) {
         let port = &self.ports[i];
-        tracing::warn!("VF {}: {f}; VF in error state until reset", port.id);
+        tracing::warn!(
+            "VF {}: {f}; VF in error state until the guest or the devset resets it",
+            port.id
+        );
         AtomicCounters::add(&port.counters.bad_descriptors, 1);
-        port.runtime().failed = true;
         for p in self.backlog[i].drain(..) {
             self.pool.free(p);
         }
-        if let Err(e) = self.devset.mark_error(i) {
+        // Error state, stopped I/O and the guest told, all at once: a guest reset
+        // (recover) comes after, never in between.
+        let r = self.devset.mark_error_with(i, |vf| {
+            let rt = &mut *vf.dev.port.runtime();
+            rt.failed = true;
+            for vr in &rt.vrings {
+                vr.signal_error();
+            }
+        });
+        if let Err(e) = r {
             tracing::warn!("VF {}: {e}", port.id);
         }
         port.bump();
