@@ -43,11 +43,11 @@ int main(void) {
 
   /* Request: broadcast while server_mac is zero, then to server_mac. */
   uint8_t f[1600], g[1600];
-  uint32_t n = net_build_request(&bi, mac, f);
+  uint32_t n = net_build_request(&bi, mac, f, -1);
   CHECK(n == 14 + 20 + 8 + 6);
   CHECK(memcmp(f, "\xff\xff\xff\xff\xff\xff", 6) == 0);
   memcpy(bi.server_mac, peer, 6);
-  n = net_build_request(&bi, mac, f);
+  n = net_build_request(&bi, mac, f, -1);
   CHECK(memcmp(f, peer, 6) == 0 && memcmp(f + 6, mac, 6) == 0 && be16(f + 12) == 0x0800);
   CHECK(be16(f + 16) == 20 + 8 + 6 && f[23] == 17);
   CHECK(memcmp(f + 26, ip, 4) == 0 && memcmp(f + 30, sip, 4) == 0);
@@ -57,6 +57,10 @@ int main(void) {
   CHECK(s == 0xffff); /* header checksum verifies */
   CHECK(be16(f + 34) == 40000 && be16(f + 36) == 7777 && be16(f + 38) == 8 + 6);
   CHECK(memcmp(f + 42, "sbx-42", 6) == 0);
+  /* Echo mode: the id, then the sequence number, big-endian; lengths follow. */
+  n = net_build_request(&bi, mac, f, 0x01020304);
+  CHECK(n == 14 + 20 + 8 + 6 + 4 && be16(f + 16) == 20 + 8 + 10 && be16(f + 38) == 8 + 10);
+  CHECK(memcmp(f + 42, "sbx-42\x01\x02\x03\x04", 10) == 0);
 
   /* Reply: the request mirrored, with a 5-byte payload. */
   uint32_t plen = 0;

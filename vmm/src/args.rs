@@ -79,6 +79,15 @@ pub struct VmmArgs {
     /// VF driver init: sync or async.
     #[arg(long, value_enum, default_value_t = VfInit::Sync)]
     pub vf_init: VfInit,
+    /// Seconds a VF may stay without its backend (the NIC daemon restarting) before the
+    /// VMM gives up reconnecting and reports the VF lost (0: never reconnect).
+    #[arg(long, default_value_t = 30)]
+    pub vf_reconnect: u64,
+    /// What the built-in agent does on the network: one request (once), keep exchanging
+    /// requests after READY (echo), reset and re-initialise its device once before READY
+    /// (reset), or first make its VF fail with a bad descriptor, then reset (fault).
+    #[arg(long, value_enum, default_value_t = AgentMode::Once)]
+    pub agent_mode: AgentMode,
     /// Size of the app payload the agent checksums (e.g. 4M).
     #[arg(long, default_value = "0")]
     pub app_size: String,
@@ -109,6 +118,16 @@ pub struct VmmArgs {
     /// KVM device node.
     #[arg(long, default_value = "/dev/kvm")]
     pub kvm_device: PathBuf,
+}
+
+/// The network behaviour of the built-in agent (boot-info flags, docs/guest.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AgentMode {
+    #[default]
+    Once,
+    Echo,
+    Reset,
+    Fault,
 }
 
 fn parse_net(s: &str) -> Result<NetBackend, String> {
@@ -161,6 +180,8 @@ pub struct VmConfig {
     pub pool_socket: Option<PathBuf>,
     pub hugepages: bool,
     pub vf_init: VfInit,
+    pub vf_reconnect: std::time::Duration,
+    pub agent_mode: AgentMode,
     pub app_size: u64,
     /// The app payload read from `--app-file` (None: generated from the sandbox id).
     pub app_bytes: Option<Vec<u8>>,
@@ -378,10 +399,10 @@ impl VmConfig {
         }
         let boot = match &a.kernel {
             Some(k) => {
-                if app_size > 0 || !probe.is_empty() {
+                if app_size > 0 || !probe.is_empty() || a.agent_mode != AgentMode::Once {
                     return Err(invalid(
                         "--kernel",
-                        "--app-size and --probe need the built-in agent, not a Linux kernel",
+                        "--app-size, --probe and --agent-mode need the built-in agent, not a Linux kernel",
                     ));
                 }
                 BootSource::Linux {
@@ -424,6 +445,8 @@ impl VmConfig {
             pool_socket: a.pool_socket.clone(),
             hugepages: a.hugepages,
             vf_init: a.vf_init,
+            vf_reconnect: std::time::Duration::from_secs(a.vf_reconnect),
+            agent_mode: a.agent_mode,
             app_size,
             app_bytes,
             probe,

@@ -3,7 +3,7 @@
 
 use vm_memory::ByteValued;
 
-use crate::args::VmConfig;
+use crate::args::{AgentMode, VmConfig};
 
 pub const MAGIC: u64 = 0x4255_5253_544d_5631; // "BURSTVM1"
 /// Version 2 appends the rootfs fields; a reader accepts any version ≥ the
@@ -12,6 +12,9 @@ pub const VERSION: u32 = 2;
 pub const BI_ASYNC_VF_INIT: u32 = 1;
 pub const BI_PROBE_MODE: u32 = 2;
 pub const BI_TOUCH_RX: u32 = 4;
+pub const BI_ECHO: u32 = 8;
+pub const BI_RESET_ONCE: u32 = 16;
+pub const BI_FAULT_ONCE: u32 = 32;
 pub const VIRTIO_ID_NET: u32 = 1;
 pub const VIRTIO_ID_BLOCK: u32 = 2;
 /// Bytes of `rootfs_file`, NUL included.
@@ -137,6 +140,12 @@ impl BootInfo {
         if cfg.policy == guestmem::MemoryPolicy::Lazy {
             bi.flags |= BI_TOUCH_RX;
         }
+        bi.flags |= match cfg.agent_mode {
+            AgentMode::Once => 0,
+            AgentMode::Echo => BI_ECHO,
+            AgentMode::Reset => BI_RESET_ONCE,
+            AgentMode::Fault => BI_FAULT_ONCE,
+        };
         bi.sandbox_id[..cfg.sandbox.len()].copy_from_slice(cfg.sandbox.as_bytes());
         for (d, m) in bi.mem.iter_mut().zip(mem) {
             *d = *m;

@@ -117,6 +117,8 @@ pub struct DeviceContext {
     pub gsi: u32,
     pub trace: Arc<trace::TraceWriter>,
     pub vf_init: VfInit,
+    /// How long a vhost-user device may try to reconnect to a vanished backend.
+    pub vf_reconnect: std::time::Duration,
 }
 
 /// A device as the bus holds it: shared between vCPU threads.

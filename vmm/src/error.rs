@@ -84,6 +84,7 @@ pub fn agent_error_name(code: u32) -> &'static str {
         13 => "ERR_EROFS (rootfs file not readable; erofs.h code in the VALUE before)",
         14 => "ERR_MARKER (marker read back from the writable layer differs)",
         15 => "ERR_NO_ROOTFS (rootfs file named but no EROFS image)",
+        16 => "ERR_NO_NEEDS_RESET (the device never reported DEVICE_NEEDS_RESET after a fault)",
         _ => "unknown agent error",
     }
 }

@@ -188,11 +188,19 @@ static const struct boot_info *req_bi;
 static uint8_t req_mac[6];
 static uint64_t req_sent_at;
 static uint32_t reply_len;
+static int64_t req_seq = -1; /* echo mode: replies received so far, sent with each request */
 
 static void send_request(void *arg) {
   struct vnet *n = arg;
-  vnet_send(n, net_build_request(req_bi, req_mac, vnet_tx_frame(n)));
+  vnet_send(n, net_build_request(req_bi, req_mac, vnet_tx_frame(n), req_seq));
   req_sent_at = timer_ticks;
+}
+
+static int got_reply(void *arg);
+
+static void exchange(struct vnet *n) {
+  send_request(n);
+  wait_until(got_reply, n, ERR_REPLY_TIMEOUT);
 }
 
 static int got_reply(void *arg) {
@@ -257,8 +265,25 @@ void agent_main(struct boot_info *bi) {
   if (!(req_mac[0] | req_mac[1] | req_mac[2] | req_mac[3] | req_mac[4] | req_mac[5]) &&
       (net.features & VIRTIO_NET_F_MAC))
     vnet_read_mac(&net, req_mac);
-  send_request(&net);
-  wait_until(got_reply, &net, ERR_REPLY_TIMEOUT);
+  if (bi->flags & BI_ECHO) req_seq = 0;
+  exchange(&net);
+  /* Driver reload (kexec, rmmod/modprobe): reset the device and start over on the same
+   * VF; with BI_FAULT_ONCE the VF first fails and the device must say so. */
+  if (bi->flags & (BI_RESET_ONCE | BI_FAULT_ONCE)) {
+    if (bi->flags & BI_FAULT_ONCE) {
+      vnet_send_bad(&net);
+      wait_until(vnet_needs_reset, &net, ERR_NO_NEEDS_RESET);
+    }
+    report_data(EV_VALUE, reply_len);
+    vnet_init(&net, dev, bi->flags & BI_TOUCH_RX);
+    wait_until(vnet_link_up, &net, ERR_LINK_TIMEOUT);
+    exchange(&net);
+  }
   report_data(EV_READY, reply_len);
+  /* Echo: keep the traffic going, each request carrying the replies seen so far. */
+  while (bi->flags & BI_ECHO) {
+    req_seq++;
+    exchange(&net);
+  }
   agent_exit(app_exit_status(bi));
 }

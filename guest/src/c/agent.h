@@ -39,6 +39,7 @@ enum agent_error {
   ERR_EROFS = 13,           /* rootfs file not readable (erofs.h code in a VALUE before it) */
   ERR_MARKER = 14,          /* the marker read back from the writable layer differs */
   ERR_NO_ROOTFS = 15,       /* rootfs_file set but no EROFS image (disk or memory) */
+  ERR_NO_NEEDS_RESET = 16,  /* fault mode: the device never set DEVICE_NEEDS_RESET */
 };
 
 static inline void outb(uint16_t port, uint8_t v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }

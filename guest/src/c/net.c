@@ -26,10 +26,12 @@ static uint16_t ip_checksum(const uint8_t *h) {
   return (uint16_t)~s;
 }
 
-uint32_t net_build_request(const struct boot_info *bi, const uint8_t mac[6], uint8_t *f) {
+uint32_t net_build_request(const struct boot_info *bi, const uint8_t mac[6], uint8_t *f,
+                           int64_t seq) {
   static const uint8_t zero[6], bcast[6] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-  uint32_t n = 0;
-  while (n < sizeof bi->sandbox_id - 1 && bi->sandbox_id[n]) n++;
+  uint32_t id = 0;
+  while (id < sizeof bi->sandbox_id - 1 && bi->sandbox_id[id]) id++;
+  uint32_t n = id + (seq >= 0 ? 4 : 0);
 
   put_eth(f, eq(bi->server_mac, zero, 6) ? bcast : bi->server_mac, mac, 0x0800);
   uint8_t *ip = f + ETH_HLEN, *udp = ip + IP_HLEN;
@@ -46,7 +48,11 @@ uint32_t net_build_request(const struct boot_info *bi, const uint8_t mac[6], uin
   put16(udp + 2, bi->server_port);
   put16(udp + 4, UDP_HLEN + n);
   put16(udp + 6, 0);                       /* no UDP checksum (allowed on IPv4) */
-  memcpy(udp + UDP_HLEN, bi->sandbox_id, n);
+  memcpy(udp + UDP_HLEN, bi->sandbox_id, id);
+  if (seq >= 0) {
+    put16(udp + UDP_HLEN + id, (uint16_t)((uint64_t)seq >> 16));
+    put16(udp + UDP_HLEN + id + 2, (uint16_t)seq);
+  }
   return ETH_HLEN + IP_HLEN + UDP_HLEN + n;
 }
 

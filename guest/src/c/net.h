@@ -9,8 +9,10 @@
 #define UDP_HLEN 8
 #define ARP_LEN 28
 
-/* Build the UDP request (payload: the sandbox id) into `frame`; returns its length. */
-uint32_t net_build_request(const struct boot_info *bi, const uint8_t mac[6], uint8_t *frame);
+/* Build the UDP request (payload: the sandbox id, then `seq` as 4 big-endian bytes unless
+ * it is negative) into `frame`; returns its length. */
+uint32_t net_build_request(const struct boot_info *bi, const uint8_t mac[6], uint8_t *frame,
+                           int64_t seq);
 
 enum frame_kind { FRAME_OTHER, FRAME_ARP_REQUEST, FRAME_REPLY };
 

@@ -11,7 +11,17 @@ static void set_status(uint64_t base, uint32_t bits) {
   wr(base, VIRTIO_MMIO_STATUS, rd(base, VIRTIO_MMIO_STATUS) | bits);
 }
 
+/* Base of the device whose DEVICE_NEEDS_RESET the agent provoked (fault mode). */
+static uint64_t reset_awaited;
+
+void virtio_await_reset(uint64_t base) { reset_awaited = base; }
+
+int virtio_needs_reset(uint64_t base) {
+  return (rd(base, VIRTIO_MMIO_STATUS) & VIRTIO_STATUS_NEEDS_RESET) != 0;
+}
+
 uint64_t virtio_start(uint64_t base, uint32_t device_id, uint64_t wanted) {
+  if (reset_awaited == base) reset_awaited = 0;
   if (rd(base, VIRTIO_MMIO_MAGIC_VALUE) != VIRTIO_MMIO_MAGIC || rd(base, VIRTIO_MMIO_VERSION) != 2 ||
       rd(base, VIRTIO_MMIO_DEVICE_ID) != device_id)
     fail(ERR_BAD_DEVICE);
@@ -86,5 +96,5 @@ void virtq_notify(uint64_t base, struct virtq *q) {
 void virtio_ack_irq(uint64_t base) {
   uint32_t isr = rd(base, VIRTIO_MMIO_INTERRUPT_STATUS);
   if (isr) wr(base, VIRTIO_MMIO_INTERRUPT_ACK, isr);
-  if (rd(base, VIRTIO_MMIO_STATUS) & VIRTIO_STATUS_NEEDS_RESET) fail(ERR_DEVICE_FAILED);
+  if (base != reset_awaited && virtio_needs_reset(base)) fail(ERR_DEVICE_FAILED);
 }

@@ -124,6 +124,9 @@ void virtio_driver_ok(uint64_t base);
 void virtq_post(struct virtq *q, uint16_t id);
 void virtq_notify(uint64_t base, struct virtq *q);
 void virtio_ack_irq(uint64_t base);
+int virtio_needs_reset(uint64_t base);
+/* DEVICE_NEEDS_RESET of this device is awaited, not a failure, until its next virtio_start. */
+void virtio_await_reset(uint64_t base);
 
 void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx);
 int vnet_link_up(void *n);
@@ -133,6 +136,8 @@ void vnet_send(struct vnet *n, uint32_t frame_len);
 int vnet_rx(struct vnet *n, uint8_t **frame, uint32_t *len);
 void vnet_rx_done(struct vnet *n);
 void vnet_read_mac(struct vnet *n, uint8_t mac[6]);
+int vnet_needs_reset(void *n);
+void vnet_send_bad(struct vnet *n);
 
 void vblk_init(struct vblk *b, const struct boot_dev *d);
 uint8_t vblk_request(struct vblk *b, uint32_t type, uint64_t sector, void *buf, uint32_t len);

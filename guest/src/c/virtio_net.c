@@ -2,7 +2,9 @@
 #include "agent.h"
 #include "virtio.h"
 
+/* Also a re-init after a reset: everything starts over in fresh pages. */
 void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx) {
+  memset(n, 0, sizeof *n);
   n->base = d->mmio_base;
   n->features = virtio_start(n->base, VIRTIO_ID_NET, VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS);
   virtq_setup(n->base, &n->rx, 0);
@@ -37,6 +39,21 @@ int vnet_link_up(void *arg) {
 
 void vnet_read_mac(struct vnet *n, uint8_t mac[6]) {
   for (int i = 0; i < 6; i++) mac[i] = mmio_read8(n->base + VIRTIO_MMIO_CONFIG + VIRTIO_NET_CFG_MAC + i);
+}
+
+int vnet_needs_reset(void *arg) {
+  struct vnet *n = arg;
+  return virtio_needs_reset(n->base);
+}
+
+/* A transmit descriptor far outside guest RAM: the device must fail (and say so). */
+void vnet_send_bad(struct vnet *n) {
+  virtio_await_reset(n->base);
+  n->tx.desc[0].addr = 0xfff000000000ULL;
+  n->tx.desc[0].len = 64;
+  n->tx.desc[0].flags = 0;
+  virtq_post(&n->tx, 0);
+  virtq_notify(n->base, &n->tx);
 }
 
 /* The TX buffer may be reused once the device has returned it. */

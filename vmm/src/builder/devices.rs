@@ -112,6 +112,7 @@ fn device_context(
         gsi: slot.gsi,
         trace: trace.clone(),
         vf_init: cfg.vf_init,
+        vf_reconnect: cfg.vf_reconnect,
     }
 }
 

@@ -314,6 +314,7 @@ pub(crate) mod tests {
             gsi: 5,
             trace: Arc::new(trace::TraceWriter::new("virtio-test", None).unwrap()),
             vf_init: VfInit::Sync,
+            vf_reconnect: std::time::Duration::from_secs(1),
         }
     }
 
