@@ -54,6 +54,8 @@ enum BenchCommand {
     Memory(guestmem::bench::MemoryBenchArgs),
     /// Concurrent VF opens under each devset lock policy.
     Devset(nic::bench::BenchDevsetArgs),
+    /// The outage of running sandboxes when the NIC daemon is killed and restarted.
+    NicRestart(runtime::restart::BenchNicRestartArgs),
     /// SG-IOV: scheduling policies and the job generator.
     #[command(subcommand)]
     Sgiov(SgiovBench),
@@ -107,6 +109,9 @@ fn main() -> std::process::ExitCode {
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Jobgen(a))) => {
             sgiov::bench::jobgen::run_cli(&a).context("burstvm bench sgiov jobgen")
+        }
+        Command::Bench(BenchCommand::NicRestart(a)) => {
+            runtime::restart::run_cli(&a).context("burstvm bench nic-restart")
         }
     };
     match result {

@@ -81,6 +81,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                     timeout_secs: spec.timeout_secs,
                     rootfs: spec.rootfs.clone(),
                     kernel: None,
+                    echo: false,
                 };
                 std::thread::Builder::new()
                     .name(format!("sb-{id}"))

@@ -10,6 +10,7 @@ pub mod host;
 pub mod leaks;
 pub mod nicd;
 pub mod plot;
+pub mod restart;
 pub mod rootfs;
 pub mod runtime;
 pub mod sandbox;
@@ -306,6 +307,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
         timeout_secs: a.timeout,
         rootfs,
         kernel: a.kernel.clone(),
+        echo: false,
     };
     let start = trace::monotonic_ns();
     let result = (|| -> Result<(), Error> {

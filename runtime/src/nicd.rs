@@ -21,7 +21,11 @@ impl NicDaemon {
         };
         let sock = rt.nic_socket();
         let _ = std::fs::remove_file(&sock);
-        let log = std::fs::File::create(rt.state_dir().join("nic.log"))
+        // Appended: the log of a daemon that crashed stays for the one restarted after it.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(rt.state_dir().join("nic.log"))
             .map_err(|e| err(e.to_string()))?;
         let mut cmd = Command::new(rt.bin());
         cmd.arg("nic")
@@ -79,6 +83,18 @@ impl NicDaemon {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// SIGKILL and reap (a crash); returns the instant of the kill.
+    pub(crate) fn kill(mut self) -> Instant {
+        let t = Instant::now();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        t
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub(crate) fn stop(mut self) {

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use guestmem::pool::{Pool, PoolServer};
 use netutil::{netns, Netns};
@@ -317,6 +318,25 @@ impl Runtime {
         }
         *nic = Some(NicDaemon::spawn(self, lock)?);
         Ok(())
+    }
+
+    /// SIGKILLs the NIC daemon (a crash) and starts it again on its state directory, with
+    /// the same lock policy and pool; running VMMs reconnect to their VF sockets. Returns
+    /// the instants of the kill and of the restarted daemon answering on its control
+    /// socket, and the new daemon's pid.
+    pub fn crash_and_restart_nic(&self) -> Result<(Instant, Instant, u32), RuntimeError> {
+        let mut nic = self.nic.lock().unwrap_or_else(|e| e.into_inner());
+        let old = nic.take().ok_or_else(|| RuntimeError::Nic {
+            bin: self.cfg.bin.clone(),
+            reason: "no NIC daemon running".into(),
+        })?;
+        let lock = old.lock;
+        let killed = old.kill();
+        let new = NicDaemon::spawn(self, lock)?;
+        let up = Instant::now();
+        let pid = new.pid();
+        *nic = Some(new);
+        Ok((killed, up, pid))
     }
 
     /// The VF's vhost-user socket, asked from the NIC daemon.

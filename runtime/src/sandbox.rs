@@ -40,6 +40,9 @@ pub struct SandboxSpec {
     pub rootfs: Option<RootfsSpec>,
     /// Boot this Linux kernel instead of the built-in agent.
     pub kernel: Option<PathBuf>,
+    /// The guest keeps exchanging requests with the echo server after READY (agent echo
+    /// mode; with `keep_running`).
+    pub echo: bool,
 }
 
 /// What the `rootfs` stage cost this sandbox (bench statistics).
@@ -386,6 +389,9 @@ impl<'rt> Sandbox<'rt> {
             Some(fd) => Stdio::from(fd),
             None => Stdio::null(),
         };
+        if self.spec.echo {
+            cmd.args(["--agent-mode", "echo"]);
+        }
         cmd.env("RUST_BACKTRACE", "0")
             .env("NO_COLOR", "1")
             .env("RUST_LIB_BACKTRACE", "0")
@@ -498,13 +504,28 @@ impl<'rt> Sandbox<'rt> {
             .unwrap_or_else(|| "ready".into())
     }
 
-    /// After READY with --keep-running: the VMM must still be running.
+    /// What the VMM said about its VF backend: disconnects, reconnects (with what was
+    /// restored) and losses (lines of its stderr naming the VF socket).
+    pub fn vf_incidents(&self) -> Vec<String> {
+        let err = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
+        vf_incidents(&err)
+    }
+
+    /// After READY with --keep-running: the VMM must still be running, with its network:
+    /// a VF the VMM could not restore after a NIC restart is a failure of the sandbox.
     pub fn check_alive(&mut self) -> Result<(), SandboxFailure> {
         let Some(c) = self.vmm.as_mut() else {
             return Ok(());
         };
         match c.try_wait() {
-            Ok(None) => Ok(()),
+            Ok(None) => match self
+                .vf_incidents()
+                .into_iter()
+                .find(|l| l.contains(VF_LOST))
+            {
+                Some(lost) => Err(self.failure("running", lost)),
+                None => Ok(()),
+            },
             Ok(Some(st)) => {
                 self.vmm = None;
                 let err = std::fs::read_to_string(&self.stderr_path).unwrap_or_default();
@@ -652,6 +673,18 @@ pub fn stop_child(mut c: Child, grace: Duration) {
     let _ = c.wait();
 }
 
+/// What the VMM prints when it gives a VF backend up (vmm/src/virtio/vhost_user.rs).
+const VF_LOST: &str = "backend lost, not restored";
+
+/// The VMM's reports about its VF backends: `sandbox ID: VF socket PATH: ...` lines.
+fn vf_incidents(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter(|l| l.contains(": VF socket "))
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
 /// The VMM's error as one line: its non-empty stderr lines, joined.
 fn stderr_summary(err: &str) -> String {
     let lines: Vec<&str> = err
@@ -715,5 +748,22 @@ fn poll_in(fd: BorrowedFd<'_>, timeout: Duration) -> std::io::Result<bool> {
         Ok(n) => Ok(n > 0),
         Err(nix::Error::EINTR) => Ok(false),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vf_reports_of_the_vmm_are_found() {
+        let err = "boot log\n\
+            sandbox s1: VF socket /run/x/pf0-vf1.sock: backend disconnected; reconnecting for up to 30 s\n\
+            sandbox s1: VF socket /run/x/pf0-vf1.sock: backend reconnected after 812 ms; restored features\n\
+            sandbox s1: VF socket /run/x/pf0-vf1.sock: backend lost, not restored: no backend within 30 s\n";
+        let v = vf_incidents(err);
+        assert_eq!(v.len(), 3);
+        assert!(v[2].contains(VF_LOST) && v[2].contains("pf0-vf1.sock"));
+        assert!(vf_incidents("nothing here\n").is_empty());
     }
 }

@@ -283,6 +283,7 @@ impl TaskService {
                 // today the entrypoint is the agent's app payload.
                 rootfs: None,
                 kernel: None,
+                echo: false,
             },
             netns,
             until_exit,
