@@ -5,8 +5,8 @@
 //! again on its state directory at once; the VMMs reconnect and restore their sessions. A
 //! guest's traffic has resumed when the echo server saw two more of its requests than when
 //! the new daemon answered: the second proves a reply got back to the guest. Reported per
-//! guest: kill → resumed and restart → resumed, and the host CPU the VMMs and the new daemon
-//! spent until then.
+//! guest: kill → resumed and restart → resumed, and the host CPU of the recovery: the new
+//! daemon's until it answers, and the VMMs' VF monitor threads' (reconnect and restore).
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -38,25 +38,40 @@ pub struct BenchNicRestartArgs {
     pub burstvm_bin: Option<PathBuf>,
 }
 
-/// User plus system CPU time of a process, from /proc/PID/stat.
+/// CPU time of a process (or task), in ns from its `schedstat` (the time it ran).
 fn cpu_time(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may contain spaces): state is field 3.
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .filter(|h| *h > 0)? as u64;
-    Some(Duration::from_micros(ticks * 1_000_000 / hz))
+    schedstat(&format!("/proc/{pid}/schedstat"))
 }
+
+/// CPU time of the threads of `pid` named `comm` (a VMM's VF monitor threads).
+fn threads_cpu(pid: u32, comm: &str) -> Duration {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Duration::ZERO;
+    };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == comm))
+        .filter_map(|t| schedstat(&t.path().join("schedstat").to_string_lossy()))
+        .sum()
+}
+
+fn schedstat(path: &str) -> Option<Duration> {
+    let s = std::fs::read_to_string(path).ok()?;
+    Some(Duration::from_nanos(
+        s.split_whitespace().next()?.parse().ok()?,
+    ))
+}
+
+/// The VMM thread that reconnects and restores a VF (vmm/src/virtio/vhost_user.rs).
+const MONITOR_THREAD: &str = "vhost-user-vf";
 
 struct Outage {
     nic_restart: Duration,
+    /// CPU of the new daemon from its start until it answered.
     nic_cpu: Duration,
     /// Per guest: kill → resumed, restart → resumed.
     guests: Vec<(Duration, Duration)>,
+    /// CPU of the VMMs' VF monitor threads during the round (reconnect, restore).
     vmm_cpu: Duration,
 }
 
@@ -98,23 +113,24 @@ fn round(rt: &Runtime, sandboxes: &mut [Sandbox<'_>], timeout: Duration) -> Resu
     // Steady traffic first.
     let base: Vec<u64> = ips.iter().map(count).collect();
     wait("flowing", &base, sandboxes)?;
-    let vmm_cpu0: Duration = sandboxes
-        .iter()
-        .filter_map(|s| s.vmm_pid().and_then(cpu_time))
-        .sum();
+    let monitors = |sbs: &[Sandbox<'_>]| -> Duration {
+        sbs.iter()
+            .filter_map(|s| s.vmm_pid())
+            .map(|p| threads_cpu(p, MONITOR_THREAD))
+            .sum()
+    };
+    let vmm_cpu0 = monitors(sandboxes);
     let (killed, up, nic_pid) = rt.crash_and_restart_nic()?;
+    let nic_cpu = cpu_time(nic_pid).unwrap_or_default();
     let at_up: Vec<u64> = ips.iter().map(count).collect();
     let resumed = wait("resumed", &at_up, sandboxes)?;
     for sb in sandboxes.iter_mut() {
         sb.check_alive()?;
     }
-    let vmm_cpu: Duration = sandboxes
-        .iter()
-        .filter_map(|s| s.vmm_pid().and_then(cpu_time))
-        .sum();
+    let vmm_cpu = monitors(sandboxes);
     Ok(Outage {
         nic_restart: up - killed,
-        nic_cpu: cpu_time(nic_pid).unwrap_or_default(),
+        nic_cpu,
         guests: resumed
             .iter()
             .map(|t| (*t - killed, t.saturating_duration_since(up)))
@@ -204,12 +220,12 @@ pub fn run_cli(a: &BenchNicRestartArgs) -> Result<(), Error> {
         "guest",
         "kill->resumed ms",
         "restart->resumed ms",
-        "vmm cpu ms"
+        "reconnect cpu ms"
     );
     for (r, o) in outages.iter().enumerate() {
         for (g, (k, u)) in o.guests.iter().enumerate() {
             println!(
-                "{:>5} {:>14.1} {:>12.1} {:>6} {:>17.1} {:>20.1} {:>16.1}",
+                "{:>5} {:>14.1} {:>12.1} {:>6} {:>17.1} {:>20.1} {:>16.2}",
                 r + 1,
                 ms(o.nic_restart),
                 ms(o.nic_cpu),
