@@ -297,13 +297,7 @@ fn device_process_attaches_by_fd_and_prepares_pages() {
     assert_eq!(count_byte(r.guest_view_ptr(), SIZE, CANARY), 0);
 
     // A fresh (vanilla) memfd has a table too, with nothing to do.
-    let v = GuestMemory::new(
-        &[ram(SIZE, true)],
-        MemoryPolicy::Vanilla,
-        MemorySource::Fresh,
-        false,
-    )
-    .unwrap();
+    let v = fresh_ram(SIZE);
     let dm = DeviceMemory::attach(v.regions()[0].memfd(), 0, SIZE).unwrap();
     dm.prepare_for_device_write(0, SIZE).unwrap();
     assert_eq!(v.regions()[0].page_stats().zero, SIZE / PAGE);

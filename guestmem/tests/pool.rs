@@ -302,13 +302,7 @@ fn device_mapping_keeps_returned_memory_out_of_the_cache() {
         .expect("pool memory has a lease");
     assert_ne!(key.lease, 0);
     // A fresh memfd is not pool memory: nothing to register.
-    let fresh = GuestMemory::new(
-        &[ram(size, true)],
-        MemoryPolicy::Vanilla,
-        MemorySource::Fresh,
-        false,
-    )
-    .unwrap();
+    let fresh = fresh_ram(size);
     assert_eq!(pool::lease_of(fresh.memfd("ram").unwrap()).unwrap(), None);
     assert!(
         pool::DeviceHold::register(&[], &[fresh.memfd("ram").unwrap()])

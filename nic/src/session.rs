@@ -70,6 +70,21 @@ impl VfSession {
         }
     }
 
+    /// The ring and the (non-blocking) eventfd of a SET_VRING_KICK/CALL/ERR message.
+    fn ring_eventfd(
+        &self,
+        index: u8,
+        fd: Option<File>,
+        what: &str,
+    ) -> Result<(usize, Option<EventFd>)> {
+        let q = self.queue_index(index as u32)?;
+        let efd = fd
+            .map(eventfd_from)
+            .transpose()
+            .map_err(|e| fail(format!("VF {}: vring {q} {what} fd: {e}", self.port.id)))?;
+        Ok((q, efd))
+    }
+
     fn protocol_features_acked(&self) -> bool {
         self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
     }
@@ -228,17 +243,13 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         Ok(VhostUserVringState::new(index, base as u32))
     }
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> Result<()> {
-        let q = self.queue_index(index as u32)?;
+        let (q, kick) = self.ring_eventfd(index, fd, "kick")?;
         let id = self.port.id.clone();
-        let kick = fd
-            .map(eventfd_from)
-            .transpose()
-            .map_err(|e| fail(format!("VF {id}: vring {q} kick fd: {e}")))?
-            .ok_or_else(|| {
-                fail(format!(
-                    "VF {id}: vring {q}: polling mode (no kick fd) not supported"
-                ))
-            })?;
+        let kick = kick.ok_or_else(|| {
+            fail(format!(
+                "VF {id}: vring {q}: polling mode (no kick fd) not supported"
+            ))
+        })?;
         self.vf(|vf| {
             let mut rt = vf.dev.port.runtime();
             let rt = &mut *rt;
@@ -262,24 +273,14 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         Ok(())
     }
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> Result<()> {
-        let q = self.queue_index(index as u32)?;
-        let id = self.port.id.clone();
-        let call = fd
-            .map(eventfd_from)
-            .transpose()
-            .map_err(|e| fail(format!("VF {id}: vring {q} call fd: {e}")))?;
+        let (q, call) = self.ring_eventfd(index, fd, "call")?;
         self.vf(|vf| {
             vf.dev.port.runtime().vrings[q].call = call;
             Ok(())
         })
     }
     fn set_vring_err(&mut self, index: u8, fd: Option<File>) -> Result<()> {
-        let q = self.queue_index(index as u32)?;
-        let id = self.port.id.clone();
-        let err = fd
-            .map(eventfd_from)
-            .transpose()
-            .map_err(|e| fail(format!("VF {id}: vring {q} err fd: {e}")))?;
+        let (q, err) = self.ring_eventfd(index, fd, "err")?;
         self.vf(|vf| {
             let mut rt = vf.dev.port.runtime();
             // A ring that failed before the frontend asked is reported at once.

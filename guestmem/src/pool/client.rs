@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{self, sockopt};
 use nix::sys::time::TimeVal;
 
 use super::lease::{lease_of, LeaseKey};
-use super::protocol::{recv_msg, send_msg, Request, Response};
+use super::protocol::{recv_msg, send_msg, seqpacket, socket_err, Request, Response};
 use super::{Error, PoolStats, SizeClass};
 use crate::MemoryPolicy;
 
@@ -31,18 +31,8 @@ pub struct PoolClient {
 impl PoolClient {
     pub fn connect(path: impl AsRef<Path>) -> Result<PoolClient, Error> {
         let path = path.as_ref().to_path_buf();
-        let serr = |source: std::io::Error| Error::Socket {
-            path: path.display().to_string(),
-            source,
-        };
-        let sock = socket::socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(|e| serr(e.into()))?;
-        let addr = UnixAddr::new(&path).map_err(|e| serr(e.into()))?;
+        let serr = socket_err(&path);
+        let (sock, addr) = seqpacket(&path)?;
         socket::connect(sock.as_raw_fd(), &addr).map_err(|e| serr(e.into()))?;
         let tv = TimeVal::new(CALL_TIMEOUT.as_secs() as _, 0);
         socket::setsockopt(&sock, sockopt::ReceiveTimeout, &tv)

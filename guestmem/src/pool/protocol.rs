@@ -3,11 +3,38 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
 
-use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{
+    self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
+    UnixAddr,
+};
 use serde::{Deserialize, Serialize};
 
-use super::PoolStats;
+use super::{Error, PoolStats};
+
+/// An error of the socket at `path`.
+pub(super) fn socket_err(path: &Path) -> impl Fn(std::io::Error) -> Error {
+    let path = path.display().to_string();
+    move |source| Error::Socket {
+        path: path.clone(),
+        source,
+    }
+}
+
+/// A SOCK_SEQPACKET socket and the address of `path` (for either end).
+pub(super) fn seqpacket(path: &Path) -> Result<(OwnedFd, UnixAddr), Error> {
+    let serr = socket_err(path);
+    let sock = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| serr(e.into()))?;
+    let addr = UnixAddr::new(path).map_err(|e| serr(e.into()))?;
+    Ok((sock, addr))
+}
 
 const MAX_MSG: usize = 64 * 1024;
 

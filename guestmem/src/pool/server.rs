@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{self, Backlog, SockFlag};
 
 use nix::poll::PollTimeout;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::lease::{LeaseKey, Leases};
-use super::protocol::{recv_msg, send_msg, Request, Response};
+use super::protocol::{recv_msg, send_msg, seqpacket, socket_err, Request, Response};
 use super::{Error, Pool, SizeClass};
 use crate::sys;
 use crate::MemoryPolicy;
@@ -55,34 +55,24 @@ impl PoolServer {
         idle_prezero: bool,
     ) -> Result<PoolServer, Error> {
         let path = path.as_ref().to_path_buf();
-        let serr = |source: std::io::Error| Error::Socket {
-            path: path.display().to_string(),
-            source,
-        };
-        let listener = socket::socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(|e| serr(e.into()))?;
+        let serr = socket_err(&path);
         if let Ok(meta) = std::fs::symlink_metadata(&path) {
             use std::os::unix::fs::FileTypeExt;
             if meta.file_type().is_socket() {
                 let _ = std::fs::remove_file(&path);
             }
         }
-        let addr = UnixAddr::new(&path).map_err(|e| serr(e.into()))?;
+        let (listener, addr) = seqpacket(&path)?;
         socket::bind(listener.as_raw_fd(), &addr).map_err(|e| serr(e.into()))?;
         // Pool memory holds other tenants' bytes: only this user may connect.
         {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-                .map_err(serr)?;
+                .map_err(&serr)?;
         }
         let backlog = Backlog::new(256).map_err(|e| serr(e.into()))?;
         socket::listen(&listener, backlog).map_err(|e| serr(e.into()))?;
-        let wake = Arc::new(sys::wake_fd().map_err(serr)?);
+        let wake = Arc::new(sys::wake_fd().map_err(&serr)?);
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(HashMap::new()));
         let conn_threads = Arc::new(Mutex::new(Vec::new()));
@@ -104,7 +94,7 @@ impl PoolServer {
                     .spawn(move || {
                         accept_loop(listener, &p, leases, stop, &wake, conns, conn_threads)
                     })
-                    .map_err(serr)?,
+                    .map_err(&serr)?,
             );
         }
         if idle_prezero {
@@ -113,7 +103,7 @@ impl PoolServer {
                 std::thread::Builder::new()
                     .name("pool-prezero".into())
                     .spawn(move || pool.idle_prezero_loop(&stop))
-                    .map_err(serr)?,
+                    .map_err(&serr)?,
             );
         }
         Ok(PoolServer {

@@ -49,6 +49,17 @@ pub fn ram(size: u64, dma: bool) -> RegionSpec {
     }
 }
 
+/// One DMA-capable "ram" region of `size` bytes of fresh memory under `vanilla`.
+pub fn fresh_ram(size: u64) -> GuestMemory {
+    GuestMemory::new(
+        &[ram(size, true)],
+        MemoryPolicy::Vanilla,
+        MemorySource::Fresh,
+        false,
+    )
+    .unwrap()
+}
+
 /// One DMA-capable "ram" region of `size` bytes taken from `server` (no hugepages).
 pub fn pool_ram(server: &PoolServer, size: u64, policy: MemoryPolicy) -> GuestMemory {
     GuestMemory::new(
