@@ -1,0 +1,297 @@
+//! vhost-user-net frontend: the guest's virtio-net rings are served by a VF
+//! of `burstvm nic` straight from guest memory. The VMM only sets the device
+//! up: the ioeventfds become the vring kicks and the irqfd the vring call,
+//! so data never passes through this process.
+//!
+//! `vf-open` (connect, features, SET_MEM_TABLE of the dma regions) runs
+//! inside `new` for `VfInit::Sync`, on the device's monitor thread for
+//! `VfInit::Async` (FastIOV §4.2.2). DRIVER_OK hands the vrings to the NIC —
+//! inline in sync mode, so the vCPU waits, on the monitor thread in async
+//! mode — and then sets LINK_UP and raises a config interrupt.
+//!
+//! The monitor thread also keeps the session alive, as QEMU and Cloud
+//! Hypervisor do for vhost-user-net: when the NIC daemon goes away (crash,
+//! upgrade) it reconnects to the VF socket with backoff until a deadline and
+//! restores the session — features, memory table, and for a running driver
+//! the vrings with their base taken from the used index in guest memory (a
+//! dead backend cannot answer GET_VRING_BASE), the kick, call and err
+//! eventfds. The vCPU never waits for that: DRIVER_OK or a reset during a
+//! reconnect only change the driver state the monitor restores. What cannot
+//! be restored is reported on stderr (naming the socket and the cause), as a
+//! `vf-lost` trace entry, and to the guest as DEVICE_NEEDS_RESET.
+//!
+//! A guest reset (status 0) stops the backend's rings (RESET_DEVICE, a
+//! VF-level reset, or GET_VRING_BASE) and keeps the session, so the next
+//! DRIVER_OK works on the same VF. A VF the NIC puts into `error` signals its
+//! err eventfd: the device then reports DEVICE_NEEDS_RESET with a config
+//! interrupt.
+//!
+//! Files: `session.rs` (one vhost-user session: open, rings, stop), `monitor.rs` (the
+//! monitor thread: async open, err eventfds, reconnect and restore); the device is here.
+
+mod monitor;
+mod session;
+
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use trace::TraceWriter;
+use vhost::vhost_user::Frontend;
+use vhost::VhostUserMemoryRegionInfo;
+use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::net::{net_config, read_config_bytes, NET_FEATURES};
+use super::{Interrupt, VirtioDevice, VirtioError, QUEUE_MAX_SIZE};
+use crate::bus::{DeviceContext, VfInit};
+
+/// A NIC that does not answer within this time is treated as failed.
+const SOCKET_TIMEOUT: Duration = Duration::from_secs(60);
+/// Reconnect backoff: first pause, doubled up to the cap.
+const BACKOFF_FIRST: Duration = Duration::from_millis(10);
+const BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// A new backend that refuses the restored rings this many times in a row is given up.
+const MAX_RESTORE_FAILURES: u32 = 3;
+
+/// An open vhost-user session.
+struct Session {
+    frontend: Frontend,
+    backend_features: u64,
+    protocol: bool,
+    /// VHOST_USER_PROTOCOL_F_RESET_DEVICE negotiated: a guest reset is a VF reset.
+    reset_device: bool,
+}
+
+/// What the guest driver set up at DRIVER_OK (until its reset).
+struct DriverState {
+    features: u64,
+    queues: Vec<Queue>,
+    /// The rings were handed to some backend before: their positions are in guest memory.
+    started_once: bool,
+}
+
+/// The session and the driver state, shared by the vCPU and the monitor thread. Only the
+/// monitor drops a session (it polls its socket); the vCPU marks it `broken` instead.
+#[derive(Default)]
+struct Conn {
+    session: Option<Session>,
+    /// The rings of `driver` are with the backend of `session`.
+    started: bool,
+    /// A request on `session` failed: the monitor reconnects.
+    broken: bool,
+    driver: Option<DriverState>,
+    /// Why the backend is gone for good (not restored within the deadline, or refused).
+    lost: Option<String>,
+}
+
+/// Everything about one VF device; shared with the monitor thread.
+struct Vf {
+    socket: PathBuf,
+    sandbox: String,
+    regions: Vec<VhostUserMemoryRegionInfo>,
+    /// Keeps the memfds in `regions` open; prepares ring pages before we read them.
+    guestmem: Arc<guestmem::GuestMemory>,
+    /// Device view of guest memory: the used indexes a reconnect restarts from.
+    mem: GuestMemoryMmap,
+    kicks: Vec<EventFd>,
+    call: EventFd,
+    /// One err eventfd per ring (VHOST_USER_SET_VRING_ERR): the NIC put the VF in error.
+    errs: Vec<EventFd>,
+    /// Wakes the monitor (an async DRIVER_OK, a broken session, stopping).
+    wake: EventFd,
+    stopping: AtomicBool,
+    reconnect: Duration,
+    mode: VfInit,
+    trace: Arc<TraceWriter>,
+    interrupt: Arc<Interrupt>,
+    link: AtomicU16,
+    generation: AtomicU32,
+    failed: AtomicBool,
+    conn: Mutex<Conn>,
+}
+
+fn vu_err(socket: &Path, what: &'static str, reason: impl ToString) -> VirtioError {
+    VirtioError::VhostUser {
+        socket: socket.display().to_string(),
+        what,
+        reason: reason.to_string(),
+    }
+}
+
+fn borrow(e: &EventFd) -> BorrowedFd<'_> {
+    // SAFETY: the eventfd lives as long as `e`, which the borrow ties to.
+    unsafe { BorrowedFd::borrow_raw(e.as_raw_fd()) }
+}
+
+pub struct VhostUserNet {
+    mac: [u8; 6],
+    vf: Arc<Vf>,
+    monitor: Option<JoinHandle<()>>,
+}
+
+impl VhostUserNet {
+    pub fn new(
+        socket: &Path,
+        mac: [u8; 6],
+        ctx: &DeviceContext,
+        kicks: Vec<EventFd>,
+        interrupt: Arc<Interrupt>,
+    ) -> Result<Self, VirtioError> {
+        // Only DMA regions are shared with the NIC (design.md "Variants").
+        let regions: Vec<VhostUserMemoryRegionInfo> = ctx
+            .guestmem
+            .regions()
+            .iter()
+            .filter(|r| r.dma())
+            .map(|r| VhostUserMemoryRegionInfo {
+                guest_phys_addr: r.gpa(),
+                memory_size: r.size(),
+                userspace_addr: r.device_view_ptr() as u64,
+                mmap_offset: r.mmap_offset(),
+                mmap_handle: r.memfd().as_raw_fd(),
+            })
+            .collect();
+        if regions.is_empty() {
+            return Err(vu_err(
+                socket,
+                "SET_MEM_TABLE",
+                "no dma region to share with the NIC (a VF needs --dma-ram true)",
+            ));
+        }
+        let call = interrupt
+            .irqfd()
+            .try_clone()
+            .map_err(|e| vu_err(socket, "dup irqfd", e))?;
+        let mk = || EventFd::new(EFD_NONBLOCK).map_err(|e| vu_err(socket, "eventfd", e));
+        let errs = kicks.iter().map(|_| mk()).collect::<Result<Vec<_>, _>>()?;
+        let vf = Arc::new(Vf {
+            socket: socket.to_path_buf(),
+            sandbox: ctx.trace.sandbox().to_string(),
+            regions,
+            guestmem: ctx.guestmem.clone(),
+            mem: ctx.mem.clone(),
+            kicks,
+            call,
+            errs,
+            wake: mk()?,
+            stopping: AtomicBool::new(false),
+            reconnect: ctx.vf_reconnect,
+            mode: ctx.vf_init,
+            trace: ctx.trace.clone(),
+            interrupt,
+            link: AtomicU16::new(0),
+            generation: AtomicU32::new(0),
+            failed: AtomicBool::new(false),
+            conn: Mutex::new(Conn::default()),
+        });
+        if ctx.vf_init == VfInit::Sync {
+            let s = vf.open(true)?;
+            vf.lock().session = Some(s);
+        }
+        let vf2 = vf.clone();
+        let monitor = std::thread::Builder::new()
+            .name("vhost-user-vf".into())
+            .spawn(move || vf2.monitor())
+            .map_err(|e| vu_err(socket, "spawn monitor thread", e))?;
+        Ok(VhostUserNet {
+            mac,
+            vf,
+            monitor: Some(monitor),
+        })
+    }
+}
+
+impl VirtioDevice for VhostUserNet {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_NET
+    }
+    fn features(&self) -> u64 {
+        NET_FEATURES
+    }
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_MAX_SIZE, QUEUE_MAX_SIZE]
+    }
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(
+            &net_config(&self.mac, self.vf.link.load(Ordering::SeqCst)),
+            offset,
+            data,
+        )
+    }
+    fn config_generation(&self) -> u32 {
+        self.vf.generation.load(Ordering::SeqCst)
+    }
+    fn needs_reset(&self) -> bool {
+        self.vf.failed.load(Ordering::SeqCst)
+    }
+    fn used_irq_bypasses_status(&self) -> bool {
+        true
+    }
+    fn activate(&mut self, features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
+        let mut c = self.vf.lock();
+        if let Some(cause) = &c.lost {
+            return Err(self.vf.err("DRIVER_OK", format!("backend lost: {cause}")));
+        }
+        for (i, q) in queues.iter().enumerate() {
+            if !q.ready() {
+                return Err(self
+                    .vf
+                    .err("SET_VRING_ADDR", format!("queue {i} not ready")));
+            }
+            self.vf.ring_config(q)?;
+        }
+        c.driver = Some(DriverState {
+            features,
+            queues,
+            started_once: false,
+        });
+        match self.vf.mode {
+            // The vCPU waits for the NIC to have the rings (unless it is reconnecting:
+            // then the monitor hands them over once it is back).
+            VfInit::Sync => {
+                if let Err(e) = self.vf.apply(&mut c) {
+                    tracing::warn!("{e}; reconnecting");
+                }
+            }
+            VfInit::Async => {
+                let _ = self.vf.wake.write(1);
+            }
+        }
+        Ok(())
+    }
+    fn reset(&mut self) {
+        let mut c = self.vf.lock();
+        let rings = c.driver.take().map_or(0, |d| d.queues.len());
+        if c.started {
+            c.started = false;
+            if let Some(s) = c.session.as_mut() {
+                // The NIC stops using guest memory before the reset completes.
+                if let Err(e) = self.vf.stop(s, rings) {
+                    tracing::warn!("{e}; reconnecting");
+                    c.broken = true;
+                    let _ = self.vf.wake.write(1);
+                }
+            }
+        }
+        self.vf.link.store(0, Ordering::SeqCst);
+        // A reset clears what the backend reported (the VF reset took it out of error);
+        // a lost backend stays lost.
+        self.vf.failed.store(c.lost.is_some(), Ordering::SeqCst);
+    }
+}
+
+impl Drop for VhostUserNet {
+    fn drop(&mut self) {
+        self.vf.stopping.store(true, Ordering::SeqCst);
+        let _ = self.vf.wake.write(1);
+        if let Some(t) = self.monitor.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! One vhost-user session with the NIC: `vf-open`, handing the rings over, stopping them.
+
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+
+use trace::{monotonic_ns, Stage};
+use vhost::vhost_user::message::{
+    VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VringConfigData};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_mmio::VIRTIO_MMIO_INT_CONFIG;
+use virtio_bindings::virtio_net::VIRTIO_NET_S_LINK_UP;
+use virtio_queue::{Queue, QueueT};
+
+use super::{vu_err, Conn, DriverState, Session, Vf, SOCKET_TIMEOUT};
+use crate::virtio::VirtioError;
+
+impl Vf {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Conn> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn err(&self, what: &'static str, reason: impl ToString) -> VirtioError {
+        vu_err(&self.socket, what, reason)
+    }
+
+    /// A line on stderr that names the sandbox and the VF socket (the runtime reads it).
+    pub(super) fn report(&self, msg: &str) {
+        eprintln!(
+            "sandbox {}: VF socket {}: {msg}",
+            self.sandbox,
+            self.socket.display()
+        );
+    }
+
+    /// `vf-open` (the first time): connect, SET_OWNER, features, SET_MEM_TABLE (acked, so
+    /// the NIC's mapping of guest memory is inside the stage).
+    pub(super) fn open(&self, first: bool) -> Result<Session, VirtioError> {
+        let start = monotonic_ns();
+        let stream = UnixStream::connect(&self.socket).map_err(|e| self.err("connect", e))?;
+        stream
+            .set_read_timeout(Some(SOCKET_TIMEOUT))
+            .and_then(|_| stream.set_write_timeout(Some(SOCKET_TIMEOUT)))
+            .map_err(|e| self.err("socket timeout", e))?;
+        let mut frontend = Frontend::from_stream(stream, 2);
+        frontend.set_owner().map_err(|e| self.err("SET_OWNER", e))?;
+        let backend_features = frontend
+            .get_features()
+            .map_err(|e| self.err("GET_FEATURES", e))?;
+        if backend_features & (1 << VIRTIO_F_VERSION_1) == 0 {
+            return Err(self.err("GET_FEATURES", "backend lacks VIRTIO_F_VERSION_1"));
+        }
+        let protocol = backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0;
+        // Features are final only at DRIVER_OK; until then VERSION_1 (and
+        // the protocol-features bit) lets the NIC interpret our messages.
+        let early = (1 << VIRTIO_F_VERSION_1)
+            | (backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
+        frontend
+            .set_features(early)
+            .map_err(|e| self.err("SET_FEATURES", e))?;
+        let mut reset_device = false;
+        if protocol {
+            let theirs = frontend
+                .get_protocol_features()
+                .map_err(|e| self.err("GET_PROTOCOL_FEATURES", e))?;
+            let ours = theirs
+                & (VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::RESET_DEVICE);
+            frontend
+                .set_protocol_features(ours)
+                .map_err(|e| self.err("SET_PROTOCOL_FEATURES", e))?;
+            if ours.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+                frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+            }
+            reset_device = ours.contains(VhostUserProtocolFeatures::RESET_DEVICE);
+        }
+        frontend
+            .set_mem_table(&self.regions)
+            .map_err(|e| self.err("SET_MEM_TABLE", e))?;
+        if first {
+            if let Err(e) = self.trace.record(Stage::VfOpen, start, monotonic_ns()) {
+                tracing::warn!("vhost-user {}: trace: {e}", self.socket.display());
+            }
+        }
+        Ok(Session {
+            frontend,
+            backend_features,
+            protocol,
+            reset_device,
+        })
+    }
+
+    /// The address the NIC knows `gpa` by: the userspace address we gave
+    /// for its region in SET_MEM_TABLE (vhost-user vring addresses are
+    /// frontend virtual addresses).
+    pub(super) fn host_addr(&self, gpa: u64, what: &'static str) -> Result<u64, VirtioError> {
+        self.regions
+            .iter()
+            .find(|r| gpa >= r.guest_phys_addr && gpa - r.guest_phys_addr < r.memory_size)
+            .map(|r| r.userspace_addr + (gpa - r.guest_phys_addr))
+            .ok_or_else(|| self.err(what, format!("{gpa:#x} is not in a dma region")))
+    }
+
+    pub(super) fn ring_config(&self, q: &Queue) -> Result<VringConfigData, VirtioError> {
+        Ok(VringConfigData {
+            queue_max_size: q.max_size(),
+            queue_size: q.size(),
+            flags: 0,
+            desc_table_addr: self.host_addr(q.desc_table(), "descriptor table")?,
+            used_ring_addr: self.host_addr(q.used_ring(), "used ring")?,
+            avail_ring_addr: self.host_addr(q.avail_ring(), "avail ring")?,
+            log_addr: None,
+        })
+    }
+
+    /// Where each ring of `d` restarts: 0 for a fresh driver; after a reconnect the used
+    /// index in guest memory (what the old backend completed; what it had taken but not
+    /// completed is taken again).
+    pub(super) fn ring_bases(&self, d: &DriverState) -> Result<Vec<u16>, VirtioError> {
+        if !d.started_once {
+            return Ok(vec![0; d.queues.len()]);
+        }
+        d.queues
+            .iter()
+            .map(|q| {
+                // Ring pages the guest never touched are zeroed first (lazy memory).
+                for gpa in [q.used_ring(), q.avail_ring()] {
+                    self.guestmem
+                        .prepare_for_device_write(gpa, 4)
+                        .map_err(|e| self.err("used index", e))?;
+                }
+                q.used_idx(&self.mem, Ordering::Acquire)
+                    .map(|w| w.0)
+                    .map_err(|e| self.err("used index", e))
+            })
+            .collect()
+    }
+
+    /// Hands the rings of `d` to the backend of `s`, starting at `bases`.
+    pub(super) fn start(
+        &self,
+        s: &mut Session,
+        d: &DriverState,
+        bases: &[u16],
+    ) -> Result<(), VirtioError> {
+        let f = &mut s.frontend;
+        let mut acked = d.features & s.backend_features;
+        acked |= s.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        f.set_features(acked)
+            .map_err(|e| self.err("SET_FEATURES", e))?;
+        for (i, q) in d.queues.iter().enumerate() {
+            let cfg = self.ring_config(q)?;
+            f.set_vring_num(i, q.size())
+                .map_err(|e| self.err("SET_VRING_NUM", e))?;
+            f.set_vring_addr(i, &cfg)
+                .map_err(|e| self.err("SET_VRING_ADDR", e))?;
+            f.set_vring_base(i, bases[i])
+                .map_err(|e| self.err("SET_VRING_BASE", e))?;
+            f.set_vring_call(i, &self.call)
+                .map_err(|e| self.err("SET_VRING_CALL", e))?;
+            f.set_vring_err(i, &self.errs[i])
+                .map_err(|e| self.err("SET_VRING_ERR", e))?;
+            f.set_vring_kick(i, &self.kicks[i])
+                .map_err(|e| self.err("SET_VRING_KICK", e))?;
+            if s.protocol {
+                f.set_vring_enable(i, true)
+                    .map_err(|e| self.err("SET_VRING_ENABLE", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the backend using the rings (guest reset): a VF reset when negotiated, else
+    /// GET_VRING_BASE on each ring.
+    pub(super) fn stop(&self, s: &mut Session, rings: usize) -> Result<(), VirtioError> {
+        if s.reset_device {
+            return s
+                .frontend
+                .reset_device()
+                .map_err(|e| self.err("RESET_DEVICE", e));
+        }
+        for i in 0..rings {
+            s.frontend
+                .get_vring_base(i)
+                .map_err(|e| self.err("GET_VRING_BASE", e))?;
+        }
+        Ok(())
+    }
+
+    /// Starts the driver's rings on the current session if that is still to be done.
+    /// A failure of the connection leaves the session to the monitor (reconnect).
+    pub(super) fn apply(&self, c: &mut Conn) -> Result<(), VirtioError> {
+        let Conn {
+            session: Some(s),
+            started: started @ false,
+            broken: false,
+            driver: Some(d),
+            ..
+        } = c
+        else {
+            return Ok(());
+        };
+        let bases = match self.ring_bases(d) {
+            Ok(b) => b,
+            Err(e) => {
+                self.fail();
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.start(s, d, &bases) {
+            c.broken = true;
+            let _ = self.wake.write(1);
+            return Err(e);
+        }
+        *started = true;
+        d.started_once = true;
+        self.set_link(true);
+        Ok(())
+    }
+
+    pub(super) fn set_link(&self, up: bool) {
+        self.link.store(
+            if up { VIRTIO_NET_S_LINK_UP as u16 } else { 0 },
+            Ordering::SeqCst,
+        );
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.interrupt.signal(VIRTIO_MMIO_INT_CONFIG);
+    }
+
+    /// DEVICE_NEEDS_RESET plus a config interrupt.
+    pub(super) fn fail(&self) {
+        self.failed.store(true, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.interrupt.signal(VIRTIO_MMIO_INT_CONFIG);
+    }
+}
