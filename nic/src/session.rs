@@ -294,7 +294,10 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         })
     }
     fn get_protocol_features(&mut self) -> Result<VhostUserProtocolFeatures> {
-        Ok(VhostUserProtocolFeatures::CONFIG | VhostUserProtocolFeatures::RESET_DEVICE)
+        // REPLY_ACK: a frontend can wait until RESET_DEVICE (or SET_MEM_TABLE) is done.
+        Ok(VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::RESET_DEVICE
+            | VhostUserProtocolFeatures::REPLY_ACK)
     }
     fn set_protocol_features(&mut self, features: u64) -> Result<()> {
         self.acked_protocol = features;

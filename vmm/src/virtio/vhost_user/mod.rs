@@ -279,6 +279,10 @@ impl VirtioDevice for VhostUserNet {
                 }
             }
         }
+        // The stop is acknowledged, so the NIC has signalled whatever error the old rings
+        // had (it signals in the same VF-side critical section as it enters the error
+        // state): those signals are about the rings this reset ends, not the next ones.
+        self.vf.take_err_signals();
         self.vf.link.store(0, Ordering::SeqCst);
         // A reset clears what the backend reported (the VF reset took it out of error);
         // a lost backend stays lost.

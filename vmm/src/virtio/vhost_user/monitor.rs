@@ -99,11 +99,10 @@ impl Vf {
                 }
             }
             if errored {
-                for e in &self.errs {
-                    let _ = e.read();
-                }
-                let running = self.lock().started;
-                if running {
+                // Under the lock, as the guest's reset drains them: a signal that reset
+                // already consumed (an error of the rings it stopped) is not reported.
+                let c = self.lock();
+                if self.take_err_signals() && c.started {
                     self.report(
                         "the NIC put the VF in error (malformed descriptors?); device needs reset",
                     );

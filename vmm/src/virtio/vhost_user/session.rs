@@ -229,6 +229,14 @@ impl Vf {
         self.interrupt.signal(VIRTIO_MMIO_INT_CONFIG);
     }
 
+    /// Consumes the NIC's error signals of every ring; whether there was one. Callers hold
+    /// the connection lock, so that each signal is taken once: by the monitor (reported)
+    /// or by a guest reset (the error of the rings it stopped).
+    pub(super) fn take_err_signals(&self) -> bool {
+        // Every one is read (no short cut), so that each ring's signal is consumed.
+        self.errs.iter().filter(|e| e.read().is_ok()).count() > 0
+    }
+
     /// DEVICE_NEEDS_RESET plus a config interrupt.
     pub(super) fn fail(&self) {
         self.failed.store(true, Ordering::SeqCst);
