@@ -2,13 +2,16 @@
 //! PVH note (hvm_start_info, 32-bit protected mode) or else the 64-bit boot
 //! protocol (boot_params + e820).
 //!
-//! linux-loader writes into a scratch copy of the guest's address space
-//! (anonymous, so only touched pages cost memory); the builder then copies
-//! the written ranges into guest memory with `write_instant`, so that lazy
-//! zeroing never wipes them.
+//! `probe` reads the ELF and program headers before any memory exists (bad
+//! input fails first); `LoadedKernel::write` then has linux-loader write the
+//! segments, command line and boot parameters straight into guest memory
+//! through the device view, after the instant-zero list claimed exactly
+//! those pages (lazy zeroing never wipes them). Nothing else is touched: an
+//! ELF at 16 MiB costs its own pages, not the 16 MiB below it.
 
 use std::fs::File;
-use std::path::Path;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 use linux_loader::configurator::linux::LinuxBootConfigurator;
 use linux_loader::configurator::pvh::PvhBootConfigurator;
@@ -19,7 +22,7 @@ use linux_loader::loader::elf::start_info::{
 };
 use linux_loader::loader::elf::{Elf, PvhBootCapability};
 use linux_loader::loader::{load_cmdline, Cmdline, KernelLoader};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{ByteValued, GuestAddress, GuestMemoryMmap};
 
 use crate::error::Error;
 use crate::layout::{
@@ -32,16 +35,66 @@ const HVM_START_MAGIC: u32 = 0x336e_c578;
 const MODLIST_ADDR: u64 = 0x7c00;
 /// Linux 64-bit boot protocol: stack below the boot_params page.
 const BOOT_STACK: u64 = 0x8ff0;
+/// The boot pages below 1 MiB the loader writes: boot info, PVH memmap and
+/// module list (0x7000..0x8000) and the command line.
+const BOOT_PAGES: [(u64, u64); 2] = [(BOOT_INFO_ADDR, 0x1000), (CMDLINE_ADDR, CMDLINE_MAX as u64)];
 
-/// What the builder needs to copy and how to enter.
+/// A probed kernel (and initrd), ready to be written into guest memory.
 pub struct LoadedKernel {
-    /// Scratch memory holding everything written.
-    pub scratch: GuestMemoryMmap,
-    /// Guest ranges (gpa, len) that hold written data, to copy into guest memory.
-    pub ranges: Vec<(u64, u64)>,
+    path: PathBuf,
+    file: File,
+    /// Guest range `[start, end)` of the PT_LOAD segments (bss included).
+    span: (u64, u64),
+    initrd: Option<(u64, Vec<u8>)>,
+    cmdline: Cmdline,
+    ram_size: u64,
+}
+
+/// Where the vCPUs enter a written kernel.
+pub struct KernelEntry {
     pub entry: EntryMode,
     pub pvh: bool,
 }
+
+// ELF64 headers, as far as the probe reads them (the ELF spec's layout).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Ehdr {
+    ident: [u8; 16],
+    typ: u16,
+    machine: u16,
+    version: u32,
+    entry: u64,
+    phoff: u64,
+    shoff: u64,
+    flags: u32,
+    ehsize: u16,
+    phentsize: u16,
+    phnum: u16,
+    shentsize: u16,
+    shnum: u16,
+    shstrndx: u16,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Phdr {
+    typ: u32,
+    flags: u32,
+    offset: u64,
+    vaddr: u64,
+    paddr: u64,
+    filesz: u64,
+    memsz: u64,
+    align: u64,
+}
+
+// SAFETY: plain integers in the ELF spec's layout; any bytes are a value.
+unsafe impl ByteValued for Ehdr {}
+// SAFETY: as above.
+unsafe impl ByteValued for Phdr {}
+
+const PT_LOAD: u32 = 1;
 
 fn kerr(path: &Path, msg: impl Into<String>) -> Error {
     Error::Kernel {
@@ -96,163 +149,230 @@ fn e820(ram_size: u64) -> [(u64, u64); 2] {
     [(0, EBDA_START), (HIMEM_START, ram_size - HIMEM_START)]
 }
 
-pub fn load(
+fn elf_err(kernel: &Path, e: linux_loader::loader::elf::Error) -> Error {
+    let hint = match e {
+        linux_loader::loader::elf::Error::InvalidElfMagicNumber => {
+            " (not an ELF file; a bzImage/vmlinuz must be extracted to its vmlinux first)"
+        }
+        _ => "",
+    };
+    kerr(kernel, format!("not a bootable vmlinux ELF: {e}{hint}"))
+}
+
+/// The guest range of the PT_LOAD segments, from the headers only (the
+/// checks linux-loader makes, so that it cannot fail later on the same file).
+fn segment_span(kernel: &Path, f: &mut File) -> Result<(u64, u64), Error> {
+    use linux_loader::loader::elf::Error as E;
+    use std::io::{Seek, SeekFrom};
+    let mut ehdr = Ehdr::default();
+    f.read_exact(ehdr.as_mut_slice())
+        .map_err(|_| elf_err(kernel, E::ReadElfHeader))?;
+    if ehdr.ident[..4] != *b"\x7fELF" {
+        return Err(elf_err(kernel, E::InvalidElfMagicNumber));
+    }
+    if ehdr.ident[5] != 1 {
+        return Err(elf_err(kernel, E::BigEndianElfOnLittle));
+    }
+    if ehdr.phentsize as usize != std::mem::size_of::<Phdr>() {
+        return Err(elf_err(kernel, E::InvalidProgramHeaderSize));
+    }
+    if (ehdr.phoff as usize) < std::mem::size_of::<Ehdr>() {
+        return Err(elf_err(kernel, E::InvalidProgramHeaderOffset));
+    }
+    if ehdr.entry < HIMEM_START {
+        return Err(elf_err(kernel, E::InvalidEntryAddress));
+    }
+    f.seek(SeekFrom::Start(ehdr.phoff))
+        .map_err(|_| elf_err(kernel, E::SeekProgramHeader))?;
+    let (mut start, mut end) = (u64::MAX, 0u64);
+    for _ in 0..ehdr.phnum {
+        let mut ph = Phdr::default();
+        f.read_exact(ph.as_mut_slice())
+            .map_err(|_| elf_err(kernel, E::ReadProgramHeader))?;
+        if ph.typ != PT_LOAD || ph.filesz == 0 {
+            continue;
+        }
+        let seg_end = ph
+            .paddr
+            .checked_add(ph.memsz.max(ph.filesz))
+            .ok_or_else(|| elf_err(kernel, E::InvalidProgramHeaderAddress))?;
+        start = start.min(ph.paddr);
+        end = end.max(seg_end);
+    }
+    if end == 0 {
+        return Err(kerr(
+            kernel,
+            "not a bootable vmlinux ELF: no loadable segment",
+        ));
+    }
+    Ok((start, end))
+}
+
+/// Reads the kernel's headers and the initrd and checks they fit in
+/// `ram_size`: everything that can be wrong with the files, before any
+/// guest memory exists.
+pub fn probe(
     kernel: &Path,
     initrd: Option<&Path>,
     cmdline: &Cmdline,
     ram_size: u64,
 ) -> Result<LoadedKernel, Error> {
-    let scratch = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram_size as usize)])
-        .map_err(|e| kerr(kernel, format!("scratch memory for loading: {e}")))?;
-    let mut f = File::open(kernel).map_err(|e| kerr(kernel, format!("cannot open: {e}")))?;
-    let res = Elf::load(&scratch, None, &mut f, Some(GuestAddress(HIMEM_START))).map_err(|e| {
-        let hint = match e {
-            linux_loader::loader::Error::Elf(
-                linux_loader::loader::elf::Error::InvalidElfMagicNumber,
-            ) => " (not an ELF file; a bzImage/vmlinuz must be extracted to its vmlinux first)",
-            _ => "",
-        };
-        kerr(kernel, format!("not a bootable vmlinux ELF: {e}{hint}"))
-    })?;
-    let kernel_start = res.kernel_load.0.min(HIMEM_START);
-    let kernel_end = res.kernel_end;
-    if kernel_end > ram_size {
+    let mut file = File::open(kernel).map_err(|e| kerr(kernel, format!("cannot open: {e}")))?;
+    let (start, end) = segment_span(kernel, &mut file)?;
+    if start < HIMEM_START || end > ram_size {
         return Err(kerr(
             kernel,
-            format!("ends at {kernel_end:#x}, beyond guest RAM of {ram_size:#x} bytes"),
+            format!(
+                "segments {start:#x}..{end:#x} are not inside guest RAM \
+                 {HIMEM_START:#x}..{ram_size:#x}"
+            ),
         ));
     }
-    let mut ranges = vec![
-        (0u64, HIMEM_START),
-        (
-            kernel_start.max(HIMEM_START),
-            kernel_end - kernel_start.max(HIMEM_START),
-        ),
-    ];
-
-    let mut initrd_range = None;
-    if let Some(p) = initrd {
-        let data = std::fs::read(p).map_err(|e| Error::Initrd {
-            path: p.to_path_buf(),
-            msg: format!("cannot read: {e}"),
-        })?;
-        let len = data.len() as u64;
-        let addr = ram_size
-            .checked_sub(align_up(len, 4096))
-            .filter(|a| *a >= align_up(kernel_end, 4096));
-        let addr = addr.ok_or_else(|| Error::Initrd {
-            path: p.to_path_buf(),
-            msg: format!(
-                "{len} bytes do not fit in guest RAM above the kernel (end {kernel_end:#x})"
-            ),
-        })?;
-        scratch
-            .write_slice(&data, GuestAddress(addr))
-            .map_err(|e| Error::Initrd {
+    let initrd = match initrd {
+        None => None,
+        Some(p) => {
+            let data = std::fs::read(p).map_err(|e| Error::Initrd {
                 path: p.to_path_buf(),
-                msg: e.to_string(),
+                msg: format!("cannot read: {e}"),
             })?;
-        ranges.push((addr, len));
-        initrd_range = Some((addr, len));
-    }
-
-    load_cmdline(&scratch, GuestAddress(CMDLINE_ADDR), cmdline)
-        .map_err(|e| kerr(kernel, format!("cmdline: {e}")))?;
-    let cmdline_len = cmdline
-        .as_cstring()
-        .map(|c| c.as_bytes_with_nul().len())
-        .unwrap_or(1);
-
-    let (entry, pvh) = match res.pvh_boot_cap {
-        PvhBootCapability::PvhEntryPresent(addr) => {
-            let memmap: Vec<hvm_memmap_table_entry> = e820(ram_size)
-                .iter()
-                .map(|&(addr, size)| hvm_memmap_table_entry {
-                    addr,
-                    size,
-                    type_: E820_RAM,
-                    reserved: 0,
-                })
-                .collect();
-            let mut info = hvm_start_info {
-                magic: HVM_START_MAGIC,
-                version: 1,
-                cmdline_paddr: CMDLINE_ADDR,
-                memmap_paddr: MEMMAP_ADDR,
-                memmap_entries: memmap.len() as u32,
-                ..Default::default()
-            };
-            let mut params = BootParams::new(&info, GuestAddress(BOOT_INFO_ADDR));
-            params.set_sections(&memmap, GuestAddress(MEMMAP_ADDR));
-            if let Some((paddr, size)) = initrd_range {
-                info.nr_modules = 1;
-                info.modlist_paddr = MODLIST_ADDR;
-                params = BootParams::new(&info, GuestAddress(BOOT_INFO_ADDR));
-                params.set_sections(&memmap, GuestAddress(MEMMAP_ADDR));
-                params.set_modules(
-                    &[hvm_modlist_entry {
-                        paddr,
-                        size,
-                        ..Default::default()
-                    }],
-                    GuestAddress(MODLIST_ADDR),
-                );
-            }
-            PvhBootConfigurator::write_bootparams::<GuestMemoryMmap>(&params, &scratch)
-                .map_err(|e| kerr(kernel, format!("PVH start info: {e}")))?;
-            (
-                EntryMode::Pvh32 {
-                    rip: addr.0,
-                    rbx: BOOT_INFO_ADDR,
-                },
-                true,
-            )
-        }
-        _ => {
-            let mut bp = boot_params::default();
-            if let Some(hdr) = res.setup_header {
-                bp.hdr = hdr;
-            }
-            bp.hdr.type_of_loader = 0xff;
-            bp.hdr.boot_flag = 0xaa55;
-            bp.hdr.header = 0x5372_6448; // "HdrS"
-            bp.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
-            bp.hdr.cmdline_size = cmdline_len as u32;
-            bp.hdr.kernel_alignment = 0x0100_0000;
-            if let Some((addr, len)) = initrd_range {
-                bp.hdr.ramdisk_image = addr as u32;
-                bp.hdr.ramdisk_size = len as u32;
-            }
-            for (i, &(addr, size)) in e820(ram_size).iter().enumerate() {
-                bp.e820_table[i] = boot_e820_entry {
-                    addr,
-                    size,
-                    r#type: E820_RAM,
-                };
-            }
-            bp.e820_entries = 2;
-            LinuxBootConfigurator::write_bootparams::<GuestMemoryMmap>(
-                &BootParams::new(&bp, GuestAddress(BOOT_INFO_ADDR)),
-                &scratch,
-            )
-            .map_err(|e| kerr(kernel, format!("boot_params: {e}")))?;
-            (
-                EntryMode::Long64 {
-                    rip: res.kernel_load.0,
-                    rsp: BOOT_STACK,
-                    rdi: 0,
-                    rsi: BOOT_INFO_ADDR,
-                },
-                false,
-            )
+            let len = data.len() as u64;
+            let addr = ram_size
+                .checked_sub(align_up(len, 4096))
+                .filter(|a| *a >= align_up(end, 4096));
+            let addr = addr.ok_or_else(|| Error::Initrd {
+                path: p.to_path_buf(),
+                msg: format!("{len} bytes do not fit in guest RAM above the kernel (end {end:#x})"),
+            })?;
+            Some((addr, data))
         }
     };
     Ok(LoadedKernel {
-        scratch,
-        ranges,
-        entry,
-        pvh,
+        path: kernel.to_path_buf(),
+        file,
+        span: (start, end),
+        initrd,
+        cmdline: cmdline.clone(),
+        ram_size,
     })
+}
+
+impl LoadedKernel {
+    /// Writes the kernel segments, initrd, command line and boot parameters
+    /// into guest memory: `prepare` claims each range on the instant-zero
+    /// list first, then linux-loader writes it through `view` (the device
+    /// view). Returns where the vCPUs enter.
+    pub fn write(
+        mut self,
+        view: &GuestMemoryMmap,
+        prepare: &dyn Fn(u64, u64, &'static str) -> Result<(), Error>,
+        write: &dyn Fn(u64, &[u8], &'static str) -> Result<(), Error>,
+    ) -> Result<KernelEntry, Error> {
+        let kernel = self.path.as_path();
+        let ram_size = self.ram_size;
+        prepare(self.span.0, self.span.1 - self.span.0, "kernel")?;
+        let res = Elf::load(view, None, &mut self.file, Some(GuestAddress(HIMEM_START)))
+            .map_err(|e| kerr(kernel, format!("not a bootable vmlinux ELF: {e}")))?;
+        for (gpa, len) in BOOT_PAGES {
+            prepare(gpa, len, "boot parameters")?;
+        }
+        let mut initrd_range = None;
+        if let Some((addr, data)) = &self.initrd {
+            write(*addr, data, "initrd")?;
+            initrd_range = Some((*addr, data.len() as u64));
+        }
+        let cmdline = &self.cmdline;
+        load_cmdline(view, GuestAddress(CMDLINE_ADDR), cmdline)
+            .map_err(|e| kerr(kernel, format!("cmdline: {e}")))?;
+        let cmdline_len = cmdline
+            .as_cstring()
+            .map(|c| c.as_bytes_with_nul().len())
+            .unwrap_or(1);
+        let (entry, pvh) = match res.pvh_boot_cap {
+            PvhBootCapability::PvhEntryPresent(addr) => {
+                let memmap: Vec<hvm_memmap_table_entry> = e820(ram_size)
+                    .iter()
+                    .map(|&(addr, size)| hvm_memmap_table_entry {
+                        addr,
+                        size,
+                        type_: E820_RAM,
+                        reserved: 0,
+                    })
+                    .collect();
+                let mut info = hvm_start_info {
+                    magic: HVM_START_MAGIC,
+                    version: 1,
+                    cmdline_paddr: CMDLINE_ADDR,
+                    memmap_paddr: MEMMAP_ADDR,
+                    memmap_entries: memmap.len() as u32,
+                    ..Default::default()
+                };
+                let mut params = BootParams::new(&info, GuestAddress(BOOT_INFO_ADDR));
+                params.set_sections(&memmap, GuestAddress(MEMMAP_ADDR));
+                if let Some((paddr, size)) = initrd_range {
+                    info.nr_modules = 1;
+                    info.modlist_paddr = MODLIST_ADDR;
+                    params = BootParams::new(&info, GuestAddress(BOOT_INFO_ADDR));
+                    params.set_sections(&memmap, GuestAddress(MEMMAP_ADDR));
+                    params.set_modules(
+                        &[hvm_modlist_entry {
+                            paddr,
+                            size,
+                            ..Default::default()
+                        }],
+                        GuestAddress(MODLIST_ADDR),
+                    );
+                }
+                PvhBootConfigurator::write_bootparams::<GuestMemoryMmap>(&params, view)
+                    .map_err(|e| kerr(kernel, format!("PVH start info: {e}")))?;
+                (
+                    EntryMode::Pvh32 {
+                        rip: addr.0,
+                        rbx: BOOT_INFO_ADDR,
+                    },
+                    true,
+                )
+            }
+            _ => {
+                let mut bp = boot_params::default();
+                if let Some(hdr) = res.setup_header {
+                    bp.hdr = hdr;
+                }
+                bp.hdr.type_of_loader = 0xff;
+                bp.hdr.boot_flag = 0xaa55;
+                bp.hdr.header = 0x5372_6448; // "HdrS"
+                bp.hdr.cmd_line_ptr = CMDLINE_ADDR as u32;
+                bp.hdr.cmdline_size = cmdline_len as u32;
+                bp.hdr.kernel_alignment = 0x0100_0000;
+                if let Some((addr, len)) = initrd_range {
+                    bp.hdr.ramdisk_image = addr as u32;
+                    bp.hdr.ramdisk_size = len as u32;
+                }
+                for (i, &(addr, size)) in e820(ram_size).iter().enumerate() {
+                    bp.e820_table[i] = boot_e820_entry {
+                        addr,
+                        size,
+                        r#type: E820_RAM,
+                    };
+                }
+                bp.e820_entries = 2;
+                LinuxBootConfigurator::write_bootparams::<GuestMemoryMmap>(
+                    &BootParams::new(&bp, GuestAddress(BOOT_INFO_ADDR)),
+                    view,
+                )
+                .map_err(|e| kerr(kernel, format!("boot_params: {e}")))?;
+                (
+                    EntryMode::Long64 {
+                        rip: res.kernel_load.0,
+                        rsp: BOOT_STACK,
+                        rdi: 0,
+                        rsi: BOOT_INFO_ADDR,
+                    },
+                    false,
+                )
+            }
+        };
+        Ok(KernelEntry { entry, pvh })
+    }
 }
 
 #[cfg(test)]
@@ -277,7 +397,7 @@ mod tests {
         let p = dir.join("notakernel");
         std::fs::write(&p, b"MZ this is not an elf file at all, just bytes........").unwrap();
         let c = build_cmdline(None, &[]).unwrap();
-        let e = load(&p, None, &c, 64 << 20).err().unwrap().to_string();
+        let e = probe(&p, None, &c, 64 << 20).err().unwrap().to_string();
         assert!(
             e.contains("notakernel") && e.contains("not a bootable"),
             "{e}"

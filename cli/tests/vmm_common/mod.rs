@@ -1,7 +1,7 @@
 // Shared helpers for the vmm_* integration tests (included with `mod`).
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -94,4 +94,50 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
         assert!(t.elapsed() < limit, "VMM did not exit");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Where the tiny test kernels load by default (1 MiB, the lowest the VMM allows).
+pub const LOW_LOAD: u64 = 0x10_0000;
+
+/// An ELF64 executable with one PT_LOAD of `code` at physical `load`, the
+/// entry at its start (no PVH note: the 64-bit boot protocol, long mode).
+pub fn tiny_elf(dir: &Path, name: &str, load: u64, code: &[u8]) -> PathBuf {
+    let mut f = Vec::new();
+    f.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    f.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    f.extend_from_slice(&0x3eu16.to_le_bytes()); // x86-64
+    f.extend_from_slice(&1u32.to_le_bytes());
+    f.extend_from_slice(&load.to_le_bytes()); // e_entry
+    f.extend_from_slice(&64u64.to_le_bytes()); // e_phoff
+    f.extend_from_slice(&0u64.to_le_bytes()); // e_shoff
+    f.extend_from_slice(&0u32.to_le_bytes()); // e_flags
+    for v in [64u16, 56, 1, 64, 0, 0] {
+        f.extend_from_slice(&v.to_le_bytes()); // ehsize, phentsize, phnum, shentsize, shnum, shstrndx
+    }
+    f.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
+    f.extend_from_slice(&5u32.to_le_bytes()); // R+X
+    for v in [
+        0x1000u64,
+        load,
+        load,
+        code.len() as u64,
+        code.len() as u64,
+        0x1000,
+    ] {
+        f.extend_from_slice(&v.to_le_bytes()); // offset, vaddr, paddr, filesz, memsz, align
+    }
+    f.resize(0x1000, 0);
+    f.extend_from_slice(code);
+    let p = dir.join(name);
+    std::fs::write(&p, f).unwrap();
+    p
+}
+
+/// `outl DATA=data; outb EVENT=event; jmp .`
+pub fn agent_event(event: u8, data: u32) -> Vec<u8> {
+    let mut c = vec![0x66, 0xba, 0x04, 0x0f, 0xb8]; // mov dx, 0x0f04; mov eax, imm32
+    c.extend_from_slice(&data.to_le_bytes());
+    c.extend_from_slice(&[0xef, 0x66, 0xba, 0x00, 0x0f, 0xb0, event, 0xee]); // out; mov dx, 0x0f00; mov al, ev; out
+    c.extend_from_slice(&[0xeb, 0xfe]);
+    c
 }

@@ -1,10 +1,11 @@
 //! Step 4 of the build: the guest's boot state, all written on guestmem's
 //! instant-zero list (lazy zeroing never wipes it). The built-in agent gets
 //! GDT, page tables, boot info, its image, the app payload and (pmem mode)
-//! the EROFS image; a Linux kernel gets what linux-loader staged, plus GDT,
-//! page tables and the MP table.
+//! the EROFS image; a Linux kernel gets what linux-loader writes (segments,
+//! initrd, command line, boot parameters) plus GDT, page tables and the MP
+//! table, and nothing else.
 
-use vm_memory::{ByteValued, Bytes, GuestAddress};
+use vm_memory::{ByteValued, GuestMemoryMmap};
 
 use trace::{monotonic_ns, Stage, TraceWriter};
 
@@ -26,6 +27,7 @@ pub(super) fn load_guest(
     cfg: &VmConfig,
     mem: &guestmem::GuestMemory,
     linux: Option<LoadedKernel>,
+    view: &GuestMemoryMmap,
     devs: &[DevEntry],
     image: &ImageLayout,
 ) -> Result<LoadedGuest, Error> {
@@ -62,38 +64,25 @@ pub(super) fn load_guest(
             }
         }
         Some(k) => {
-            let gdt: &[u64] = if k.pvh { &x86::GDT_32 } else { &x86::GDT_64 };
-            let scratch_err = |e: vm_memory::GuestMemoryError| Error::GuestWrite {
-                sandbox: sb.to_string(),
-                gpa: 0,
-                what: "kernel staging",
-                msg: e.to_string(),
+            let prepare = |gpa: u64, len: u64, what: &'static str| {
+                mem.prepare_for_device_write(gpa, len)
+                    .map_err(|e| Error::GuestWrite {
+                        sandbox: sb.to_string(),
+                        gpa,
+                        what,
+                        msg: e.to_string(),
+                    })
             };
-            k.scratch
-                .write_slice(&x86::gdt_bytes(gdt), GuestAddress(GDT_ADDR))
-                .map_err(scratch_err)?;
-            k.scratch
-                .write_slice(&x86::page_tables(), GuestAddress(PML4_ADDR))
-                .map_err(scratch_err)?;
+            let k = k.write(view, &prepare, &write)?;
+            let gdt: &[u64] = if k.pvh { &x86::GDT_32 } else { &x86::GDT_64 };
+            write(GDT_ADDR, &x86::gdt_bytes(gdt), "GDT")?;
+            write(PML4_ADDR, &x86::page_tables(), "page tables")?;
             // CPU count and IOAPIC routing for the kernel.
-            k.scratch
-                .write_slice(
-                    &crate::mptable::build(cfg.vcpus),
-                    GuestAddress(crate::mptable::MPTABLE_ADDR),
-                )
-                .map_err(scratch_err)?;
-            let mut buf = vec![0u8; 2 << 20];
-            for &(gpa, len) in &k.ranges {
-                let mut off = 0;
-                while off < len {
-                    let n = (len - off).min(buf.len() as u64) as usize;
-                    k.scratch
-                        .read_slice(&mut buf[..n], GuestAddress(gpa + off))
-                        .map_err(scratch_err)?;
-                    write(gpa + off, &buf[..n], "kernel")?;
-                    off += n as u64;
-                }
-            }
+            write(
+                crate::mptable::MPTABLE_ADDR,
+                &crate::mptable::build(cfg.vcpus),
+                "MP table",
+            )?;
             k.entry
         }
     };

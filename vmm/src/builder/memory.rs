@@ -1,8 +1,6 @@
 //! Step 3 of the build: guest memory (guestmem regions as KVM memory slots),
 //! its DMA map, and the one vm-memory view the devices share.
 
-use std::sync::Arc;
-
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
 use trace::{monotonic_ns, Stage, TraceWriter};
@@ -121,10 +119,7 @@ pub(super) fn dma_map(
 /// The view does not own the memory: whoever holds a clone must also hold
 /// the `Arc<GuestMemory>` (devices get both in `DeviceContext` and keep the
 /// Arc for as long as they keep the view), so the mapping outlives it.
-pub(super) fn device_view(
-    sb: &str,
-    mem: &Arc<guestmem::GuestMemory>,
-) -> Result<GuestMemoryMmap, Error> {
+pub(super) fn device_view(sb: &str, mem: &guestmem::GuestMemory) -> Result<GuestMemoryMmap, Error> {
     let view_err = |what: String| {
         let sandbox = sb.to_string();
         move |source: Box<dyn std::error::Error + Send + Sync>| Error::MemoryView {

@@ -165,7 +165,7 @@ fn read_inputs(cfg: &VmConfig, devs: &[DevEntry]) -> Result<Inputs, Error> {
                     msg,
                 }
             })?;
-            Some(crate::linux::load(
+            Some(crate::linux::probe(
                 kernel,
                 initrd.as_deref(),
                 &cl,
@@ -260,7 +260,8 @@ pub fn build(
     trace.record(Stage::VmmSpawn, spawn_start, monotonic_ns())?;
     memory::dma_map(cfg, &mut mem, &trace, interrupted)?;
 
-    let guest = boot::load_guest(cfg, &mem, inputs.linux, &devs, &image)?;
+    let device_mem = memory::device_view(sb, &mem)?;
+    let guest = boot::load_guest(cfg, &mem, inputs.linux, &device_mem, &devs, &image)?;
     if let (Some((f, len)), Some((gpa, _))) = (&inputs.pmem, image.rootfs) {
         boot::load_pmem_image(cfg, &mem, f, *len, gpa, &trace)?;
     }
@@ -291,7 +292,6 @@ pub fn build(
         &trace,
         &sink,
     )?;
-    let device_mem = memory::device_view(sb, &mem)?;
     let mut mmio = devices::attach_net_devices(cfg, &vm, &mem, &device_mem, &trace, &devs)?;
     devices::attach_disks(cfg, &vm, &mem, &device_mem, &trace, &devs, &mut mmio)?;
 
