@@ -1,61 +1,15 @@
 //! How a running guest can end the VMM: each way gives a non-zero exit and a
-//! message that says which. The guests are tiny hand-assembled ELF "kernels"
+//! message that says which (READY and the i8042 reset end it with status 0). The guests are tiny hand-assembled ELF "kernels"
 //! (no PVH note, so they enter through the 64-bit boot protocol in long mode).
 
 mod vmm_common;
 
-use std::path::{Path, PathBuf};
-
 use vmm_common::*;
-
-const LOAD: u64 = 0x10_0000;
-
-/// An ELF64 executable with one PT_LOAD of `code` at physical LOAD.
-fn tiny_elf(dir: &Path, name: &str, code: &[u8]) -> PathBuf {
-    let mut f = Vec::new();
-    f.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
-    f.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    f.extend_from_slice(&0x3eu16.to_le_bytes()); // x86-64
-    f.extend_from_slice(&1u32.to_le_bytes());
-    f.extend_from_slice(&LOAD.to_le_bytes()); // e_entry
-    f.extend_from_slice(&64u64.to_le_bytes()); // e_phoff
-    f.extend_from_slice(&0u64.to_le_bytes()); // e_shoff
-    f.extend_from_slice(&0u32.to_le_bytes()); // e_flags
-    for v in [64u16, 56, 1, 64, 0, 0] {
-        f.extend_from_slice(&v.to_le_bytes()); // ehsize, phentsize, phnum, shentsize, shnum, shstrndx
-    }
-    f.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
-    f.extend_from_slice(&5u32.to_le_bytes()); // R+X
-    for v in [
-        0x1000u64,
-        LOAD,
-        LOAD,
-        code.len() as u64,
-        code.len() as u64,
-        0x1000,
-    ] {
-        f.extend_from_slice(&v.to_le_bytes()); // offset, vaddr, paddr, filesz, memsz, align
-    }
-    f.resize(0x1000, 0);
-    f.extend_from_slice(code);
-    let p = dir.join(name);
-    std::fs::write(&p, f).unwrap();
-    p
-}
-
-/// `outl DATA=data; outb EVENT=event; jmp .`
-fn agent_event(event: u8, data: u32) -> Vec<u8> {
-    let mut c = vec![0x66, 0xba, 0x04, 0x0f, 0xb8]; // mov dx, 0x0f04; mov eax, imm32
-    c.extend_from_slice(&data.to_le_bytes());
-    c.extend_from_slice(&[0xef, 0x66, 0xba, 0x00, 0x0f, 0xb0, event, 0xee]); // out; mov dx, 0x0f00; mov al, ev; out
-    c.extend_from_slice(&[0xeb, 0xfe]);
-    c
-}
 
 fn run_guest(code: &[u8], extra: &[&str]) -> (bool, String, String) {
     assert!(kvm_available(), "/dev/kvm is required");
     let dir = tempdir();
-    let k = tiny_elf(dir.path(), "guest.elf", code);
+    let k = tiny_elf(dir.path(), "guest.elf", LOW_LOAD, code);
     let out = run(burstvm()
         .args([
             "--sandbox",
@@ -145,4 +99,33 @@ fn executing_from_unbacked_memory_is_an_emulation_failure() {
         err.contains("instruction emulation failure on vCPU 0"),
         "{err}"
     );
+}
+
+#[test]
+fn i8042_reset_ends_the_vmm_with_status_zero() {
+    // mov al, 0xfe; out 0x64, al (Firecracker's exit); then spin, so only the
+    // reset can end the VM before the timeout.
+    let (ok, out, err) = run_guest(&[0xb0, 0xfe, 0xe6, 0x64, 0xeb, 0xfe], &["--timeout", "20"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("i8042 reset"), "{out}");
+}
+
+#[test]
+fn every_vcpu_stops_on_one_kick_under_load() {
+    // Every vCPU loops on: an I/O exit (mostly outside KVM_RUN, where a kick
+    // must still make the next KVM_RUN return) and a short spin inside it
+    // (where the kick's signal interrupts it). The deadline stops them: each
+    // vCPU must record where it stopped, and none may be left running.
+    let code = [
+        0xe6, 0x80, // out 0x80, al
+        0xb9, 0xe8, 0x03, 0x00, 0x00, // mov ecx, 1000
+        0xe2, 0xfe, // loop .
+        0xeb, 0xf5, // jmp to the out
+    ];
+    let (ok, _, err) = run_guest(&code, &["--vcpus", "4", "--timeout", "1"]);
+    assert!(!ok);
+    for id in 0..4 {
+        assert!(err.contains(&format!("vCPU {id} running")), "{err}");
+    }
+    assert!(!err.contains("did not stop"), "{err}");
 }

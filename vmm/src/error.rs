@@ -62,8 +62,6 @@ pub enum GuestFailure {
         signal: String,
     },
     MemoryHandler(String),
-    /// The guest reset the machine (i8042 reset; Linux after a panic).
-    Reset,
 }
 
 /// The agent's error names (guest/src/c/agent.h).
@@ -140,7 +138,6 @@ impl std::fmt::Display for GuestFailure {
                 write!(f, "timeout: guest not ready after {secs} s (--timeout); {vcpus}")
             }
             GuestFailure::Terminated { signal } => write!(f, "terminated by {signal}"),
-            GuestFailure::Reset => write!(f, "guest reset the machine (i8042 reset command)"),
             GuestFailure::MemoryHandler(msg) => {
                 write!(f, "guest memory fault handling failed, VM stopped: {msg}")
             }

@@ -13,6 +13,9 @@ pub enum VmEvent {
     Ready,
     /// The agent reported EXIT with this status.
     GuestExit(u32),
+    /// The guest reset the machine (i8042 reset command): the VM ends with
+    /// status 0, as on Firecracker (a microVM does not reboot).
+    Reset,
     /// Something ended the guest.
     Failure(GuestFailure),
 }

@@ -88,7 +88,7 @@ pub fn run_cli(args: &VmmArgs) -> Result<u8, Error> {
 
 fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<u8, Error> {
     let sb = cfg.sandbox.clone();
-    let mut threads = Vec::new();
+    let mut threads = vcpu::VcpuThreads::new();
     for (id, fd) in vm.vcpus.drain(..).enumerate() {
         let v = vcpu::Vcpu {
             id: id as u8,
@@ -99,6 +99,7 @@ fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<u8, E
             stop: vm.stop.clone(),
             start_ns: vm.vcpu_start.clone(),
             last_state: vm.vcpu_states.clone(),
+            done: threads.done_sender(),
         };
         match v.spawn() {
             Ok(t) => threads.push(t),
@@ -212,6 +213,13 @@ fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<u32, Guest
                 VmEvent::GuestExit(0) if ready => {}
                 VmEvent::GuestExit(0) if !cfg.probe.is_empty() => return Ok(0),
                 VmEvent::GuestExit(status) => return Err(GuestFailure::Exit { status }),
+                VmEvent::Reset => {
+                    println!(
+                        "sandbox {}: guest reset the machine (i8042 reset command)",
+                        cfg.sandbox
+                    );
+                    return Ok(0);
+                }
                 VmEvent::Failure(f) => return Err(f),
             }
         }

@@ -1,7 +1,16 @@
 //! vCPU threads: KVM_RUN and exit handling, and the kick signal that gets
 //! a thread out of KVM_RUN when the VMM stops.
+//!
+//! Stopping needs no polling: the kick handler sets the vCPU's
+//! `kvm_run.immediate_exit` (as Firecracker does), so a kick that lands
+//! just before the thread enters KVM_RUN still makes KVM_RUN return EINTR
+//! at once; one kick per thread is enough. Each thread holds a sender of a
+//! channel whose receiver `stop_all` waits on: it disconnects when the last
+//! thread ended.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -17,8 +26,22 @@ pub fn kick_signal() -> i32 {
     vmm_sys_util::signal::SIGRTMIN()
 }
 
+thread_local! {
+    /// This thread's `kvm_run` (null on threads that are not vCPUs).
+    static KVM_RUN: Cell<*mut kvm_bindings::kvm_run> = const { Cell::new(std::ptr::null_mut()) };
+}
+
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // Only interrupts KVM_RUN (EINTR); the thread then checks its stop flag.
+    // Interrupts KVM_RUN (EINTR), and makes the next KVM_RUN return at once
+    // should the signal land before the thread (re-)enters it; the thread
+    // then checks its stop flag. A const thread-local Cell of a pointer is a
+    // plain TLS load (no lazy init, no destructor): async-signal-safe.
+    let run = KVM_RUN.with(|r| r.get());
+    if !run.is_null() {
+        // SAFETY: set by this thread to its own vCPU's kvm_run mapping, which
+        // lives until the thread clears it before dropping the VcpuFd.
+        unsafe { std::ptr::addr_of_mut!((*run).immediate_exit).write_volatile(1) };
+    }
 }
 
 pub fn install_kick_handler() -> std::io::Result<()> {
@@ -37,6 +60,35 @@ pub struct Vcpu {
     pub start_ns: Arc<AtomicU64>,
     /// Filled when the thread was stopped from outside (see `stopped_state`).
     pub last_state: Arc<Mutex<Vec<(u8, String)>>>,
+    /// Dropped when the thread ends (see `stop_all`).
+    pub done: Sender<()>,
+}
+
+/// The running vCPU threads and the channel that disconnects when all ended.
+pub struct VcpuThreads {
+    handles: Vec<JoinHandle<()>>,
+    done_tx: Option<Sender<()>>,
+    done_rx: Receiver<()>,
+}
+
+impl VcpuThreads {
+    pub fn new() -> Self {
+        let (tx, rx) = std::sync::mpsc::channel();
+        VcpuThreads {
+            handles: Vec::new(),
+            done_tx: Some(tx),
+            done_rx: rx,
+        }
+    }
+
+    /// A sender for the next vCPU.
+    pub fn done_sender(&self) -> Sender<()> {
+        self.done_tx.clone().expect("sender is kept until stop_all")
+    }
+
+    pub fn push(&mut self, t: JoinHandle<()>) {
+        self.handles.push(t);
+    }
 }
 
 /// What one KVM_RUN ended with, after the I/O was served.
@@ -95,7 +147,13 @@ impl Vcpu {
                 vcpu: id,
                 what: format!("{other:?}"),
             }),
-            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Step::Continue,
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                // Cleared before the loop checks the stop flag: a kick that
+                // comes after that check (the flag is set before every kick)
+                // sets it again, so no kick is lost.
+                self.fd.set_kvm_immediate_exit(0);
+                Step::Continue
+            }
             Err(e) => Step::Fail(GuestFailure::UnexpectedExit {
                 vcpu: id,
                 what: format!("KVM_RUN failed: {e}"),
@@ -135,6 +193,18 @@ impl Vcpu {
     }
 
     fn run(mut self) {
+        let run: *mut kvm_bindings::kvm_run = self.fd.get_kvm_run();
+        KVM_RUN.with(|r| r.set(run));
+        self.run_loop();
+        // Before the VcpuFd (and its kvm_run mapping) is dropped.
+        KVM_RUN.with(|r| r.set(std::ptr::null_mut()));
+        // The vCPU is closed before stop_all learns that this thread ended.
+        let Vcpu { fd, done, .. } = self;
+        drop(fd);
+        drop(done);
+    }
+
+    fn run_loop(&mut self) {
         if self.id == 0 {
             self.start_ns
                 .store(trace::monotonic_ns(), Ordering::Release);
@@ -186,27 +256,33 @@ impl Vcpu {
     }
 }
 
-/// Stops vCPU threads: set the flag, then signal each thread until it has
-/// left KVM_RUN (a single signal could land just before it re-enters).
-/// Returns the threads that did not stop within `limit`.
-pub fn stop_all(stop: &AtomicBool, threads: Vec<JoinHandle<()>>, limit: Duration) -> usize {
+/// Stops vCPU threads: set the flag, kick each thread once (the handler's
+/// `immediate_exit` covers a kick that lands outside KVM_RUN), and wait for
+/// all to end without polling. Returns how many did not stop within `limit`
+/// (those are left running; the process is about to exit).
+pub fn stop_all(stop: &AtomicBool, mut threads: VcpuThreads, limit: Duration) -> usize {
     use std::os::unix::thread::JoinHandleExt;
     stop.store(true, Ordering::Release);
+    for t in &threads.handles {
+        if !t.is_finished() {
+            // SAFETY: the handle keeps the thread id valid until joined.
+            unsafe { libc::pthread_kill(t.as_pthread_t(), kick_signal()) };
+        }
+    }
+    drop(threads.done_tx.take());
     let deadline = Instant::now() + limit;
-    let mut left = threads;
-    while !left.is_empty() && Instant::now() < deadline {
-        for t in &left {
-            if !t.is_finished() {
-                // SAFETY: the handle keeps the thread id valid until joined.
-                unsafe { libc::pthread_kill(t.as_pthread_t(), kick_signal()) };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match threads.done_rx.recv_timeout(left) {
+            Ok(()) => continue,
+            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => {
+                return threads.handles.iter().filter(|t| !t.is_finished()).count()
             }
         }
-        std::thread::sleep(Duration::from_millis(1));
-        let (done, running): (Vec<_>, Vec<_>) = left.into_iter().partition(|t| t.is_finished());
-        for t in done {
-            let _ = t.join();
-        }
-        left = running;
     }
-    left.len()
+    for t in threads.handles {
+        let _ = t.join();
+    }
+    0
 }
