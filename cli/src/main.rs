@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod cri;
 mod cri_bench;
 mod pool;
+mod vmm_bench;
 
 #[derive(Parser)]
 #[command(
@@ -59,6 +60,8 @@ enum BenchCommand {
     /// SG-IOV: scheduling policies and the job generator.
     #[command(subcommand)]
     Sgiov(SgiovBench),
+    /// VMM start-to-exit, N at one instant, side by side with Firecracker.
+    Vmm(vmm_bench::BenchVmmArgs),
 }
 
 #[derive(Subcommand)]
@@ -113,6 +116,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(BenchCommand::NicRestart(a)) => {
             runtime::restart::run_cli(&a).context("burstvm bench nic-restart")
         }
+        Command::Bench(BenchCommand::Vmm(a)) => vmm_bench::run(&a).context("burstvm bench vmm"),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

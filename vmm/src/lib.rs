@@ -14,6 +14,7 @@ mod events;
 mod layout;
 mod linux;
 mod mptable;
+pub mod tiny_guest;
 mod vcpu;
 pub mod virtio;
 mod x86;

@@ -99,37 +99,10 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
 /// Where the tiny test kernels load by default (1 MiB, the lowest the VMM allows).
 pub const LOW_LOAD: u64 = 0x10_0000;
 
-/// An ELF64 executable with one PT_LOAD of `code` at physical `load`, the
-/// entry at its start (no PVH note: the 64-bit boot protocol, long mode).
+/// `vmm::tiny_guest::elf(load, code)` written to `dir/name`.
 pub fn tiny_elf(dir: &Path, name: &str, load: u64, code: &[u8]) -> PathBuf {
-    let mut f = Vec::new();
-    f.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
-    f.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
-    f.extend_from_slice(&0x3eu16.to_le_bytes()); // x86-64
-    f.extend_from_slice(&1u32.to_le_bytes());
-    f.extend_from_slice(&load.to_le_bytes()); // e_entry
-    f.extend_from_slice(&64u64.to_le_bytes()); // e_phoff
-    f.extend_from_slice(&0u64.to_le_bytes()); // e_shoff
-    f.extend_from_slice(&0u32.to_le_bytes()); // e_flags
-    for v in [64u16, 56, 1, 64, 0, 0] {
-        f.extend_from_slice(&v.to_le_bytes()); // ehsize, phentsize, phnum, shentsize, shnum, shstrndx
-    }
-    f.extend_from_slice(&1u32.to_le_bytes()); // PT_LOAD
-    f.extend_from_slice(&5u32.to_le_bytes()); // R+X
-    for v in [
-        0x1000u64,
-        load,
-        load,
-        code.len() as u64,
-        code.len() as u64,
-        0x1000,
-    ] {
-        f.extend_from_slice(&v.to_le_bytes()); // offset, vaddr, paddr, filesz, memsz, align
-    }
-    f.resize(0x1000, 0);
-    f.extend_from_slice(code);
     let p = dir.join(name);
-    std::fs::write(&p, f).unwrap();
+    std::fs::write(&p, vmm::tiny_guest::elf(load, code)).unwrap();
     p
 }
 
