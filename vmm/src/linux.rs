@@ -50,6 +50,11 @@ pub struct LoadedKernel {
     ram_size: u64,
 }
 
+/// Claims guest range `(gpa, len)` on the instant-zero list (`what` names it in errors).
+pub type PrepareFn<'a> = dyn Fn(u64, u64, &'static str) -> Result<(), Error> + 'a;
+/// Writes bytes at a gpa on the instant-zero list (`what` names them in errors).
+pub type WriteFn<'a> = dyn Fn(u64, &[u8], &'static str) -> Result<(), Error> + 'a;
+
 /// Where the vCPUs enter a written kernel.
 pub struct KernelEntry {
     pub entry: EntryMode,
@@ -264,8 +269,8 @@ impl LoadedKernel {
     pub fn write(
         mut self,
         view: &GuestMemoryMmap,
-        prepare: &dyn Fn(u64, u64, &'static str) -> Result<(), Error>,
-        write: &dyn Fn(u64, &[u8], &'static str) -> Result<(), Error>,
+        prepare: &PrepareFn,
+        write: &WriteFn,
     ) -> Result<KernelEntry, Error> {
         let kernel = self.path.as_path();
         let ram_size = self.ram_size;
