@@ -61,46 +61,6 @@ pub struct KernelEntry {
     pub pvh: bool,
 }
 
-// ELF64 headers, as far as the probe reads them (the ELF spec's layout).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct Ehdr {
-    ident: [u8; 16],
-    typ: u16,
-    machine: u16,
-    version: u32,
-    entry: u64,
-    phoff: u64,
-    shoff: u64,
-    flags: u32,
-    ehsize: u16,
-    phentsize: u16,
-    phnum: u16,
-    shentsize: u16,
-    shnum: u16,
-    shstrndx: u16,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct Phdr {
-    typ: u32,
-    flags: u32,
-    offset: u64,
-    vaddr: u64,
-    paddr: u64,
-    filesz: u64,
-    memsz: u64,
-    align: u64,
-}
-
-// SAFETY: plain integers in the ELF spec's layout; any bytes are a value.
-unsafe impl ByteValued for Ehdr {}
-// SAFETY: as above.
-unsafe impl ByteValued for Phdr {}
-
-const PT_LOAD: u32 = 1;
-
 fn kerr(path: &Path, msg: impl Into<String>) -> Error {
     Error::Kernel {
         path: path.to_path_buf(),
@@ -167,41 +127,42 @@ fn elf_err(kernel: &Path, e: linux_loader::loader::elf::Error) -> Error {
 /// The guest range of the PT_LOAD segments, from the headers only (the
 /// checks linux-loader makes, so that it cannot fail later on the same file).
 fn segment_span(kernel: &Path, f: &mut File) -> Result<(u64, u64), Error> {
+    use linux_loader::elf::{self, Elf64_Ehdr as Ehdr, Elf64_Phdr as Phdr};
     use linux_loader::loader::elf::Error as E;
     use std::io::{Seek, SeekFrom};
     let mut ehdr = Ehdr::default();
     f.read_exact(ehdr.as_mut_slice())
         .map_err(|_| elf_err(kernel, E::ReadElfHeader))?;
-    if ehdr.ident[..4] != *b"\x7fELF" {
+    if ehdr.e_ident[..4] != *b"\x7fELF" {
         return Err(elf_err(kernel, E::InvalidElfMagicNumber));
     }
-    if ehdr.ident[5] != 1 {
+    if ehdr.e_ident[elf::EI_DATA] != elf::ELFDATA2LSB {
         return Err(elf_err(kernel, E::BigEndianElfOnLittle));
     }
-    if ehdr.phentsize as usize != std::mem::size_of::<Phdr>() {
+    if ehdr.e_phentsize as usize != std::mem::size_of::<Phdr>() {
         return Err(elf_err(kernel, E::InvalidProgramHeaderSize));
     }
-    if (ehdr.phoff as usize) < std::mem::size_of::<Ehdr>() {
+    if (ehdr.e_phoff as usize) < std::mem::size_of::<Ehdr>() {
         return Err(elf_err(kernel, E::InvalidProgramHeaderOffset));
     }
-    if ehdr.entry < HIMEM_START {
+    if ehdr.e_entry < HIMEM_START {
         return Err(elf_err(kernel, E::InvalidEntryAddress));
     }
-    f.seek(SeekFrom::Start(ehdr.phoff))
+    f.seek(SeekFrom::Start(ehdr.e_phoff))
         .map_err(|_| elf_err(kernel, E::SeekProgramHeader))?;
     let (mut start, mut end) = (u64::MAX, 0u64);
-    for _ in 0..ehdr.phnum {
+    for _ in 0..ehdr.e_phnum {
         let mut ph = Phdr::default();
         f.read_exact(ph.as_mut_slice())
             .map_err(|_| elf_err(kernel, E::ReadProgramHeader))?;
-        if ph.typ != PT_LOAD || ph.filesz == 0 {
+        if ph.p_type != elf::PT_LOAD || ph.p_filesz == 0 {
             continue;
         }
         let seg_end = ph
-            .paddr
-            .checked_add(ph.memsz.max(ph.filesz))
+            .p_paddr
+            .checked_add(ph.p_memsz.max(ph.p_filesz))
             .ok_or_else(|| elf_err(kernel, E::InvalidProgramHeaderAddress))?;
-        start = start.min(ph.paddr);
+        start = start.min(ph.p_paddr);
         end = end.max(seg_end);
     }
     if end == 0 {
