@@ -117,7 +117,12 @@ fn expected(variant: &str) -> Vec<&'static str> {
     if net {
         v.push("vf-driver");
     }
-    v.extend(["app-launch", "ready"]);
+    v.push("app-launch");
+    // Async VF init: the agent's wait for the link is its own stage.
+    if ["fastiov", "fastiov-L", "fastiov-S", "fastiov-D"].contains(&variant) {
+        v.push("vf-link");
+    }
+    v.push("ready");
     v
 }
 
@@ -180,6 +185,12 @@ fn check_stage_order(variant: &str, sb: &str, st: &BTreeMap<String, (u64, u64)>)
         assert!(
             s("vf-open").1 <= s("ready").1,
             "{variant} {sb}: VF open before the first packet"
+        );
+    }
+    if st.contains_key("vf-link") {
+        assert!(
+            s("app-launch").1 <= s("vf-link").0 && s("vf-link").1 <= s("ready").0,
+            "{variant} {sb}: the link wait between app-launch and ready"
         );
     }
     let last = st.values().map(|v| v.1).max().unwrap();

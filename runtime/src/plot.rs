@@ -114,6 +114,7 @@ fn stage_color(s: Stage) -> RGBColor {
         Stage::Boot => RGBColor(60, 170, 80),
         Stage::VfDriver => RGBColor(240, 200, 40),
         Stage::AppLaunch => RGBColor(40, 190, 190),
+        Stage::VfLink => RGBColor(200, 120, 200),
         Stage::Ready => RGBColor(30, 30, 30),
         // Incidents after startup (never plotted as stages, but named).
         Stage::VfReconnect => RGBColor(255, 0, 255),

@@ -466,7 +466,11 @@ pub fn expected_stages(variant: Variant, rootfs: bool) -> Vec<Stage> {
     if p.net != NetKind::None {
         v.push(Stage::VfDriver);
     }
-    v.extend([Stage::AppLaunch, Stage::Ready]);
+    v.push(Stage::AppLaunch);
+    if p.net != NetKind::None && p.vf_init == Some("async") {
+        v.push(Stage::VfLink);
+    }
+    v.push(Stage::Ready);
     v
 }
 

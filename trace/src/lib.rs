@@ -30,6 +30,9 @@ pub enum Stage {
     Boot,
     VfDriver,
     AppLaunch,
+    /// Async VF init: the wait for the link after the app launched, before
+    /// the first packet (FastIOV books it as VF overhead on the critical path).
+    VfLink,
     Ready,
     /// Not a startup stage: a VF backend (the NIC) went away and the VMM restored the
     /// vhost-user session on a new one (from the disconnect to the restored rings).
@@ -40,7 +43,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 12] = [
+    pub const ALL: [Stage; 13] = [
         Stage::Cgroup,
         Stage::Netns,
         Stage::CniAdd,
@@ -52,6 +55,7 @@ impl Stage {
         Stage::Boot,
         Stage::VfDriver,
         Stage::AppLaunch,
+        Stage::VfLink,
         Stage::Ready,
     ];
 
@@ -59,11 +63,12 @@ impl Stage {
     pub const INCIDENTS: [Stage; 2] = [Stage::VfReconnect, Stage::VfLost];
 
     /// The stages FastIOV's Table 1 counts as VF-related overhead.
-    pub const VF_RELATED: [Stage; 4] = [
+    pub const VF_RELATED: [Stage; 5] = [
         Stage::DmaRam,
         Stage::DmaImage,
         Stage::VfOpen,
         Stage::VfDriver,
+        Stage::VfLink,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +84,7 @@ impl Stage {
             Stage::Boot => "boot",
             Stage::VfDriver => "vf-driver",
             Stage::AppLaunch => "app-launch",
+            Stage::VfLink => "vf-link",
             Stage::Ready => "ready",
             Stage::VfReconnect => "vf-reconnect",
             Stage::VfLost => "vf-lost",

@@ -258,7 +258,10 @@ void agent_main(struct boot_info *bi) {
 
   app_launch(bi);
   if (bi->flags & BI_PROBE_MODE) probe(bi);
-  if (async) wait_until(vnet_link_up, &net, ERR_LINK_TIMEOUT);
+  if (async) {
+    wait_until(vnet_link_up, &net, ERR_LINK_TIMEOUT);
+    report(EV_VF_LINK_UP);
+  }
 
   req_bi = bi;
   memcpy(req_mac, bi->mac, 6);

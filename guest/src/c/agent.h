@@ -20,6 +20,7 @@ enum agent_event {
   EV_EXIT = 0x09,
   EV_ROOTFS_FILE = 0x0a,    /* DATA = checksum of boot_info.rootfs_file in the EROFS layer */
   EV_ROOTFS_MARKER = 0x0b,  /* DATA = checksum of the writable layer's sector 0 before the marker */
+  EV_VF_LINK_UP = 0x0c,     /* async VF init: the wait for the link ended */
 };
 
 /* ERROR codes (DATA of EV_ERROR); the VMM names them (docs/guest.md). */

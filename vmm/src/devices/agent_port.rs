@@ -21,6 +21,7 @@ pub const EV_ERROR: u8 = 0x08;
 pub const EV_EXIT: u8 = 0x09;
 pub const EV_ROOTFS_FILE: u8 = 0x0a;
 pub const EV_ROOTFS_MARKER: u8 = 0x0b;
+pub const EV_VF_LINK_UP: u8 = 0x0c;
 
 /// What the agent must report about the rootfs (docs/rootfs.md).
 #[derive(Debug, Clone, Default)]
@@ -39,6 +40,7 @@ struct Marks {
     vf_end: u64,
     app_start: u64,
     app_end: u64,
+    link_end: u64,
     ready: bool,
     rootfs_file: bool,
     rootfs_marker: bool,
@@ -129,6 +131,13 @@ impl AgentPort {
                     });
                 }
             }
+            EV_VF_LINK_UP if m.link_end == 0 => {
+                m.link_end = now;
+                // The wait begins when the agent needs the link: after both
+                // the driver init and the app launch.
+                let start = start_or(m.app_end.max(m.vf_end), m.boot_end);
+                self.record(Stage::VfLink, start, now);
+            }
             EV_ROOTFS_FILE if !m.rootfs_file => {
                 m.rootfs_file = true;
                 if let Some((file, expected)) = &self.rootfs.file {
@@ -150,9 +159,9 @@ impl AgentPort {
             }
             EV_READY if !m.ready => {
                 m.ready = true;
-                // ready = max(app-launch end, vf-driver end) → READY.
+                // ready = max(app-launch end, vf-driver end, vf-link end) → READY.
                 let start = [
-                    m.app_end.max(m.vf_end),
+                    m.app_end.max(m.vf_end).max(m.link_end),
                     m.boot_end,
                     self.vcpu_start.load(Ordering::Acquire),
                 ]
@@ -237,6 +246,40 @@ mod tests {
         assert!(ev.windows(2).all(|w| w[0].end_ns <= w[1].end_ns));
         assert_eq!(sink.drain(), vec![VmEvent::Ready]);
         assert_eq!(*values.lock().unwrap(), vec![7]);
+    }
+
+    #[test]
+    fn link_wait_is_its_own_stage_before_ready() {
+        let trace = Arc::new(TraceWriter::new("sb", None).unwrap());
+        let sink = Arc::new(EventSink::new().unwrap());
+        let start = Arc::new(AtomicU64::new(monotonic_ns()));
+        let mut p = AgentPort::new(start, 0, trace.clone(), sink, Arc::default());
+        for ev in [
+            EV_BOOT,
+            EV_VF_DRIVER_START,
+            EV_VF_DRIVER_END,
+            EV_APP_LAUNCH_START,
+            EV_APP_LAUNCH_END,
+            EV_VF_LINK_UP,
+            EV_READY,
+        ] {
+            p.write(0, &[ev]);
+        }
+        let ev = trace.events();
+        let stages: Vec<Stage> = ev.iter().map(|e| e.stage).collect();
+        assert_eq!(
+            stages,
+            [
+                Stage::Boot,
+                Stage::VfDriver,
+                Stage::AppLaunch,
+                Stage::VfLink,
+                Stage::Ready
+            ]
+        );
+        // vf-link runs from the app-launch end; ready from the link.
+        assert_eq!(ev[3].start_ns, ev[2].end_ns);
+        assert_eq!(ev[4].start_ns, ev[3].end_ns);
     }
 
     #[test]
