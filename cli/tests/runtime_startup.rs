@@ -232,6 +232,29 @@ fn every_variant_reaches_ready_with_its_stages() {
         let v = g["variant"].as_str().unwrap();
         assert_eq!(g["ready"], 1, "{v}: {g}");
         assert_eq!(g["failed"], 0, "{v}: {g}");
+        // The stage shares of the critical path (and its uncovered wait) sum to 100%.
+        let sum = |k: &str, w: &str| {
+            g["stages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|st| st[k].as_f64().unwrap())
+                .sum::<f64>()
+                + g[w].as_f64().unwrap()
+        };
+        for (k, w) in [
+            ("avg_share", "wait_avg_share"),
+            ("p99_share", "wait_p99_share"),
+        ] {
+            let s = sum(k, w);
+            assert!((s - 1.0).abs() < 1e-6, "{v}: {k} sum to {s}: {g}");
+        }
+        assert!(
+            g["net_overhead"]["ratio_avg"].as_f64().unwrap() > 0.0,
+            "{v}: {g}"
+        );
+        assert!(g["cpu"]["vmm_ms"].as_f64().unwrap() > 0.0, "{v}: {g}");
+        assert!(g["cpu"]["runtime_ms"].as_f64().unwrap() > 0.0, "{v}: {g}");
         if v == "no-net" {
             assert!(g["answered"].is_null(), "{v}");
         } else {

@@ -32,6 +32,10 @@ pub struct Round {
     /// How the writable layers were made, and what each cost.
     pub rootfs: Option<LayerMode>,
     pub rootfs_costs: Vec<RootfsCost>,
+    /// Host CPU per sandbox start, by owner (sandboxes that reached READY).
+    pub cpu: Option<crate::cpuacct::CpuPerSandbox>,
+    /// `pre*` variants: what the idle zeroer did before the round.
+    pub prezero: Option<PrezeroWait>,
 }
 
 /// Parameters shared by every sandbox of a round.
@@ -65,12 +69,24 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
     let barrier = Barrier::new(n + 1);
     let issue = AtomicU64::new(u64::MAX);
     let done = Barrier::new(n);
-    type Outcome = Result<(Option<String>, Option<bool>, Option<RootfsCost>), SandboxFailure>;
+    // The NIC daemon's CPU from the issue to the last READY.
+    let nic_pid = rt.nic_pid();
+    let nicd0 = nic_pid.and_then(crate::cpuacct::process_ns);
+    let nicd1 = AtomicU64::new(0);
+    type Outcome = Result<
+        (
+            Option<String>,
+            Option<bool>,
+            Option<RootfsCost>,
+            Option<crate::cpuacct::StartCpu>,
+        ),
+        SandboxFailure,
+    >;
     let results: Vec<Outcome> = std::thread::scope(|s| {
         let handles: Vec<_> = ids
             .iter()
             .map(|id| {
-                let (barrier, issue, done) = (&barrier, &issue, &done);
+                let (barrier, issue, done, nicd1) = (&barrier, &issue, &done, &nicd1);
                 let sspec = SandboxSpec {
                     id: id.clone(),
                     variant,
@@ -94,7 +110,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                         // Every thread passes `done` (also on error or panic)
                         // before any sandbox is torn down: teardown (VM
                         // destruction) must not compete with startups.
-                        let done_guard = ArriveOnDrop(done);
+                        let done_guard = ArriveOnDrop(done, nic_pid, nicd1);
                         let mut sb = match Sandbox::start(rt, sspec) {
                             Ok(sb) => sb,
                             Err(f) => {
@@ -110,7 +126,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                         drop(done_guard);
                         let r = sb.check_alive();
                         let td = sb.teardown().err();
-                        r.map(|_| (td, answered, sb.rootfs_cost))
+                        r.map(|_| (td, answered, sb.rootfs_cost, sb.start_cpu))
                     })
                     .expect("spawn sandbox thread")
             })
@@ -136,10 +152,12 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
     let mut teardown_errors = Vec::new();
     let mut answered = None;
     let mut rootfs_costs = Vec::new();
+    let mut starts = Vec::new();
     for r in results {
         match r {
-            Ok((td, ans, cost)) => {
+            Ok((td, ans, cost, cpu)) => {
                 teardown_errors.extend(td);
+                starts.extend(cpu);
                 rootfs_costs.extend(cost);
                 if let Some(a) = ans {
                     *answered.get_or_insert(0) += a as usize;
@@ -158,15 +176,88 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
         answered,
         rootfs: spec.rootfs.as_ref().map(|r| r.layer_mode),
         rootfs_costs,
+        cpu: crate::cpuacct::per_sandbox(
+            &starts,
+            nicd0.map(|a| nicd1.into_inner().saturating_sub(a)),
+        ),
+        prezero: None,
+    }
+}
+
+/// How long the bench lets the pool's idle zeroer work before a `pre*` round.
+pub const PREZERO_BOUND: Duration = Duration::from_secs(60);
+
+/// The pool's idle (SCHED_IDLE) zeroer working ahead of a `pre*` round:
+/// how far it got and how long it took, within `PREZERO_BOUND`.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct PrezeroWait {
+    pub percent: u8,
+    pub target_mib: f64,
+    pub reached_mib: f64,
+    pub wait_ms: f64,
+    pub bound_s: u64,
+}
+
+impl PrezeroWait {
+    pub fn describe(&self) -> String {
+        format!(
+            "pre-zero: the pool's idle zeroer had {:.0} of {:.0} MiB ({}% of each cached memfd) zeroed after {:.0} ms of idle time (bound {} s); the round then runs with what it did",
+            self.reached_mib, self.target_mib, self.percent, self.wait_ms, self.bound_s
+        )
+    }
+}
+
+/// Sets the idle zeroer's share for `v` (0 for non-`pre*` variants) and,
+/// for `pre*`, waits (bounded) until the background thread reaches it.
+pub fn idle_prezero(rt: &Runtime, v: Variant) -> Option<PrezeroWait> {
+    let mp = v.policy().memory_policy;
+    let Some(p) = mp.strip_prefix("pre").and_then(|p| p.parse::<u8>().ok()) else {
+        rt.pool().set_prezero_percent(0);
+        return None;
+    };
+    let pool = rt.pool();
+    let n0 = pool.stats().cached_memfds;
+    let start = std::time::Instant::now();
+    pool.set_prezero_percent(p);
+    let progress = || {
+        let st = pool.stats();
+        let (mut target, mut reached) = (0u64, 0u64);
+        for c in &st.classes {
+            let ps: u64 = if c.hugepages { 2 << 20 } else { 4096 };
+            target += c.cached * ((c.size / ps) * p as u64 / 100) * ps;
+            reached += c.zeroed_ahead_bytes;
+        }
+        // An entry the zeroer holds is out of the cache: not done yet.
+        (target, reached, st.cached_memfds >= n0)
+    };
+    loop {
+        let (target, reached, all_in) = progress();
+        let waited = start.elapsed();
+        if (all_in && reached >= target) || waited >= PREZERO_BOUND {
+            return Some(PrezeroWait {
+                percent: p,
+                target_mib: target as f64 / (1 << 20) as f64,
+                reached_mib: reached as f64 / (1 << 20) as f64,
+                wait_ms: waited.as_secs_f64() * 1e3,
+                bound_s: PREZERO_BOUND.as_secs(),
+            });
+        }
+        // Polls a background thread's progress; the work is the zeroer's.
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 /// Waits on the barrier when dropped, so a thread arrives even if it panics.
-struct ArriveOnDrop<'a>(&'a Barrier);
+/// The last to arrive samples the NIC daemon's CPU (pid, into the atomic).
+struct ArriveOnDrop<'a>(&'a Barrier, Option<u32>, &'a AtomicU64);
 
 impl Drop for ArriveOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.wait();
+        if self.0.wait().is_leader() {
+            if let Some(ns) = self.1.and_then(crate::cpuacct::process_ns) {
+                self.2.store(ns, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -277,14 +368,8 @@ pub fn prepare_measured_round(
             clean = false;
         }
     }
-    let mp = v.policy().memory_policy;
-    if let Some(p) = mp.strip_prefix("pre").and_then(|p| p.parse::<u8>().ok()) {
-        // What the idle pre-zeroer would have done between bursts.
-        rt.pool()
-            .prezero_now(p)
-            .map_err(crate::runtime::RuntimeError::from)?;
-    } else {
-        rt.pool().set_prezero_percent(0);
+    if let Some(w) = idle_prezero(rt, v) {
+        log(&format!("  {}", w.describe()));
     }
     Ok(clean)
 }
@@ -347,20 +432,16 @@ pub fn run(
                     clean = false;
                 }
             }
-            let mp = v.policy().memory_policy;
-            if let Some(p) = mp.strip_prefix("pre").and_then(|p| p.parse::<u8>().ok()) {
-                // What the idle pre-zeroer would have done between bursts.
-                rt.pool()
-                    .prezero_now(p)
-                    .map_err(crate::runtime::RuntimeError::from)?;
-            } else {
-                rt.pool().set_prezero_percent(0);
+            let prezero = idle_prezero(rt, v);
+            if let Some(w) = &prezero {
+                log(&format!("  {}", w.describe()));
             }
             if rt.interrupted() {
                 break 'levels;
             }
             log(&format!("{label} x{n}: measured round"));
-            let r = run_round(rt, v, n, &format!("m{n}{tag}"), &round_spec);
+            let mut r = run_round(rt, v, n, &format!("m{n}{tag}"), &round_spec);
+            r.prezero = prezero;
             for f in &r.failures {
                 log(&format!("  failure: {f}"));
             }
@@ -393,6 +474,8 @@ pub fn run(
         let mut g = stats::group_stats(label, r.concurrency, &times, r.failures.len());
         g.answered = r.answered;
         g.rootfs = r.rootfs.map(|m| stats::rootfs_stats(m, &r.rootfs_costs));
+        g.cpu = r.cpu.clone();
+        g.prezero = r.prezero.clone();
         groups.push(g);
         failures.extend(r.failures.iter().cloned());
         for e in evs {
@@ -408,7 +491,10 @@ pub fn run(
         .filter(|g| g.concurrency == top)
         .cloned()
         .collect();
-    let table = stats::format_table(&main) + &stats::rootfs_comparison(&main);
+    let table = stats::format_table(&main)
+        + &stats::rootfs_comparison(&main)
+        + &crate::overhead::format_summary(&groups)
+        + &crate::cpuacct::format_summary(&groups);
     let mut sweep_table = String::new();
     if plan.levels.len() > 1 {
         sweep_table.push_str("\n== sweep: end-to-end ms (avg / p99) against concurrency\n");

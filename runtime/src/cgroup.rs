@@ -236,6 +236,21 @@ impl Cgroup {
         Ok(ProcsFiles(files))
     }
 
+    /// CPU time its tasks used so far (v1 `cpuacct.usage`, v2 `cpu.stat`
+    /// usage_usec); None when neither is readable.
+    pub fn cpu_usage_ns(&self) -> Option<u64> {
+        self.dirs.iter().find_map(|d| {
+            if let Ok(s) = fs::read_to_string(d.join("cpuacct.usage")) {
+                return s.trim().parse().ok();
+            }
+            let s = fs::read_to_string(d.join("cpu.stat")).ok()?;
+            s.lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(|us| us * 1000)
+        })
+    }
+
     /// Moves a process into every hierarchy of this group.
     pub fn add_pid(&self, pid: u32) -> Result<(), CgroupError> {
         for d in &self.dirs {

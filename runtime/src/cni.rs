@@ -129,10 +129,17 @@ impl CniNetwork {
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(&self.config);
         }
-        let out = child.wait_with_output().map_err(|source| CniError::Exec {
-            plugin: self.plugin.clone(),
-            source,
-        })?;
+        // Reaped with wait4: the plugin's CPU is booked to this sandbox.
+        let (status, stdout, stderr) =
+            crate::cpuacct::wait_output(child).map_err(|source| CniError::Exec {
+                plugin: self.plugin.clone(),
+                source,
+            })?;
+        let out = std::process::Output {
+            status,
+            stdout,
+            stderr,
+        };
         if out.status.success() {
             return Ok(out.stdout);
         }

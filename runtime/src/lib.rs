@@ -5,10 +5,13 @@
 pub mod bench;
 pub mod cgroup;
 pub mod cni;
+pub mod cpuacct;
+pub mod critpath;
 pub mod guestnet;
 pub mod host;
 pub mod leaks;
 pub mod nicd;
+pub mod overhead;
 pub mod plot;
 pub mod restart;
 pub mod rootfs;

@@ -208,8 +208,9 @@ pub fn timeline(
     })
 }
 
-/// Fig. 11: per variant, the average time of each stage stacked, and the
-/// average end-to-end time as a black tick.
+/// Fig. 11: per variant, the average critical-path time of each stage
+/// stacked (queueing and gaps are the rest), and the average end-to-end
+/// time as a black tick.
 pub fn breakdown(path: &Path, title: &str, groups: &[GroupStats]) -> Result<(), PlotError> {
     ensure_font()?;
     if groups.is_empty() {
@@ -218,7 +219,7 @@ pub fn breakdown(path: &Path, title: &str, groups: &[GroupStats]) -> Result<(), 
             what: "no variants",
         });
     }
-    let stacked = |g: &GroupStats| g.stages.iter().map(|s| s.avg_ms).sum::<f64>();
+    let stacked = |g: &GroupStats| g.stages.iter().map(|s| s.path_avg_ms).sum::<f64>();
     let ymax = groups
         .iter()
         .map(|g| stacked(g).max(g.avg_ms))
@@ -260,12 +261,12 @@ pub fn breakdown(path: &Path, title: &str, groups: &[GroupStats]) -> Result<(), 
                     .stages
                     .iter()
                     .take_while(|s| s.stage != st)
-                    .map(|s| s.avg_ms)
+                    .map(|s| s.path_avg_ms)
                     .sum();
                 if let Some(s) = g.stages.iter().find(|s| s.stage == st) {
                     let x = i as f64;
                     bars.push(Rectangle::new(
-                        [(x - 0.35, below), (x + 0.35, below + s.avg_ms)],
+                        [(x - 0.35, below), (x + 0.35, below + s.path_avg_ms)],
                         stage_color(st).filled(),
                     ));
                 }

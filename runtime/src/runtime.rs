@@ -303,6 +303,12 @@ impl Runtime {
         self.state_dir.join("nic.sock")
     }
 
+    /// The running NIC daemon's pid (CPU accounting).
+    pub fn nic_pid(&self) -> Option<u32> {
+        let nic = self.nic.lock().unwrap_or_else(|e| e.into_inner());
+        nic.as_ref().map(|n| n.pid())
+    }
+
     /// Makes sure the NIC daemon runs with the lock policy `variant` needs;
     /// restarts it when the policy differs (no sandbox may be alive then).
     pub fn prepare_variant(&self, variant: Variant) -> Result<(), RuntimeError> {

@@ -100,6 +100,8 @@ pub struct Sandbox<'rt> {
     stderr_path: PathBuf,
     /// Address the guest was given (network variants).
     pub guest_ip: Option<Ipv4Addr>,
+    /// Host CPU of the start, by owner (set at READY).
+    pub start_cpu: Option<crate::cpuacct::StartCpu>,
     torn_down: bool,
 }
 
@@ -124,6 +126,10 @@ impl<'rt> Sandbox<'rt> {
             stage: stage.to_string(),
             error,
         };
+        let (cpu0, children0) = (
+            crate::cpuacct::thread_ns(),
+            crate::cpuacct::thread_children_ns(),
+        );
         let trace = TraceWriter::new(spec.id.clone(), Some(rt.trace_path()))
             .map_err(|e| fail("cgroup", e.to_string()))?;
         let mut sb = Sandbox {
@@ -142,6 +148,7 @@ impl<'rt> Sandbox<'rt> {
             layer: None,
             rootfs_cost: None,
             guest_ip: None,
+            start_cpu: None,
             torn_down: false,
         };
         // On any error below, `sb` is dropped and torn down.
@@ -163,6 +170,8 @@ impl<'rt> Sandbox<'rt> {
             );
             Ok(())
         })?;
+        // A pooled cgroup has run other sandboxes: count from here.
+        let vmm0 = sb.cgroup.as_ref().and_then(|c| c.cpu_usage_ns());
         let policy = sb.spec.variant.policy();
         let mut net_args: Vec<String> = Vec::new();
         if sb.attach.netns.is_none() {
@@ -210,6 +219,12 @@ impl<'rt> Sandbox<'rt> {
         sb.spawn_vmm(&net_args, ready_w)
             .map_err(|e| sb.failure("vmm-spawn", e))?;
         sb.wait_ready(ready_r)?;
+        let vmm1 = sb.cgroup.as_ref().and_then(|c| c.cpu_usage_ns());
+        sb.start_cpu = Some(crate::cpuacct::StartCpu {
+            runtime_ns: crate::cpuacct::thread_ns().saturating_sub(cpu0),
+            cni_ns: crate::cpuacct::thread_children_ns().saturating_sub(children0),
+            vmm_ns: vmm1.zip(vmm0).map_or(0, |(a, b)| a.saturating_sub(b)),
+        });
         Ok(sb)
     }
 

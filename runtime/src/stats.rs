@@ -14,11 +14,18 @@ pub struct SandboxTimes {
     pub e2e_ns: u64,
     /// Summed duration of each stage present.
     pub stages: BTreeMap<Stage, u64>,
+    /// Each stage's time on the critical path (`critpath`).
+    #[serde(default)]
+    pub path: BTreeMap<Stage, u64>,
+    /// Time on the path that no stage covers (queueing, gaps).
+    #[serde(default)]
+    pub wait_ns: u64,
 }
 
 impl SandboxTimes {
+    /// VF-related time on the critical path (FastIOV Table 1's overhead).
     pub fn vf_related_ns(&self) -> u64 {
-        self.stages
+        self.path
             .iter()
             .filter(|(s, _)| s.is_vf_related())
             .map(|(_, d)| d)
@@ -42,10 +49,14 @@ pub fn per_sandbox(events: &[TraceEvent], origin_ns: Option<u64>) -> Vec<Sandbox
             for e in &evs {
                 *stages.entry(e.stage).or_insert(0) += e.duration_ns();
             }
+            let cp = crate::critpath::critical_path(&evs, origin);
+            debug_assert_eq!(cp.total_ns(), end.saturating_sub(origin));
             SandboxTimes {
                 sandbox: sb.to_string(),
                 e2e_ns: end.saturating_sub(origin),
                 stages,
+                path: cp.on_path,
+                wait_ns: cp.wait_ns,
             }
         })
         .collect()
@@ -87,12 +98,21 @@ pub struct StageStats {
     pub stage: Stage,
     /// Sandboxes in which the stage appears.
     pub count: usize,
+    /// Stage time (whole span, on the path or not), averaged over all sandboxes.
     pub avg_ms: f64,
-    /// avg stage time / avg end-to-end time.
+    /// Its time on the critical path, averaged over all sandboxes.
+    #[serde(default)]
+    pub path_avg_ms: f64,
+    /// path_avg_ms / avg end-to-end: these and `wait_avg_share` sum to 1.
     pub avg_share: f64,
     pub p99_ms: f64,
-    /// p99 stage time / p99 end-to-end time.
+    /// On-path share of the stage in the p99 sandbox (the one at the p99
+    /// rank of end-to-end): these and `wait_p99_share` sum to 1.
     pub p99_share: f64,
+    /// The stage runs partly or wholly beside the critical path (its span
+    /// exceeds its on-path time by more than 1%).
+    #[serde(default)]
+    pub overlaps: bool,
 }
 
 /// Reduction of a variant against vanilla: 1 - variant/vanilla.
@@ -115,6 +135,14 @@ pub struct GroupStats {
     pub p99_ms: f64,
     pub max_ms: f64,
     pub stages: Vec<StageStats>,
+    /// Critical-path time no stage covers (queueing before the first
+    /// stage, gaps between stages), average and share.
+    #[serde(default)]
+    pub wait_avg_ms: f64,
+    #[serde(default)]
+    pub wait_avg_share: f64,
+    #[serde(default)]
+    pub wait_p99_share: f64,
     pub vf_related_avg_ms: f64,
     pub vf_related_avg_share: f64,
     pub vf_related_p99_ms: f64,
@@ -126,6 +154,15 @@ pub struct GroupStats {
     /// The writable rootfs layers of the round (None: no rootfs).
     #[serde(default)]
     pub rootfs: Option<RootfsStats>,
+    /// End-to-end minus `no-net`'s in the same run (FastIOV §6.2).
+    #[serde(default)]
+    pub net_overhead: Option<crate::overhead::NetOverhead>,
+    /// Host CPU per sandbox start, by owner (None: not measured).
+    #[serde(default)]
+    pub cpu: Option<crate::cpuacct::CpuPerSandbox>,
+    /// `pre*`: what the idle zeroer did ahead of the round.
+    #[serde(default)]
+    pub prezero: Option<crate::bench::PrezeroWait>,
 }
 
 /// What making the writable layers cost, per sandbox (RunD §4.2).
@@ -200,6 +237,18 @@ pub fn group_stats(
     let e2e: Vec<u64> = sandboxes.iter().map(|s| s.e2e_ns).collect();
     let avg = mean(&e2e);
     let p99 = percentile(&e2e, 0.99) as f64;
+    // The sandbox at the p99 rank of end-to-end: its path shares are the p99 shares.
+    let p99_sb = sandboxes.iter().find(|s| s.e2e_ns as f64 == p99);
+    let p99_of = |st: Option<Stage>| -> f64 {
+        p99_sb.map_or(0.0, |s| {
+            let d = match st {
+                Some(st) => s.path.get(&st).copied().unwrap_or(0),
+                None => s.wait_ns,
+            };
+            share(d as f64, s.e2e_ns as f64)
+        })
+    };
+    let n = sandboxes.len().max(1) as f64;
     let mut stages = Vec::new();
     for st in Stage::ALL {
         let d: Vec<u64> = sandboxes
@@ -210,17 +259,24 @@ pub fn group_stats(
             continue;
         }
         // Averaged over all sandboxes, so that shares add up like Table 1.
-        let st_avg = d.iter().sum::<u64>() as f64 / sandboxes.len() as f64;
-        let st_p99 = percentile(&d, 0.99) as f64;
+        let st_avg = d.iter().sum::<u64>() as f64 / n;
+        let path_avg = sandboxes
+            .iter()
+            .map(|s| s.path.get(&st).copied().unwrap_or(0))
+            .sum::<u64>() as f64
+            / n;
         stages.push(StageStats {
             stage: st,
             count: d.len(),
             avg_ms: ms(st_avg),
-            avg_share: share(st_avg, avg),
-            p99_ms: ms(st_p99),
-            p99_share: share(st_p99, p99),
+            path_avg_ms: ms(path_avg),
+            avg_share: share(path_avg, avg),
+            p99_ms: ms(percentile(&d, 0.99) as f64),
+            p99_share: p99_of(Some(st)),
+            overlaps: st_avg > path_avg * 1.01,
         });
     }
+    let wait_avg = sandboxes.iter().map(|s| s.wait_ns).sum::<u64>() as f64 / n;
     let vf: Vec<u64> = sandboxes.iter().map(|s| s.vf_related_ns()).collect();
     let vf_avg = mean(&vf);
     let vf_p99 = percentile(&vf, 0.99) as f64;
@@ -234,6 +290,9 @@ pub fn group_stats(
         p99_ms: ms(p99),
         max_ms: ms(e2e.iter().copied().max().unwrap_or(0) as f64),
         stages,
+        wait_avg_ms: ms(wait_avg),
+        wait_avg_share: share(wait_avg, avg),
+        wait_p99_share: p99_of(None),
         vf_related_avg_ms: ms(vf_avg),
         vf_related_avg_share: share(vf_avg, avg),
         vf_related_p99_ms: ms(vf_p99),
@@ -241,11 +300,16 @@ pub fn group_stats(
         vs_vanilla: None,
         answered: None,
         rootfs: None,
+        net_overhead: None,
+        cpu: None,
+        prezero: None,
     }
 }
 
-/// Fills `vs_vanilla` of every group that has a vanilla group at the same concurrency.
+/// Fills `vs_vanilla` of every group that has a vanilla group at the same
+/// concurrency, and `net_overhead` of every group with a `no-net` one.
 pub fn add_reductions(groups: &mut [GroupStats]) {
+    crate::overhead::add_net_overhead(groups);
     let base: Vec<(usize, f64, f64, f64)> = groups
         .iter()
         .filter(|g| g.variant == "vanilla" && g.ready > 0)
@@ -305,28 +369,79 @@ pub fn format_table(groups: &[GroupStats]) -> String {
                 g.ready
             ));
         }
+        // span: the stage's whole time; path: its time on the critical
+        // path. The % columns are shares of the path and sum to 100%.
         out.push_str(&format!(
-            "{:<12} {:>10} {:>8} {:>10} {:>8}\n",
-            "stage", "avg ms", "% avg", "p99 ms", "% p99"
+            "{:<12} {:>10} {:>10} {:>8} {:>10} {:>8}\n",
+            "stage", "span ms", "path ms", "% avg", "p99 ms", "% p99"
         ));
         for s in &g.stages {
             out.push_str(&format!(
-                "{:<12} {:>10.2} {:>7.1}% {:>10.2} {:>7.1}%\n",
+                "{:<12} {:>10.2} {:>10.2} {:>7.1}% {:>10.2} {:>7.1}%{}\n",
                 s.stage.name(),
                 s.avg_ms,
+                s.path_avg_ms,
                 s.avg_share * 100.0,
                 s.p99_ms,
-                s.p99_share * 100.0
+                s.p99_share * 100.0,
+                if s.overlaps { "  overlaps" } else { "" }
             ));
         }
         out.push_str(&format!(
-            "{:<12} {:>10.2} {:>7.1}% {:>10.2} {:>7.1}%\n",
+            "{:<12} {:>10} {:>10.2} {:>7.1}% {:>10} {:>7.1}%\n",
+            "(wait)",
+            "",
+            g.wait_avg_ms,
+            g.wait_avg_share * 100.0,
+            "",
+            g.wait_p99_share * 100.0
+        ));
+        let (sa, sp) = g
+            .stages
+            .iter()
+            .fold((g.wait_avg_share, g.wait_p99_share), |a, s| {
+                (a.0 + s.avg_share, a.1 + s.p99_share)
+            });
+        out.push_str(&format!(
+            "{:<12} {:>10} {:>10} {:>7.1}% {:>10} {:>7.1}%\n",
+            "path total",
+            "",
+            "",
+            sa * 100.0,
+            "",
+            sp * 100.0
+        ));
+        out.push_str(&format!(
+            "{:<12} {:>10} {:>10.2} {:>7.1}% {:>10.2} {:>7.1}%  (on the path)\n",
             "VF-related",
+            "",
             g.vf_related_avg_ms,
             g.vf_related_avg_share * 100.0,
             g.vf_related_p99_ms,
             g.vf_related_p99_share * 100.0
         ));
+        let over: Vec<&str> = g
+            .stages
+            .iter()
+            .filter(|s| s.overlaps)
+            .map(|s| s.stage.name())
+            .collect();
+        if !over.is_empty() {
+            out.push_str(&format!(
+                "overlapping stages (span beside the path, not summed): {}\n",
+                over.join(", ")
+            ));
+        }
+        if let Some(o) = &g.net_overhead {
+            out.push_str(&crate::overhead::format_line(o));
+        }
+        if let Some(c) = &g.cpu {
+            out.push_str(&crate::cpuacct::format_line(c, g.avg_ms));
+        }
+        if let Some(w) = &g.prezero {
+            out.push_str(&w.describe());
+            out.push('\n');
+        }
         if let Some(r) = &g.rootfs {
             out.push_str(&format!(
                 "rootfs layer ({}): wall avg {:.3} ms p99 {:.3} ms, host CPU avg {:.3} ms p99 {:.3} ms, {:.0} bytes copied avg\n",
@@ -401,7 +516,9 @@ mod tests {
                 SandboxTimes {
                     sandbox: format!("s{i}"),
                     e2e_ns: MS + variant_scale * (i + 1) * MS + 4 * MS,
+                    path: stages.clone(),
                     stages,
+                    wait_ns: 0,
                 }
             })
             .collect()
@@ -465,6 +582,49 @@ mod tests {
         assert!(cmp.contains("no-net x2: copy 100.000 ms wall / 50.000 ms CPU -> reflink 2.000 ms wall / 1.000 ms CPU (50x / 50x less)"), "{cmp}");
         assert!(format_table(&[c]).contains("rootfs layer (copy)"));
         assert_eq!(rootfs_comparison(&[r]), "");
+    }
+
+    #[test]
+    fn path_shares_sum_to_one_with_overlapping_stages() {
+        // Per sandbox i: queued i ms, vmm-spawn, vf-open beside boot, app
+        // launch beside an async vf-driver, the link wait, ready.
+        let mut evs = Vec::new();
+        for i in 0..50u64 {
+            let sb = format!("s{i}");
+            let t = i * MS;
+            evs.push(ev(&sb, Stage::VmmSpawn, t, t + 10 * MS));
+            evs.push(ev(&sb, Stage::Boot, t + 10 * MS, t + 40 * MS));
+            evs.push(ev(&sb, Stage::VfOpen, t + 12 * MS, t + 30 * MS));
+            evs.push(ev(&sb, Stage::AppLaunch, t + 40 * MS, t + 50 * MS));
+            evs.push(ev(&sb, Stage::VfDriver, t + 45 * MS, t + 55 * MS));
+            evs.push(ev(&sb, Stage::VfLink, t + 55 * MS, t + (70 + i) * MS));
+            evs.push(ev(&sb, Stage::Ready, t + (70 + i) * MS, t + (71 + i) * MS));
+        }
+        let times = per_sandbox(&evs, Some(0));
+        for t in &times {
+            assert_eq!(t.path.values().sum::<u64>() + t.wait_ns, t.e2e_ns);
+        }
+        let g = group_stats("fastiov", 50, &times, 0);
+        let avg: f64 = g.stages.iter().map(|s| s.avg_share).sum::<f64>() + g.wait_avg_share;
+        let p99: f64 = g.stages.iter().map(|s| s.p99_share).sum::<f64>() + g.wait_p99_share;
+        assert!((avg - 1.0).abs() < 1e-9, "avg shares sum to {avg}");
+        assert!((p99 - 1.0).abs() < 1e-9, "p99 shares sum to {p99}");
+        let st = |x: Stage| g.stages.iter().find(|s| s.stage == x).unwrap();
+        assert!(st(Stage::VfOpen).overlaps && st(Stage::VfOpen).avg_share == 0.0);
+        assert!(st(Stage::AppLaunch).overlaps && !st(Stage::Boot).overlaps);
+        // On-path VF time: driver 10 + link (15 + i) ms.
+        assert!((g.vf_related_avg_ms - (25.0 + 24.5)).abs() < 1e-9);
+        let table = format_table(&[g]);
+        assert!(
+            table.contains("path total") && table.contains("100.0%"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "overlapping stages (span beside the path, not summed): vf-open, app-launch"
+            ),
+            "{table}"
+        );
     }
 
     #[test]

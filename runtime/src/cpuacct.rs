@@ -1,0 +1,241 @@
+//! Host CPU per sandbox start, by owner (issue #11): what a variant costs on
+//! a 56-core host is decided by CPU, not by wall time on 2 cores.
+//!
+//! - runtime: the sandbox thread's own CPU (`RUSAGE_THREAD`) from the start
+//!   of `Sandbox::start` to READY;
+//! - CNI plugins: `wait4` rusage of each plugin process (it includes the
+//!   IPAM plugin it ran and waited for), summed per thread;
+//! - VMM: the sandbox cgroup's CPU usage at READY (the VMM is its only task);
+//! - NIC daemon: its utime+stime (`/proc/<pid>/stat`) from the round's issue
+//!   to the instant the last sandbox was ready, divided by the sandboxes.
+
+use std::cell::Cell;
+use std::io::{self, Read};
+use std::os::fd::AsFd;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, ExitStatus};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuPerSandbox {
+    pub runtime_ms: f64,
+    pub cni_ms: f64,
+    pub nicd_ms: f64,
+    pub vmm_ms: f64,
+    pub total_ms: f64,
+}
+
+/// What one sandbox start cost, measured by the sandbox's own thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StartCpu {
+    pub runtime_ns: u64,
+    pub cni_ns: u64,
+    pub vmm_ns: u64,
+}
+
+thread_local! {
+    static CHILD_CPU_NS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// CPU of the child processes this thread waited for with `wait_output`.
+pub fn thread_children_ns() -> u64 {
+    CHILD_CPU_NS.with(|c| c.get())
+}
+
+fn tv_ns(tv: libc::timeval) -> u64 {
+    tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1_000
+}
+
+/// The calling thread's user+system CPU.
+pub fn thread_ns() -> u64 {
+    // SAFETY: getrusage writes into the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    tv_ns(ru.ru_utime) + tv_ns(ru.ru_stime)
+}
+
+/// user+system CPU of a whole process (dead threads included), from
+/// `/proc/<pid>/stat`; None if it is gone.
+pub fn process_ns(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime, stime are 14, 15.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(ticks * 1_000_000_000 / hz)
+}
+
+/// `Child::wait_with_output`, but reaps with `wait4` and books the child's
+/// CPU (with that of the children it waited for) to this thread.
+pub fn wait_output(mut child: Child) -> io::Result<(ExitStatus, Vec<u8>, Vec<u8>)> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    {
+        let mut so = child.stdout.take();
+        let mut se = child.stderr.take();
+        let mut buf = [0u8; 8192];
+        while so.is_some() || se.is_some() {
+            // Both pipes at once: a plugin filling one cannot block on the other.
+            let mut fds = Vec::new();
+            for p in [
+                so.as_ref().map(|p| p.as_fd()),
+                se.as_ref().map(|p| p.as_fd()),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                fds.push(PollFd::new(p, PollFlags::POLLIN));
+            }
+            match poll(&mut fds, PollTimeout::NONE) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(_) => {}
+            }
+            let ready: Vec<bool> = fds.iter().map(|f| f.any().unwrap_or(true)).collect();
+            drop(fds);
+            let mut ready = ready.into_iter();
+            if so.is_some() && ready.next() == Some(true) && drain(&mut so, &mut buf, &mut out)? {
+                so = None;
+            }
+            if se.is_some() && ready.next() == Some(true) && drain(&mut se, &mut buf, &mut err)? {
+                se = None;
+            }
+        }
+    }
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: rusage is written by wait4.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: waits for our own child, which std has not reaped.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r == pid {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let ns = tv_ns(ru.ru_utime) + tv_ns(ru.ru_stime);
+    CHILD_CPU_NS.with(|c| c.set(c.get() + ns));
+    Ok((ExitStatus::from_raw(status), out, err))
+}
+
+/// Reads what a ready pipe holds; true at end of file.
+fn drain<R: Read>(pipe: &mut Option<R>, buf: &mut [u8], dst: &mut Vec<u8>) -> io::Result<bool> {
+    let Some(r) = pipe.as_mut() else {
+        return Ok(true);
+    };
+    match r.read(buf) {
+        Ok(0) => Ok(true),
+        Ok(n) => {
+            dst.extend_from_slice(&buf[..n]);
+            Ok(false)
+        }
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Per-sandbox averages of a round: `starts` from the sandboxes that reached
+/// READY, `nicd_ns` the daemon's CPU over the round.
+pub fn per_sandbox(starts: &[StartCpu], nicd_ns: Option<u64>) -> Option<CpuPerSandbox> {
+    if starts.is_empty() {
+        return None;
+    }
+    let n = starts.len() as f64;
+    let avg = |f: fn(&StartCpu) -> u64| starts.iter().map(f).sum::<u64>() as f64 / n / 1e6;
+    let mut c = CpuPerSandbox {
+        runtime_ms: avg(|s| s.runtime_ns),
+        cni_ms: avg(|s| s.cni_ns),
+        vmm_ms: avg(|s| s.vmm_ns),
+        nicd_ms: nicd_ns.map_or(0.0, |d| d as f64 / n / 1e6),
+        total_ms: 0.0,
+    };
+    c.total_ms = c.runtime_ms + c.cni_ms + c.vmm_ms + c.nicd_ms;
+    Some(c)
+}
+
+/// One table line, beside the wall time.
+pub fn format_line(c: &CpuPerSandbox, wall_avg_ms: f64) -> String {
+    format!(
+        "host CPU ms per sandbox start: total {:.2} = runtime {:.2} + CNI plugins {:.2} + NIC daemon {:.2} + VMM {:.2}  (wall avg {:.1} ms)\n",
+        c.total_ms, c.runtime_ms, c.cni_ms, c.nicd_ms, c.vmm_ms, wall_avg_ms
+    )
+}
+
+/// The CPU table of a bench: one line per group, every level.
+pub fn format_summary(groups: &[crate::stats::GroupStats]) -> String {
+    let mut out = String::from(
+        "\n== host CPU ms per sandbox start, by owner (wall avg beside)\n\
+         variant             n  runtime      CNI      NIC      VMM    total   wall avg\n",
+    );
+    for g in groups {
+        let Some(c) = &g.cpu else { continue };
+        out.push_str(&format!(
+            "{:<16} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1}\n",
+            g.variant,
+            g.concurrency,
+            c.runtime_ms,
+            c.cni_ms,
+            c.nicd_ms,
+            c.vmm_ms,
+            c.total_ms,
+            g.avg_ms
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    #[test]
+    fn child_cpu_is_booked_to_the_waiting_thread() {
+        let before = thread_children_ns();
+        // A child that burns some CPU and writes to both pipes.
+        let child = Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo out; echo err >&2; exit 3",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (st, out, err) = wait_output(child).unwrap();
+        assert_eq!(st.code(), Some(3));
+        assert_eq!(out, b"out\n");
+        assert_eq!(err, b"err\n");
+        assert!(thread_children_ns() > before, "the loop cost CPU");
+        assert!(process_ns(std::process::id()).is_some());
+        assert!(thread_ns() > 0);
+    }
+
+    #[test]
+    fn averages_per_owner() {
+        let s = |r, c, v| StartCpu {
+            runtime_ns: r,
+            cni_ns: c,
+            vmm_ns: v,
+        };
+        let c = per_sandbox(
+            &[s(1_000_000, 2_000_000, 10_000_000), s(3_000_000, 0, 0)],
+            Some(4_000_000),
+        )
+        .unwrap();
+        assert_eq!(c.runtime_ms, 2.0);
+        assert_eq!(c.cni_ms, 1.0);
+        assert_eq!(c.vmm_ms, 5.0);
+        assert_eq!(c.nicd_ms, 2.0);
+        assert_eq!(c.total_ms, 10.0);
+        assert!(per_sandbox(&[], None).is_none());
+        assert!(format_line(&c, 50.0).contains("total 10.00"));
+    }
+}
