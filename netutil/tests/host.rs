@@ -232,3 +232,49 @@ fn packet_sockets_carry_frames_and_restore_vlan_tags() {
     })
     .unwrap();
 }
+
+#[test]
+fn ingress_redirect_moves_frames_between_links() {
+    // a0 -> a1 ==(tc mirred)==> b1 -> b0: what arrives on a1 leaves by b1.
+    let a = ns("mirred");
+    a.run(|| {
+        let mut nl = Rtnl::open().unwrap();
+        nl.create_veth("nua0", "nua1", None).unwrap();
+        nl.create_veth("nub0", "nub1", None).unwrap();
+        for n in ["nua0", "nua1", "nub0", "nub1"] {
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{n}/disable_ipv6"), "1");
+            nl.set_up_by_name(n, true).unwrap();
+        }
+        let (a1, b1) = (nl.index_of("nua1").unwrap(), nl.index_of("nub1").unwrap());
+        assert_eq!(nl.ingress_redirects(a1).unwrap(), Vec::<u32>::new());
+        nl.redirect_ingress(a1, b1).unwrap();
+        // The qdisc is shared: a second filter on the same link is fine.
+        nl.add_ingress_qdisc(a1).unwrap();
+        assert_eq!(nl.ingress_redirects(a1).unwrap(), vec![b1]);
+        let tx = PacketSocket::open("nua0", PacketOptions::default()).unwrap();
+        let rx = PacketSocket::open(
+            "nub0",
+            PacketOptions {
+                recv_timeout: Some(Duration::from_millis(100)),
+                ..PacketOptions::default()
+            },
+        )
+        .unwrap();
+        let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x88, 0xb5];
+        f.extend_from_slice(b"redirected by tc");
+        let mut buf = [0u8; 2048];
+        let mut got = None;
+        for _ in 0..50 {
+            tx.send(&f).unwrap();
+            if let Some(r) = rx.recv(&mut buf).unwrap() {
+                if !r.outgoing && buf[..r.len].ends_with(b"redirected by tc") {
+                    got = Some(buf[..r.len].to_vec());
+                    break;
+                }
+            }
+        }
+        assert_eq!(got.as_deref(), Some(&f[..]));
+        assert!(nl.redirect_ingress(9999, b1).is_err(), "no such link");
+    })
+    .unwrap();
+}

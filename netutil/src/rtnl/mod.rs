@@ -4,10 +4,11 @@
 //!
 //! Links (lookup, create tap/veth/bridge, up/down, MTU, master, alias, MAC,
 //! move to a netns, delete) are here; addresses and routes in `addr`,
-//! neighbours in `neigh`.
+//! neighbours in `neigh`, tc ingress redirects in `tc`.
 
 mod addr;
 mod neigh;
+mod tc;
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
