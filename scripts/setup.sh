@@ -24,8 +24,9 @@ command -v cargo >/dev/null || { echo "setup: cargo (Rust >= 1.85) is required; 
 command -v go >/dev/null || [ -x /usr/local/go/bin/go ] || { apt-get install -y -qq golang-go >/dev/null; }
 export PATH="$PATH:/usr/local/go/bin"
 
-# The reference CNI tools: cnitool, the host-local IPAM plugin and loopback
-# (containerd's CRI plugin sets up lo with it), in /opt/cni/bin.
+# The reference CNI tools: cnitool, the host-local IPAM plugin, loopback
+# (containerd's CRI plugin sets up lo with it) and bridge (the `tap`
+# variant's software CNI, as Kata users run it), in /opt/cni/bin.
 mkdir -p /opt/cni/bin
 if [ ! -x /opt/cni/bin/cnitool ] || [ ! -x /opt/cni/bin/host-local ]; then
   GOBIN=/opt/cni/bin go install github.com/containernetworking/cni/cnitool@v1.3.1
@@ -33,6 +34,9 @@ if [ ! -x /opt/cni/bin/cnitool ] || [ ! -x /opt/cni/bin/host-local ]; then
 fi
 if [ ! -x /opt/cni/bin/loopback ]; then
   GOBIN=/opt/cni/bin go install github.com/containernetworking/plugins/plugins/main/loopback@v1.9.1
+fi
+if [ ! -x /opt/cni/bin/bridge ]; then
+  GOBIN=/opt/cni/bin go install github.com/containernetworking/plugins/plugins/main/bridge@v1.9.1
 fi
 # Debian's containerd package would start a host-wide daemon under systemd;
 # burstvm's tests and bench start their own, with their own config and sockets.

@@ -420,6 +420,7 @@ fn start_kept_sandbox(
 ) -> (
     std::process::Child,
     std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    String,
 ) {
     use std::io::BufRead;
     let cni_dir = Path::new(CNI_BIN).parent().unwrap();
@@ -437,7 +438,7 @@ fn start_kept_sandbox(
         seen.push_str(&line);
         seen.push('\n');
         if line.starts_with("running;") {
-            return (child, lines);
+            return (child, lines, seen);
         }
     }
     let status = child.wait();
@@ -449,7 +450,7 @@ fn start_kept_sandbox(
 fn sigint_tears_a_running_sandbox_down() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let before = host_state();
-    let (mut child, lines) = start_kept_sandbox("fastiov");
+    let (mut child, lines, _) = start_kept_sandbox("fastiov");
     assert_eq!(host_state().2, 1, "the sandbox's VMM runs");
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
@@ -469,7 +470,7 @@ fn sigint_tears_a_running_sandbox_down() {
 fn the_next_runtime_reaps_a_killed_one() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let before = host_state();
-    let (mut child, _lines) = start_kept_sandbox("vanilla");
+    let (mut child, _lines, _) = start_kept_sandbox("vanilla");
     child.kill().unwrap();
     child.wait().unwrap();
     let o = burstvm(&["run", "--variant", "no-net"]);
@@ -487,4 +488,68 @@ fn the_next_runtime_reaps_a_killed_one() {
         .filter(|n| n.starts_with("rt-"))
         .collect();
     assert!(left.is_empty(), "state directories left: {left:?}");
+}
+
+/// The `tap` variant runs through the reference `bridge` CNI plugin: its veth
+/// in the sandbox netns is joined to the VMM's tap by tc both ways (Kata's
+/// tcfilter), the guest is answered, host-local holds the lease until the
+/// sandbox goes, and nothing is left.
+#[test]
+fn tap_runs_through_the_reference_bridge_plugin() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = host_state();
+    let (mut child, lines, seen) = start_kept_sandbox("tap");
+    assert!(seen.contains("1 request(s) answered"), "{seen}");
+    // The VMM's sandbox id starts with `bv<runtime tag>-`.
+    let vmm = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find_map(|e| {
+            let c = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<String> = c
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let i = args.iter().position(|a| a == "--sandbox")?;
+            let sb = args.get(i + 1)?;
+            (args.get(1).map(String::as_str) == Some("vmm") && sb.ends_with("-run-tap"))
+                .then(|| (e.path(), sb.clone()))
+        })
+        .expect("the tap sandbox's VMM runs");
+    let ns = netutil::Netns::open(&vmm.0.join("ns/net")).unwrap();
+    let (eth, tap, redirects) = ns
+        .run(|| {
+            let mut nl = netutil::Rtnl::open().unwrap();
+            let eth = nl.link_by_name("eth0").unwrap().expect("the plugin's veth");
+            let tap = nl.link_by_name("tap0").unwrap().expect("the VMM's tap");
+            let r = (
+                nl.ingress_redirects(eth.index).unwrap(),
+                nl.ingress_redirects(tap.index).unwrap(),
+            );
+            (eth, tap, r)
+        })
+        .unwrap();
+    assert!(tap.is_tun() && tap.up, "{tap:?}");
+    assert_eq!(redirects, (vec![tap.index], vec![eth.index]));
+    let tag = vmm.1.strip_prefix("bv").unwrap().split('-').next().unwrap();
+    let ipam = Path::new("/run/burstvm")
+        .join(format!("rt-{tag}"))
+        .join("ipam")
+        .join(format!("burstvm-tap-{tag}"));
+    let leases: Vec<String> = std::fs::read_dir(&ipam)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("10.77."))
+        .collect();
+    assert_eq!(leases.len(), 1, "{ipam:?}: {leases:?}");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    assert!(child.wait().unwrap().success(), "{rest:?}");
+    assert!(
+        rest.iter().any(|l| l.starts_with("leak check: clean")),
+        "{rest:?}"
+    );
+    assert_nothing_new(&before);
 }

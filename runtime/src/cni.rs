@@ -57,6 +57,9 @@ pub struct CniNetwork {
     plugin: PathBuf,
     /// Directories searched for plugins (`CNI_PATH`).
     path: Vec<PathBuf>,
+    /// The namespace the engine runs the plugin in (its "host" netns);
+    /// None: the runtime's own.
+    host_netns: Option<PathBuf>,
 }
 
 /// What a sandbox's ADD returned, reduced to what the VMM needs.
@@ -97,7 +100,14 @@ impl CniNetwork {
             config,
             plugin,
             path,
+            host_netns: None,
         })
+    }
+
+    /// Runs the plugin inside `netns` (where its host-side links go).
+    pub fn in_netns(mut self, netns: &Path) -> CniNetwork {
+        self.host_netns = Some(netns.to_path_buf());
+        self
     }
 
     fn exec(
@@ -111,7 +121,30 @@ impl CniNetwork {
             path: self.config_path.clone(),
             reason: format!("CNI_PATH: {e}"),
         })?;
-        let mut child = Command::new(&self.plugin)
+        let mut cmd = Command::new(&self.plugin);
+        let host_ns = match &self.host_netns {
+            Some(p) => Some(std::fs::File::open(p).map_err(|source| CniError::Exec {
+                plugin: self.plugin.clone(),
+                source,
+            })?),
+            None => None,
+        };
+        if let Some(f) = &host_ns {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let fd = f.as_raw_fd();
+            // SAFETY: setns(2) is async-signal-safe; `fd` stays open until
+            // spawn returns (it is dropped after).
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd
             .env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", container)
             .env("CNI_NETNS", netns)

@@ -1,24 +1,18 @@
 //! The guest's network link, as the sandbox's VMM gets it: read back from
-//! the CNI placeholder in the sandbox netns (VF variants), or made here
-//! for the `tap` variant (software CNI: a tap bridged to a veth whose peer
-//! is a port of the server bridge). All of it through rtnetlink, no `ip`.
+//! the CNI placeholder in the sandbox netns (VF variants), or, for the `tap`
+//! variant, the reference `bridge` plugin's veth joined to the VMM's tap by
+//! tc as Kata does. All of it through rtnetlink, no `ip`/`tc` processes.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::fd::AsFd;
 use std::path::Path;
 
 use netutil::{MacAddr, Netns, Rtnl};
 
 use crate::cni::Attachment;
-use crate::uplink::{ServerNet, SERVER_BRIDGE};
 
 /// The guest-side interface for the `tap` variant, inside the sandbox netns.
 pub const TAP_IF: &str = "tap0";
-/// Server-side veth ends of `tap` sandboxes start with this.
-pub const TAP_PEER_PREFIX: &str = "vt";
-const SANDBOX_BRIDGE: &str = "br0";
-const SANDBOX_VETH: &str = "eth0";
 
 /// The guest's link parameters.
 #[derive(Debug, Clone)]
@@ -77,29 +71,11 @@ pub fn read_link(netns: &Path, ifname: &str, att: &Attachment) -> Result<GuestLi
     })
 }
 
-/// A locally administered MAC for a `tap` guest, derived from its address.
-pub fn tap_guest_mac(ip: Ipv4Addr) -> MacAddr {
-    let o = ip.octets();
-    MacAddr::new([0x02, 0x42, 0xb7, o[1], o[2], o[3]])
-}
-
-/// The server-side veth end of sandbox `id` (IFNAMSIZ: a hash of the id).
-fn tap_peer_name(id: &str) -> String {
-    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    });
-    format!("{TAP_PEER_PREFIX}{:012x}", h & 0xffff_ffff_ffff)
-}
-
-/// Software CNI for `tap`: in the sandbox netns `ns` a tap and a veth
-/// bridged together; the veth's peer joins the server bridge.
-pub fn tap_attach(
-    srv: &ServerNet,
-    id: &str,
-    ns: &Netns,
-    ip: Ipv4Addr,
-) -> Result<GuestLink, GuestNetError> {
-    let peer = tap_peer_name(id);
+/// Kata's `tcfilter` join, after the `bridge` plugin's ADD: in the sandbox
+/// netns `ns`, a tap for the VMM and two tc redirects, veth ingress -> tap
+/// and tap ingress -> veth. The guest takes the veth's MAC and address (the
+/// CNI result), so the veth's own stack never sees a frame.
+pub fn tap_join(id: &str, ns: &Netns, att: &Attachment) -> Result<GuestLink, GuestNetError> {
     let err = |what: String| {
         let sandbox = id.to_string();
         move |source| GuestNetError::Link {
@@ -108,65 +84,45 @@ pub fn tap_attach(
             source,
         }
     };
+    let bad = |what: &str| {
+        err(format!("CNI result of {}", att.ifname))(io::Error::new(
+            io::ErrorKind::InvalidData,
+            what.to_string(),
+        ))
+    };
+    let mac: MacAddr = att
+        .mac
+        .as_deref()
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(|| bad("no MAC"))?;
+    let (ip, prefix_len) = att
+        .ip_cidr
+        .as_deref()
+        .and_then(|c| c.split_once('/'))
+        .and_then(|(ip, p)| Some((ip.parse::<Ipv4Addr>().ok()?, p.parse::<u8>().ok()?)))
+        .ok_or_else(|| bad("no IPv4 address"))?;
+    let gateway = att.gateway.as_deref().and_then(|g| g.parse().ok());
     ns.run(|| -> Result<(), GuestNetError> {
         let mut nl = Rtnl::open().map_err(err("open rtnetlink".into()))?;
         let tap = nl
             .create_tap(TAP_IF)
             .map_err(err(format!("create tap {TAP_IF}")))?;
-        nl.create_bridge(SANDBOX_BRIDGE, None)
-            .map_err(err(format!("create bridge {SANDBOX_BRIDGE}")))?;
-        nl.create_veth(SANDBOX_VETH, &peer, Some(srv.netns().as_fd()))
-            .map_err(err(format!("create veth {SANDBOX_VETH} / {peer}")))?;
-        let br = nl
-            .index_of(SANDBOX_BRIDGE)
-            .map_err(err(format!("index of {SANDBOX_BRIDGE}")))?;
         let veth = nl
-            .index_of(SANDBOX_VETH)
-            .map_err(err(format!("index of {SANDBOX_VETH}")))?;
-        for (name, index) in [(TAP_IF, tap), (SANDBOX_VETH, veth)] {
-            nl.set_master(index, br)
-                .map_err(err(format!("put {name} on {SANDBOX_BRIDGE}")))?;
-        }
-        for (name, index) in [(TAP_IF, tap), (SANDBOX_VETH, veth), (SANDBOX_BRIDGE, br)] {
-            nl.set_up(index, true)
-                .map_err(err(format!("set {name} up")))?;
-        }
+            .index_of(&att.ifname)
+            .map_err(err(format!("index of {}", att.ifname)))?;
+        nl.redirect_ingress(veth, tap)
+            .map_err(err(format!("tc redirect {} -> {TAP_IF}", att.ifname)))?;
+        nl.redirect_ingress(tap, veth)
+            .map_err(err(format!("tc redirect {TAP_IF} -> {}", att.ifname)))?;
+        nl.set_up(tap, true)
+            .map_err(err(format!("set {TAP_IF} up")))?;
         Ok(())
     })??;
-    {
-        let mut nl = srv.rtnl();
-        let p = nl
-            .index_of(&peer)
-            .map_err(err(format!("index of {peer} in the server netns")))?;
-        nl.set_master(p, srv.bridge_index())
-            .map_err(err(format!("put {peer} on {SERVER_BRIDGE}")))?;
-        nl.set_up(p, true).map_err(err(format!("set {peer} up")))?;
-    }
-    let a = srv.addressing();
     Ok(GuestLink {
         vf_id: String::new(),
-        mac: tap_guest_mac(ip),
+        mac,
         ip,
-        prefix_len: a.prefix_len,
-        gateway: Some(a.server_ip),
+        prefix_len,
+        gateway,
     })
-}
-
-/// Removes the server-side veth end of sandbox `id` (gone already: fine).
-pub fn tap_detach(srv: &ServerNet, id: &str) -> Result<(), GuestNetError> {
-    let peer = tap_peer_name(id);
-    let mut nl = srv.rtnl();
-    let r = match nl.link_by_name(&peer) {
-        Ok(None) => return Ok(()),
-        Ok(Some(l)) => nl.delete_link(l.index),
-        Err(e) => Err(e),
-    };
-    match r {
-        Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(()),
-        r => r.map_err(|source| GuestNetError::Link {
-            sandbox: id.to_string(),
-            what: format!("delete {peer}"),
-            source,
-        }),
-    }
 }

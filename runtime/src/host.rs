@@ -21,10 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{Cgroup, CgroupError, Layout, Limits};
 use crate::cni::CniNetwork;
-use crate::guestnet::GuestLink;
 use crate::runtime::Runtime;
 use crate::uplink::{self, Addressing};
-use netutil::{MacAddr, Netns};
+use netutil::MacAddr;
 
 /// Everything a `Sandbox` needs from the host it runs on.
 pub trait SandboxHost: Sync {
@@ -47,16 +46,10 @@ pub trait SandboxHost: Sync {
     /// A permanent neighbour entry for the guest on the server side (so no ARP).
     fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), String>;
     fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), String>;
-    /// The `tap` variant's software CNI exists only in the self-hosted runtime.
-    fn alloc_tap_ip(&self) -> Option<Ipv4Addr> {
-        None
-    }
-    fn free_tap_ip(&self, _ip: Ipv4Addr) {}
-    fn tap_attach(&self, _id: &str, _ns: &Netns, _ip: Ipv4Addr) -> Result<GuestLink, String> {
+    /// The `tap` variant's software CNI (the reference `bridge` plugin),
+    /// run by the self-hosted runtime as an engine runs it.
+    fn tap_cni(&self) -> Result<&CniNetwork, String> {
         Err("the tap variant needs the self-hosted runtime (burstvm run / bench startup)".into())
-    }
-    fn tap_detach(&self, _id: &str) -> Result<(), String> {
-        Ok(())
     }
     /// RunD's writable layers (the `rootfs` stage); None: no rootfs stage possible.
     fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
@@ -100,17 +93,8 @@ impl SandboxHost for Runtime {
     fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), String> {
         self.server().del_neighbor(ip).map_err(|e| e.to_string())
     }
-    fn alloc_tap_ip(&self) -> Option<Ipv4Addr> {
-        Runtime::alloc_tap_ip(self)
-    }
-    fn free_tap_ip(&self, ip: Ipv4Addr) {
-        Runtime::free_tap_ip(self, ip)
-    }
-    fn tap_attach(&self, id: &str, ns: &Netns, ip: Ipv4Addr) -> Result<GuestLink, String> {
-        Runtime::tap_attach(self, id, ns, ip)
-    }
-    fn tap_detach(&self, id: &str) -> Result<(), String> {
-        Runtime::tap_detach(self, id)
+    fn tap_cni(&self) -> Result<&CniNetwork, String> {
+        Runtime::tap_cni(self)
     }
     fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
         Runtime::writable_layers(self)

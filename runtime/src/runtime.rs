@@ -2,7 +2,6 @@
 //! the NIC daemon (a child), the server netns with the echo server, the CNI
 //! network config, and the state directory. Sandboxes borrow it.
 
-use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
@@ -11,12 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use guestmem::pool::{Pool, PoolServer};
-use netutil::{netns, Netns};
+use netutil::netns;
 use trace::Stage;
 
 use crate::cgroup::{Cgroup, CgroupError, CgroupPool, Layout, Limits};
 use crate::cni::CniNetwork;
-use crate::guestnet::{self, GuestLink};
 use crate::nicd::NicDaemon;
 use crate::uplink::{self, Addressing, ServerNet};
 use crate::variant::{NetKind, Variant};
@@ -26,8 +24,8 @@ pub use crate::guestnet::TAP_IF;
 pub const PF: &str = "pf0";
 /// VF-variant guests get addresses from host-local in this part of the /16 …
 const VF_RANGE: (&str, &str) = ("10.77.1.1", "10.77.127.254");
-/// … and `tap` guests from the runtime's own allocator in this part.
-const TAP_RANGE: (u32, u32) = (0x0a4d_8001, 0x0a4d_fffe); // 10.77.128.1 ..= 10.77.255.254
+/// … and `tap` guests (the reference `bridge` plugin's host-local) in this part.
+const TAP_RANGE: (&str, &str) = ("10.77.128.1", "10.77.255.254");
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -85,7 +83,9 @@ pub struct Runtime {
     nic: Mutex<Option<NicDaemon>>,
     cni: Option<CniNetwork>,
     server: Option<ServerNet>,
-    tap_free: Mutex<BTreeSet<u32>>,
+    /// The `tap` variant's network: the reference `bridge` plugin, run in
+    /// the server netns (Err: the plugin is not installed).
+    tap_cni: Option<Result<CniNetwork, String>>,
     interrupted: Arc<AtomicBool>,
     /// The managed filesystem of writable layers, and its template's digest.
     layers: Option<(::rootfs::WritableLayers, String)>,
@@ -135,7 +135,7 @@ impl Runtime {
             nic: Mutex::new(None),
             cni: None,
             server: None,
-            tap_free: Mutex::new((TAP_RANGE.0..=TAP_RANGE.1).collect()),
+            tap_cni: None,
             interrupted: Arc::new(AtomicBool::new(false)),
             layers: None,
             state_dir,
@@ -161,6 +161,7 @@ impl Runtime {
         if rt.cfg.network {
             rt.server = Some(ServerNet::create(&tag, Addressing::default())?);
             rt.write_cni_config()?;
+            rt.write_tap_cni_config()?;
         }
         if let Some(bytes) = rt.cfg.rootfs_layer_bytes {
             let mut lc = ::rootfs::LayerConfig::new(rt.state_dir.join("rootfs"));
@@ -261,33 +262,70 @@ impl Runtime {
         format!("bv{}-", self.tag)
     }
 
-    fn write_cni_config(&mut self) -> Result<(), RuntimeError> {
+    /// The server subnet as CIDR, and host-local ranges of it.
+    fn ipam(&self, range: (&str, &str)) -> serde_json::Value {
         let a = self.server().addressing();
+        let mask = !((1u32 << (32 - a.prefix_len)) - 1);
+        serde_json::json!({
+            "type": "host-local",
+            "dataDir": self.state_dir.join("ipam"),
+            "ranges": [[{
+                "subnet": format!("{}/{}", Ipv4Addr::from(u32::from(a.server_ip) & mask), a.prefix_len),
+                "rangeStart": range.0,
+                "rangeEnd": range.1,
+                "gateway": a.server_ip.to_string(),
+            }]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+        })
+    }
+
+    fn write_conf(&self, file: &str, conf: &serde_json::Value) -> Result<PathBuf, RuntimeError> {
+        let path = self.state_dir.join(file);
+        std::fs::write(&path, serde_json::to_vec_pretty(conf).expect("json")).map_err(
+            |source| RuntimeError::StateDir {
+                path: path.clone(),
+                source,
+            },
+        )?;
+        Ok(path)
+    }
+
+    /// The `tap` network: the reference `bridge` plugin puts a veth into the
+    /// sandbox netns whose peer joins the server bridge (which stands for
+    /// the host's), with an address from host-local. The runtime then joins
+    /// the VMM's tap to that veth with tc, as Kata does.
+    fn write_tap_cni_config(&mut self) -> Result<(), RuntimeError> {
+        let conf = serde_json::json!({
+            "cniVersion": "1.1.0",
+            "name": format!("burstvm-tap-{}", self.tag),
+            "type": "bridge",
+            "bridge": uplink::SERVER_BRIDGE,
+            "isGateway": false,
+            "ipMasq": false,
+            "ipam": self.ipam(TAP_RANGE),
+        });
+        let path = self.write_conf("tap.conf", &conf)?;
+        let srv = self.server().netns_path();
+        self.tap_cni = Some(
+            CniNetwork::load(&path, cni_path(&self.cfg.bin))
+                .map(|n| n.in_netns(&srv))
+                .map_err(|e| {
+                    format!("{e} (scripts/setup.sh installs the reference plugins in /opt/cni/bin)")
+                }),
+        );
+        Ok(())
+    }
+
+    fn write_cni_config(&mut self) -> Result<(), RuntimeError> {
         let conf = serde_json::json!({
             "cniVersion": "1.1.0",
             "name": format!("burstvm-{}", self.tag),
             "type": "burstvm-cni",
             "nicSocket": self.nic_socket(),
             "pf": PF,
-            "ipam": {
-                "type": "host-local",
-                "dataDir": self.state_dir.join("ipam"),
-                "ranges": [[{
-                    "subnet": format!("{}/{}", Ipv4Addr::from(u32::from(a.server_ip) & !((1u32 << (32 - a.prefix_len)) - 1)), a.prefix_len),
-                    "rangeStart": VF_RANGE.0,
-                    "rangeEnd": VF_RANGE.1,
-                    "gateway": a.server_ip.to_string(),
-                }]],
-                "routes": [{"dst": "0.0.0.0/0"}],
-            }
+            "ipam": self.ipam(VF_RANGE),
         });
-        let path = self.state_dir.join("net.conf");
-        std::fs::write(&path, serde_json::to_vec_pretty(&conf).expect("json")).map_err(
-            |source| RuntimeError::StateDir {
-                path: path.clone(),
-                source,
-            },
-        )?;
+        let path = self.write_conf("net.conf", &conf)?;
         let cni_path = cni_path(&self.cfg.bin);
         if !cni_path.iter().any(|d| d.join("burstvm-cni").is_file()) {
             return Err(RuntimeError::NoCniPlugin {
@@ -369,7 +407,8 @@ impl Runtime {
         self.pool.as_ref().map_or(0, |p| p.clients())
     }
 
-    /// `tap`-variant veth ends still in the server netns.
+    /// Ports of the server bridge other than the server's own: `tap`
+    /// sandboxes' veth ends left behind.
     pub fn leftover_links(&self) -> Result<Vec<String>, String> {
         let Some(srv) = &self.server else {
             return Ok(Vec::new());
@@ -380,34 +419,18 @@ impl Runtime {
             .map_err(|e| format!("list links of {}: {e}", srv.netns_name()))?;
         Ok(links
             .into_iter()
+            .filter(|l| l.master == Some(srv.bridge_index()) && l.name != uplink::SERVER_IF)
             .map(|l| l.name)
-            .filter(|n| n.starts_with(guestnet::TAP_PEER_PREFIX))
             .collect())
     }
 
-    pub fn alloc_tap_ip(&self) -> Option<Ipv4Addr> {
-        self.tap_free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_first()
-            .map(Ipv4Addr::from)
-    }
-
-    pub fn free_tap_ip(&self, ip: Ipv4Addr) {
-        self.tap_free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(u32::from(ip));
-    }
-
-    /// Software CNI for `tap` (see `guestnet::tap_attach`).
-    pub fn tap_attach(&self, id: &str, ns: &Netns, ip: Ipv4Addr) -> Result<GuestLink, String> {
-        guestnet::tap_attach(self.server(), id, ns, ip).map_err(|e| e.to_string())
-    }
-
-    /// Removes the server-side veth end (the sandbox side goes with its netns).
-    pub fn tap_detach(&self, id: &str) -> Result<(), String> {
-        guestnet::tap_detach(self.server(), id).map_err(|e| e.to_string())
+    /// The `tap` variant's CNI network (the reference `bridge` plugin).
+    pub fn tap_cni(&self) -> Result<&CniNetwork, String> {
+        match &self.tap_cni {
+            Some(Ok(n)) => Ok(n),
+            Some(Err(e)) => Err(format!("tap network: {e}")),
+            None => Err("tap network: this runtime was created without a network".into()),
+        }
     }
 }
 
@@ -417,6 +440,7 @@ impl Drop for Runtime {
             n.stop();
         }
         self.cni = None;
+        self.tap_cni = None;
         self.server = None;
         if let Some(p) = self.pool.take() {
             p.shutdown();
@@ -587,13 +611,5 @@ mod tests {
         assert!(t.contains(&Stage::CniAdd) && !t.contains(&Stage::VfOpen));
         assert_eq!(f.first(), Some(&Stage::Cgroup));
         assert_eq!(f.last(), Some(&Stage::Ready));
-    }
-
-    #[test]
-    fn tap_addresses_and_macs() {
-        let ip = Ipv4Addr::from(TAP_RANGE.0);
-        assert_eq!(ip, Ipv4Addr::new(10, 77, 128, 1));
-        assert_eq!(Ipv4Addr::from(TAP_RANGE.1), Ipv4Addr::new(10, 77, 255, 254));
-        assert_eq!(guestnet::tap_guest_mac(ip), [0x02, 0x42, 0xb7, 77, 128, 1]);
     }
 }

@@ -92,7 +92,6 @@ pub struct Sandbox<'rt> {
     cni_added: bool,
     tap_added: bool,
     neighbor: Option<Ipv4Addr>,
-    tap_ip: Option<Ipv4Addr>,
     vmm: Option<Child>,
     layer: Option<::rootfs::Layer>,
     /// The writable layer's cost, when the sandbox has a rootfs.
@@ -143,7 +142,6 @@ impl<'rt> Sandbox<'rt> {
             cni_added: false,
             tap_added: false,
             neighbor: None,
-            tap_ip: None,
             vmm: None,
             layer: None,
             rootfs_cost: None,
@@ -315,19 +313,22 @@ impl<'rt> Sandbox<'rt> {
         Ok(self.net_args(format!("vf:{}", socket.display()), &link))
     }
 
-    /// Software CNI baseline: a tap bridged to a veth into the server netns.
+    /// Software CNI baseline, as Kata runs it: CNI ADD of the reference
+    /// `bridge` plugin (executed as an engine executes it), then the VMM's
+    /// tap joined to its veth by tc (`guestnet::tap_join`).
     fn tap_add(&mut self) -> Result<Vec<String>, String> {
-        let ip = self
-            .rt
-            .alloc_tap_ip()
-            .ok_or("tap address range exhausted")?;
-        self.tap_ip = Some(ip);
+        let cni = self.rt.tap_cni()?;
+        let ns = self.netns.as_ref().expect("netns stage ran");
+        // Marked before the call: a half-done ADD is undone by DEL too.
         self.tap_added = true;
-        let ns = self.netns.as_ref().expect("netns stage ran").netns();
-        let link = self.rt.tap_attach(&self.spec.id, ns, ip)?;
-        self.guest_ip = Some(ip);
-        self.rt.add_neighbor(ip, link.mac)?;
-        self.neighbor = Some(ip);
+        let att = cni
+            .add(&self.spec.id, ns.path(), IFNAME)
+            .map_err(|e| e.to_string())?;
+        let link = crate::guestnet::tap_join(&self.spec.id, ns.netns(), &att)
+            .map_err(|e| e.to_string())?;
+        self.guest_ip = Some(link.ip);
+        self.rt.add_neighbor(link.ip, link.mac)?;
+        self.neighbor = Some(link.ip);
         Ok(self.net_args(format!("tap:{}", crate::runtime::TAP_IF), &link))
     }
 
@@ -629,12 +630,12 @@ impl<'rt> Sandbox<'rt> {
         }
         if self.tap_added {
             self.tap_added = false;
-            if let Err(e) = self.rt.tap_detach(&self.spec.id) {
-                errs.push(e);
+            // The plugin removes the veth pair and releases the lease.
+            if let (Ok(cni), Some(ns)) = (self.rt.tap_cni(), self.netns.as_ref()) {
+                if let Err(e) = cni.del(&self.spec.id, ns.path(), IFNAME) {
+                    errs.push(e.to_string());
+                }
             }
-        }
-        if let Some(ip) = self.tap_ip.take() {
-            self.rt.free_tap_ip(ip);
         }
         if let Some(mut ns) = self.netns.take() {
             if let Err(e) = ns.delete() {
