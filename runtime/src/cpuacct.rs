@@ -49,8 +49,9 @@ fn tv_ns(tv: libc::timeval) -> u64 {
 
 /// The calling thread's user+system CPU.
 pub fn thread_ns() -> u64 {
-    // SAFETY: getrusage writes into the struct we pass.
+    // SAFETY: rusage is plain data; all-zero is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct we pass.
     unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
     tv_ns(ru.ru_utime) + tv_ns(ru.ru_stime)
 }
