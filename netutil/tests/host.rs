@@ -14,6 +14,20 @@ fn ns(tag: &str) -> NamedNetns {
     NamedNetns::create(&format!("nu-{tag}-{}", std::process::id())).expect("create netns (root)")
 }
 
+/// Sends `f` on `tx` until `rx` receives a frame ending like it (bounded).
+fn send_until_received(tx: &PacketSocket, rx: &PacketSocket, f: &[u8]) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 2048];
+    for _ in 0..50 {
+        tx.send(f).unwrap();
+        if let Some(r) = rx.recv(&mut buf).unwrap() {
+            if !r.outgoing && buf[..r.len].ends_with(&f[f.len() - 8..]) {
+                return Some(buf[..r.len].to_vec());
+            }
+        }
+    }
+    None
+}
+
 #[test]
 fn named_netns_life_cycle() {
     let mut a = ns("life");
@@ -217,18 +231,7 @@ fn packet_sockets_carry_frames_and_restore_vlan_tags() {
             2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x81, 0, 0, 12, 0x88, 0xb5,
         ];
         f.extend_from_slice(b"hello over a veth");
-        let mut buf = [0u8; 2048];
-        let mut got = None;
-        for _ in 0..50 {
-            tx.send(&f).unwrap();
-            if let Some(r) = rx.recv(&mut buf).unwrap() {
-                if !r.outgoing && buf[..r.len].ends_with(b"hello over a veth") {
-                    got = Some(buf[..r.len].to_vec());
-                    break;
-                }
-            }
-        }
-        assert_eq!(got.as_deref(), Some(&f[..]));
+        assert_eq!(send_until_received(&tx, &rx, &f).as_deref(), Some(&f[..]));
     })
     .unwrap();
 }
@@ -262,18 +265,7 @@ fn ingress_redirect_moves_frames_between_links() {
         .unwrap();
         let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x88, 0xb5];
         f.extend_from_slice(b"redirected by tc");
-        let mut buf = [0u8; 2048];
-        let mut got = None;
-        for _ in 0..50 {
-            tx.send(&f).unwrap();
-            if let Some(r) = rx.recv(&mut buf).unwrap() {
-                if !r.outgoing && buf[..r.len].ends_with(b"redirected by tc") {
-                    got = Some(buf[..r.len].to_vec());
-                    break;
-                }
-            }
-        }
-        assert_eq!(got.as_deref(), Some(&f[..]));
+        assert_eq!(send_until_received(&tx, &rx, &f).as_deref(), Some(&f[..]));
         assert!(nl.redirect_ingress(9999, b1).is_err(), "no such link");
     })
     .unwrap();
