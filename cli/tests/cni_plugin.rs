@@ -651,10 +651,17 @@ fn cni_exhaustion_and_unreachable_nic() {
     assert_eq!(status, 0, "{out}");
     assert_nothing_left(&nic, &net, &ns1);
 
-    // The NIC daemon is down: I/O failure, no address taken, no link.
+    // The NIC daemon is down: try again later, no address taken, no link.
     nic.stop();
     let (status, out) = net.plugin(&env("ADD", "nonic", &ns1.path()), &net.config().to_string());
-    assert_eq!(error_code(status, &out), 5, "NIC down: {out}");
+    assert_eq!(error_code(status, &out), 11, "NIC down: {out}");
+    assert!(
+        out["details"]
+            .as_str()
+            .unwrap()
+            .contains(&nic.socket.display().to_string()),
+        "the error names the socket: {out}"
+    );
     assert!(
         ns1.links().is_empty() && net.leases().is_empty(),
         "{:?} {:?}",
@@ -759,6 +766,106 @@ fn cni_chained_add_extends_prev_result() {
         "CHECK after the VF was released: {out}"
     );
     let (status, out) = net.plugin(&env("DEL", "chained", &ns.path()), &conf.to_string());
+    assert_eq!(status, 0, "{out}");
+    assert_nothing_left(&nic, &net, &ns);
+}
+
+/// A control socket that accepts connections and never answers (a frozen or
+/// wedged NIC daemon): ADD and DEL fail with 11 and name the socket, after
+/// the config's `nicTimeout` instead of hanging the runtime.
+#[test]
+fn cni_silent_nic_fails_with_try_again_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let acceptor = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        while !stop2.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((s, _)) => held.push(s),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        held.len()
+    });
+    let ns = Netns::new();
+    let conf = json!({
+        "cniVersion": "1.1.0", "name": unique("silent"), "type": "burstvm-cni",
+        "nicSocket": socket, "pf": "pf0", "nicTimeout": 1
+    })
+    .to_string();
+    let run = |cmd: &str| {
+        let out = Command::new(PLUGIN)
+            .envs([
+                ("CNI_COMMAND", cmd),
+                ("CNI_CONTAINERID", "silent1"),
+                ("CNI_NETNS", ns.path().as_str()),
+                ("CNI_IFNAME", "eth0"),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                c.stdin.take().unwrap().write_all(conf.as_bytes())?;
+                c.wait_with_output()
+            })
+            .expect("run burstvm-cni");
+        let v: Value = serde_json::from_slice(&out.stdout).expect("error result JSON");
+        (out.status.code().unwrap_or(-1), v)
+    };
+    for cmd in ["ADD", "DEL"] {
+        let (status, out) = run(cmd);
+        assert_eq!(error_code(status, &out), 11, "{cmd} on a silent NIC: {out}");
+        assert!(
+            out["details"]
+                .as_str()
+                .unwrap()
+                .contains(&socket.display().to_string()),
+            "{cmd}: the error names the socket: {out}"
+        );
+    }
+    assert!(ns.links().is_empty(), "{:?}", ns.links());
+    stop.store(true, Ordering::Relaxed);
+    assert!(
+        acceptor.join().unwrap() >= 2,
+        "both commands reached the socket"
+    );
+}
+
+/// CNI_NETNS that exists but is not a network namespace: code 4 before any
+/// VF is taken, for a regular file, a directory and a missing path.
+#[test]
+fn cni_netns_that_is_not_a_netns_is_invalid_env() {
+    let nic = NicDaemon::start(2);
+    let net = Network::new(&nic, "10.82.0.0/24", json!({}));
+    let conf = net.config().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-netns");
+    std::fs::write(&file, b"").unwrap();
+    let missing = dir.path().join("missing");
+    for (what, path) in [
+        ("regular file", file.as_path()),
+        ("directory", dir.path()),
+        ("missing path", missing.as_path()),
+    ] {
+        let p = path.to_str().unwrap();
+        let (status, out) = net.plugin(&env("ADD", "nsbad", p), &conf);
+        assert_eq!(error_code(status, &out), 4, "{what}: {out}");
+        assert!(out["msg"].as_str().unwrap().contains("CNI_NETNS"), "{out}");
+        assert!(nic.assigned().is_empty(), "{what}: {:?}", nic.assigned());
+        assert!(net.leases().is_empty(), "{what}: {:?}", net.leases());
+    }
+    // DEL with a CNI_NETNS that is a regular file still frees what ADD took.
+    let ns = Netns::new();
+    let (status, out) = net.plugin(&env("ADD", "nsdel", &ns.path()), &conf);
+    assert_eq!(status, 0, "{out}");
+    let (status, out) = net.plugin(&env("DEL", "nsdel", file.to_str().unwrap()), &conf);
+    assert_eq!(error_code(status, &out), 4, "DEL, regular file: {out}");
+    assert!(nic.assigned().is_empty() && net.leases().is_empty());
+    let (status, out) = net.plugin(&env("DEL", "nsdel", &ns.path()), &conf);
     assert_eq!(status, 0, "{out}");
     assert_nothing_left(&nic, &net, &ns);
 }

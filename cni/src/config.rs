@@ -1,6 +1,7 @@
 //! The network configuration on stdin (docs/design.md "CNI").
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -9,6 +10,8 @@ use crate::version::{self, Version};
 use netutil::cni::CniResult;
 
 pub const DEFAULT_NIC_SOCKET: &str = "/run/burstvm/nic.sock";
+/// Most seconds `nicTimeout` may ask for: ADD must not hang a runtime for longer.
+pub const MAX_NIC_TIMEOUT_SECS: f64 = 300.0;
 
 /// `cni.dev/valid-attachments` entry of a GC request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +26,8 @@ pub struct NetConf {
     pub raw: Vec<u8>,
     pub version: Version,
     pub nic_socket: PathBuf,
+    /// Bound on every exchange with the NIC daemon (`nicTimeout`, seconds).
+    pub nic_timeout: Duration,
     pub pf: String,
     pub mac: Option<String>,
     pub vlan: Option<u16>,
@@ -78,6 +83,18 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
     })?;
     let nic_socket =
         PathBuf::from(string("nicSocket")?.unwrap_or_else(|| DEFAULT_NIC_SOCKET.into()));
+    let nic_timeout = match o.get("nicTimeout") {
+        None | Some(Value::Null) => nic::control::DEFAULT_TIMEOUT,
+        Some(v) => match v.as_f64() {
+            Some(t) if t > 0.0 && t <= MAX_NIC_TIMEOUT_SECS => Duration::from_secs_f64(t),
+            _ => {
+                return Err(PluginError::invalid_config(
+                    "nicTimeout",
+                    format!("{v} is not a number of seconds in (0, {MAX_NIC_TIMEOUT_SECS}]"),
+                ))
+            }
+        },
+    };
     let mac = string("mac")?;
     if let Some(m) = &mac {
         if !valid_unicast_mac(m) {
@@ -160,6 +177,7 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
         raw: raw.to_vec(),
         version,
         nic_socket,
+        nic_timeout,
         pf,
         mac,
         vlan,
@@ -196,7 +214,12 @@ mod tests {
         let c = conf("").unwrap();
         assert_eq!(c.version, Version::V1_1_0);
         assert_eq!(c.nic_socket, PathBuf::from(DEFAULT_NIC_SOCKET));
+        assert_eq!(c.nic_timeout, nic::control::DEFAULT_TIMEOUT);
         assert!(c.ipam.is_none() && c.mac.is_none() && c.vlan.is_none());
+        assert_eq!(
+            conf(r#","nicTimeout":0.5"#).unwrap().nic_timeout,
+            Duration::from_millis(500)
+        );
         let c = conf(r#","ipam":{"type":"host-local"},"vlan":12,"mac":"02:00:00:00:00:01","nicSocket":"/x.sock""#).unwrap();
         assert_eq!(c.ipam.as_deref(), Some("host-local"));
         assert_eq!(c.vlan, Some(12));
@@ -232,6 +255,10 @@ mod tests {
             r#","ipam":{"type":"../evil"}"#,
             r#","ipam":"host-local""#,
             r#","nicSocket":5"#,
+            r#","nicTimeout":0"#,
+            r#","nicTimeout":-1"#,
+            r#","nicTimeout":1e9"#,
+            r#","nicTimeout":"5""#,
             r#","cni.dev/valid-attachments":[{"containerID":"a"}]"#,
         ] {
             let e = conf(bad).unwrap_err();

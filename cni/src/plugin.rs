@@ -79,8 +79,16 @@ fn version(stdin: &[u8]) -> Result<Value, PluginError> {
 
 fn nic_error(e: ClientError) -> PluginError {
     let text = e.to_string();
+    if e.is_transient() {
+        // Not running, overloaded or not answering within the timeout.
+        return PluginError::new(
+            code::TRY_AGAIN_LATER,
+            "NIC daemon unavailable, try again later",
+            text,
+        );
+    }
     let ClientError::Refused { code: refused, .. } = &e else {
-        return PluginError::new(code::IO_FAILURE, "NIC daemon unreachable", text);
+        return PluginError::new(code::IO_FAILURE, "NIC daemon I/O failure", text);
     };
     match refused {
         Some(ErrorCode::NoFreeVf) => PluginError::new(code::TRY_AGAIN_LATER, "no free VF", text),
@@ -106,7 +114,7 @@ fn assigned_vf(nic: &mut Client, cid: &str) -> Result<Option<Vf>, ClientError> {
 
 fn link_error(e: PlaceholderError) -> PluginError {
     match e {
-        PlaceholderError::Netns(NetnsError::Gone { .. }) => {
+        PlaceholderError::Netns(NetnsError::Gone { .. } | NetnsError::NotNetns { .. }) => {
             PluginError::invalid_env("CNI_NETNS", e.to_string())
         }
         PlaceholderError::Exists { .. } => PluginError::new(
@@ -139,7 +147,7 @@ fn ipam_plugin(env: &Env, conf: &NetConf) -> Result<Option<PathBuf>, PluginError
 }
 
 fn connect(conf: &NetConf) -> Result<Client, PluginError> {
-    Client::connect(&conf.nic_socket).map_err(nic_error)
+    Client::connect_with_timeout(&conf.nic_socket, conf.nic_timeout).map_err(nic_error)
 }
 
 fn add(env: &Env, conf: &NetConf) -> Result<Value, PluginError> {
@@ -405,7 +413,7 @@ fn status(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
     let unavailable = |details: String| {
         PluginError::new(code::NOT_AVAILABLE, "burstvm-cni cannot serve ADD", details)
     };
-    let vfs = Client::connect(&conf.nic_socket)
+    let vfs = Client::connect_with_timeout(&conf.nic_socket, conf.nic_timeout)
         .and_then(|mut n| n.list())
         .map_err(|e| unavailable(e.to_string()))?;
     let of_pf: Vec<&Vf> = vfs.iter().filter(|v| v.pf == conf.pf).collect();
@@ -547,19 +555,18 @@ mod tests {
     }
 
     #[test]
-    fn unreachable_nic_maps_to_io_failure_and_status_50() {
+    fn unreachable_nic_maps_to_try_again_and_status_50() {
         // DEL with a gone netns and no NIC: the NIC failure is reported (the runtime retries).
-        assert_eq!(
-            run(&env("DEL"), CONF.as_bytes()).unwrap_err().code,
-            code::IO_FAILURE
-        );
+        let e = run(&env("DEL"), CONF.as_bytes()).unwrap_err();
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(e.details.contains("/nonexistent/nic.sock"), "{e}");
         assert_eq!(
             run(&env("STATUS"), CONF.as_bytes()).unwrap_err().code,
             code::NOT_AVAILABLE
         );
         assert_eq!(
             run(&env("GC"), CONF.as_bytes()).unwrap_err().code,
-            code::IO_FAILURE
+            code::TRY_AGAIN_LATER
         );
     }
 
@@ -582,10 +589,31 @@ mod tests {
             nic_error(refused(ErrorCode::AlreadyAssigned)).code,
             code::VF_CONFLICT
         );
+        assert_eq!(
+            nic_error(refused(ErrorCode::Busy)).code,
+            code::TRY_AGAIN_LATER
+        );
         let io = ClientError::Io {
+            path: "/s".into(),
+            source: std::io::ErrorKind::BrokenPipe.into(),
+        };
+        assert_eq!(nic_error(io).code, code::IO_FAILURE);
+        assert_eq!(
+            nic_error(ClientError::Closed { path: "/s".into() }).code,
+            code::IO_FAILURE
+        );
+        let timeout = ClientError::Timeout {
+            path: "/run/x/nic.sock".into(),
+            what: "response",
+            after: std::time::Duration::from_secs(1),
+        };
+        let e = nic_error(timeout);
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(e.details.contains("/run/x/nic.sock"), "{e}");
+        let unavailable = ClientError::Unavailable {
             path: "/s".into(),
             source: std::io::ErrorKind::ConnectionRefused.into(),
         };
-        assert_eq!(nic_error(io).code, code::IO_FAILURE);
+        assert_eq!(nic_error(unavailable).code, code::TRY_AGAIN_LATER);
     }
 }

@@ -27,6 +27,42 @@ pub enum NetnsError {
     },
     #[error("network namespace {path}: the thread working in it panicked")]
     Panicked { path: PathBuf },
+    /// The path exists but is not a network namespace (a regular file, a
+    /// directory, another kind of namespace).
+    #[error("{path} is not a network namespace: {why}")]
+    NotNetns { path: PathBuf, why: String },
+}
+
+/// `NS_GET_NSTYPE` (linux/nsfs.h): the CLONE_NEW* type of a namespace fd;
+/// ENOTTY for anything that is not a namespace.
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+
+/// Checks that `file` (opened from `path`) is a network namespace.
+fn check_netns(path: &Path, file: &File) -> Result<(), NetnsError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an argument-less ioctl on a valid fd we own.
+    let t = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE as _) };
+    let not = |why: String| NetnsError::NotNetns {
+        path: path.to_path_buf(),
+        why,
+    };
+    if t < 0 {
+        let e = io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::ENOTTY) {
+            let kind = match file.metadata() {
+                Ok(m) if m.is_dir() => "a directory",
+                Ok(m) if m.is_file() => "a regular file",
+                _ => "not a namespace file",
+            };
+            not(kind.into())
+        } else {
+            not(e.to_string())
+        });
+    }
+    if t != libc::CLONE_NEWNET {
+        return Err(not(format!("a namespace of another type ({t:#x})")));
+    }
+    Ok(())
 }
 
 fn io_err(path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> NetnsError {
@@ -62,10 +98,13 @@ pub struct Netns {
 impl Netns {
     pub fn open(path: &Path) -> Result<Netns, NetnsError> {
         match File::open(path) {
-            Ok(file) => Ok(Netns {
-                path: path.to_path_buf(),
-                file,
-            }),
+            Ok(file) => {
+                check_netns(path, &file)?;
+                Ok(Netns {
+                    path: path.to_path_buf(),
+                    file,
+                })
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Err(NetnsError::Gone {
                 path: path.to_path_buf(),
             }),
@@ -238,4 +277,33 @@ pub fn list(prefix: &str) -> Vec<String> {
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|n| n.starts_with(prefix))
         .collect()
+}
+
+#[cfg(test)]
+mod not_netns_tests {
+    use super::*;
+
+    #[test]
+    fn only_network_namespaces_open() {
+        assert!(Netns::open(Path::new("/proc/self/ns/net")).is_ok());
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("regular");
+        std::fs::write(&f, b"x").unwrap();
+        for (p, want) in [
+            (f.as_path(), "regular file"),
+            (d.path(), "directory"),
+            (Path::new("/proc/self/ns/uts"), "another type"),
+        ] {
+            match Netns::open(p) {
+                Err(e @ NetnsError::NotNetns { .. }) => {
+                    assert!(e.to_string().contains(want), "{e}")
+                }
+                other => panic!("{}: {:?}", p.display(), other.map(|n| n.path)),
+            }
+        }
+        assert!(matches!(
+            Netns::open(&d.path().join("missing")),
+            Err(NetnsError::Gone { .. })
+        ));
+    }
 }

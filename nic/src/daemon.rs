@@ -3,7 +3,6 @@
 //! and a clean shutdown on SIGTERM/SIGINT.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -17,7 +16,8 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::control::{parse_request, ErrorCode, Request, Response, VfInfo};
+use crate::control::server::{Limits, Server};
+use crate::control::{ErrorCode, Request, Response, VfInfo};
 use crate::dataplane::uplink::{Uplink, UplinkSpec};
 use crate::dataplane::Dataplane;
 use crate::devset::{Devset, LockPolicy, VfState};
@@ -189,6 +189,10 @@ impl Nic {
     }
 
     pub fn handle(&self, req: Request) -> Response {
+        // Also for requests that did not come through `parse_request`.
+        if let Err(e) = req.validate() {
+            return Response::err(ErrorCode::BadRequest, e);
+        }
         let _g = lock(&self.control);
         match req {
             Request::Alloc {
@@ -240,7 +244,7 @@ impl Nic {
                     None => Response::err(ErrorCode::NotFound, format!("get: {what}")),
                 }
             }
-            Request::List => Response::with_vfs(self.all()),
+            Request::List {} => Response::with_vfs(self.all()),
         }
     }
 
@@ -258,9 +262,6 @@ impl Nic {
                 format!("alloc: unknown PF {pf_name:?}"),
             );
         };
-        if sandbox.is_empty() || sandbox.len() > 256 {
-            return bad("alloc: sandbox id must be 1..256 bytes".into());
-        }
         if let Some((p, i)) = self.find_sandbox(sandbox) {
             return Response::err(
                 ErrorCode::AlreadyAssigned,
@@ -416,42 +417,12 @@ fn control_server(
     listener: UnixListener,
     stop: Arc<AtomicBool>,
     stop_fd: Arc<EventFd>,
-    sessions: Arc<Mutex<Sessions>>,
+    limits: Limits,
 ) {
-    let fds = [listener.as_fd(), eventfd_fd(&stop_fd)];
-    while !stop.load(Ordering::Relaxed) {
-        if !wait_readable(&fds, Duration::from_secs(1))[0] {
-            continue;
-        }
-        while let Ok((stream, _)) = listener.accept() {
-            let _ = stream.set_nonblocking(false);
-            let nic = nic.clone();
-            let Ok(s2) = stream.try_clone() else { continue };
-            Sessions::spawn(&sessions, &stream, "nic-control".into(), move || {
-                serve_control(&nic, s2)
-            });
-        }
-    }
-}
-
-fn serve_control(nic: &Nic, stream: UnixStream) {
-    let Ok(mut w) = stream.try_clone() else {
-        return;
-    };
-    for line in BufReader::new(stream).lines() {
-        let Ok(line) = line else { return };
-        if line.trim().is_empty() {
-            continue;
-        }
-        let resp = match parse_request(&line) {
-            Ok(req) => nic.handle(req),
-            Err(resp) => *resp,
-        };
-        let mut out = serde_json::to_string(&resp).expect("responses serialize");
-        out.push('\n');
-        if w.write_all(out.as_bytes()).is_err() {
-            return;
-        }
+    let mut handle = |req| nic.handle(req);
+    match Server::new(listener, &stop_fd, limits, &mut handle) {
+        Ok(mut srv) => srv.run(&stop),
+        Err(e) => tracing::error!("nic control: cannot start the server: {e}"),
     }
 }
 
@@ -556,16 +527,15 @@ fn start(
     start_vfs(nic, run)?;
     let l = bind(&args.control)?;
     run.sockets.push(args.control.clone());
-    let (n, s, sf, ss) = (
+    let (n, s, sf, limits) = (
         nic.clone(),
         run.stop.clone(),
         run.stop_fd.clone(),
-        run.sessions.clone(),
+        args.control_limits(),
     );
-    run.threads
-        .push(spawn("nic-control-accept".into(), move || {
-            control_server(n, l, s, sf, ss)
-        })?);
+    run.threads.push(spawn("nic-control".into(), move || {
+        control_server(n, l, s, sf, limits)
+    })?);
     Ok(())
 }
 

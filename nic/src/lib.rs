@@ -51,6 +51,12 @@ pub struct NicArgs {
     /// the NIC maps it. Pool memory of no listed pool is refused.
     #[arg(long = "pool-socket", value_name = "PATH")]
     pub pool_socket: Vec<PathBuf>,
+    /// Most open control connections; a new one beyond closes the least recently active.
+    #[arg(long, default_value_t = control::server::DEFAULT_MAX_CONNECTIONS)]
+    pub control_max_connections: usize,
+    /// Seconds a control connection may stay idle before the daemon closes it.
+    #[arg(long, default_value_t = control::server::DEFAULT_IDLE_TIMEOUT.as_secs_f64())]
+    pub control_idle_timeout: f64,
 }
 
 /// Most VFs a PF can have: 32 PCI devices × 8 functions on its bus.
@@ -97,6 +103,18 @@ impl NicArgs {
             }
             out.push((name.clone(), vfs));
         }
+        if self.control_max_connections == 0 || self.control_max_connections > 65536 {
+            return Err(Error::Config(format!(
+                "--control-max-connections {}: must be 1..65536",
+                self.control_max_connections
+            )));
+        }
+        if !(0.01..=86400.0).contains(&self.control_idle_timeout) {
+            return Err(Error::Config(format!(
+                "--control-idle-timeout {}: must be 0.01..86400 seconds",
+                self.control_idle_timeout
+            )));
+        }
         if self.batch == 0 || self.batch > 1024 {
             return Err(Error::Config(format!(
                 "--batch {}: must be 1..1024",
@@ -104,6 +122,14 @@ impl NicArgs {
             )));
         }
         Ok(out)
+    }
+
+    pub fn control_limits(&self) -> control::server::Limits {
+        control::server::Limits {
+            max_connections: self.control_max_connections,
+            idle_timeout: std::time::Duration::from_secs_f64(self.control_idle_timeout),
+            ..Default::default()
+        }
     }
 
     pub fn uplink_list(&self, n: usize) -> Result<Vec<Option<UplinkSpec>>, Error> {

@@ -246,7 +246,7 @@ impl Nic {
     }
 
     pub fn list(&self) -> Vec<VfInfo> {
-        self.call(&Request::List)
+        self.call(&Request::List {})
             .vfs
             .expect("list response has VFs")
     }

@@ -52,6 +52,8 @@ impl TestNic {
             socket_dir: None,
             batch: 32,
             pool_socket: pools,
+            control_max_connections: 256,
+            control_idle_timeout: 60.0,
         };
         let (stop, stopped) = mpsc::channel::<()>();
         let (up, running) = mpsc::channel::<Arc<Nic>>();
@@ -265,6 +267,8 @@ pub fn run_nic_if_child() {
             socket_dir: None,
             batch: 32,
             pool_socket: vec![PathBuf::from(pool)],
+            control_max_connections: 256,
+            control_idle_timeout: 60.0,
         };
         let r = nic::daemon::run(&args);
         std::process::exit(i32::from(r.is_err()));
