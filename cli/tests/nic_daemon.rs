@@ -283,3 +283,152 @@ fn nic_frontend_killed_with_sigkill_frees_its_vf() {
     drop(c);
     d.terminate();
 }
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// Thousands of idle connections, an over-long line and malformed requests:
+/// the daemon stays within its connection cap, answers `bad-request`, closes
+/// idle clients, and `list` still answers.
+#[test]
+fn nic_control_server_survives_flood_long_lines_and_malformed_requests() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+    const CAP: usize = 64;
+    let mut d = Daemon::start(
+        "flood",
+        &[
+            "--pf",
+            "pf0",
+            "--vfs",
+            "2",
+            "--control-max-connections",
+            &CAP.to_string(),
+            "--control-idle-timeout",
+            "2",
+        ],
+    );
+    let pid = d.child.as_ref().unwrap().id();
+    let base = fd_count(pid);
+
+    // The flood: far more idle connections than the cap, all kept open here.
+    let mut flood = Vec::new();
+    for _ in 0..3000 {
+        match nic::control::connect_timeout(&d.control, Duration::from_secs(2)) {
+            Ok(s) => flood.push(s),
+            Err(e) => panic!("connect #{} failed: {e}", flood.len()),
+        }
+    }
+    let mut c = d.client();
+    assert_eq!(c.list().unwrap().len(), 2, "list answers after the flood");
+    let during = fd_count(pid);
+    assert!(
+        during <= base + CAP + 2,
+        "daemon holds {during} fds (before the flood: {base}, cap {CAP})"
+    );
+    // An evicted connection was told why.
+    flood[0]
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(&flood[0]).read_line(&mut line).unwrap();
+    assert!(line.contains("\"busy\""), "{line:?}");
+    drop(flood);
+
+    // Malformed requests: bad-request, and the connection stays usable.
+    let bad_requests: Vec<Vec<u8>> = vec![
+        b"{\"op\":\"get\",\"sandbox\":\"\xff\xfe\"}".to_vec(),
+        br#"{"op":"list","verbose":true}"#.to_vec(),
+        br#"{"op":"alloc","pf":"pf0","sandbox":"s","colour":"red"}"#.to_vec(),
+        br#"{"op":"alloc","pf":"pf0","sandbox":"a\u0000b"}"#.to_vec(),
+        br#"{"op":"alloc","pf":"pf0","sandbox":"../../etc/passwd"}"#.to_vec(),
+        br#"{"op":"alloc","pf":"pf0","sandbox":"a\nb"}"#.to_vec(),
+        br#"{"op":"alloc","pf":"pf0","sandbox":"\u001b[2J"}"#.to_vec(),
+        format!(
+            r#"{{"op":"alloc","pf":"pf0","sandbox":"{}"}}"#,
+            "x".repeat(300)
+        )
+        .into_bytes(),
+        br#"{"op":"release","sandbox":"a/b"}"#.to_vec(),
+        br#"{"op":"get","sandbox":"a\tb"}"#.to_vec(),
+    ];
+    let mut s = UnixStream::connect(&d.control).unwrap();
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    for req in &bad_requests {
+        s.write_all(req).unwrap();
+        s.write_all(b"\n").unwrap();
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let resp: Response = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            resp.code,
+            Some(ErrorCode::BadRequest),
+            "{}: {line}",
+            String::from_utf8_lossy(req)
+        );
+    }
+    assert!(c.list().unwrap().iter().all(|v| v.sandbox.is_none()));
+
+    // One line far over the limit: bad-request after at most the limit has
+    // been read, then the daemon closes; its memory does not grow with it.
+    let rss = |pid: u32| -> u64 {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        st.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap()
+    };
+    let rss0 = rss(pid);
+    s.set_write_timeout(Some(T)).unwrap();
+    let junk = vec![b'x'; 1 << 20];
+    let mut sent = 0usize;
+    while sent < 100 << 20 {
+        match s.write(&junk) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
+    }
+    assert!(sent < 100 << 20, "the daemon read a 100 MiB line");
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert!(
+        line.contains("bad-request") && line.contains("longer than"),
+        "{line:?}"
+    );
+    assert!(
+        rss(pid) < rss0 + 16 * 1024,
+        "RSS {} kB -> {} kB",
+        rss0,
+        rss(pid)
+    );
+
+    // An idle connection is closed after --control-idle-timeout.
+    let idle = UnixStream::connect(&d.control).unwrap();
+    idle.set_read_timeout(Some(T)).unwrap();
+    let t0 = Instant::now();
+    let mut line = String::new();
+    assert_eq!(
+        BufReader::new(&idle).read_line(&mut line).unwrap(),
+        0,
+        "{line:?}"
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_secs(1),
+        "closed before it was idle"
+    );
+
+    // Still serving, and back to the fds it had before the flood.
+    let mut c = d.client();
+    assert_eq!(c.list().unwrap().len(), 2);
+    drop(c);
+    let t0 = Instant::now();
+    while fd_count(pid) > base + 1 {
+        assert!(t0.elapsed() < T, "fds: {} (base {base})", fd_count(pid));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    d.terminate();
+}

@@ -471,11 +471,20 @@ pub fn run_with(args: &NicArgs, wait: impl FnOnce(&Arc<Nic>)) -> Result<(), Erro
             source: e,
         })?;
     }
-    if UnixStream::connect(&args.control).is_ok() {
-        return Err(Error::Config(format!(
-            "control socket {}: another nic daemon is running",
-            args.control.display()
-        )));
+    match crate::control::connect_timeout(&args.control, std::time::Duration::from_secs(2)) {
+        Ok(_) => {
+            return Err(Error::Config(format!(
+                "control socket {}: another nic daemon is running",
+                args.control.display()
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            return Err(Error::Config(format!(
+                "control socket {}: another nic daemon holds it but does not accept ({e})",
+                args.control.display()
+            )))
+        }
+        Err(_) => {}
     }
     let mut nic = Nic::new(
         &pfs,

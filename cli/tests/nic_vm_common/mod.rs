@@ -158,6 +158,8 @@ impl Nic {
             .unwrap();
         let mut child = Command::new(BURSTVM)
             .args(args)
+            // The one control connection may sit idle while guests boot.
+            .args(["--control-idle-timeout", "3600"])
             .env("BURSTVM_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
