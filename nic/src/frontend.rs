@@ -324,6 +324,28 @@ impl SimFrontend {
         self.publish(1, slot);
     }
 
+    /// Transmits one frame through an indirect descriptor table (one
+    /// descriptor in it) although VIRTIO_F_INDIRECT_DESC was never offered.
+    pub fn send_indirect(&mut self, frame: &[u8]) {
+        assert!(HDR_LEN + frame.len() + 16 <= BUF as usize);
+        let slot = self.tx_avail % QSIZE;
+        let gpa = BUFFERS + (QSIZE as u64 + slot as u64) * BUF;
+        // The table at the start of the buffer, the frame after it.
+        let data = gpa + 16;
+        let p = self.ptr(data, HDR_LEN + frame.len());
+        // SAFETY: in-bounds buffer of our own memory.
+        unsafe {
+            std::ptr::write_bytes(p, 0, HDR_LEN);
+            std::ptr::copy_nonoverlapping(frame.as_ptr(), p.add(HDR_LEN), frame.len());
+        }
+        self.w64(gpa, data);
+        self.w32(gpa + 8, (HDR_LEN + frame.len()) as u32);
+        self.w16(gpa + 12, 0);
+        self.w16(gpa + 14, 0);
+        self.write_desc(1, slot, gpa, 16, 4 /* INDIRECT */, 0);
+        self.publish(1, slot);
+    }
+
     /// Transmit descriptors the VF has consumed.
     pub fn tx_done(&self) -> u16 {
         self.used_idx(1)

@@ -108,6 +108,8 @@ impl Vring {
 pub struct Runtime {
     pub active: bool,
     pub failed: bool,
+    /// The virtio features the frontend acked (SET_FEATURES).
+    pub features: u64,
     pub hdr_len: usize,
     pub mem: Option<VfMemory>,
     pub vrings: [Vring; 2],
@@ -127,6 +129,7 @@ impl Runtime {
         Runtime {
             active: false,
             failed: false,
+            features: 0,
             hdr_len: 12,
             mem: None,
             vrings: [Vring::new(), Vring::new()],

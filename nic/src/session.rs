@@ -147,6 +147,7 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         self.vf(|vf| {
             let mut rt = vf.dev.port.runtime();
             rt.hdr_len = hdr_len;
+            rt.features = features;
             // Without VHOST_USER_F_PROTOCOL_FEATURES rings start enabled.
             for vr in rt.vrings.iter_mut() {
                 vr.enabled = start_enabled;

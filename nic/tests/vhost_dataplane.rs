@@ -265,3 +265,31 @@ fn chain_with_bad_next_index_fails_the_vf() {
     drop((fa, fb));
     nic.stop();
 }
+
+/// VIRTIO_F_INDIRECT_DESC is never offered: a chain through an indirect
+/// table is a fault of that VF (virtio-queue alone would follow it).
+#[test]
+fn indirect_chain_without_the_feature_fails_the_vf() {
+    let nic = TestNic::start("indirect", 2, None, LockPolicy::Hierarchical);
+    let mut c = nic.client();
+    let (a, b) = (
+        c.alloc("pf0", "sb-a", None, None).unwrap(),
+        c.alloc("pf0", "sb-b", None, None).unwrap(),
+    );
+    let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    let mut fb = SimFrontend::connect(&b.socket, MIN_MEM).unwrap();
+    let f = frame(&b.mac, &a.mac, b"through an indirect table");
+    fa.send_indirect(&f);
+    let va = nic.wait_vf("sb-a", "in error", |v| v.state == VfState::Error);
+    assert_eq!(
+        (va.counters.bad_descriptors, va.counters.tx_packets),
+        (1, 0)
+    );
+    assert_eq!(fb.recv(Duration::from_millis(300)), None, "frame forwarded");
+    assert_eq!(
+        nic.client().get_by_sandbox("sb-b").unwrap().state,
+        VfState::Open
+    );
+    drop((fa, fb));
+    nic.stop();
+}

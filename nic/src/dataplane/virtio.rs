@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 
 use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
+use virtq::Ring;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::mempool::{Mempool, Pkt, BUF_SIZE};
@@ -30,6 +31,8 @@ pub enum Fault {
     Range { q: usize, addr: u64, len: u32 },
     #[error("queue {q}: {what}")]
     Memory { q: usize, what: String },
+    #[error("queue {q}: {source}")]
+    Indirect { q: usize, source: virtq::ChainError },
 }
 
 type Chain<'a> = DescriptorChain<&'a GuestMemoryMmap>;
@@ -46,14 +49,18 @@ fn pop_chains<'a>(
     Ok(iter.take(max).collect())
 }
 
-/// Collects the descriptors of a chain, checking each range and the chain's end.
+/// Collects the descriptors of a chain, checking that it uses no indirect
+/// table unless negotiated, each range, and the chain's end.
 fn descriptors(
     chain: Chain<'_>,
+    ring: Ring,
     q: usize,
     mem_ok: impl Fn(u64, usize) -> bool,
     want_write: bool,
 ) -> Result<Vec<(u64, u32)>, Fault> {
     let head = chain.head_index();
+    ring.check_chain(chain.memory(), head)
+        .map_err(|source| Fault::Indirect { q, source })?;
     let mut out = Vec::new();
     let mut cut = false;
     for d in chain {
@@ -118,11 +125,12 @@ fn take_guest_tx_inner(
 ) -> Result<usize, Fault> {
     let gm = &mem.gm;
     let hdr_len = rt.hdr_len;
+    let ring = Ring::of(&rt.vrings[TXQ].queue, rt.features);
     let chains = pop_chains(rt, gm, TXQ, batch)?;
     let mut heads = Vec::with_capacity(chains.len());
     for chain in chains {
         let head = chain.head_index();
-        let descs = descriptors(chain, TXQ, |a, l| mem.check(a, l), false)?;
+        let descs = descriptors(chain, ring, TXQ, |a, l| mem.check(a, l), false)?;
         heads.push(head);
         let total: usize = descs.iter().map(|d| d.1 as usize).sum();
         let frame_len = total.saturating_sub(hdr_len);
@@ -251,12 +259,13 @@ fn fill_guest_rx_inner(
 ) -> Result<usize, Fault> {
     let gm = &mem.gm;
     let hdr_len = rt.hdr_len;
+    let ring = Ring::of(&rt.vrings[RXQ].queue, rt.features);
     let chains = pop_chains(rt, gm, RXQ, batch.min(backlog.len()))?;
     let mut used = Vec::with_capacity(chains.len());
     let c = &port.counters;
     for chain in chains {
         let head = chain.head_index();
-        let descs = descriptors(chain, RXQ, |a, l| mem.check(a, l), true)?;
+        let descs = descriptors(chain, ring, RXQ, |a, l| mem.check(a, l), true)?;
         let pkt = backlog.pop_front().expect("one chain per queued frame");
         // virtio_net_hdr: all zero (no offloads), num_buffers = 1 when present.
         let mut hdr = [0u8; 12];

@@ -347,7 +347,7 @@ impl VirtioDevice for Blk {
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.disk.config(), offset, data)
     }
-    fn activate(&mut self, _features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
+    fn activate(&mut self, features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
         let name = self.disk.name.clone();
         let Some(queue) = queues.into_iter().next().filter(|q| q.ready()) else {
             return Err(VirtioError::Activate(format!(
@@ -366,6 +366,7 @@ impl VirtioDevice for Blk {
             mem: self.mem.clone(),
             prepare: self.prepare.clone(),
             queue,
+            features,
             interrupt: self.interrupt.clone(),
             counters: self.counters.clone(),
             bounce: vec![0; BOUNCE],
@@ -403,6 +404,8 @@ struct WorkerState {
     mem: GuestMemoryMmap,
     prepare: Arc<PrepareWrite>,
     queue: Queue,
+    /// Negotiated features (indirect descriptors only if they include it).
+    features: u64,
     interrupt: Arc<Interrupt>,
     counters: Arc<BlkCounters>,
     bounce: Vec<u8>,
@@ -439,7 +442,8 @@ impl WorkerState {
         let mut used = false;
         while let Some(c) = self.queue.pop_descriptor_chain(&self.mem) {
             let head = c.head_index();
-            let len = match chain::split(c) {
+            let ring = virtq::Ring::of(&self.queue, self.features);
+            let len = match chain::split(c, &ring) {
                 Ok(split) => self
                     .disk
                     .serve(
@@ -514,7 +518,8 @@ mod tests {
         descs: &[(u64, u32, u16, u16)],
     ) -> (Result<u32, String>, u8) {
         let mut q = queue_with(m, descs);
-        let split = chain::split(q.pop_descriptor_chain(m).unwrap()).unwrap();
+        let ring = virtq::Ring::of(&q, 0);
+        let split = chain::split(q.pop_descriptor_chain(m).unwrap(), &ring).unwrap();
         let counters = BlkCounters::default();
         let mut bounce = vec![0u8; 1024]; // small: requests span several rounds
         let r = d.serve(m, &|_, _| Ok(()), &split, &mut bounce, &counters);

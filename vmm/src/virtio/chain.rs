@@ -44,12 +44,16 @@ pub fn total(bufs: &[Buf]) -> u64 {
     bufs.iter().map(|b| b.len as u64).sum()
 }
 
-/// Splits a chain; a device-readable buffer after a device-writable one is
-/// a malformed chain.
-pub fn split<M>(chain: DescriptorChain<M>) -> Result<Split, String>
+/// Splits a chain of the queue `ring` describes; a device-readable buffer
+/// after a device-writable one is a malformed chain, and so is an indirect
+/// descriptor unless VIRTIO_F_INDIRECT_DESC was negotiated (virtio-queue
+/// would follow it regardless; `virtq::Ring::check_chain`).
+pub fn split<M>(chain: DescriptorChain<M>, ring: &virtq::Ring) -> Result<Split, String>
 where
     M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
 {
+    ring.check_chain(chain.memory(), chain.head_index())
+        .map_err(|e| e.to_string())?;
     let mut s = Split {
         head: chain.head_index(),
         readable: Vec::new(),
@@ -192,7 +196,8 @@ pub(crate) mod tests {
                 (0x6000, 1, F_WRITE, 0),
             ],
         );
-        let s = split(q.pop_descriptor_chain(&m).unwrap()).unwrap();
+        let ring = virtq::Ring::of(&q, 0);
+        let s = split(q.pop_descriptor_chain(&m).unwrap(), &ring).unwrap();
         assert_eq!(
             s.readable,
             vec![Buf {
@@ -211,9 +216,40 @@ pub(crate) mod tests {
 
         // Readable after writable: malformed.
         let mut q = queue_with(&m, &[(0x5000, 8, F_WRITE | F_NEXT, 1), (0x4000, 16, 0, 0)]);
-        assert!(split(q.pop_descriptor_chain(&m).unwrap())
+        let ring = virtq::Ring::of(&q, 0);
+        assert!(split(q.pop_descriptor_chain(&m).unwrap(), &ring)
             .unwrap_err()
             .contains("after"));
+    }
+
+    /// VIRTIO_F_INDIRECT_DESC is never offered: an indirect descriptor is
+    /// a malformed chain, wherever it sits.
+    #[test]
+    fn indirect_chains_are_refused_without_the_feature() {
+        const F_INDIRECT: u16 = 4;
+        let m = mem();
+        let table = virtio_queue::desc::split::Descriptor::new(0x4000, 64, F_WRITE, 0);
+        m.write_obj(table, GuestAddress(0x6000)).unwrap();
+        for descs in [
+            vec![(0x6000, 16, F_INDIRECT, 0)],
+            vec![(0x5000, 8, F_NEXT, 1), (0x6000, 16, F_INDIRECT, 0)],
+        ] {
+            let mut q = queue_with(&m, &descs);
+            let ring = virtq::Ring::of(&q, 0);
+            let e = split(q.pop_descriptor_chain(&m).unwrap(), &ring).unwrap_err();
+            assert!(e.contains("VIRTIO_F_INDIRECT_DESC"), "{e}");
+            // Negotiated, the same chain is followed into its table.
+            let mut q = queue_with(&m, &descs);
+            let ring = virtq::Ring::of(&q, 1 << virtq::VIRTIO_F_INDIRECT_DESC);
+            let s = split(q.pop_descriptor_chain(&m).unwrap(), &ring).unwrap();
+            assert_eq!(
+                s.writable,
+                vec![Buf {
+                    addr: 0x4000,
+                    len: 64
+                }]
+            );
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_INT_VRING;
 use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP};
 use virtio_queue::{DescriptorChain, Queue, QueueT};
+use virtq::Ring;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -67,6 +68,7 @@ pub struct NetCounters {
 /// number of bytes written; errors name what was wrong with the chain.
 pub fn write_rx_chain<M, P>(
     mem: &GuestMemoryMmap,
+    ring: &Ring,
     prepare: &P,
     chain: DescriptorChain<M>,
     data: &[u8],
@@ -75,7 +77,7 @@ where
     M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
     P: Fn(u64, u64) -> Result<(), String> + ?Sized,
 {
-    let c = chain::split(chain)?;
+    let c = chain::split(chain, ring)?;
     if !c.readable.is_empty() {
         return Err("device-readable descriptor in an RX chain".into());
     }
@@ -93,6 +95,7 @@ where
 /// Gather the device-readable chain into `buf`; returns its length.
 pub fn read_tx_chain<M, P>(
     mem: &GuestMemoryMmap,
+    ring: &Ring,
     prepare: &P,
     chain: DescriptorChain<M>,
     buf: &mut Vec<u8>,
@@ -102,7 +105,7 @@ where
     P: Fn(u64, u64) -> Result<(), String> + ?Sized,
 {
     buf.clear();
-    let c = chain::split(chain)?;
+    let c = chain::split(chain, ring)?;
     if !c.writable.is_empty() {
         return Err("device-writable descriptor in a TX chain".into());
     }
@@ -185,7 +188,7 @@ impl VirtioDevice for TapNet {
             data,
         )
     }
-    fn activate(&mut self, _features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
+    fn activate(&mut self, features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
         if queues.len() != 2 || !queues.iter().all(|q| q.ready()) {
             return Err(VirtioError::Activate(format!(
                 "tap {}: RX and TX queues must be ready",
@@ -207,6 +210,7 @@ impl VirtioDevice for TapNet {
             prepare: self.prepare.clone(),
             rx: queues.next().unwrap(),
             tx: queues.next().unwrap(),
+            features,
             interrupt: self.interrupt.clone(),
             counters: self.counters.clone(),
             pending: None,
@@ -249,6 +253,8 @@ struct WorkerState {
     prepare: Arc<PrepareWrite>,
     rx: Queue,
     tx: Queue,
+    /// Negotiated features (indirect descriptors only if they include it).
+    features: u64,
     interrupt: Arc<Interrupt>,
     counters: Arc<NetCounters>,
     /// Length of a frame read from the tap (in `buf`) that found no RX buffer yet.
@@ -335,6 +341,7 @@ impl WorkerState {
             let head = chain.head_index();
             let written = match write_rx_chain(
                 &self.mem,
+                &Ring::of(&self.rx, self.features),
                 &*self.prepare,
                 chain,
                 &self.buf[..VNET_HDR_LEN + len],
@@ -372,7 +379,8 @@ impl WorkerState {
         let mut used = false;
         while let Some(chain) = self.tx.pop_descriptor_chain(&self.mem) {
             let head = chain.head_index();
-            match read_tx_chain(&self.mem, &*self.prepare, chain, &mut self.txbuf) {
+            let ring = Ring::of(&self.tx, self.features);
+            match read_tx_chain(&self.mem, &ring, &*self.prepare, chain, &mut self.txbuf) {
                 Ok(n) if n > VNET_HDR_LEN => {
                     match self.tap.write_frame(&self.txbuf[VNET_HDR_LEN..n]) {
                         Ok(_) => {

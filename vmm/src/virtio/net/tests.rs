@@ -6,6 +6,10 @@ use vm_memory::{Bytes, GuestAddress};
 use super::*;
 use crate::virtio::chain::tests::{mem, queue_with, F_NEXT, F_WRITE, MEM_SIZE};
 
+fn ring(q: &Queue) -> Ring {
+    Ring::of(q, NET_FEATURES)
+}
+
 fn no_prepare() -> Box<PrepareWrite> {
     Box::new(|_, _| Ok(()))
 }
@@ -24,7 +28,10 @@ fn rx_frame_spans_a_chain_and_prepares_each_write() {
         Ok(())
     };
     let data: Vec<u8> = (0..20).collect();
-    assert_eq!(write_rx_chain(&m, &prepare, chain, &data), Ok(20));
+    assert_eq!(
+        write_rx_chain(&m, &ring(&q), &prepare, chain, &data),
+        Ok(20)
+    );
     assert_eq!(*prepared.lock().unwrap(), vec![(0x4000, 8), (0x5000, 12)]);
     let mut back = [0u8; 12];
     m.read_slice(&mut back, GuestAddress(0x5000)).unwrap();
@@ -38,22 +45,22 @@ fn malformed_rx_chains_are_rejected_without_writing() {
     // Buffer outside guest memory.
     let mut q = queue_with(&m, &[(MEM_SIZE - 16, 64, F_WRITE, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    let e = write_rx_chain(&m, &*no_prepare(), chain, &data).unwrap_err();
+    let e = write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data).unwrap_err();
     assert!(e.contains("buffer"), "{e}");
     // Address overflowing u64.
     let mut q = queue_with(&m, &[(u64::MAX - 8, 64, F_WRITE, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert!(write_rx_chain(&m, &*no_prepare(), chain, &data).is_err());
+    assert!(write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data).is_err());
     // A device-readable descriptor in an RX chain.
     let mut q = queue_with(&m, &[(0x4000, 64, 0, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert!(write_rx_chain(&m, &*no_prepare(), chain, &data)
+    assert!(write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data)
         .unwrap_err()
         .contains("readable"));
     // Too small for the frame: nothing is written.
     let mut q = queue_with(&m, &[(0x4000, 16, F_WRITE, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert!(write_rx_chain(&m, &*no_prepare(), chain, &data)
+    assert!(write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data)
         .unwrap_err()
         .contains("holds 16"));
     let mut b = [0u8; 16];
@@ -65,7 +72,7 @@ fn malformed_rx_chains_are_rejected_without_writing() {
     m.write_slice(&[0u8; 0x100], GuestAddress(0x4000)).unwrap();
     let mut q = queue_with(&m, &[(0x4000, 8, F_WRITE | F_NEXT, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    match write_rx_chain(&m, &*no_prepare(), chain, &data) {
+    match write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data) {
         Ok(n) => assert!(n <= 8 * 8, "wrote {n} bytes through 8 descriptors"),
         Err(e) => assert!(e.contains("holds"), "{e}"),
     }
@@ -75,7 +82,7 @@ fn malformed_rx_chains_are_rejected_without_writing() {
     // A next index beyond the queue size.
     let mut q = queue_with(&m, &[(0x4000, 8, F_WRITE | F_NEXT, 200)]);
     if let Some(chain) = q.pop_descriptor_chain(&m) {
-        assert!(write_rx_chain(&m, &*no_prepare(), chain, &data).is_err());
+        assert!(write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data).is_err());
     }
 }
 
@@ -86,7 +93,7 @@ fn failed_prepare_stops_the_write() {
     let chain = q.pop_descriptor_chain(&m).unwrap();
     let prepare = |gpa: u64, _| Err(format!("page {gpa:#x} not ready"));
     assert_eq!(
-        write_rx_chain(&m, &prepare, chain, &[1; 8]),
+        write_rx_chain(&m, &ring(&q), &prepare, chain, &[1; 8]),
         Err("page 0x4000 not ready".into())
     );
     assert_eq!(m.read_obj::<u8>(GuestAddress(0x4000)).unwrap(), 0);
@@ -100,25 +107,34 @@ fn tx_chain_gathers_and_rejects_malformed() {
     let mut buf = Vec::new();
     let mut q = queue_with(&m, &[(0x4000, 3, F_NEXT, 1), (0x5000, 2, 0, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert_eq!(read_tx_chain(&m, &*no_prepare(), chain, &mut buf), Ok(5));
+    assert_eq!(
+        read_tx_chain(&m, &ring(&q), &*no_prepare(), chain, &mut buf),
+        Ok(5)
+    );
     assert_eq!(buf, [1, 2, 3, 4, 5]);
 
     let mut q = queue_with(&m, &[(0x4000, 3, F_WRITE, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert!(read_tx_chain(&m, &*no_prepare(), chain, &mut buf)
-        .unwrap_err()
-        .contains("writable"));
+    assert!(
+        read_tx_chain(&m, &ring(&q), &*no_prepare(), chain, &mut buf)
+            .unwrap_err()
+            .contains("writable")
+    );
     let mut q = queue_with(&m, &[(MEM_SIZE - 1, 2, 0, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert!(read_tx_chain(&m, &*no_prepare(), chain, &mut buf)
-        .unwrap_err()
-        .contains("buffer"));
+    assert!(
+        read_tx_chain(&m, &ring(&q), &*no_prepare(), chain, &mut buf)
+            .unwrap_err()
+            .contains("buffer")
+    );
     // A huge length is refused before any allocation.
     let mut q = queue_with(&m, &[(0x4000, u32::MAX, 0, 0)]);
     let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert!(read_tx_chain(&m, &*no_prepare(), chain, &mut buf)
-        .unwrap_err()
-        .contains("longer"));
+    assert!(
+        read_tx_chain(&m, &ring(&q), &*no_prepare(), chain, &mut buf)
+            .unwrap_err()
+            .contains("longer")
+    );
 }
 
 #[test]
@@ -135,4 +151,29 @@ fn config_space_layout() {
     assert_eq!(past, [1, 0, 0, 0]);
     read_config_bytes(&c, u64::MAX, &mut past);
     assert_eq!(past, [0; 4]);
+}
+
+#[test]
+fn indirect_chains_are_refused_without_the_feature() {
+    const F_INDIRECT: u16 = 4;
+    let m = mem();
+    // An indirect table at 0x6000 with one descriptor.
+    let table = |flags: u16| {
+        let d = virtio_queue::desc::split::Descriptor::new(0x4000, 64, flags, 0);
+        m.write_obj(d, GuestAddress(0x6000)).unwrap();
+    };
+    let data = [0x5au8; 32];
+    table(F_WRITE);
+    let mut q = queue_with(&m, &[(0x6000, 16, F_INDIRECT, 0)]);
+    let chain = q.pop_descriptor_chain(&m).unwrap();
+    let e = write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data).unwrap_err();
+    assert!(e.contains("VIRTIO_F_INDIRECT_DESC"), "{e}");
+    assert_eq!(m.read_obj::<u8>(GuestAddress(0x4000)).unwrap(), 0);
+    table(0);
+    let mut q = queue_with(&m, &[(0x6000, 16, F_INDIRECT, 0)]);
+    let chain = q.pop_descriptor_chain(&m).unwrap();
+    let mut buf = Vec::new();
+    let e = read_tx_chain(&m, &ring(&q), &*no_prepare(), chain, &mut buf).unwrap_err();
+    assert!(e.contains("indirect"), "{e}");
+    assert!(buf.is_empty());
 }
