@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use nic::control::Client;
 use nic::devset::VfState;
 use virtio_common::{
-    mac_str, serve_agent, stages, stop_child, vmm_command, TestTap, Wire, GUEST_MAC, LAZY_DMA,
+    mac_str, serve_agent, stages, stop_child, vmm_command_mac, TestTap, Wire, GUEST_MAC, LAZY_DMA,
     VANILLA_DMA,
 };
 
@@ -78,6 +78,11 @@ impl Drop for Nic {
 }
 
 fn request_reply_over_vf(tag: &str, vf_init: &str, policy: &[&str]) {
+    request_reply_over_vf_mac(tag, vf_init, policy, Some(GUEST_MAC));
+}
+
+/// The VF has the guest's MAC (GUEST_MAC); the VMM gets `--mac` only if `mac`.
+fn request_reply_over_vf_mac(tag: &str, vf_init: &str, policy: &[&str], mac: Option<[u8; 6]>) {
     let uplink = TestTap::new(tag);
     let dir = tempfile::tempdir().unwrap();
     let nic = Nic::start(dir.path(), &uplink.0);
@@ -86,10 +91,17 @@ fn request_reply_over_vf(tag: &str, vf_init: &str, policy: &[&str]) {
     let (vf, socket) = nic.alloc(&sandbox);
     let trace = dir.path().join("trace.jsonl");
 
-    let child = vmm_command(BURSTVM, &sandbox, &format!("vf:{socket}"), vf_init, &trace)
-        .args(policy)
-        .spawn()
-        .expect("spawn burstvm vmm");
+    let child = vmm_command_mac(
+        BURSTVM,
+        &sandbox,
+        &format!("vf:{socket}"),
+        vf_init,
+        &trace,
+        mac,
+    )
+    .args(policy)
+    .spawn()
+    .expect("spawn burstvm vmm");
     serve_agent(&wire, child, &sandbox, &trace, vf_init);
 
     let st = stages(&trace);
@@ -126,6 +138,42 @@ fn vf_request_reply_sync() {
 #[test]
 fn vf_request_reply_async_lazy() {
     request_reply_over_vf("va", "async", LAZY_DMA);
+}
+
+/// Without `--mac` the guest uses the VF's own MAC, which the NIC reports
+/// (passthrough semantics): its frames pass the NIC's spoof check. The async
+/// path, where the agent reads the MAC from the device after link-up.
+#[test]
+fn vf_without_mac_uses_the_vf_mac() {
+    request_reply_over_vf_mac("vm", "async", LAZY_DMA, None);
+}
+
+/// `--mac` that is not the VF's: refused before the guest runs, naming both.
+#[test]
+fn vf_with_a_foreign_mac_is_refused() {
+    let uplink = TestTap::new("vx");
+    let dir = tempfile::tempdir().unwrap();
+    let nic = Nic::start(dir.path(), &uplink.0);
+    let sandbox = format!("sbx-vx-{}", std::process::id());
+    let (_, socket) = nic.alloc(&sandbox);
+    let trace = dir.path().join("trace.jsonl");
+    let out = vmm_command_mac(
+        BURSTVM,
+        &sandbox,
+        &format!("vf:{socket}"),
+        "sync",
+        &trace,
+        Some([2, 0, 0, 0, 0, 0x99]),
+    )
+    .args(VANILLA_DMA)
+    .output()
+    .expect("run burstvm vmm");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("02:00:00:00:00:99") && err.contains(&mac_str(&GUEST_MAC)),
+        "{err}"
+    );
 }
 
 /// Runs the VMM (with `args`) against a VF socket that does not exist and

@@ -46,7 +46,7 @@ pub struct VmmArgs {
     /// burstvm_check=PATH); the VMM checks it as it does the app checksum.
     #[arg(long)]
     pub rootfs_check: Option<String>,
-    /// Guest MAC address (default: derived from the sandbox id).
+    /// Guest MAC address (default: a VF's own MAC from the NIC; for a tap, derived from the sandbox id).
     #[arg(long)]
     pub mac: Option<String>,
     /// Guest address, CIDR (e.g. 10.0.0.2/24).
@@ -152,7 +152,12 @@ pub enum BootSource {
 /// Guest network configuration handed to the agent in the boot info.
 #[derive(Debug, Clone)]
 pub struct NetConfig {
+    /// `--mac`, else derived from the sandbox id — except for VFs, which
+    /// then use their own MAC from the NIC (`mac_from_vf`).
     pub mac: MacAddr,
+    /// No `--mac` with a `--net vf:`: the VF's MAC is the guest's; the boot
+    /// info carries none, so the agent reads it from the device.
+    pub mac_from_vf: bool,
     /// All-zero: broadcast.
     pub server_mac: MacAddr,
     pub ip: Ipv4Addr,
@@ -288,6 +293,23 @@ fn host_available_bytes() -> Option<u64> {
 }
 
 impl VmConfig {
+    /// The MAC `backend` is given; `None`: the device's own (a VF's).
+    pub fn device_mac(&self, backend: &NetBackend) -> Option<[u8; 6]> {
+        match backend {
+            NetBackend::VhostUser(_) if self.netcfg.mac_from_vf => None,
+            _ => Some(self.netcfg.mac.bytes()),
+        }
+    }
+
+    /// The MAC in the boot info: none (zero) when the first device is a VF
+    /// whose MAC comes from the NIC — the agent then reads the device's.
+    pub fn boot_mac(&self) -> [u8; 6] {
+        match self.net.first() {
+            Some(b) => self.device_mac(b).unwrap_or([0; 6]),
+            None => self.netcfg.mac.bytes(),
+        }
+    }
+
     pub fn from_args(a: &VmmArgs) -> Result<Self, Error> {
         if a.sandbox.is_empty() || a.sandbox.len() > 63 || a.sandbox.contains('\0') {
             return Err(invalid(
@@ -375,6 +397,8 @@ impl VmConfig {
             Some(m) => parse_mac("--mac", m)?,
             None => default_mac(&a.sandbox),
         };
+        let mac_from_vf =
+            a.mac.is_none() && a.net.iter().any(|n| matches!(n, NetBackend::VhostUser(_)));
         if mac.is_multicast() {
             return Err(invalid("--mac", "guest MAC must be unicast"));
         }
@@ -433,6 +457,7 @@ impl VmConfig {
             rootfs_check,
             netcfg: NetConfig {
                 mac,
+                mac_from_vf,
                 server_mac,
                 ip,
                 netmask,
@@ -576,6 +601,23 @@ mod tests {
         let five: Vec<&str> = ["--disk", "path=/a"].repeat(5);
         let e = cfg(&five).unwrap_err().to_string();
         assert!(e.contains("at most 4"), "{e}");
+    }
+
+    #[test]
+    fn a_vf_without_mac_uses_the_vfs_own() {
+        let vf = NetBackend::VhostUser("/s.sock".into());
+        let tap = NetBackend::Tap("t0".into());
+        let c = cfg(&["--net", "vf:/s.sock"]).unwrap();
+        assert!(c.netcfg.mac_from_vf);
+        assert_eq!(c.device_mac(&vf), None);
+        assert_eq!(c.boot_mac(), [0; 6], "the agent asks the device");
+        let c = cfg(&["--net", "vf:/s.sock", "--mac", "02:00:00:00:00:07"]).unwrap();
+        assert_eq!(c.device_mac(&vf), Some([2, 0, 0, 0, 0, 7]));
+        assert_eq!(c.boot_mac(), [2, 0, 0, 0, 0, 7]);
+        let c = cfg(&["--net", "tap:t0"]).unwrap();
+        assert!(!c.netcfg.mac_from_vf);
+        assert_eq!(c.device_mac(&tap), Some(c.netcfg.mac.bytes()));
+        assert_eq!(c.boot_mac(), c.netcfg.mac.bytes());
     }
 
     #[test]

@@ -107,7 +107,7 @@ impl BootInfo {
             dev: [BootDev::default(); 4],
             app_gpa,
             app_len: cfg.app_size,
-            mac: cfg.netcfg.mac.bytes(),
+            mac: cfg.boot_mac(),
             server_mac: cfg.netcfg.server_mac.bytes(),
             // Network byte order in memory = the address octets in order.
             ip: u32::from_ne_bytes(cfg.netcfg.ip.octets()),

@@ -293,9 +293,24 @@ pub fn vmm_command(
     vf_init: &str,
     trace: &Path,
 ) -> Command {
+    vmm_command_mac(burstvm, sandbox, net, vf_init, trace, Some(GUEST_MAC))
+}
+
+/// `vmm_command` with `--mac` only if `mac` is given.
+pub fn vmm_command_mac(
+    burstvm: &str,
+    sandbox: &str,
+    net: &str,
+    vf_init: &str,
+    trace: &Path,
+    mac: Option<[u8; 6]>,
+) -> Command {
     let mut c = Command::new(burstvm);
-    c.args(["vmm", "--sandbox", sandbox, "--net", net])
-        .args(["--mac", &mac_str(&GUEST_MAC), "--ip", "10.77.0.2/24"])
+    c.args(["vmm", "--sandbox", sandbox, "--net", net]);
+    if let Some(m) = mac {
+        c.args(["--mac", &mac_str(&m)]);
+    }
+    c.args(["--ip", "10.77.0.2/24"])
         .args(["--server", &format!("10.77.0.1:{SERVER_PORT}")])
         .args(["--server-mac", &mac_str(&SERVER_MAC)])
         .args([

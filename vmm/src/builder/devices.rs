@@ -134,13 +134,12 @@ pub(super) fn attach_net_devices(
             NetBackend::Tap(n) => format!("tap:{n}"),
             NetBackend::VhostUser(p) => format!("vf:{}", p.display()),
         };
-        let dev = crate::virtio::create_net_device(backend, cfg.netcfg.mac.bytes(), &ctx).map_err(
-            |e| Error::Net {
+        let dev = crate::virtio::create_net_device(backend, cfg.device_mac(backend), &ctx)
+            .map_err(|e| Error::Net {
                 sandbox: sb.to_string(),
                 device: name.clone(),
                 msg: e.to_string(),
-            },
-        )?;
+            })?;
         let dev: SharedDevice = Arc::new(Mutex::new(dev));
         mmio.insert(&name, base, MMIO_SIZE, dev)
             .map_err(bus_err(sb, &name))?;

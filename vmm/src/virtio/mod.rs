@@ -222,10 +222,11 @@ impl<D: VirtioDevice> BusDevice for WiredDevice<D> {
 const NET_QUEUES: usize = 2;
 
 /// Create the virtio-net device for `backend`, wired to KVM at
-/// `ctx.mmio_base` / `ctx.gsi`. The core puts it on the MMIO bus.
+/// `ctx.mmio_base` / `ctx.gsi`. The core puts it on the MMIO bus. `mac`
+/// `None` gives a VF its own MAC from the NIC; a tap needs one.
 pub fn create_net_device(
     backend: &NetBackend,
-    mac: [u8; 6],
+    mac: Option<[u8; 6]>,
     ctx: &DeviceContext,
 ) -> Result<Box<dyn BusDevice>, VirtioError> {
     // The backend the user named is checked before anything is registered.
@@ -239,6 +240,10 @@ pub fn create_net_device(
     Ok(match backend {
         NetBackend::Tap(_) => {
             let tap = tap.expect("opened above");
+            let mac = mac.ok_or_else(|| VirtioError::Tap {
+                name: tap.name().to_string(),
+                reason: "no guest MAC given".into(),
+            })?;
             let dev = net::TapNet::new(tap, mac, ctx, evts, interrupt.clone());
             wire(dev, ctx, interrupt, wiring)
         }
@@ -365,10 +370,14 @@ pub(crate) mod tests {
         let thread = &thread[..thread.len().min(15)]; // comm is truncated to 15 bytes
 
         let ctx = ctx(false);
-        let mut dev = create_net_device(&NetBackend::Tap(tap.clone()), [2, 0, 0, 0, 0, 1], &ctx)
-            .expect("create tap device");
+        let mut dev = create_net_device(
+            &NetBackend::Tap(tap.clone()),
+            Some([2, 0, 0, 0, 0, 1]),
+            &ctx,
+        )
+        .expect("create tap device");
         // A second device on the same tap: busy.
-        let busy = create_net_device(&NetBackend::Tap(tap.clone()), [2; 6], &ctx);
+        let busy = create_net_device(&NetBackend::Tap(tap.clone()), Some([2; 6]), &ctx);
         assert!(matches!(
             busy,
             Err(VirtioError::TapOpen(netutil::TapError::Busy { .. }))
@@ -409,7 +418,7 @@ pub(crate) mod tests {
         assert_eq!(worker_threads(thread), 0);
         assert_eq!(tun_fds(), 0);
         // The tap is free again.
-        let again = create_net_device(&NetBackend::Tap(tap.clone()), [2; 6], &ctx);
+        let again = create_net_device(&NetBackend::Tap(tap.clone()), Some([2; 6]), &ctx);
         assert!(again.is_ok());
         drop(again);
     }
@@ -417,16 +426,20 @@ pub(crate) mod tests {
     #[test]
     fn missing_tap_and_vf_socket_errors_name_them() {
         let ctx_dma = ctx(true);
-        let e = create_net_device(&NetBackend::Tap("bvnosuchtap0".into()), [2; 6], &ctx_dma)
-            .err()
-            .unwrap()
-            .to_string();
+        let e = create_net_device(
+            &NetBackend::Tap("bvnosuchtap0".into()),
+            Some([2; 6]),
+            &ctx_dma,
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(
             e.contains("bvnosuchtap0") && e.contains("no such interface"),
             "{e}"
         );
         let vf = NetBackend::VhostUser("/nonexistent/vf.sock".into());
-        let e = create_net_device(&vf, [2; 6], &ctx_dma)
+        let e = create_net_device(&vf, Some([2; 6]), &ctx_dma)
             .err()
             .unwrap()
             .to_string();
@@ -435,7 +448,7 @@ pub(crate) mod tests {
             "{e}"
         );
         // Without a dma region there is nothing to give the NIC.
-        let e = create_net_device(&vf, [2; 6], &ctx(false))
+        let e = create_net_device(&vf, Some([2; 6]), &ctx(false))
             .err()
             .unwrap()
             .to_string();

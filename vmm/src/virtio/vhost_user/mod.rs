@@ -35,7 +35,7 @@ mod session;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -114,6 +114,57 @@ struct Vf {
     generation: AtomicU32,
     failed: AtomicBool,
     conn: Mutex<Conn>,
+    /// The guest MAC: `--mac`, or the VF's own, learned at `vf-open`.
+    mac: MacSlot,
+}
+
+/// The MAC in the device's config space. Without `--mac` it is the VF's,
+/// which the NIC reports in its config space (vhost-user GET_CONFIG) at
+/// `vf-open`: a VF's MAC is the NIC's to choose, as with SR-IOV passthrough,
+/// and any other source MAC is dropped by the NIC's spoof check.
+struct MacSlot {
+    given: Option<[u8; 6]>,
+    learned: Mutex<Option<[u8; 6]>>,
+    /// Signalled when the MAC is learned or the device failed.
+    done: Condvar,
+}
+
+impl MacSlot {
+    fn set(&self, mac: [u8; 6]) {
+        *self.learned.lock().unwrap_or_else(|e| e.into_inner()) = Some(mac);
+        self.done.notify_all();
+    }
+
+    /// The MAC the guest must use, if known yet.
+    fn known(&self) -> Option<[u8; 6]> {
+        self.given
+            .or(*self.learned.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The MAC for the config space. A driver that reads it before an
+    /// asynchronous `vf-open` learned it waits for it (bounded by the
+    /// session's socket timeout); a failed open leaves it zero.
+    fn get(&self, failed: &AtomicBool) -> [u8; 6] {
+        if let Some(m) = self.given {
+            return m;
+        }
+        let deadline = std::time::Instant::now() + SOCKET_TIMEOUT;
+        let mut g = self.learned.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(m) = *g {
+                return m;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if failed.load(Ordering::SeqCst) || left.is_zero() {
+                return [0; 6];
+            }
+            g = self
+                .done
+                .wait_timeout(g, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
 }
 
 fn vu_err(socket: &Path, what: &'static str, reason: impl ToString) -> VirtioError {
@@ -130,15 +181,15 @@ fn borrow(e: &EventFd) -> BorrowedFd<'_> {
 }
 
 pub struct VhostUserNet {
-    mac: [u8; 6],
     vf: Arc<Vf>,
     monitor: Option<JoinHandle<()>>,
 }
 
 impl VhostUserNet {
+    /// `mac`: the guest MAC from `--mac`; `None` takes the VF's from the NIC.
     pub fn new(
         socket: &Path,
-        mac: [u8; 6],
+        mac: Option<[u8; 6]>,
         ctx: &DeviceContext,
         kicks: Vec<EventFd>,
         interrupt: Arc<Interrupt>,
@@ -189,6 +240,11 @@ impl VhostUserNet {
             generation: AtomicU32::new(0),
             failed: AtomicBool::new(false),
             conn: Mutex::new(Conn::default()),
+            mac: MacSlot {
+                given: mac,
+                learned: Mutex::new(None),
+                done: Condvar::new(),
+            },
         });
         if ctx.vf_init == VfInit::Sync {
             let s = vf.open(true)?;
@@ -200,7 +256,6 @@ impl VhostUserNet {
             .spawn(move || vf2.monitor())
             .map_err(|e| vu_err(socket, "spawn monitor thread", e))?;
         Ok(VhostUserNet {
-            mac,
             vf,
             monitor: Some(monitor),
         })
@@ -218,8 +273,14 @@ impl VirtioDevice for VhostUserNet {
         &[QUEUE_MAX_SIZE, QUEUE_MAX_SIZE]
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // Only a read of the MAC bytes may have to wait for it.
+        let mac = if offset < 6 {
+            self.vf.mac.get(&self.vf.failed)
+        } else {
+            [0; 6]
+        };
         read_config_bytes(
-            &net_config(&self.mac, self.vf.link.load(Ordering::SeqCst)),
+            &net_config(&mac, self.vf.link.load(Ordering::SeqCst)),
             offset,
             data,
         )

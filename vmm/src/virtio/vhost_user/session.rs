@@ -1,12 +1,11 @@
 //! One vhost-user session with the NIC: `vf-open`, handing the rings over, stopping them.
 
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
 use trace::{monotonic_ns, Stage};
 use vhost::vhost_user::message::{
-    VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+    VhostUserConfigFlags, VhostUserHeaderFlag, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VringConfigData};
@@ -40,7 +39,9 @@ impl Vf {
     /// the NIC's mapping of guest memory is inside the stage).
     pub(super) fn open(&self, first: bool) -> Result<Session, VirtioError> {
         let start = monotonic_ns();
-        let stream = UnixStream::connect(&self.socket).map_err(|e| self.err("connect", e))?;
+        // Bounded: a unix connect blocks while a wedged NIC's backlog is full.
+        let stream = netutil::unixsock::connect_timeout(&self.socket, SOCKET_TIMEOUT)
+            .map_err(|e| self.err("connect", e))?;
         stream
             .set_read_timeout(Some(SOCKET_TIMEOUT))
             .and_then(|_| stream.set_write_timeout(Some(SOCKET_TIMEOUT)))
@@ -67,14 +68,22 @@ impl Vf {
                 .get_protocol_features()
                 .map_err(|e| self.err("GET_PROTOCOL_FEATURES", e))?;
             let ours = theirs
-                & (VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::RESET_DEVICE);
+                & (VhostUserProtocolFeatures::REPLY_ACK
+                    | VhostUserProtocolFeatures::RESET_DEVICE
+                    | VhostUserProtocolFeatures::CONFIG);
             frontend
                 .set_protocol_features(ours)
                 .map_err(|e| self.err("SET_PROTOCOL_FEATURES", e))?;
+            self.learn_mac(
+                &mut frontend,
+                ours.contains(VhostUserProtocolFeatures::CONFIG),
+            )?;
             if ours.contains(VhostUserProtocolFeatures::REPLY_ACK) {
                 frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
             }
             reset_device = ours.contains(VhostUserProtocolFeatures::RESET_DEVICE);
+        } else {
+            self.learn_mac(&mut frontend, false)?;
         }
         frontend
             .set_mem_table(&self.regions)
@@ -90,6 +99,52 @@ impl Vf {
             protocol,
             reset_device,
         })
+    }
+
+    /// Reads the VF's MAC from the NIC (GET_CONFIG, before NEED_REPLY is
+    /// set: the reply is the config itself). Without `--mac` it becomes the
+    /// guest's; with `--mac` (or after a reconnect) the two must agree.
+    fn learn_mac(&self, f: &mut Frontend, config: bool) -> Result<(), VirtioError> {
+        if !config {
+            let m = self.mac.known().ok_or_else(|| {
+                self.err(
+                    "GET_CONFIG",
+                    "the NIC does not report the VF's MAC (no vhost-user CONFIG \
+                     protocol feature): give --mac",
+                )
+            })?;
+            self.mac.set(m);
+            return Ok(());
+        }
+        let (_, cfg) = f
+            .get_config(0, 6, VhostUserConfigFlags::empty(), &[0u8; 6])
+            .map_err(|e| self.err("GET_CONFIG", e))?;
+        let vf_mac: [u8; 6] = cfg
+            .get(..6)
+            .and_then(|m| m.try_into().ok())
+            .ok_or_else(|| self.err("GET_CONFIG", "reply shorter than a MAC"))?;
+        if vf_mac[0] & 1 != 0 || vf_mac == [0; 6] {
+            return Err(self.err(
+                "GET_CONFIG",
+                format!(
+                    "the VF reports MAC {}, not a unicast one",
+                    netutil::MacAddr::from(vf_mac)
+                ),
+            ));
+        }
+        if let Some(m) = self.mac.known().filter(|m| *m != vf_mac) {
+            return Err(self.err(
+                "GET_CONFIG",
+                format!(
+                    "the guest's MAC {} is not the VF's MAC {}: the NIC would drop every \
+                     frame the guest sends (omit --mac to use the VF's)",
+                    netutil::MacAddr::from(m),
+                    netutil::MacAddr::from(vf_mac)
+                ),
+            ));
+        }
+        self.mac.set(vf_mac);
+        Ok(())
     }
 
     /// The address the NIC knows `gpa` by: the userspace address we gave
@@ -240,6 +295,7 @@ impl Vf {
     /// DEVICE_NEEDS_RESET plus a config interrupt.
     pub(super) fn fail(&self) {
         self.failed.store(true, Ordering::SeqCst);
+        self.mac.done.notify_all();
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.interrupt.signal(VIRTIO_MMIO_INT_CONFIG);
     }
