@@ -11,6 +11,8 @@ mod config;
 mod delegate;
 mod env;
 mod error;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod placeholder;
 mod plugin;
 mod version;

@@ -8,6 +8,8 @@ pub mod daemon;
 pub mod dataplane;
 pub mod devset;
 pub mod frontend;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod ids;
 pub mod memory;
 pub mod poll;

@@ -11,6 +11,8 @@ pub mod bus;
 mod devices;
 mod error;
 mod events;
+#[doc(hidden)]
+pub mod fuzz;
 mod layout;
 mod linux;
 mod mptable;

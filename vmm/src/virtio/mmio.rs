@@ -92,6 +92,10 @@ impl<D: VirtioDevice> MmioTransport<D> {
         &self.device
     }
 
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
+    }
+
     fn selected_queue(&mut self) -> Option<&mut Queue> {
         self.queues.get_mut(self.queue_sel as usize)
     }

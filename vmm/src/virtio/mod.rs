@@ -9,8 +9,8 @@
 
 mod blk;
 mod chain;
-mod mmio;
-mod net;
+pub(crate) mod mmio;
+pub(crate) mod net;
 mod vhost_user;
 mod worker;
 
