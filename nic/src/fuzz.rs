@@ -254,8 +254,10 @@ pub fn fuzz_dataplane(data: &[u8]) {
     for p in pkts.drain(..) {
         let len = pool.data(&p).len();
         assert!((14..=BUF_SIZE).contains(&len), "frame of {len} bytes");
+        let unicast = pool.data(&p)[0] & 1 == 0;
         sw.route(PortId::Vf(0), vlan, pool.data(&p), &mut out);
         assert!(!out.contains(&PortId::Vf(0)), "a frame went back to its VF");
+        assert!(!unicast || out.len() <= 1, "unicast flooded: {out:?}");
         pool.free(p);
     }
     // Uplink → switch → the VF's receive queue.
@@ -266,6 +268,10 @@ pub fn fuzz_dataplane(data: &[u8]) {
         pool.buf_mut(&p)[..len].copy_from_slice(&image[start..start + len]);
         let (vid, len) = switch::untag(pool.buf_mut(&p), len);
         p.len = len;
+        if len >= 14 && pool.data(&p)[0] & 1 == 0 {
+            sw.route(PortId::Uplink, vid, pool.data(&p), &mut out);
+            assert!(out.len() <= 1, "unicast from the uplink flooded: {out:?}");
+        }
         if len >= 14
             && sw.route(PortId::Uplink, vid, pool.data(&p), &mut out)
             && out.contains(&PortId::Vf(0))

@@ -147,7 +147,7 @@ pub struct Port {
     config: Mutex<PortConfig>,
     runtime: Mutex<Runtime>,
     /// Bumped on every open, close, reset and config change: the dataplane drops
-    /// what it holds for an older generation (queued frames, learned MACs).
+    /// what it holds for an older generation (queued frames).
     generation: AtomicU64,
     /// Wakes the PF's dataplane thread.
     wake: Arc<EventFd>,

@@ -1,12 +1,11 @@
 //! The L2 switch between the VFs of one PF and its uplink (a VEB, as in an
 //! SR-IOV NIC). Each VF has a fixed MAC (frames with another source MAC are
 //! dropped: spoof check) and an optional VLAN; VFs and uplink traffic with the
-//! same VLAN (or none) form one segment. MACs behind the uplink are learned.
-
-use std::collections::HashMap;
+//! same VLAN (or none) form one segment. As in an SR-IOV NIC every VF MAC is
+//! known, so unicast goes to exactly one place and is never flooded: a
+//! tenant's frames reach no other tenant, also while its VF is not open.
 
 pub const ETH_P_8021Q: u16 = 0x8100;
-const LEARN_MAX: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PortId {
@@ -25,7 +24,6 @@ pub struct VfView {
 #[derive(Default)]
 pub struct Switch {
     vfs: Vec<VfView>,
-    learned: HashMap<([u8; 6], Option<u16>), PortId>,
 }
 
 pub fn dst_mac(frame: &[u8]) -> [u8; 6] {
@@ -46,14 +44,11 @@ impl Switch {
                 };
                 n_vfs
             ],
-            learned: HashMap::new(),
         }
     }
 
     pub fn set_vf(&mut self, i: usize, v: VfView) {
         self.vfs[i] = v;
-        // A VF's MAC or VLAN may have changed: forget what was learned.
-        self.learned.clear();
     }
 
     pub fn vf_vlan(&self, i: usize) -> Option<u16> {
@@ -61,7 +56,12 @@ impl Switch {
     }
 
     /// Output ports for a frame that entered at `from` in VLAN segment `vlan`
-    /// (the frame is untagged here). `None` means: drop (spoofed source).
+    /// (the frame is untagged here). `false` means: drop (spoofed source).
+    ///
+    /// Unicast to an open VF of the segment goes to that VF; to the MAC of a
+    /// VF that is not open (not yet, or its VMM died) or in another segment,
+    /// nowhere; to any other address, to the uplink (from a VF) or nowhere
+    /// (from the uplink). Broadcast and multicast flood the segment.
     pub fn route(
         &mut self,
         from: PortId,
@@ -71,17 +71,10 @@ impl Switch {
     ) -> bool {
         out.clear();
         let (dst, src) = (dst_mac(frame), src_mac(frame));
-        match from {
-            PortId::Vf(i) if self.vfs[i].mac != src => return false,
-            PortId::Uplink
-                if src[0] & 1 == 0
-                    && !self.vfs.iter().any(|v| v.mac == src)
-                    && (self.learned.len() < LEARN_MAX
-                        || self.learned.contains_key(&(src, vlan))) =>
-            {
-                self.learned.insert((src, vlan), PortId::Uplink);
+        if let PortId::Vf(i) = from {
+            if self.vfs[i].mac != src {
+                return false;
             }
-            _ => {}
         }
         if dst[0] & 1 == 0 {
             if let Some(i) = self
@@ -92,16 +85,11 @@ impl Switch {
                 if PortId::Vf(i) != from {
                     out.push(PortId::Vf(i));
                 }
-                return true;
+            } else if from != PortId::Uplink && !self.vfs.iter().any(|v| v.mac == dst) {
+                out.push(PortId::Uplink);
             }
-            if self.learned.get(&(dst, vlan)) == Some(&PortId::Uplink) {
-                if from != PortId::Uplink {
-                    out.push(PortId::Uplink);
-                }
-                return true;
-            }
+            return true;
         }
-        // Broadcast, multicast or unknown unicast: flood the segment.
         for (i, v) in self.vfs.iter().enumerate() {
             if v.active && v.vlan == vlan && PortId::Vf(i) != from {
                 out.push(PortId::Vf(i));
@@ -145,7 +133,7 @@ mod tests {
     }
 
     #[test]
-    fn forwards_floods_learns_and_checks_spoofing() {
+    fn forwards_floods_and_checks_spoofing() {
         let (a, b, c, x) = (
             [2, 0, 0, 0, 0, 1],
             [2, 0, 0, 0, 0, 2],
@@ -191,19 +179,50 @@ mod tests {
             "VLAN 5 VF not flooded"
         );
         assert!(s.route(PortId::Vf(0), None, &frame(x, a), &mut out));
-        assert_eq!(
-            out,
-            vec![PortId::Vf(1), PortId::Uplink],
-            "unknown unicast floods"
-        );
+        assert_eq!(out, vec![PortId::Uplink], "unknown unicast: uplink only");
         assert!(s.route(PortId::Uplink, None, &frame(a, x), &mut out));
         assert_eq!(out, vec![PortId::Vf(0)]);
-        assert!(s.route(PortId::Vf(0), None, &frame(x, a), &mut out));
-        assert_eq!(out, vec![PortId::Uplink], "learned behind uplink");
+        assert!(s.route(PortId::Uplink, None, &frame(x, x), &mut out));
+        assert_eq!(out, vec![], "unknown unicast from the uplink: dropped");
         assert!(s.route(PortId::Uplink, Some(5), &frame(c, x), &mut out));
         assert_eq!(out, vec![PortId::Vf(2)]);
         assert!(s.route(PortId::Uplink, None, &frame(c, x), &mut out));
-        assert!(!out.contains(&PortId::Vf(2)), "VLAN mismatch");
+        assert_eq!(out, vec![], "VLAN mismatch: not flooded either");
+        assert!(s.route(PortId::Vf(0), None, &frame(c, a), &mut out));
+        assert_eq!(out, vec![], "a VF of another VLAN is not reached");
+    }
+
+    /// A frame for a VF that is not open (its VMM not connected yet, or
+    /// dead) reaches no other VF: found by `burstvm bench chaos`, where a
+    /// dead tenant's traffic landed in the receive buffers of the others.
+    #[test]
+    fn unicast_for_a_closed_vf_reaches_no_other_tenant() {
+        let (a, b, x) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], [2, 9, 9, 9, 9, 9]);
+        let mut s = Switch::new(2);
+        s.set_vf(
+            0,
+            VfView {
+                mac: a,
+                vlan: None,
+                active: false,
+            },
+        );
+        s.set_vf(
+            1,
+            VfView {
+                mac: b,
+                vlan: None,
+                active: true,
+            },
+        );
+        let mut out = vec![PortId::Uplink];
+        assert!(s.route(PortId::Uplink, None, &frame(a, x), &mut out));
+        assert_eq!(out, vec![], "from the uplink");
+        assert!(s.route(PortId::Vf(1), None, &frame(a, b), &mut out));
+        assert_eq!(out, vec![], "from another VF: not to the uplink either");
+        // Broadcast still reaches every open VF of the segment.
+        assert!(s.route(PortId::Uplink, None, &frame([0xff; 6], x), &mut out));
+        assert_eq!(out, vec![PortId::Vf(1)]);
     }
 
     #[test]
