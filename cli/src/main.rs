@@ -57,6 +57,12 @@ enum BenchCommand {
     Devset(nic::bench::BenchDevsetArgs),
     /// The outage of running sandboxes when the NIC daemon is killed and restarted.
     NicRestart(runtime::restart::BenchNicRestartArgs),
+    /// Sandbox bursts while VMMs, the NIC daemon and the runtime are SIGKILLed:
+    /// no leaked resource, no byte of one tenant seen by another.
+    Chaos(runtime::BenchChaosArgs),
+    /// The runtime process `bench chaos` runs (and kills).
+    #[command(hide = true)]
+    ChaosWorker(runtime::ChaosWorkerArgs),
     /// SG-IOV: scheduling policies and the job generator.
     #[command(subcommand)]
     Sgiov(SgiovBench),
@@ -117,6 +123,12 @@ fn main() -> std::process::ExitCode {
             runtime::restart::run_cli(&a).context("burstvm bench nic-restart")
         }
         Command::Bench(BenchCommand::Vmm(a)) => vmm_bench::run(&a).context("burstvm bench vmm"),
+        Command::Bench(BenchCommand::Chaos(a)) => {
+            runtime::bench_chaos_cli(&a).context("burstvm bench chaos")
+        }
+        Command::Bench(BenchCommand::ChaosWorker(a)) => {
+            runtime::chaos_worker_main(&a).context("burstvm bench chaos-worker")
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -98,6 +98,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                     rootfs: spec.rootfs.clone(),
                     kernel: None,
                     echo: false,
+                    probe: Vec::new(),
                 };
                 std::thread::Builder::new()
                     .name(format!("sb-{id}"))

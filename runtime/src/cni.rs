@@ -5,6 +5,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use netutil::cni::CniResult;
 use serde::Deserialize;
@@ -219,6 +220,29 @@ impl CniNetwork {
     pub fn del(&self, container: &str, netns: &Path, ifname: &str) -> Result<(), CniError> {
         self.exec("DEL", container, netns, ifname).map(|_| ())
     }
+
+    /// CNI DEL, repeated while the plugin says "try again later" (code 11:
+    /// e.g. the NIC daemon is restarting) for at most `patience`. A DEL that
+    /// is given up leaves the VF assigned, so a teardown keeps trying.
+    pub fn del_retrying(
+        &self,
+        container: &str,
+        netns: &Path,
+        ifname: &str,
+        patience: Duration,
+    ) -> Result<(), CniError> {
+        let end = Instant::now() + patience;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.del(container, netns, ifname) {
+                Err(CniError::Plugin { code: 11, .. }) if Instant::now() + pause < end => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                r => return r,
+            }
+        }
+    }
 }
 
 /// Picks the sandbox interface named `ifname` and its address.
@@ -312,6 +336,50 @@ mod tests {
             e.contains(&format!("stdin {conf_len} bytes")),
             "config reached stdin: {e}"
         );
+        // 11 is retried until the plugin succeeds; other codes are not.
+        let flaky = dir.join("flaky-plugin");
+        std::fs::write(
+            &flaky,
+            format!(
+                "#!/bin/sh\ncat >/dev/null\nn=$(cat {d}/count 2>/dev/null || echo 0)\n\
+                 echo $((n+1)) > {d}/count\n\
+                 if [ $n -lt 2 ]; then printf '{{\"code\":11,\"msg\":\"later\"}}'; exit 1; fi\n\
+                 if [ \"$CNI_CONTAINERID\" = bad ]; then printf '{{\"code\":5,\"msg\":\"io\"}}'; exit 1; fi\n",
+                d = dir.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&flaky, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(
+            &conf,
+            "{\"cniVersion\":\"1.1.0\",\"name\":\"n\",\"type\":\"flaky-plugin\"}",
+        )
+        .unwrap();
+        let net = CniNetwork::load(&conf, vec![dir.clone()]).unwrap();
+        let ns = Path::new("/run/netns/sb1");
+        net.del_retrying("sb1", ns, "eth0", Duration::from_secs(10))
+            .expect("the third DEL succeeds");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("count")).unwrap().trim(),
+            "3"
+        );
+        let e = net
+            .del_retrying("bad", ns, "eth0", Duration::from_secs(10))
+            .unwrap_err();
+        assert!(matches!(e, CniError::Plugin { code: 5, .. }), "{e}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("count")).unwrap().trim(),
+            "4"
+        );
+        std::fs::remove_file(dir.join("count")).unwrap();
+        let e = net
+            .del_retrying("sb1", ns, "eth0", Duration::from_millis(120))
+            .unwrap_err();
+        assert!(
+            matches!(e, CniError::Plugin { code: 11, .. }),
+            "gives up: {e}"
+        );
+
         std::fs::write(&conf, "{\"type\":\"missing-plugin\"}").unwrap();
         let e = CniNetwork::load(&conf, vec![dir.clone()])
             .unwrap_err()

@@ -2,12 +2,12 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::runtime::Runtime;
 use netutil::netns;
 
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct LeakReport {
     pub netns: Vec<String>,
     pub links: Vec<String>,

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod cgroup;
+pub mod chaos;
 pub mod cni;
 pub mod cpuacct;
 pub mod critpath;
@@ -25,6 +26,9 @@ pub mod variant;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use chaos::{
+    bench_chaos_cli, worker_main as chaos_worker_main, BenchChaosArgs, ChaosWorkerArgs,
+};
 pub use host::{HostServices, SandboxHost, ServicesInfo};
 pub use runtime::{Runtime, RuntimeConfig, RuntimeError};
 pub use sandbox::{Attach, Sandbox, SandboxFailure, SandboxSpec};
@@ -311,6 +315,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
         rootfs,
         kernel: a.kernel.clone(),
         echo: false,
+        probe: Vec::new(),
     };
     let start = trace::monotonic_ns();
     let result = (|| -> Result<(), Error> {

@@ -93,8 +93,13 @@ impl NicDaemon {
         t
     }
 
-    pub(crate) fn pid(&self) -> u32 {
+    pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Whether the daemon has exited (it is reaped then).
+    pub(crate) fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
     }
 
     pub(crate) fn stop(mut self) {

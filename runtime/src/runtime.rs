@@ -376,11 +376,57 @@ impl Runtime {
         })?;
         let lock = old.lock;
         let killed = old.kill();
+        let (up, pid) = self.respawn_nic(&mut nic, lock)?;
+        Ok((killed, up, pid))
+    }
+
+    /// The NIC daemon's pid while it runs.
+    pub fn nic_pid(&self) -> Option<u32> {
+        self.nic
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|n| n.pid())
+    }
+
+    /// Starts the NIC daemon again if something else killed it (`bench
+    /// chaos` does, from outside). Returns whether it did. The daemon dies
+    /// with the calling thread (PDEATHSIG): call it from a thread that lives
+    /// as long as the runtime.
+    pub fn restart_nic_if_dead(&self) -> Result<bool, RuntimeError> {
+        let mut nic = self.nic.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(n) = nic.as_mut() else {
+            return Ok(false);
+        };
+        if !n.exited() {
+            return Ok(false);
+        }
+        let lock = n.lock;
+        self.respawn_nic(&mut nic, lock)?;
+        Ok(true)
+    }
+
+    /// The one way the NIC daemon is started again: on its state directory
+    /// (assignments come back from its state file), same lock policy and
+    /// pool. Returns when it answers on its control socket, and its pid.
+    fn respawn_nic(
+        &self,
+        slot: &mut Option<NicDaemon>,
+        lock: crate::nicd::DevsetLock,
+    ) -> Result<(Instant, u32), RuntimeError> {
         let new = NicDaemon::spawn(self, lock)?;
         let up = Instant::now();
         let pid = new.pid();
-        *nic = Some(new);
-        Ok((killed, up, pid))
+        *slot = Some(new);
+        Ok((up, pid))
+    }
+
+    /// host-local's leases of this runtime's network: one file per address,
+    /// holding the container id.
+    pub fn ipam_lease_dir(&self) -> PathBuf {
+        self.state_dir
+            .join("ipam")
+            .join(format!("burstvm-{}", self.tag))
     }
 
     /// The VF's vhost-user socket, asked from the NIC daemon.

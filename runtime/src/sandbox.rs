@@ -24,6 +24,9 @@ use netutil::NamedNetns;
 
 /// The interface name the CNI plugin creates in the sandbox netns.
 pub const IFNAME: &str = "eth0";
+/// How long a teardown keeps retrying a CNI DEL the plugin answers with
+/// "try again later" (the NIC daemon restarting after a crash).
+const DEL_PATIENCE: Duration = Duration::from_secs(20);
 
 /// What to create.
 #[derive(Debug, Clone)]
@@ -43,6 +46,9 @@ pub struct SandboxSpec {
     /// The guest keeps exchanging requests with the echo server after READY (agent echo
     /// mode; with `keep_running`).
     pub echo: bool,
+    /// Probe mode: guest addresses the agent reads (before its first
+    /// request) and the VMM reports when it exits (`Sandbox::probe_values`).
+    pub probe: Vec<u64>,
 }
 
 /// What the `rootfs` stage cost this sandbox (bench statistics).
@@ -97,6 +103,9 @@ pub struct Sandbox<'rt> {
     /// The writable layer's cost, when the sandbox has a rootfs.
     pub rootfs_cost: Option<RootfsCost>,
     stderr_path: PathBuf,
+    /// The VMM's stdout (its probe values), only in probe mode.
+    stdout_path: Option<PathBuf>,
+    probe_values: Option<Vec<u64>>,
     /// Address the guest was given (network variants).
     pub guest_ip: Option<Ipv4Addr>,
     /// Host CPU of the start, by owner (set at READY).
@@ -134,6 +143,9 @@ impl<'rt> Sandbox<'rt> {
         let mut sb = Sandbox {
             rt,
             stderr_path: rt.state_dir().join(format!("{}.stderr", spec.id)),
+            stdout_path: (!spec.probe.is_empty())
+                .then(|| rt.state_dir().join(format!("{}.stdout", spec.id))),
+            probe_values: None,
             spec,
             attach,
             trace,
@@ -401,9 +413,14 @@ impl<'rt> Sandbox<'rt> {
         } else if self.spec.keep_running {
             cmd.arg("--keep-running");
         }
-        let stdout = match self.attach.stdout.take() {
-            Some(fd) => Stdio::from(fd),
-            None => Stdio::null(),
+        let stdout = match (self.attach.stdout.take(), &self.stdout_path) {
+            (Some(fd), _) => Stdio::from(fd),
+            (None, Some(p)) => {
+                let list: Vec<String> = self.spec.probe.iter().map(|a| format!("{a:#x}")).collect();
+                cmd.args(["--probe", &list.join(",")]);
+                Stdio::from(File::create(p).map_err(|e| format!("{}: {e}", p.display()))?)
+            }
+            (None, None) => Stdio::null(),
         };
         if self.spec.echo {
             cmd.args(["--agent-mode", "echo"]);
@@ -602,6 +619,29 @@ impl<'rt> Sandbox<'rt> {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
+    /// The 64-bit values the agent read at `SandboxSpec::probe`, in order,
+    /// once the VMM has exited on its own terms (READY then SIGTERM);
+    /// `None` if it did not report them all (killed, failed).
+    pub fn probe_values(&self) -> Option<&[u64]> {
+        self.probe_values.as_deref()
+    }
+
+    /// Reads the probe values from the VMM's stdout (`value <i> 0x<u32>`,
+    /// low then high word of each address).
+    fn read_probe_values(&mut self) {
+        let Some(p) = &self.stdout_path else { return };
+        let text = std::fs::read_to_string(p).unwrap_or_default();
+        let words: Vec<u64> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("value "))
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .filter_map(|h| u64::from_str_radix(h.trim_start_matches("0x"), 16).ok())
+            .collect();
+        if words.len() == 2 * self.spec.probe.len() {
+            self.probe_values = Some(words.chunks(2).map(|w| w[0] | w[1] << 32).collect());
+        }
+    }
+
     /// Tears everything down in reverse order; collects every error.
     pub fn teardown(&mut self) -> Result<(), String> {
         if self.torn_down {
@@ -615,6 +655,7 @@ impl<'rt> Sandbox<'rt> {
         // The VMM unlinked its layer once open; if it never got there, the
         // layer removes its file now.
         self.layer = None;
+        self.read_probe_values();
         if let Some(ip) = self.neighbor.take() {
             if let Err(e) = self.rt.del_neighbor(ip) {
                 errs.push(e);
@@ -623,7 +664,7 @@ impl<'rt> Sandbox<'rt> {
         if self.cni_added {
             self.cni_added = false;
             if let (Some(cni), Some(ns)) = (self.rt.cni(), self.netns.as_ref()) {
-                if let Err(e) = cni.del(&self.spec.id, ns.path(), IFNAME) {
+                if let Err(e) = cni.del_retrying(&self.spec.id, ns.path(), IFNAME, DEL_PATIENCE) {
                     errs.push(e.to_string());
                 }
             }
@@ -650,6 +691,9 @@ impl<'rt> Sandbox<'rt> {
         if std::env::var_os("BURSTVM_KEEP_LOGS").is_none() {
             let _ = std::fs::remove_file(&self.stderr_path);
             let _ = std::fs::remove_file(self.console_path());
+            if let Some(p) = &self.stdout_path {
+                let _ = std::fs::remove_file(p);
+            }
         }
         if errs.is_empty() {
             Ok(())

@@ -284,6 +284,7 @@ impl TaskService {
                 rootfs: None,
                 kernel: None,
                 echo: false,
+                probe: Vec::new(),
             },
             netns,
             until_exit,

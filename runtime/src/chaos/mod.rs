@@ -1,0 +1,698 @@
+//! `burstvm bench chaos`: sandbox bursts under SIGKILL. Each round a worker
+//! process (a runtime of its own, so it can be killed too) starts a burst
+//! of sandboxes the way `bench startup` does, while this controller SIGKILLs
+//! random VMMs, freezes the NIC daemon (a NIC thread running late), kills
+//! the NIC daemon, or kills the worker, at random moments. Slots whose
+//! sandbox died start a later tenant at once, which takes the dead one's
+//! recycled memory from the page pool. After each round: nothing may be
+//! left (netns, links, cgroups, assigned VFs, VMM processes, lent pool
+//! memory, files), and no tenant may have seen another's bytes
+//! (`canary`). See docs/runtime.md.
+
+pub mod canary;
+mod worker;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+pub use worker::{worker_main, ChaosWorkerArgs};
+use worker::{Hello, RoundReport};
+
+use crate::variant::{NetKind, Variant};
+use crate::{bad, burstvm_bin, parse_size, Error};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// SIGKILL VMMs (every round).
+    Vmm,
+    /// SIGSTOP the NIC daemon, SIGKILL VMMs meanwhile, SIGCONT.
+    Freeze,
+    /// SIGKILL the NIC daemon (the worker restarts it on its state).
+    Nic,
+    /// SIGKILL the worker runtime (the next one reaps what it left).
+    Worker,
+}
+
+/// `burstvm bench chaos`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchChaosArgs {
+    /// Bursts to run.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: u32,
+    /// Sandboxes started at once per round.
+    #[arg(long, default_value_t = 50)]
+    pub concurrency: usize,
+    /// Variant of every sandbox; it must have a VF and pool memory.
+    #[arg(long, default_value = "fastiov-A")]
+    pub variant: Variant,
+    /// Guest memory per sandbox.
+    #[arg(long, default_value = "32M")]
+    pub memory: String,
+    /// VMMs SIGKILLed per round.
+    #[arg(long, default_value_t = 5)]
+    pub kills: usize,
+    /// Faults beside VMM kills; one per round, in turn.
+    #[arg(long, value_delimiter = ',', default_value = "freeze,nic,worker")]
+    pub faults: Vec<FaultKind>,
+    /// How long a freeze stops the NIC daemon, ms.
+    #[arg(long, default_value_t = 400)]
+    pub freeze_ms: u64,
+    /// Tenants each slot runs back to back (later ones on earlier ones' memory).
+    #[arg(long, default_value_t = 3)]
+    pub tenants: usize,
+    /// Seed of the fault schedule (default: from the clock; printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Seconds each guest may take to become ready.
+    #[arg(long, default_value_t = 30)]
+    pub timeout: u64,
+    /// Write the report as JSON here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// The burstvm binary (default: this one).
+    #[arg(long)]
+    pub burstvm_bin: Option<PathBuf>,
+}
+
+/// What the controller did and found in one round.
+#[derive(Debug, Default, Serialize)]
+pub struct RoundOutcome {
+    pub round: u32,
+    pub worker_tag: String,
+    pub vmms_killed: usize,
+    pub nic_frozen_ms: u64,
+    pub nic_killed: bool,
+    pub worker_killed: bool,
+    /// What was done when, from the round's first VMM.
+    pub events: Vec<String>,
+    /// The worker's own account (absent if it was killed).
+    pub worker: Option<RoundReport>,
+    /// What the controller found of the round's runtime on the host.
+    pub leftovers: Vec<String>,
+}
+
+impl RoundOutcome {
+    fn clean(&self) -> bool {
+        self.leftovers.is_empty()
+            && self.worker.as_ref().is_none_or(|w| {
+                w.foreign.is_empty() && w.leaks.is_clean() && w.leftover_files.is_empty()
+            })
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChaosReport {
+    pub seed: u64,
+    pub rounds: Vec<RoundOutcome>,
+    pub tenants: usize,
+    pub probed: usize,
+    pub own_canary_words: usize,
+    pub foreign_sightings: usize,
+    pub pass: bool,
+}
+
+/// A running worker and the lines it prints.
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+    tag: String,
+}
+
+impl Worker {
+    fn spawn(a: &BenchChaosArgs, bin: &Path, memory: u64) -> Result<Worker, Error> {
+        let mut child = Command::new(bin)
+            .args(["bench", "chaos-worker"])
+            .args(["--concurrency", &a.concurrency.to_string()])
+            .args(["--variant", a.variant.name()])
+            .args(["--memory-bytes", &memory.to_string()])
+            .args(["--timeout", &a.timeout.to_string()])
+            .args(["--tenants", &a.tenants.to_string()])
+            .arg("--burstvm-bin")
+            .arg(bin)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| bad("--burstvm-bin", format!("spawn {}: {e}", bin.display())))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut w = Worker {
+            child,
+            stdin,
+            lines,
+            tag: String::new(),
+        };
+        let hello: Hello = w
+            .line(Duration::from_secs(60))
+            .and_then(|l| serde_json::from_str(&l).ok())
+            .ok_or_else(|| {
+                let st = w.child.try_wait().ok().flatten();
+                Error::Leaks(format!("chaos worker did not start (status {st:?})"))
+            })?;
+        w.tag = hello.tag;
+        Ok(w)
+    }
+
+    fn line(&self, timeout: Duration) -> Option<String> {
+        self.lines.recv_timeout(timeout).ok()
+    }
+
+    fn prefix(&self) -> String {
+        format!("bv{}-", self.tag)
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Ends the worker normally: EOF on stdin, it tears everything down.
+    fn finish(self) -> Result<(), String> {
+        let Worker {
+            mut child, stdin, ..
+        } = self;
+        drop(stdin);
+        match child.wait() {
+            Ok(st) if st.success() => Ok(()),
+            Ok(st) => Err(format!("chaos worker exited with {st}")),
+            Err(e) => Err(format!("chaos worker: {e}")),
+        }
+    }
+}
+
+/// `(pid, sandbox)` of the running `burstvm <sub>` processes whose argument
+/// after `flag` starts with `prefix`.
+fn processes(sub: &str, flag: &str, prefix: &str) -> Vec<(u32, String)> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.filter_map(|e| e.ok()) {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmd
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.get(1).map(String::as_str) != Some(sub) {
+            continue;
+        }
+        if let Some(w) = args
+            .windows(2)
+            .find(|w| w[0] == flag && w[1].starts_with(prefix))
+        {
+            out.push((pid, w[1].clone()));
+        }
+    }
+    out
+}
+
+fn nic_pid(tag: &str) -> Option<u32> {
+    processes("nic", "--control", &format!("/run/burstvm/rt-{tag}/"))
+        .first()
+        .map(|p| p.0)
+}
+
+/// Sandboxes in the middle of their request/reply exchange (VF driver up,
+/// not ready): the NIC is writing into their memory right now.
+fn mid_exchange(tag: &str) -> BTreeSet<String> {
+    let path = format!("/run/burstvm/rt-{tag}/trace.jsonl");
+    let evs = trace::read_trace(Path::new(&path)).unwrap_or_default();
+    let driver: BTreeSet<String> = evs
+        .iter()
+        .filter(|e| e.stage == trace::Stage::VfDriver)
+        .map(|e| e.sandbox.clone())
+        .collect();
+    let ready: BTreeSet<String> = evs
+        .iter()
+        .filter(|e| e.stage == trace::Stage::Ready)
+        .map(|e| e.sandbox.clone())
+        .collect();
+    driver.difference(&ready).cloned().collect()
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a process of our worker's runtime.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// SIGKILLs up to `n` VMMs of the worker, preferring those mid-exchange;
+/// returns the sandboxes hit (`*` = mid-exchange).
+fn kill_vmms(w: &Worker, n: usize, rng: &mut StdRng) -> Vec<String> {
+    let mut vmms = processes("vmm", "--sandbox", &w.prefix());
+    let busy = mid_exchange(&w.tag);
+    vmms.shuffle(rng);
+    // Keys drawn once: mid-exchange first (most of the time), then the rest.
+    let mut keyed: Vec<(bool, u32, String)> = vmms
+        .into_iter()
+        .map(|(pid, sb)| (!busy.contains(&sb) || rng.gen_bool(0.3), pid, sb))
+        .collect();
+    keyed.sort_by_key(|k| k.0);
+    keyed
+        .into_iter()
+        .take(n)
+        .map(|(_, pid, sb)| {
+            signal(pid, libc::SIGKILL);
+            let star = if busy.contains(&sb) { "*" } else { "" };
+            format!("{sb}{star}")
+        })
+        .collect()
+}
+
+/// Host resources of the runtime `tag` (after it ended or was reaped).
+fn host_leftovers(tag: &str, layout: &crate::cgroup::Layout) -> Vec<String> {
+    let prefix = format!("bv{tag}-");
+    let mut v = Vec::new();
+    for ns in netutil::netns::list(&prefix)
+        .into_iter()
+        .chain(netutil::netns::list(&format!("bvsrv-{tag}")))
+    {
+        v.push(format!("netns {ns}"));
+    }
+    for cg in layout.list().into_iter().filter(|c| c.starts_with(&prefix)) {
+        v.push(format!("cgroup {cg}"));
+    }
+    for (pid, sb) in processes("vmm", "--sandbox", &prefix) {
+        v.push(format!("VMM {sb} (pid {pid})"));
+    }
+    if let Some(pid) = nic_pid(tag) {
+        v.push(format!("NIC daemon (pid {pid})"));
+    }
+    let dir = PathBuf::from(format!("/run/burstvm/rt-{tag}"));
+    if dir.exists() {
+        v.push(format!("state directory {}", dir.display()));
+    }
+    v
+}
+
+/// Waits until `check` finds nothing (children die asynchronously).
+fn settle(limit: Duration, check: impl Fn() -> Vec<String>) -> Vec<String> {
+    let end = Instant::now() + limit;
+    loop {
+        let v = check();
+        if v.is_empty() || Instant::now() >= end {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One timed action of a round.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    KillVmm,
+    Freeze,
+    KillNic,
+    KillWorker,
+}
+
+/// The round's faults, each at a share of the round's tenants started: the
+/// faults land inside the round however fast this host runs it.
+fn plan(a: &BenchChaosArgs, round: u32, rng: &mut StdRng) -> Vec<(f64, Action)> {
+    let mut p: Vec<(f64, Action)> = (0..a.kills)
+        .map(|_| (rng.gen_range(0.05..0.9), Action::KillVmm))
+        .collect();
+    let extra: Vec<FaultKind> = a
+        .faults
+        .iter()
+        .copied()
+        .filter(|f| *f != FaultKind::Vmm)
+        .collect();
+    if !extra.is_empty() {
+        p.push(match extra[round as usize % extra.len()] {
+            FaultKind::Freeze => (rng.gen_range(0.05..0.8), Action::Freeze),
+            FaultKind::Nic => (rng.gen_range(0.05..0.8), Action::KillNic),
+            FaultKind::Worker => (rng.gen_range(0.4..0.9), Action::KillWorker),
+            FaultKind::Vmm => unreachable!("filtered"),
+        });
+    }
+    p.sort_by(|x, y| x.0.total_cmp(&y.0));
+    p
+}
+
+/// Tenants of the round that have started (a line in the trace).
+fn started(tag: &str, round: u32) -> usize {
+    let path = format!("/run/burstvm/rt-{tag}/trace.jsonl");
+    let prefix = format!("bv{tag}-c{round}-");
+    trace::read_trace(Path::new(&path))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.sandbox.starts_with(&prefix))
+        .map(|e| e.sandbox)
+        .collect::<BTreeSet<_>>()
+        .len()
+}
+
+/// Sleeps until `until`, unless the worker reports first (the round ended).
+fn sleep_or_report(w: &Worker, until: Instant) -> Option<String> {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        if let Some(l) = w.line(left.min(Duration::from_millis(50))) {
+            return Some(l);
+        }
+    }
+}
+
+/// Runs `plan` against the worker's round; returns the worker (None if it
+/// was killed) and its report line if the round ended meanwhile.
+fn inject(
+    a: &BenchChaosArgs,
+    w: Worker,
+    round: u32,
+    plan: Vec<(f64, Action)>,
+    o: &mut RoundOutcome,
+    rng: &mut StdRng,
+) -> (Option<Worker>, Option<String>) {
+    let total = (a.concurrency * a.tenants) as f64;
+    let t0 = Instant::now();
+    let n = plan.len();
+    for (done, (share, action)) in plan.into_iter().enumerate() {
+        loop {
+            if let Some(l) = sleep_or_report(&w, Instant::now() + Duration::from_millis(20)) {
+                o.events.push(format!(
+                    "t+{:.2} s: round over, {} fault(s) not injected",
+                    t0.elapsed().as_secs_f64(),
+                    n - done
+                ));
+                return (Some(w), Some(l));
+            }
+            if started(&w.tag, round) as f64 >= share * total {
+                break;
+            }
+        }
+        let t = format!(
+            "t+{:.2} s ({:.0}% started)",
+            t0.elapsed().as_secs_f64(),
+            100.0 * started(&w.tag, round) as f64 / total
+        );
+        match action {
+            Action::KillVmm => {
+                let hit = kill_vmms(&w, 1, rng);
+                o.vmms_killed += hit.len();
+                o.events.push(format!("{t}: SIGKILL VMM {hit:?}"));
+            }
+            Action::Freeze => match nic_pid(&w.tag) {
+                Some(pid) => {
+                    signal(pid, libc::SIGSTOP);
+                    let hit = kill_vmms(&w, 2, rng);
+                    std::thread::sleep(Duration::from_millis(a.freeze_ms));
+                    signal(pid, libc::SIGCONT);
+                    o.vmms_killed += hit.len();
+                    o.nic_frozen_ms += a.freeze_ms;
+                    o.events.push(format!(
+                        "{t}: NIC frozen {} ms, meanwhile SIGKILL VMM {hit:?}",
+                        a.freeze_ms
+                    ));
+                }
+                None => o.events.push(format!("{t}: no NIC daemon to freeze")),
+            },
+            Action::KillNic => match nic_pid(&w.tag) {
+                Some(pid) => {
+                    signal(pid, libc::SIGKILL);
+                    o.nic_killed = true;
+                    o.events.push(format!("{t}: SIGKILL NIC daemon"));
+                }
+                None => o.events.push(format!("{t}: no NIC daemon to kill")),
+            },
+            Action::KillWorker => {
+                w.kill();
+                o.worker_killed = true;
+                o.events.push(format!("{t}: SIGKILL worker runtime"));
+                return (None, None);
+            }
+        }
+    }
+    (Some(w), None)
+}
+
+pub fn bench_chaos_cli(a: &BenchChaosArgs) -> Result<(), Error> {
+    crate::runtime::install_sigint_handler();
+    let memory = parse_size("--memory", &a.memory)?;
+    let policy = a.variant.policy();
+    if policy.net != NetKind::Vf || policy.memory_policy == "vanilla" {
+        return Err(bad(
+            "--variant",
+            format!(
+                "{}: chaos needs a VF variant with pool memory (fastiov, fastiov-A, pre*, ...)",
+                a.variant
+            ),
+        ));
+    }
+    if a.concurrency == 0 || a.rounds == 0 {
+        return Err(bad(
+            "--concurrency",
+            "rounds and concurrency must be at least 1",
+        ));
+    }
+    if a.tenants == 0 || a.concurrency * a.tenants > nic::MAX_VFS {
+        return Err(bad(
+            "--tenants",
+            format!(
+                "{} slots × {} tenants: at least one, and at most the {} VFs of a PF",
+                a.concurrency,
+                a.tenants,
+                nic::MAX_VFS
+            ),
+        ));
+    }
+    let bin = burstvm_bin(&a.burstvm_bin)?;
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    println!(
+        "chaos: seed {seed}, {} rounds of {} × {}, {} VMM kills per round, faults {:?}",
+        a.rounds, a.concurrency, a.variant, a.kills, a.faults
+    );
+    let mut rng = StdRng::seed_from_u64(seed);
+    let layout = crate::cgroup::Layout::detect().map_err(crate::RuntimeError::from)?;
+    let mut rounds = Vec::new();
+    let mut worker: Option<Worker> = None;
+    // Tags of killed workers, checked once the next runtime reaped them.
+    let mut dead: Vec<(usize, String)> = Vec::new();
+    for r in 0..a.rounds {
+        if crate::runtime::sigint_received() {
+            break;
+        }
+        let w = match worker.take() {
+            Some(w) => w,
+            None => Worker::spawn(a, &bin, memory)?,
+        };
+        // The new runtime reaped what killed ones left: verify it.
+        for (i, tag) in dead.drain(..) {
+            check_reaped(&mut rounds[i], &tag, &layout);
+        }
+        let mut o = RoundOutcome {
+            round: r,
+            worker_tag: w.tag.clone(),
+            ..Default::default()
+        };
+        let mut w = w;
+        let _ = writeln!(w.stdin, "round {r}");
+        let p = plan(a, r, &mut rng);
+        match inject(a, w, r, p, &mut o, &mut rng) {
+            (Some(wk), early) => {
+                let limit = Duration::from_secs(3 * a.timeout + 120);
+                let line = early.or_else(|| wk.line(limit));
+                match line.and_then(|l| serde_json::from_str(&l).ok()) {
+                    Some(rep) => {
+                        o.worker = Some(rep);
+                        worker = Some(wk);
+                    }
+                    None => {
+                        o.leftovers
+                            .push("the worker did not report the round in time".into());
+                        let tag = wk.tag.clone();
+                        wk.kill();
+                        dead.push((rounds.len(), tag));
+                    }
+                }
+            }
+            (None, _) => {
+                // Its VMMs and NIC die with it (PDEATHSIG); its netns,
+                // cgroups and state directory wait for the next runtime.
+                let tag = o.worker_tag.clone();
+                let prefix = format!("bv{tag}-");
+                o.leftovers.extend(settle(Duration::from_secs(15), || {
+                    let mut v: Vec<String> = processes("vmm", "--sandbox", &prefix)
+                        .into_iter()
+                        .map(|(pid, sb)| format!("VMM {sb} (pid {pid}) outlived its runtime"))
+                        .collect();
+                    v.extend(nic_pid(&tag).map(|p| format!("NIC (pid {p}) outlived its runtime")));
+                    v
+                }));
+                dead.push((rounds.len(), tag));
+            }
+        }
+        print_round(&o);
+        rounds.push(o);
+    }
+    if let Some(w) = worker.take() {
+        let tag = w.tag.clone();
+        let end = w.finish();
+        let o = rounds.last_mut().expect("at least one round");
+        if let Err(e) = end {
+            o.leftovers.push(e);
+        }
+        let left = settle(Duration::from_secs(10), || host_leftovers(&tag, &layout));
+        if left.is_empty() {
+            println!("runtime {tag} ended, nothing left");
+        }
+        for l in &left {
+            println!("runtime {tag} ended; LEFT: {l}");
+        }
+        o.leftovers.extend(left);
+    }
+    if !dead.is_empty() {
+        // No runtime comes after the last killed one: reap as one would.
+        for r in crate::runtime::reap_stale(&layout) {
+            println!("  reaped: {r}");
+        }
+        for (i, tag) in dead.drain(..) {
+            check_reaped(&mut rounds[i], &tag, &layout);
+        }
+    }
+    let report = summarize(seed, rounds);
+    if let Some(p) = &a.report {
+        std::fs::write(p, serde_json::to_vec_pretty(&report).expect("json")).map_err(|e| {
+            Error::Output {
+                path: p.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+    }
+    if crate::runtime::sigint_received() {
+        return Err(Error::Interrupted);
+    }
+    if !report.pass {
+        return Err(Error::Leaks(format!(
+            "chaos: FAIL (seed {seed}): {} foreign bytes seen, {} round(s) not clean",
+            report.foreign_sightings,
+            report.rounds.iter().filter(|r| !r.clean()).count()
+        )));
+    }
+    println!(
+        "chaos: PASS — {} rounds, {} tenants, {} probed, {} own-canary words seen, 0 foreign bytes, nothing left behind",
+        report.rounds.len(),
+        report.tenants,
+        report.probed,
+        report.own_canary_words
+    );
+    Ok(())
+}
+
+/// What a killed runtime left once the next one reaped it: must be nothing.
+fn check_reaped(o: &mut RoundOutcome, tag: &str, layout: &crate::cgroup::Layout) {
+    let left = host_leftovers(tag, layout);
+    if left.is_empty() {
+        println!("round {}: runtime {tag} reaped, nothing left", o.round);
+    }
+    for l in &left {
+        println!("round {}: LEFT by runtime {tag}: {l}", o.round);
+    }
+    o.leftovers.extend(left);
+}
+
+fn summarize(seed: u64, rounds: Vec<RoundOutcome>) -> ChaosReport {
+    let ws = || rounds.iter().filter_map(|r| r.worker.as_ref());
+    let tenants = ws().map(|w| w.tenants).sum();
+    let probed = ws().map(|w| w.probed).sum();
+    let own = ws().map(|w| w.own_canary_words).sum();
+    let foreign = ws().map(|w| w.foreign.len()).sum();
+    // A check that never saw a tenant's own canary could not have seen a
+    // foreign one either: then the run proves nothing.
+    let blind = probed > 0 && own == 0;
+    let pass = rounds.iter().all(RoundOutcome::clean) && !blind;
+    if blind {
+        println!("chaos: no tenant saw its own canary: the probes do not point at its buffers");
+    }
+    ChaosReport {
+        seed,
+        tenants,
+        probed,
+        own_canary_words: own,
+        foreign_sightings: foreign,
+        pass,
+        rounds,
+    }
+}
+
+fn print_round(o: &RoundOutcome) {
+    let mut faults = vec![format!("{} VMMs killed", o.vmms_killed)];
+    if o.nic_frozen_ms > 0 {
+        faults.push(format!("NIC frozen {} ms", o.nic_frozen_ms));
+    }
+    if o.nic_killed {
+        faults.push("NIC killed".into());
+    }
+    if o.worker_killed {
+        faults.push("worker runtime killed".into());
+    }
+    println!(
+        "round {} (runtime {}): {}",
+        o.round,
+        o.worker_tag,
+        faults.join(", ")
+    );
+    for e in &o.events {
+        println!("  {e}");
+    }
+    if let Some(w) = &o.worker {
+        println!(
+            "  {} tenants, {} ready, {} failed or killed; NIC restarts {}; {} canary frames",
+            w.tenants, w.ready, w.failed, w.nic_restarts, w.canary_frames_sent
+        );
+        println!(
+            "  canary: {} probed, {} own words, {} foreign",
+            w.probed,
+            w.own_canary_words,
+            w.foreign.len()
+        );
+        for s in &w.foreign {
+            println!(
+                "  FOREIGN: {} read {:#018x} at {:#x} ({})",
+                s.tenant,
+                s.word,
+                s.gpa,
+                s.owner
+                    .as_deref()
+                    .map_or("bytes of no live tenant".to_string(), |o| format!(
+                        "canary of {o}"
+                    ))
+            );
+        }
+        println!("  {}", w.leaks.describe());
+        for f in &w.leftover_files {
+            println!("  LEFT: {f}");
+        }
+    }
+    for l in &o.leftovers {
+        println!("  LEFT: {l}");
+    }
+}
