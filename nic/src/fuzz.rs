@@ -84,6 +84,8 @@ pub struct DpInput {
     /// Frames coming from the uplink, switched and queued for the guest (mod 8).
     pub frames: u8,
     pub frame_len: u8,
+    /// Bit i set: VF i+1 is not open (assigned, no VMM, or its VMM died).
+    pub closed: u8,
     pub image: Vec<u8>,
 }
 
@@ -104,6 +106,7 @@ impl DpInput {
             next_avail: [u16_at(16), u16_at(18)],
             frames: h[20],
             frame_len: h[21],
+            closed: h[22],
             image: data.get(DP_HDR..).unwrap_or_default().to_vec(),
         }
     }
@@ -118,7 +121,7 @@ impl DpInput {
         for a in self.next_avail {
             v.extend_from_slice(&a.to_le_bytes());
         }
-        v.extend_from_slice(&[self.frames, self.frame_len, 0, 0]);
+        v.extend_from_slice(&[self.frames, self.frame_len, self.closed, 0]);
         v.extend_from_slice(&self.image);
         v
     }
@@ -239,7 +242,7 @@ pub fn fuzz_dataplane(data: &[u8]) {
             VfView {
                 mac,
                 vlan: v,
-                active: true,
+                active: i == 0 || input.closed & (1 << (i - 1)) == 0,
             },
         );
     }
@@ -423,6 +426,21 @@ pub fn dataplane_seeds() -> Vec<Vec<u8>> {
         d.avail(RXQ, &[0, 2]);
         seeds.push(d.clone());
     }
+    // Regression (found by `bench chaos`): unicast from the uplink and from
+    // VF 0 to VF 2 while VF 2 is not open was flooded to every other VF.
+    let mut d = base(4);
+    d.closed = 2;
+    d.frames = 1;
+    d.frame_len = 50;
+    let mut f = frame([2, 7, 7, 7, 7, 7], [2, 0, 0, 0, 0, 3], 60);
+    f.drain(..12);
+    d.bytes(UPLINK_FRAMES, &f);
+    d.bytes(0x8000, &frame(VF0_MAC, [2, 0, 0, 0, 0, 3], 60));
+    d.desc(TXQ, 0, 0x8000, 72, 0, 0);
+    d.avail(TXQ, &[0]);
+    d.desc(RXQ, 0, 0x9000, 2048, WRITE, 0);
+    d.avail(RXQ, &[0]);
+    seeds.push(d.clone());
     // Rings overlapping each other and the frames; rings not in memory.
     let mut d = base(8);
     d.rings = [[0, 0, 0], [16, 16, 16]];
@@ -735,7 +753,7 @@ mod tests {
         fuzz_dataplane(&seeds[3]);
         assert_eq!(used_idx(TXQ, &seeds[3]), 2, "batch of 2 of 5 chains");
         // Indirect: refused without the feature (no used entry), used with it.
-        let indirect = seeds.len() - 10;
+        let indirect = seeds.len() - 11;
         fuzz_dataplane(&seeds[indirect]);
         assert_eq!(used_idx(TXQ, &seeds[indirect]), 0);
         fuzz_dataplane(&seeds[indirect + 1]);
