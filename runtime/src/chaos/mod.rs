@@ -352,14 +352,14 @@ fn plan(a: &BenchChaosArgs, round: u32, rng: &mut StdRng) -> Vec<(f64, Action)> 
     p
 }
 
-/// Tenants of the round that have started (a line in the trace).
+/// Tenants of the round whose VMM has started (its `vmm-spawn` is traced).
 fn started(tag: &str, round: u32) -> usize {
     let path = format!("/run/burstvm/rt-{tag}/trace.jsonl");
     let prefix = format!("bv{tag}-c{round}-");
     trace::read_trace(Path::new(&path))
         .unwrap_or_default()
         .into_iter()
-        .filter(|e| e.sandbox.starts_with(&prefix))
+        .filter(|e| e.stage == trace::Stage::VmmSpawn && e.sandbox.starts_with(&prefix))
         .map(|e| e.sandbox)
         .collect::<BTreeSet<_>>()
         .len()
