@@ -1,24 +1,36 @@
-//! Checks on guest-written split virtqueues shared by every device that
-//! walks descriptor chains: the NIC's dataplane and the VMM's own virtio
-//! devices. virtio-queue's chain iterator follows an indirect descriptor
-//! (VRING_DESC_F_INDIRECT) silently, whatever was negotiated; a device that
-//! did not offer VIRTIO_F_INDIRECT_DESC must refuse such a chain instead
-//! (virtio 1.2 §2.7.5.3.2: the driver MUST NOT set the flag unless the
-//! feature was negotiated), so it asks here before it walks the chain.
+//! The one descriptor-chain walk shared by every device that reads
+//! guest-written split virtqueues: the NIC's dataplane and the VMM's own
+//! virtio devices (virtio-net, virtio-blk). virtio-queue pops the available
+//! ring; its chain iterator is not used, because it follows an indirect
+//! descriptor (VRING_DESC_F_INDIRECT) whatever was negotiated and ends a
+//! malformed chain silently. [`Ring::walk`] reads each descriptor exactly
+//! once (so a guest rewriting the table meanwhile cannot slip a flag past a
+//! check) and ends with an error when the chain is malformed:
+//! - an indirect descriptor without VIRTIO_F_INDIRECT_DESC (virtio 1.2
+//!   §2.7.5.3.2: the driver MUST NOT set the flag unless negotiated), a
+//!   nested indirect table or one whose length is not a multiple of 16;
+//! - a next index outside the table, a chain longer than the table (a
+//!   loop), a descriptor outside guest memory;
+//! - more than 2^32 bytes in total (§2.7.5.2).
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
-use virtio_queue::desc::split::Descriptor;
+pub use virtio_queue::desc::split::Descriptor;
 use virtio_queue::QueueT;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
 
 /// Feature bit VIRTIO_F_INDIRECT_DESC (named VIRTIO_RING_F_INDIRECT_DESC in Linux).
 pub const VIRTIO_F_INDIRECT_DESC: u32 = virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
 
+/// Size of one split-ring descriptor.
+const DESC_SIZE: u64 = 16;
+
 /// Whether `features` (the negotiated set) allow indirect descriptors.
 pub fn indirect_negotiated(features: u64) -> bool {
     features & (1u64 << VIRTIO_F_INDIRECT_DESC) != 0
 }
 
+/// How a chain is malformed. `head` is the chain's head index, `index` the
+/// descriptor (in the table being walked) where the walk stopped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ChainError {
     #[error(
@@ -26,9 +38,23 @@ pub enum ChainError {
          but VIRTIO_F_INDIRECT_DESC was not negotiated"
     )]
     IndirectNotNegotiated { head: u16, index: u16 },
+    #[error("descriptor chain {head}: descriptor {index}: bad indirect table ({what})")]
+    BadIndirect {
+        head: u16,
+        index: u16,
+        what: &'static str,
+    },
+    #[error("descriptor chain {head}: next index {index} outside a table of {size}")]
+    NextOutOfRange { head: u16, index: u16, size: u16 },
+    #[error("descriptor chain {head}: longer than its table of {size} (a loop)")]
+    Loop { head: u16, size: u16 },
+    #[error("descriptor chain {head}: descriptor {index} at {addr:#x} is not in guest memory")]
+    Unreadable { head: u16, index: u16, addr: u64 },
+    #[error("descriptor chain {head}: more than 2^32 bytes")]
+    TooLong { head: u16 },
 }
 
-/// What a device needs to vet the chains of one queue: where its
+/// What a device needs to walk the chains of one queue: where its
 /// descriptor table is and which features were negotiated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ring {
@@ -46,40 +72,109 @@ impl Ring {
         }
     }
 
-    /// Refuses the chain starting at `head` if one of its descriptors is
-    /// indirect and the features lack VIRTIO_F_INDIRECT_DESC. Walks the
-    /// descriptor table itself, at most `size` steps; a descriptor it cannot
-    /// read or a next index out of range ends the walk without error (the
-    /// caller's chain walk reports those).
-    pub fn check_chain<M: GuestMemory + ?Sized>(
-        &self,
-        mem: &M,
-        head: u16,
-    ) -> Result<(), ChainError> {
-        if indirect_negotiated(self.features) {
-            return Ok(());
+    /// The descriptors of the chain starting at `head`, in order; an `Err`
+    /// is the last item.
+    pub fn walk<'m, M: GuestMemory + ?Sized>(&self, mem: &'m M, head: u16) -> Walk<'m, M> {
+        Walk {
+            mem,
+            indirect_ok: indirect_negotiated(self.features),
+            head,
+            table: self.desc_table,
+            size: self.size,
+            next: Some(head),
+            ttl: self.size,
+            in_indirect: false,
+            bytes: 0,
         }
-        let mut index = head;
-        for _ in 0..self.size {
-            if index >= self.size {
-                return Ok(());
-            }
-            let Some(at) = self.desc_table.checked_add(u64::from(index) * 16) else {
-                return Ok(());
-            };
-            let Ok(d) = mem.read_obj::<Descriptor>(at) else {
-                return Ok(());
-            };
-            let flags = u32::from(d.flags());
-            if flags & VRING_DESC_F_INDIRECT != 0 {
+    }
+}
+
+/// Iterator of [`Ring::walk`]; fused after the chain's end or an error.
+pub struct Walk<'m, M: GuestMemory + ?Sized> {
+    mem: &'m M,
+    indirect_ok: bool,
+    head: u16,
+    table: GuestAddress,
+    size: u16,
+    next: Option<u16>,
+    /// Descriptors left before the chain counts as a loop.
+    ttl: u16,
+    in_indirect: bool,
+    bytes: u32,
+}
+
+impl<M: GuestMemory + ?Sized> Walk<'_, M> {
+    fn step(&mut self, index: u16) -> Result<Descriptor, ChainError> {
+        let head = self.head;
+        if index >= self.size {
+            return Err(ChainError::NextOutOfRange {
+                head,
+                index,
+                size: self.size,
+            });
+        }
+        if self.ttl == 0 {
+            return Err(ChainError::Loop {
+                head,
+                size: self.size,
+            });
+        }
+        self.ttl -= 1;
+        let addr =
+            self.table
+                .checked_add(u64::from(index) * DESC_SIZE)
+                .ok_or(ChainError::Unreadable {
+                    head,
+                    index,
+                    addr: self.table.0,
+                })?;
+        let d: Descriptor = self
+            .mem
+            .read_obj(addr)
+            .map_err(|_| ChainError::Unreadable {
+                head,
+                index,
+                addr: addr.0,
+            })?;
+        let flags = u32::from(d.flags());
+        if flags & VRING_DESC_F_INDIRECT != 0 {
+            if !self.indirect_ok {
                 return Err(ChainError::IndirectNotNegotiated { head, index });
             }
-            if flags & VRING_DESC_F_NEXT == 0 {
-                return Ok(());
+            let bad = |what| ChainError::BadIndirect { head, index, what };
+            if self.in_indirect {
+                return Err(bad("indirect descriptor inside an indirect table"));
             }
-            index = d.next();
+            if flags & VRING_DESC_F_NEXT != 0 {
+                return Err(bad("indirect descriptor with NEXT"));
+            }
+            let len = u64::from(d.len());
+            if len == 0 || len % DESC_SIZE != 0 || len / DESC_SIZE > u64::from(u16::MAX) {
+                return Err(bad(
+                    "length not a non-zero multiple of 16 up to 65535 entries",
+                ));
+            }
+            self.table = d.addr();
+            self.size = (len / DESC_SIZE) as u16;
+            self.ttl = self.size;
+            self.in_indirect = true;
+            return self.step(0);
         }
-        Ok(())
+        self.bytes = self
+            .bytes
+            .checked_add(d.len())
+            .ok_or(ChainError::TooLong { head })?;
+        self.next = (flags & VRING_DESC_F_NEXT != 0).then(|| d.next());
+        Ok(d)
+    }
+}
+
+impl<M: GuestMemory + ?Sized> Iterator for Walk<'_, M> {
+    type Item = Result<Descriptor, ChainError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let index = self.next.take()?;
+        Some(self.step(index))
     }
 }
 
@@ -89,13 +184,20 @@ mod tests {
     use vm_memory::GuestMemoryMmap;
 
     const TABLE: u64 = 0x1000;
+    const NEXT: u16 = VRING_DESC_F_NEXT as u16;
+    const INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
+    const WRITE: u16 = 2;
+
+    fn write_table(m: &GuestMemoryMmap, at: u64, descs: &[(u64, u32, u16, u16)]) {
+        for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
+            let d = Descriptor::new(addr, len, flags, next);
+            m.write_obj(d, GuestAddress(at + 16 * i as u64)).unwrap();
+        }
+    }
 
     fn mem_with(descs: &[(u64, u32, u16, u16)]) -> GuestMemoryMmap {
         let m = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
-        for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
-            let d = Descriptor::new(addr, len, flags, next);
-            m.write_obj(d, GuestAddress(TABLE + 16 * i as u64)).unwrap();
-        }
+        write_table(&m, TABLE, descs);
         m
     }
 
@@ -104,43 +206,102 @@ mod tests {
         size: 8,
         features: 0,
     };
-    const NEXT: u16 = VRING_DESC_F_NEXT as u16;
-    const INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
+
+    /// (addr, len) of every descriptor, or the error that ended the walk.
+    fn walk(r: &Ring, m: &GuestMemoryMmap, head: u16) -> Result<Vec<(u64, u32)>, ChainError> {
+        r.walk(m, head)
+            .map(|d| d.map(|d| (d.addr().0, d.len())))
+            .collect()
+    }
+
+    #[test]
+    fn a_direct_chain_is_walked_in_order() {
+        let m = mem_with(&[(0x4000, 16, NEXT, 2), (0, 0, 0, 0), (0x5000, 32, WRITE, 0)]);
+        assert_eq!(walk(&T, &m, 0), Ok(vec![(0x4000, 16), (0x5000, 32)]));
+        assert_eq!(walk(&T, &m, 2), Ok(vec![(0x5000, 32)]));
+    }
 
     #[test]
     fn indirect_is_refused_unless_negotiated() {
-        let m = mem_with(&[(0x4000, 16, NEXT, 1), (0x5000, 32, INDIRECT, 0)]);
+        let m = mem_with(&[(0x4000, 16, NEXT, 1), (0x6000, 32, INDIRECT, 0)]);
+        write_table(&m, 0x6000, &[(0x7000, 8, NEXT, 1), (0x8000, 64, WRITE, 0)]);
         assert_eq!(
-            T.check_chain(&m, 0),
+            walk(&T, &m, 0),
             Err(ChainError::IndirectNotNegotiated { head: 0, index: 1 })
         );
         assert_eq!(
-            T.check_chain(&m, 1),
+            walk(&T, &m, 1),
             Err(ChainError::IndirectNotNegotiated { head: 1, index: 1 })
         );
+        // Negotiated, the table is followed.
         let negotiated = Ring {
             features: 1 << VIRTIO_F_INDIRECT_DESC,
             ..T
         };
-        assert_eq!(negotiated.check_chain(&m, 0), Ok(()));
+        assert_eq!(
+            walk(&negotiated, &m, 0),
+            Ok(vec![(0x4000, 16), (0x7000, 8), (0x8000, 64)])
+        );
+        // ... but not a nested one, one with NEXT, or one of a bad length.
+        for (table, what) in [
+            ((0x6000, 16, INDIRECT, 0), "inside"),
+            ((0x7000, 8, 0, 0), ""),
+        ] {
+            write_table(&m, 0x6000, &[table]);
+            let r = walk(&negotiated, &m, 1);
+            assert_eq!(r.is_err(), !what.is_empty(), "{r:?}");
+        }
+        let m = mem_with(&[(0x6000, 16, INDIRECT | NEXT, 1), (0x6000, 24, INDIRECT, 0)]);
+        assert!(matches!(
+            walk(&negotiated, &m, 0),
+            Err(ChainError::BadIndirect { index: 0, .. })
+        ));
+        assert!(matches!(
+            walk(&negotiated, &m, 1),
+            Err(ChainError::BadIndirect { index: 1, .. })
+        ));
     }
 
     #[test]
-    fn plain_and_malformed_chains_pass_to_the_walker() {
-        // Direct chain.
-        let m = mem_with(&[(0x4000, 16, NEXT, 1), (0x5000, 32, 0, 0)]);
-        assert_eq!(T.check_chain(&m, 0), Ok(()));
-        // A loop ends after `size` steps.
-        let m = mem_with(&[(0x4000, 16, NEXT, 0)]);
-        assert_eq!(T.check_chain(&m, 0), Ok(()));
-        // Next index out of range, head out of range, table outside memory.
+    fn malformed_chains_end_with_an_error() {
+        // A loop ends after `size` descriptors.
+        let m = mem_with(&[(0x4000, 16, NEXT, 1), (0x4000, 16, NEXT, 0)]);
+        assert_eq!(walk(&T, &m, 0), Err(ChainError::Loop { head: 0, size: 8 }));
+        // Next index or head out of range.
         let m = mem_with(&[(0x4000, 16, NEXT, 200)]);
-        assert_eq!(T.check_chain(&m, 0), Ok(()));
-        assert_eq!(T.check_chain(&m, 9), Ok(()));
+        assert_eq!(
+            walk(&T, &m, 0),
+            Err(ChainError::NextOutOfRange {
+                head: 0,
+                index: 200,
+                size: 8
+            })
+        );
+        assert!(matches!(
+            walk(&T, &m, 9),
+            Err(ChainError::NextOutOfRange { index: 9, .. })
+        ));
+        // Table outside guest memory.
         let far = Ring {
-            desc_table: GuestAddress(u64::MAX - 8),
+            desc_table: GuestAddress(0x20000),
             ..T
         };
-        assert_eq!(far.check_chain(&m, 1), Ok(()));
+        assert_eq!(
+            walk(&far, &m, 1),
+            Err(ChainError::Unreadable {
+                head: 1,
+                index: 1,
+                addr: 0x20010
+            })
+        );
+        // More than 2^32 bytes.
+        let m = mem_with(&[(0, u32::MAX, NEXT, 1), (0, 2, 0, 0)]);
+        assert_eq!(walk(&T, &m, 0), Err(ChainError::TooLong { head: 0 }));
+        // The walk stops after the error.
+        let m = mem_with(&[(0x4000, 16, NEXT, 9)]);
+        let mut w = T.walk(&m, 0);
+        assert!(matches!(w.next(), Some(Ok(_))));
+        assert!(matches!(w.next(), Some(Err(_))));
+        assert!(w.next().is_none());
     }
 }

@@ -32,7 +32,7 @@ pub enum Fault {
     #[error("queue {q}: {what}")]
     Memory { q: usize, what: String },
     #[error("queue {q}: {source}")]
-    Indirect { q: usize, source: virtq::ChainError },
+    Walk { q: usize, source: virtq::ChainError },
 }
 
 type Chain<'a> = DescriptorChain<&'a GuestMemoryMmap>;
@@ -49,8 +49,8 @@ fn pop_chains<'a>(
     Ok(iter.take(max).collect())
 }
 
-/// Collects the descriptors of a chain, checking that it uses no indirect
-/// table unless negotiated, each range, and the chain's end.
+/// Collects the descriptors of a chain (`virtq::Ring::walk`: indirect
+/// tables, loops, bad next indexes), checking each range and direction.
 fn descriptors(
     chain: Chain<'_>,
     ring: Ring,
@@ -59,11 +59,9 @@ fn descriptors(
     want_write: bool,
 ) -> Result<Vec<(u64, u32)>, Fault> {
     let head = chain.head_index();
-    ring.check_chain(chain.memory(), head)
-        .map_err(|source| Fault::Indirect { q, source })?;
     let mut out = Vec::new();
-    let mut cut = false;
-    for d in chain {
+    for d in ring.walk(chain.memory(), head) {
+        let d = d.map_err(|source| Fault::Walk { q, source })?;
         if d.is_write_only() != want_write {
             return Err(Fault::Chain {
                 q,
@@ -82,17 +80,7 @@ fn descriptors(
                 len: d.len(),
             });
         }
-        cut = d.has_next();
         out.push((d.addr().0, d.len()));
-    }
-    // The chain iterator stops early on a bad next index, a loop or an
-    // unreadable table: then the last descriptor still says "next".
-    if out.is_empty() || cut {
-        return Err(Fault::Chain {
-            q,
-            head,
-            what: "bad next index, loop or unreadable descriptor table",
-        });
     }
     Ok(out)
 }

@@ -1,7 +1,8 @@
 //! Descriptor chains: the one place in the VMM that walks a popped chain and
 //! moves bytes between it and the device, through checked guest-memory
-//! accessors. virtio-queue bounds the walk (a chain is at most the queue
-//! size long, loops end); here the chain is split into its device-readable
+//! accessors. `virtq::Ring::walk` (shared with the NIC) walks it and refuses
+//! malformed chains (indirect without the feature, loops, bad next
+//! indexes); here the chain is split into its device-readable
 //! head and device-writable tail (virtio 1.2 §2.7.4.2), and every guest
 //! address is checked by vm-memory on access. Every range is prepared before
 //! the device reads or writes it (`GuestMemory::prepare_for_device_write`):
@@ -45,21 +46,20 @@ pub fn total(bufs: &[Buf]) -> u64 {
 }
 
 /// Splits a chain of the queue `ring` describes; a device-readable buffer
-/// after a device-writable one is a malformed chain, and so is an indirect
-/// descriptor unless VIRTIO_F_INDIRECT_DESC was negotiated (virtio-queue
-/// would follow it regardless; `virtq::Ring::check_chain`).
+/// after a device-writable one is a malformed chain, and so is whatever
+/// `virtq::Ring::walk` refuses (an indirect descriptor unless
+/// VIRTIO_F_INDIRECT_DESC was negotiated, a loop, a bad next index).
 pub fn split<M>(chain: DescriptorChain<M>, ring: &virtq::Ring) -> Result<Split, String>
 where
     M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
 {
-    ring.check_chain(chain.memory(), chain.head_index())
-        .map_err(|e| e.to_string())?;
     let mut s = Split {
         head: chain.head_index(),
         readable: Vec::new(),
         writable: Vec::new(),
     };
-    for d in chain {
+    for d in ring.walk(chain.memory(), chain.head_index()) {
+        let d = d.map_err(|e| e.to_string())?;
         let b = Buf {
             addr: d.addr().0,
             len: d.len(),
@@ -220,6 +220,18 @@ pub(crate) mod tests {
         assert!(split(q.pop_descriptor_chain(&m).unwrap(), &ring)
             .unwrap_err()
             .contains("after"));
+
+        // Cut short (next index outside the table) or a loop: malformed,
+        // not the descriptors up to the cut.
+        for descs in [
+            vec![(0x4000, 16, F_NEXT, 300)],
+            vec![(0x4000, 16, F_NEXT, 1), (0x5000, 8, F_NEXT, 0)],
+        ] {
+            let mut q = queue_with(&m, &descs);
+            let ring = virtq::Ring::of(&q, 0);
+            let e = split(q.pop_descriptor_chain(&m).unwrap(), &ring).unwrap_err();
+            assert!(e.contains("outside") || e.contains("loop"), "{e}");
+        }
     }
 
     /// VIRTIO_F_INDIRECT_DESC is never offered: an indirect descriptor is
