@@ -1,6 +1,7 @@
 //! Host networking used by every burstvm crate (Cloud Hypervisor's
 //! `net_util` plays this part there): tap devices, MAC addresses, network
-//! namespaces, an rtnetlink handle, AF_PACKET wires, and the CNI data model.
+//! namespaces, an rtnetlink handle, AF_PACKET wires, unix sockets with a
+//! bounded connect, and the CNI data model.
 //! One home per mechanism: vmm, nic, cni and runtime build on these instead
 //! of opening /dev/net/tun, packing netlink messages or running `ip`
 //! themselves. See docs/design.md, "netutil".
@@ -34,6 +35,7 @@ pub mod netns;
 mod packet;
 mod rtnl;
 mod tap;
+pub mod unixsock;
 
 pub use ipnet::IpNet;
 pub use mac::{MacAddr, MacParseError};

@@ -4,13 +4,9 @@
 //! hanging its caller (CNI ADD/DEL, the runtime).
 
 use std::io::{ErrorKind, Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, UnixAddr};
-use nix::sys::time::{TimeVal, TimeValLike};
 
 use super::{ErrorCode, Request, Response, VfInfo};
 
@@ -75,33 +71,7 @@ impl ClientError {
     }
 }
 
-fn timeval(d: Duration) -> TimeVal {
-    // A zero timeval means "block forever" to the kernel: never pass it.
-    TimeVal::microseconds(d.as_micros().clamp(1, i64::MAX as u128) as i64)
-}
-
-/// Connects a unix stream socket to `path`, waiting at most `timeout` when
-/// the listener's backlog is full (a unix `connect` blocks then, bounded by
-/// the socket's SO_SNDTIMEO). `ErrorKind::TimedOut` when it ran out.
-pub fn connect_timeout(path: &Path, timeout: Duration) -> std::io::Result<UnixStream> {
-    let fd = socket::socket(
-        AddressFamily::Unix,
-        SockType::Stream,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
-    socket::setsockopt(&fd, sockopt::SendTimeout, &timeval(timeout))?;
-    let addr = UnixAddr::new(path)?;
-    match socket::connect(fd.as_raw_fd(), &addr) {
-        Ok(()) => Ok(UnixStream::from(fd)),
-        // EAGAIN after SO_SNDTIMEO: the backlog stayed full.
-        Err(nix::errno::Errno::EAGAIN) => Err(std::io::Error::new(
-            ErrorKind::TimedOut,
-            format!("backlog full for {timeout:?}"),
-        )),
-        Err(e) => Err(e.into()),
-    }
-}
+pub use netutil::unixsock::connect_timeout;
 
 /// A connection to the daemon's control socket.
 pub struct Client {
@@ -320,6 +290,8 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixListener;
 
     fn dir() -> tempfile::TempDir {
