@@ -167,7 +167,7 @@ fn dp_memory() -> &'static Mutex<Option<VfMemory>> {
         let f = memfd("burstvm-fuzz-vf", DP_MEM as u64);
         let region = VhostUserMemoryRegion::new(0, DP_MEM as u64, 0x7000_0000_0000, 0);
         Mutex::new(Some(
-            VfMemory::map("fuzz", &[region], vec![f]).expect("map the fuzz VF memory"),
+            VfMemory::map("fuzz", &[region], vec![f], &[]).expect("map the fuzz VF memory"),
         ))
     })
 }
@@ -485,7 +485,7 @@ pub fn fuzz_vhost_user(data: &[u8]) {
 
     let server = {
         let (d, p) = (devset.clone(), ports[0].clone());
-        std::thread::spawn(move || crate::session::serve(d, p, 0, backend))
+        std::thread::spawn(move || crate::session::serve(d, p, Arc::from(Vec::new()), 0, backend))
     };
     // Replies are read (and dropped) as they come, so the backend never
     // blocks on a full socket.

@@ -412,7 +412,7 @@ impl Runtime {
     fn respawn_nic(
         &self,
         slot: &mut Option<NicDaemon>,
-        lock: crate::nicd::DevsetLock,
+        lock: crate::variant::DevsetLock,
     ) -> Result<(Instant, u32), RuntimeError> {
         let new = NicDaemon::spawn(self, lock)?;
         let up = Instant::now();
