@@ -380,15 +380,6 @@ impl Runtime {
         Ok((killed, up, pid))
     }
 
-    /// The NIC daemon's pid while it runs.
-    pub fn nic_pid(&self) -> Option<u32> {
-        self.nic
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|n| n.pid())
-    }
-
     /// Starts the NIC daemon again if something else killed it (`bench
     /// chaos` does, from outside). Returns whether it did. The daemon dies
     /// with the calling thread (PDEATHSIG): call it from a thread that lives
