@@ -169,10 +169,8 @@ fn cri_leftovers(rt: &Runtime, s: &CriSetup, sandboxes: &[String]) -> Vec<String
             .collect();
         let set: std::collections::HashSet<&str> = sandboxes.iter().map(String::as_str).collect();
         left.extend(
-            shim::containerd::processes(|a| {
-                a.get(1).is_some_and(|x| x == "vmm")
-                    && a.windows(2)
-                        .any(|w| w[0] == "--sandbox" && set.contains(w[1].as_str()))
+            runtime::vmmproc::processes(|sb| {
+                std::str::from_utf8(sb).is_ok_and(|sb| set.contains(sb))
             })
             .into_iter()
             .map(|p| format!("VMM {p}")),

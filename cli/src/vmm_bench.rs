@@ -43,6 +43,10 @@ enum Variant {
     Agent,
     /// burstvm with `--kernel` on the same ELF as Firecracker.
     Kernel,
+    /// `Agent` through the VMM-only executable `burstvm-vmm`.
+    VmmAgent,
+    /// `Kernel` through `burstvm-vmm`.
+    VmmKernel,
 }
 
 impl Variant {
@@ -51,7 +55,13 @@ impl Variant {
             Variant::Firecracker => "firecracker",
             Variant::Agent => "burstvm-agent",
             Variant::Kernel => "burstvm-kernel",
+            Variant::VmmAgent => "vmm-agent",
+            Variant::VmmKernel => "vmm-kernel",
         }
+    }
+
+    fn kernel(self) -> bool {
+        matches!(self, Variant::Kernel | Variant::VmmKernel)
     }
 }
 
@@ -199,21 +209,18 @@ fn argv(v: Variant, i: usize, a: &BenchVmmArgs, files: &Files) -> Result<Vec<CSt
                 .chain(["--config-file".into(), config.into()])
                 .collect()
         }
-        Variant::Agent | Variant::Kernel => {
+        Variant::Agent | Variant::Kernel | Variant::VmmAgent | Variant::VmmKernel => {
             let mem = format!("{}M", a.memory_mib);
-            let mut b: Vec<std::ffi::OsString> = vec![files.burstvm.clone().into()];
-            for s in [
-                "vmm",
-                "--sandbox",
-                &tag,
-                "--memory",
-                &mem,
-                "--timeout",
-                "60",
-            ] {
+            let mut b: Vec<std::ffi::OsString> = match v {
+                Variant::VmmAgent | Variant::VmmKernel => {
+                    vec![files.vmm.clone().context("no burstvm-vmm")?.into()]
+                }
+                _ => vec![files.burstvm.clone().into(), "vmm".into()],
+            };
+            for s in ["--sandbox", &tag, "--memory", &mem, "--timeout", "60"] {
                 b.push(s.into());
             }
-            if v == Variant::Kernel {
+            if v.kernel() {
                 b.extend(["--kernel".into(), files.guest.clone().into()]);
             }
             b
@@ -224,6 +231,8 @@ fn argv(v: Variant, i: usize, a: &BenchVmmArgs, files: &Files) -> Result<Vec<CSt
 
 struct Files {
     burstvm: PathBuf,
+    /// `burstvm-vmm` next to `burstvm`, when it was built.
+    vmm: Option<PathBuf>,
     guest: PathBuf,
     fc_config: PathBuf,
 }
@@ -243,8 +252,14 @@ fn write_files(dir: &Path, a: &BenchVmmArgs) -> Result<Files> {
     });
     std::fs::write(&fc_config, cfg.to_string())
         .with_context(|| format!("writing {}", fc_config.display()))?;
+    let burstvm = std::env::current_exe().context("the burstvm executable")?;
+    let vmm = match runtime::vmmproc::program(&burstvm) {
+        (p, None) => Some(p),
+        (_, Some(_)) => None,
+    };
     Ok(Files {
-        burstvm: std::env::current_exe().context("the burstvm executable")?,
+        burstvm,
+        vmm,
         guest,
         fc_config,
     })
@@ -276,6 +291,13 @@ pub fn run(a: &BenchVmmArgs) -> Result<()> {
 
 fn run_all(a: &BenchVmmArgs, files: &Files) -> Result<()> {
     let mut variants = vec![Variant::Agent, Variant::Kernel];
+    match files.vmm {
+        Some(_) => variants.extend([Variant::VmmAgent, Variant::VmmKernel]),
+        None => eprintln!(
+            "no {} next to burstvm: its variants skipped",
+            runtime::vmmproc::EXE
+        ),
+    }
     if a.firecracker.is_some() {
         variants.insert(0, Variant::Firecracker);
     }

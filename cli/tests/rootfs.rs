@@ -250,6 +250,10 @@ fn runtime_layers_leave_nothing_even_after_sigkill() {
     // leaves nothing (the VMM had unlinked its layer already).
     let (mut child, lines, tag) = keep_running(&image);
     let vmm_pid = vmm_of(&format!("bv{tag}-"));
+    // The runtime runs its VMMs as the burstvm-vmm built next to burstvm.
+    let exe = std::fs::read_link(format!("/proc/{vmm_pid}/exe")).unwrap();
+    let own = Path::new(env!("CARGO_BIN_EXE_burstvm")).with_file_name("burstvm-vmm");
+    assert_eq!(exe, own.canonicalize().unwrap());
     // SAFETY: kill(2) of the test's own grandchild.
     unsafe { libc::kill(vmm_pid, libc::SIGKILL) };
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
@@ -301,19 +305,8 @@ fn keep_running(image: &str) -> (Child, Lines<BufReader<ChildStdout>>, String) {
 fn vmm_of(prefix: &str) -> i32 {
     let end = Instant::now() + Duration::from_secs(10);
     loop {
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let c = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
-            if args.get(1) == Some(&&b"vmm"[..])
-                && args
-                    .windows(2)
-                    .any(|w| w[0] == b"--sandbox" && w[1].starts_with(prefix.as_bytes()))
-            {
-                return pid;
-            }
+        if let Some(&pid) = runtime::leaks::vmm_processes(prefix).first() {
+            return pid as i32;
         }
         assert!(Instant::now() < end, "no VMM for {prefix}");
         std::thread::sleep(Duration::from_millis(20));

@@ -39,21 +39,7 @@ fn host_state() -> (HashSet<String>, HashSet<String>, usize) {
             })
             .unwrap_or_default()
     };
-    let vmms = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| {
-            std::fs::read(e.path().join("cmdline"))
-                .map(|c| {
-                    let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
-                    args.get(1) == Some(&&b"vmm"[..])
-                        && args
-                            .windows(2)
-                            .any(|w| w[0] == b"--sandbox" && w[1].starts_with(b"bv"))
-                })
-                .unwrap_or(false)
-        })
-        .count();
+    let vmms = runtime::leaks::vmm_processes("bv").len();
     (list("/run/netns"), list("/sys/fs/cgroup/cpu/burstvm"), vmms)
 }
 

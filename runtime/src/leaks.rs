@@ -95,27 +95,7 @@ pub fn check(rt: &Runtime, grace: Duration) -> LeakReport {
     }
 }
 
-/// Pids of `burstvm vmm --sandbox <prefix>...` processes.
+/// Pids of the VMM processes (`burstvm-vmm` or `burstvm vmm`) of sandboxes `<prefix>...`.
 pub fn vmm_processes(prefix: &str) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for e in rd.filter_map(|e| e.ok()) {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-        let is_vmm = args.get(1) == Some(&&b"vmm"[..]);
-        let ours = args
-            .windows(2)
-            .any(|w| w[0] == b"--sandbox" && w[1].starts_with(prefix.as_bytes()));
-        if is_vmm && ours {
-            out.push(pid);
-        }
-    }
-    out
+    crate::vmmproc::processes(|sb| sb.starts_with(prefix.as_bytes()))
 }

@@ -22,6 +22,7 @@ pub mod services;
 pub mod stats;
 pub mod uplink;
 pub mod variant;
+pub mod vmmproc;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -381,9 +381,8 @@ impl<'rt> Sandbox<'rt> {
             .map_err(|e| e.to_string())?;
         let stderr = File::create(&self.stderr_path)
             .map_err(|e| format!("{}: {e}", self.stderr_path.display()))?;
-        let mut cmd = Command::new(self.rt.bin());
-        cmd.arg("vmm")
-            .args(["--sandbox", &self.spec.id])
+        let mut cmd = crate::vmmproc::command(self.rt.bin());
+        cmd.args(["--sandbox", &self.spec.id])
             .args(["--memory", &format!("{}K", self.spec.memory_bytes >> 10)])
             .args(["--memory-policy", policy.memory_policy])
             .args(["--dma-ram", &policy.dma_ram.to_string()])
@@ -439,9 +438,10 @@ impl<'rt> Sandbox<'rt> {
         unsafe {
             cmd.pre_exec(move || child_setup(ns_fd, w_fd, &cg_fds));
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("spawn {} vmm: {e}", self.rt.bin().display()))?;
+        let child = cmd.spawn().map_err(|e| {
+            let prog = std::path::Path::new(cmd.get_program());
+            format!("spawn VMM {}: {e}", prog.display())
+        })?;
         self.vmm = Some(child);
         drop(ready_w); // the VMM holds the only write end now
         Ok(())

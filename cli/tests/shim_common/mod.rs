@@ -144,10 +144,7 @@ impl Fixture {
             left.push(format!("shim {pid}"));
         }
         for sb in sandboxes {
-            let vmm = shim::containerd::processes(|a| {
-                a.get(1).is_some_and(|s| s == "vmm")
-                    && a.windows(2).any(|w| w[0] == "--sandbox" && &w[1] == sb)
-            });
+            let vmm = runtime::vmmproc::processes(|s| s == sb.as_bytes());
             left.extend(vmm.iter().map(|p| format!("VMM {p} of {sb}")));
             if Path::new("/run/netns").join(sb).exists() {
                 left.push(format!("netns {sb}"));
