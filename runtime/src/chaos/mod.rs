@@ -216,7 +216,13 @@ fn processes(sub: &str, flag: &str, prefix: &str) -> Vec<(u32, String)> {
             .split(|&b| b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if args.get(1).map(String::as_str) != Some(sub) {
+        // A VMM runs as `burstvm-vmm ...` or `burstvm vmm ...` (vmmproc decides).
+        let matches = if sub == "vmm" {
+            crate::vmmproc::is_vmm(&args)
+        } else {
+            args.get(1).map(String::as_str) == Some(sub)
+        };
+        if !matches {
             continue;
         }
         if let Some(w) = args
