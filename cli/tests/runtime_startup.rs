@@ -498,7 +498,7 @@ fn tap_runs_through_the_reference_bridge_plugin() {
                 .collect();
             let i = args.iter().position(|a| a == "--sandbox")?;
             let sb = args.get(i + 1)?;
-            (args.get(1).map(String::as_str) == Some("vmm") && sb.ends_with("-run-tap"))
+            (runtime::vmmproc::is_vmm(&args) && sb.ends_with("-run-tap"))
                 .then(|| (e.path(), sb.clone()))
         })
         .expect("the tap sandbox's VMM runs");
