@@ -109,39 +109,60 @@ impl Drop for Netns {
 struct NicDaemon {
     child: Option<Child>,
     socket: PathBuf,
-    _dir: tempfile::TempDir,
+    vfs: usize,
+    dir: tempfile::TempDir,
 }
 
 impl NicDaemon {
     fn start(vfs: usize) -> NicDaemon {
         let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("nic.sock");
+        let mut d = NicDaemon {
+            child: None,
+            socket: dir.path().join("nic.sock"),
+            vfs,
+            dir,
+        };
+        d.spawn();
+        d
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// Starts the daemon (again, on the same state dir and sockets) and waits
+    /// until it answers.
+    fn spawn(&mut self) {
+        assert!(self.child.is_none(), "the daemon is still running");
         let child = Command::new(BURSTVM)
-            .args(["nic", "--pf", "pf0", "--vfs", &vfs.to_string(), "--control"])
-            .arg(&socket)
+            .args(["nic", "--pf", "pf0", "--vfs", &self.vfs.to_string()])
+            .arg("--control")
+            .arg(&self.socket)
             .arg("--state-dir")
-            .arg(dir.path().join("state"))
+            .arg(self.state_dir())
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn burstvm nic");
-        let mut d = NicDaemon {
-            child: Some(child),
-            socket,
-            _dir: dir,
-        };
+        let child = self.child.insert(child);
         for _ in 0..400 {
-            if Client::connect(&d.socket).is_ok() {
-                return d;
+            if Client::connect(&self.socket).is_ok() {
+                return;
             }
-            if let Some(st) = d.child.as_mut().unwrap().try_wait().unwrap() {
+            if let Some(st) = child.try_wait().unwrap() {
                 panic!("burstvm nic exited early: {st}");
             }
             std::thread::sleep(Duration::from_millis(25));
         }
         panic!(
             "burstvm nic did not open {} within 10 s",
-            d.socket.display()
+            self.socket.display()
         );
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = self.child.as_ref().expect("daemon running").id();
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
     }
 
     fn client(&self) -> Client {
@@ -868,4 +889,139 @@ fn cni_netns_that_is_not_a_netns_is_invalid_env() {
     let (status, out) = net.plugin(&env("DEL", "nsdel", &ns.path()), &conf);
     assert_eq!(status, 0, "{out}");
     assert_nothing_left(&nic, &net, &ns);
+}
+
+/// Starts the plugin on `conf` without waiting for it.
+fn spawn_plugin(cmd: &str, cid: &str, netns: &str, conf: &str) -> Child {
+    let mut child = Command::new(PLUGIN)
+        .envs([
+            ("CNI_COMMAND", cmd),
+            ("CNI_CONTAINERID", cid),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", "eth0"),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn burstvm-cni");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.as_bytes())
+        .unwrap();
+    child
+}
+
+/// Exit status and stdout JSON (Null if empty) of a plugin run.
+fn finish_plugin(child: Child) -> (i32, Value) {
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = if text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"))
+    };
+    (out.status.code().unwrap_or(-1), v)
+}
+
+/// Waits until `pid` sleeps reading a socket (read or recvfrom on a socket
+/// fd): its request went out and it waits for the daemon's answer.
+fn wait_until_reading_a_socket(pid: u32) {
+    for _ in 0..1000 {
+        let sc = std::fs::read_to_string(format!("/proc/{pid}/syscall")).unwrap_or_default();
+        let mut f = sc.split_whitespace();
+        if let (Some("0" | "45"), Some(fd)) = (f.next(), f.next()) {
+            let fd = i64::from_str_radix(fd.trim_start_matches("0x"), 16).unwrap_or(-1);
+            if std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+                .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+            {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("burstvm-cni (pid {pid}) never waited on the NIC socket");
+}
+
+/// The chaos leak of issue 9 (`bench chaos --seed 923`): the NIC daemon is
+/// SIGKILLed while a sandbox's DEL and another's ADD are in its hands, and
+/// after it stored an alloc it never answered. DEL and ADD must answer 11
+/// (the runtime repeats DEL on 11 only; a 5 ended its retries with the VF
+/// still assigned), and DEL against the restarted daemon frees every VF:
+/// the one whose release was lost, the one whose alloc was lost before it
+/// was done, and the one stored but never answered.
+#[test]
+fn cni_nic_killed_mid_call_then_del_against_the_restarted_daemon_frees_every_vf() {
+    let mut nic = NicDaemon::start(4);
+    let conf = json!({
+        "cniVersion": "1.1.0", "name": unique("crash"), "type": "burstvm-cni",
+        "nicSocket": nic.socket, "pf": "pf0", "nicTimeout": 10
+    })
+    .to_string();
+    let (del_ns, add_ns, half_ns) = (Netns::new(), Netns::new(), Netns::new());
+    let (status, out) = finish_plugin(spawn_plugin("ADD", "lostdel", &del_ns.path(), &conf));
+    assert_eq!(status, 0, "ADD lostdel: {out}");
+
+    // Frozen daemon: the kernel queues the connections, the requests wait.
+    nic.signal(libc::SIGSTOP);
+    let del = spawn_plugin("DEL", "lostdel", &del_ns.path(), &conf);
+    wait_until_reading_a_socket(del.id());
+    let add = spawn_plugin("ADD", "lostadd", &add_ns.path(), &conf);
+    wait_until_reading_a_socket(add.id());
+    nic.signal(libc::SIGKILL);
+    nic.stop();
+    for (what, child) in [("DEL", del), ("ADD", add)] {
+        let (status, out) = finish_plugin(child);
+        assert_eq!(
+            error_code(status, &out),
+            11,
+            "{what} cut off by the daemon's death: {out}"
+        );
+        assert!(out["msg"].as_str().unwrap().contains("mid-call"), "{out}");
+    }
+    assert!(add_ns.links().is_empty(), "{:?}", add_ns.links());
+
+    // What the killed daemon did for an ADD it never answered: the alloc
+    // stored in its state file (the daemon's own request handler, no reply).
+    {
+        let stored = nic::daemon::Nic::new(
+            &[("pf0".to_string(), nic.vfs)],
+            nic::devset::LockPolicy::Hierarchical,
+            &nic.state_dir(),
+            nic.state_dir().join("nic-state.json"),
+        )
+        .expect("open the state dir");
+        let r = stored.handle(nic::control::Request::Alloc {
+            pf: "pf0".into(),
+            sandbox: "halfadd".into(),
+            mac: None,
+            vlan: None,
+        });
+        assert!(r.ok, "{r:?}");
+    }
+
+    nic.spawn();
+    let mut held: Vec<String> = nic
+        .assigned()
+        .into_iter()
+        .filter_map(|v| v.sandbox)
+        .collect();
+    held.sort();
+    assert_eq!(held, ["halfadd", "lostdel"], "restored from the state file");
+    // The runtime's retried DELs (and the DEL after the failed ADDs).
+    for (cid, ns) in [
+        ("lostdel", &del_ns),
+        ("lostadd", &add_ns),
+        ("halfadd", &half_ns),
+    ] {
+        let (status, out) = finish_plugin(spawn_plugin("DEL", cid, &ns.path(), &conf));
+        assert_eq!(status, 0, "DEL {cid} against the restarted daemon: {out}");
+        assert!(ns.links().is_empty(), "{cid}: {:?}", ns.links());
+    }
+    assert!(nic.assigned().is_empty(), "{:?}", nic.assigned());
+    let state = std::fs::read_to_string(nic.state_dir().join("nic-state.json")).unwrap();
+    let state: Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["assignments"], json!([]), "{state}");
 }

@@ -79,6 +79,16 @@ fn version(stdin: &[u8]) -> Result<Value, PluginError> {
 
 fn nic_error(e: ClientError) -> PluginError {
     let text = e.to_string();
+    if e.is_lost() {
+        // Killed mid-call; the runtime restarts it on its state file. DEL must
+        // say "try again" so that the runtime repeats it against the new
+        // daemon: a 5 would end the retries with the VF still assigned.
+        return PluginError::new(
+            code::TRY_AGAIN_LATER,
+            "NIC daemon went away mid-call, try again later",
+            text,
+        );
+    }
     if e.is_transient() {
         // Not running, overloaded or not answering within the timeout.
         return PluginError::new(
@@ -170,9 +180,19 @@ fn add(env: &Env, conf: &NetConf) -> Result<Value, PluginError> {
         ));
     }
     let mut nic = connect(conf)?;
-    let vf = nic
-        .alloc(&conf.pf, cid, conf.mac.as_deref(), conf.vlan)
-        .map_err(nic_error)?;
+    let vf = match nic.alloc(&conf.pf, cid, conf.mac.as_deref(), conf.vlan) {
+        Ok(vf) => vf,
+        Err(e) => {
+            if e.is_lost() {
+                // The daemon may have stored the alloc before it died; a
+                // daemon already back releases it now, else the runtime's DEL does.
+                if let Err(r) = connect(conf).and_then(|mut n| n.release(cid).map_err(nic_error)) {
+                    eprintln!("burstvm-cni ADD cleanup: releasing the VF of {cid}: {r}");
+                }
+            }
+            return Err(nic_error(e));
+        }
+    };
     let result = add_with_vf(conf, &ns, ifname, &vf, ipam.as_deref());
     if result.is_err() {
         // Leave nothing behind: IPAM DEL (spec §4), then give the VF back.
@@ -595,12 +615,20 @@ mod tests {
         );
         let io = ClientError::Io {
             path: "/s".into(),
-            source: std::io::ErrorKind::BrokenPipe.into(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
         };
         assert_eq!(nic_error(io).code, code::IO_FAILURE);
+        // The daemon died mid-call: retry (DEL must reach the restarted daemon).
+        let lost = ClientError::Lost {
+            path: "/run/x/nic.sock".into(),
+            source: std::io::ErrorKind::ConnectionReset.into(),
+        };
+        let e = nic_error(lost);
+        assert_eq!(e.code, code::TRY_AGAIN_LATER);
+        assert!(e.details.contains("/run/x/nic.sock"), "{e}");
         assert_eq!(
             nic_error(ClientError::Closed { path: "/s".into() }).code,
-            code::IO_FAILURE
+            code::TRY_AGAIN_LATER
         );
         let timeout = ClientError::Timeout {
             path: "/run/x/nic.sock".into(),

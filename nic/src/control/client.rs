@@ -39,6 +39,14 @@ pub enum ClientError {
     },
     #[error("nic control socket {path}: daemon closed the connection")]
     Closed { path: PathBuf },
+    /// The connection broke in the middle of the call (reset, broken pipe):
+    /// the daemon died after accepting it. Whether it acted on the request
+    /// is unknown.
+    #[error("nic control socket {path}: daemon went away mid-call: {source}")]
+    Lost {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("nic control socket {path}: response longer than {max} bytes")]
     ResponseTooLong { path: PathBuf, max: usize },
     #[error("nic control socket {path}: bad response {line:?}: {source}")]
@@ -57,17 +65,28 @@ pub enum ClientError {
 
 impl ClientError {
     /// The daemon may well answer a retry: it is not there yet, overloaded,
-    /// or did not answer in time.
+    /// did not answer in time, or went away mid-call (a crashed daemon is
+    /// restarted on its state file). Repeating is safe: `release`, `get` and
+    /// `list` are idempotent, and an `alloc` whose answer was lost is undone
+    /// by the `release` that follows a failed ADD (CNI DEL).
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            ClientError::Unavailable { .. }
-                | ClientError::Timeout { .. }
-                | ClientError::Refused {
-                    code: Some(ErrorCode::Busy),
-                    ..
-                }
-        )
+        self.is_lost()
+            || matches!(
+                self,
+                ClientError::Unavailable { .. }
+                    | ClientError::Timeout { .. }
+                    | ClientError::Refused {
+                        code: Some(ErrorCode::Busy),
+                        ..
+                    }
+            )
+    }
+
+    /// The daemon accepted the call and then went away before the whole
+    /// response arrived (closed, reset): the request may or may not have
+    /// been done — an `alloc` may be in the daemon's state file.
+    pub fn is_lost(&self) -> bool {
+        matches!(self, ClientError::Closed { .. } | ClientError::Lost { .. })
     }
 }
 
@@ -116,10 +135,15 @@ impl Client {
         &self.path
     }
 
+    /// An I/O error of the established connection: a reset or broken pipe
+    /// means the daemon went away mid-call.
     fn io(&self, source: std::io::Error) -> ClientError {
-        ClientError::Io {
-            path: self.path.clone(),
-            source,
+        let path = self.path.clone();
+        match source.kind() {
+            ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe => {
+                ClientError::Lost { path, source }
+            }
+            _ => ClientError::Io { path, source },
         }
     }
 
@@ -374,6 +398,37 @@ mod tests {
         assert!(matches!(e, ClientError::ResponseTooLong { .. }), "{e}");
         drop(c);
         writer.join().unwrap();
+    }
+
+    /// A daemon killed with the request in hand: closed after reading it, or
+    /// gone with the connection still in its backlog (reset). Both are
+    /// "lost" (outcome unknown) and worth a retry, never an I/O failure.
+    #[test]
+    fn daemon_going_away_mid_call_is_lost_and_transient() {
+        let d = dir();
+        let path = d.path().join("dies.sock");
+        let l = UnixListener::bind(&path).unwrap();
+        let mut c = Client::connect(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(&s), &mut line).unwrap();
+            line
+        });
+        let e = c.release("sb-lost").unwrap_err();
+        assert!(server.join().unwrap().contains("sb-lost"));
+        assert!(matches!(e, ClientError::Closed { .. }), "{e}");
+        assert!(e.is_lost() && e.is_transient(), "{e}");
+
+        let path = d.path().join("reset.sock");
+        let l = UnixListener::bind(&path).unwrap();
+        let mut c = Client::connect(&path).unwrap();
+        // The connection is still in the backlog: closing the listener resets it.
+        drop(l);
+        let e = c.release("sb-reset").unwrap_err();
+        assert!(matches!(e, ClientError::Lost { .. }), "{e}");
+        assert!(e.is_lost() && e.is_transient(), "{e}");
+        assert!(e.to_string().contains("reset.sock"), "{e}");
     }
 
     #[test]
