@@ -297,33 +297,45 @@ impl Network {
 
     /// Runs the plugin directly with `env` and `stdin`; returns (exit status, stdout JSON or Null).
     fn plugin(&self, env: &[(&str, &str)], stdin: &str) -> (i32, Value) {
-        let mut child = Command::new(PLUGIN)
-            .env_remove("CNI_COMMAND")
-            .env_remove("CNI_NETNS")
-            .env_remove("CNI_CONTAINERID")
-            .env_remove("CNI_IFNAME")
-            .env("CNI_PATH", &self.cni_path)
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn burstvm-cni");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let v = if text.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"))
-        };
-        (out.status.code().unwrap_or(-1), v)
+        let mut env = env.to_vec();
+        env.insert(0, ("CNI_PATH", self.cni_path.as_str()));
+        finish_plugin(start_plugin(&env, stdin))
     }
+}
+
+/// Starts burstvm-cni with only the `CNI_*` variables of `env` and `stdin`,
+/// without waiting for it.
+fn start_plugin(env: &[(&str, &str)], stdin: &str) -> Child {
+    let mut child = Command::new(PLUGIN)
+        .env_remove("CNI_COMMAND")
+        .env_remove("CNI_NETNS")
+        .env_remove("CNI_CONTAINERID")
+        .env_remove("CNI_IFNAME")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn burstvm-cni");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child
+}
+
+/// Exit status and stdout JSON (Null if empty) of a plugin run.
+fn finish_plugin(child: Child) -> (i32, Value) {
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = if text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"))
+    };
+    (out.status.code().unwrap_or(-1), v)
 }
 
 impl Drop for Network {
@@ -818,25 +830,8 @@ fn cni_silent_nic_fails_with_try_again_later() {
         "nicSocket": socket, "pf": "pf0", "nicTimeout": 1
     })
     .to_string();
-    let run = |cmd: &str| {
-        let out = Command::new(PLUGIN)
-            .envs([
-                ("CNI_COMMAND", cmd),
-                ("CNI_CONTAINERID", "silent1"),
-                ("CNI_NETNS", ns.path().as_str()),
-                ("CNI_IFNAME", "eth0"),
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                c.stdin.take().unwrap().write_all(conf.as_bytes())?;
-                c.wait_with_output()
-            })
-            .expect("run burstvm-cni");
-        let v: Value = serde_json::from_slice(&out.stdout).expect("error result JSON");
-        (out.status.code().unwrap_or(-1), v)
-    };
+    let ns_path = ns.path();
+    let run = |cmd: &str| finish_plugin(start_plugin(&env(cmd, "silent1", &ns_path), &conf));
     for cmd in ["ADD", "DEL"] {
         let (status, out) = run(cmd);
         assert_eq!(error_code(status, &out), 11, "{cmd} on a silent NIC: {out}");
@@ -891,41 +886,6 @@ fn cni_netns_that_is_not_a_netns_is_invalid_env() {
     assert_nothing_left(&nic, &net, &ns);
 }
 
-/// Starts the plugin on `conf` without waiting for it.
-fn spawn_plugin(cmd: &str, cid: &str, netns: &str, conf: &str) -> Child {
-    let mut child = Command::new(PLUGIN)
-        .envs([
-            ("CNI_COMMAND", cmd),
-            ("CNI_CONTAINERID", cid),
-            ("CNI_NETNS", netns),
-            ("CNI_IFNAME", "eth0"),
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn burstvm-cni");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.as_bytes())
-        .unwrap();
-    child
-}
-
-/// Exit status and stdout JSON (Null if empty) of a plugin run.
-fn finish_plugin(child: Child) -> (i32, Value) {
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = if text.trim().is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"))
-    };
-    (out.status.code().unwrap_or(-1), v)
-}
-
 /// Waits until `pid` sleeps reading a socket (read or recvfrom on a socket
 /// fd): its request went out and it waits for the daemon's answer.
 fn wait_until_reading_a_socket(pid: u32) {
@@ -961,14 +921,14 @@ fn cni_nic_killed_mid_call_then_del_against_the_restarted_daemon_frees_every_vf(
     })
     .to_string();
     let (del_ns, add_ns, half_ns) = (Netns::new(), Netns::new(), Netns::new());
-    let (status, out) = finish_plugin(spawn_plugin("ADD", "lostdel", &del_ns.path(), &conf));
+    let (status, out) = finish_plugin(start_plugin(&env("ADD", "lostdel", &del_ns.path()), &conf));
     assert_eq!(status, 0, "ADD lostdel: {out}");
 
     // Frozen daemon: the kernel queues the connections, the requests wait.
     nic.signal(libc::SIGSTOP);
-    let del = spawn_plugin("DEL", "lostdel", &del_ns.path(), &conf);
+    let del = start_plugin(&env("DEL", "lostdel", &del_ns.path()), &conf);
     wait_until_reading_a_socket(del.id());
-    let add = spawn_plugin("ADD", "lostadd", &add_ns.path(), &conf);
+    let add = start_plugin(&env("ADD", "lostadd", &add_ns.path()), &conf);
     wait_until_reading_a_socket(add.id());
     nic.signal(libc::SIGKILL);
     nic.stop();
@@ -1016,7 +976,7 @@ fn cni_nic_killed_mid_call_then_del_against_the_restarted_daemon_frees_every_vf(
         ("lostadd", &add_ns),
         ("halfadd", &half_ns),
     ] {
-        let (status, out) = finish_plugin(spawn_plugin("DEL", cid, &ns.path(), &conf));
+        let (status, out) = finish_plugin(start_plugin(&env("DEL", cid, &ns.path()), &conf));
         assert_eq!(status, 0, "DEL {cid} against the restarted daemon: {out}");
         assert!(ns.links().is_empty(), "{cid}: {:?}", ns.links());
     }
