@@ -46,6 +46,8 @@ pub enum Error {
     },
     #[error("bench memory: {0}")]
     Pool(#[from] crate::pool::Error),
+    #[error("bench memory, policy {policy}: a benchmark thread panicked")]
+    Panicked { policy: String },
     #[error("bench memory, policy {policy}: guest read {count} bytes of old data (zeroing bug)")]
     Leak { policy: String, count: u64 },
 }
@@ -193,11 +195,9 @@ pub fn run(a: &MemoryBenchArgs) -> Result<Vec<PolicyResult>, Error> {
             for h in handles {
                 let s = h
                     .join()
-                    .unwrap_or_else(|_| {
-                        Err(crate::Error::LazyHandler(
-                            "benchmark thread panicked".into(),
-                        ))
-                    })
+                    .map_err(|_| Error::Panicked {
+                        policy: policy.to_string(),
+                    })?
                     .map_err(|source| Error::Memory {
                         policy: policy.to_string(),
                         source,

@@ -15,7 +15,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use device::DeviceMemory;
-pub use lazy::LazyStats;
+pub use lazy::{LazyError, LazyStats};
 pub use memory::{GuestMemory, MemorySource};
 pub use region::Region;
 pub use sys::HUGE_PAGE_SIZE;
@@ -122,10 +122,15 @@ pub enum Error {
     StaleLease { lease: u64, now: u64 },
     #[error("memfd {what}: {reason}")]
     BadMemfd { what: String, reason: String },
-    #[error("userfaultfd for region {region:?}: {reason}")]
-    Userfaultfd { region: String, reason: String },
+    #[error("userfaultfd for region {region:?}: {op}: {source} ({source:?})")]
+    Userfaultfd {
+        region: String,
+        op: &'static str,
+        #[source]
+        source: userfaultfd::Error,
+    },
     #[error("lazy-zeroing handler stopped: {0}")]
-    LazyHandler(String),
+    LazyHandler(#[source] std::sync::Arc<lazy::LazyError>),
     #[error(transparent)]
     Pool(#[from] pool::Error),
 }
