@@ -25,17 +25,34 @@ pub mod code {
 pub type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// A failed plugin operation as the runtime sees it on stdout. `details` is
-/// the text of the wire result; `source`, when the failure came from another
+/// the text of the wire result; `cause`, when the failure came from another
 /// error (netns, netlink, NIC client, JSON), is that error itself, so that a
-/// caller of `run` can match on it.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{msg}: {details} (CNI error code {code})")]
+/// caller of `run` can match on it (`Error::source` gives the error itself,
+/// not its `Arc`, so that `downcast_ref` works).
+#[derive(Debug, Clone)]
 pub struct PluginError {
     pub code: u32,
     pub msg: String,
     pub details: String,
-    #[source]
-    pub source: Option<Cause>,
+    pub cause: Option<Cause>,
+}
+
+impl std::fmt::Display for PluginError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} (CNI error code {})",
+            self.msg, self.details, self.code
+        )
+    }
+}
+
+impl std::error::Error for PluginError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|c| c as &(dyn std::error::Error + 'static))
+    }
 }
 
 /// Equal when the wire result is equal (the cause is not on the wire).
@@ -52,7 +69,7 @@ impl PluginError {
             code,
             msg: msg.into(),
             details: details.into(),
-            source: None,
+            cause: None,
         }
     }
 
@@ -65,7 +82,7 @@ impl PluginError {
             code,
             msg: msg.into(),
             details: source.to_string(),
-            source: Some(Arc::new(source)),
+            cause: Some(Arc::new(source)),
         }
     }
 
@@ -74,7 +91,7 @@ impl PluginError {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
-        self.source = Some(Arc::new(source));
+        self.cause = Some(Arc::new(source));
         self
     }
 

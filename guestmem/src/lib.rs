@@ -164,6 +164,17 @@ pub fn parse_bytes(s: &str) -> Option<u64> {
     num.parse::<u64>().ok()?.checked_mul(mul)
 }
 
+/// `n` bytes the way [`parse_bytes`] reads them, in the largest unit that
+/// divides it (512M, 1G, 4096).
+pub fn format_size(n: u64) -> String {
+    for (unit, shift) in [("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
 /// Like [`parse_bytes`], for sizes that must be greater than 0.
 pub fn parse_size(s: &str) -> Result<u64, Error> {
     parse_bytes(s)
@@ -193,5 +204,13 @@ mod tests {
         assert!(parse_size("12X").is_err());
         assert!(parse_size("0").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn sizes_print_as_they_parse() {
+        for s in ["512M", "2G", "4096", "1T", "3K", "1025K"] {
+            assert_eq!(format_size(parse_size(s).unwrap()), s);
+        }
+        assert_eq!(format_size(1 << 30), "1G");
     }
 }

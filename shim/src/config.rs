@@ -37,7 +37,7 @@ pub enum ConfigError {
     Memory {
         path: PathBuf,
         #[source]
-        source: runtime::Error,
+        source: Box<runtime::Error>,
     },
     #[error("shim config {path}: field {field}: {reason}")]
     Field {
@@ -133,9 +133,9 @@ impl ShimConfig {
                 "the tap variant needs the self-hosted runtime (burstvm run)".into(),
             ));
         }
-        runtime::parse_size("memory", &c.memory).map_err(|source| ConfigError::Memory {
+        runtime::parse_size("memory", &c.memory).map_err(|e| ConfigError::Memory {
             path: path.to_path_buf(),
-            source,
+            source: Box::new(e),
         })?;
         if !c.cpus.is_finite() || c.cpus <= 0.0 {
             return Err(field("cpus", format!("{} must be positive", c.cpus)));
