@@ -208,9 +208,10 @@ mod tests {
 
     #[test]
     fn sizes_print_as_they_parse() {
-        for s in ["512M", "2G", "4096", "1T", "3K", "1025K"] {
+        for s in ["512M", "2G", "4097", "1T", "3K", "1025K"] {
             assert_eq!(format_size(parse_size(s).unwrap()), s);
         }
         assert_eq!(format_size(1 << 30), "1G");
+        assert_eq!(format_size(4096), "4K");
     }
 }
