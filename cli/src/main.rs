@@ -5,7 +5,9 @@ use clap::{Parser, Subcommand};
 
 mod cri;
 mod cri_bench;
+mod memory_bench;
 mod pool;
+mod rootfs_build;
 mod vmm_bench;
 
 #[derive(Parser)]
@@ -44,7 +46,7 @@ enum Command {
 #[derive(Subcommand)]
 enum RootfsCommand {
     /// Build the EROFS image of a container image (cached by digest).
-    Build(rootfs::BuildArgs),
+    Build(rootfs_build::BuildArgs),
 }
 
 #[derive(Subcommand)]
@@ -52,7 +54,7 @@ enum BenchCommand {
     /// Concurrent sandbox startup, per variant (FastIOV's evaluation).
     Startup(Box<runtime::BenchStartupArgs>),
     /// DMA-map and first-touch cost of each memory policy.
-    Memory(guestmem::bench::MemoryBenchArgs),
+    Memory(memory_bench::MemoryBenchArgs),
     /// Concurrent VF opens under each devset lock policy.
     Devset(nic::bench::BenchDevsetArgs),
     /// The outage of running sandboxes when the NIC daemon is killed and restarted.
@@ -97,7 +99,7 @@ fn main() -> std::process::ExitCode {
         Command::Pool(a) => pool::run(&a).context("burstvm pool"),
         Command::Run(a) => runtime::run_cli(&a).context("burstvm run"),
         Command::Rootfs(RootfsCommand::Build(a)) => {
-            rootfs::image::build_cli(&a).context("burstvm rootfs build")
+            rootfs_build::run(&a).context("burstvm rootfs build")
         }
         Command::Services(a) => runtime::services_cli(&a).context("burstvm services"),
         Command::Cri(a) => cri::run_cli(&a).context("burstvm cri"),
@@ -108,7 +110,7 @@ fn main() -> std::process::ExitCode {
             runtime::bench_startup_cli(&a).context("burstvm bench startup")
         }
         Command::Bench(BenchCommand::Memory(a)) => {
-            guestmem::bench::run_cli(&a).context("burstvm bench memory")
+            guestmem::bench::run_cli(&a.config()).context("burstvm bench memory")
         }
         Command::Bench(BenchCommand::Devset(a)) => {
             nic::bench::run_cli(&a).context("burstvm bench devset")

@@ -47,7 +47,7 @@ pub fn peek_version(raw: &[u8]) -> Option<String> {
 /// unsupported `cniVersion`, 7 for a missing or wrong field.
 pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
     let v: Value = serde_json::from_slice(raw)
-        .map_err(|e| PluginError::decode("network config from stdin", e.to_string()))?;
+        .map_err(|e| PluginError::decode_json("network config from stdin", e))?;
     let o = v
         .as_object()
         .ok_or_else(|| PluginError::decode("network config from stdin", "not a JSON object"))?;
@@ -143,10 +143,9 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
     };
     let prev_result = match o.get("prevResult") {
         None | Some(Value::Null) => None,
-        Some(p) => Some(
-            CniResult::from_json(p)
-                .map_err(|e| PluginError::decode("prevResult", e.to_string()))?,
-        ),
+        Some(p) => {
+            Some(CniResult::from_json(p).map_err(|e| PluginError::decode_json("prevResult", e))?)
+        }
     };
     let valid_attachments = match o.get("cni.dev/valid-attachments") {
         None | Some(Value::Null) => Vec::new(),

@@ -38,10 +38,10 @@ pub fn find(plugin: &str, dirs: &[PathBuf]) -> Result<PathBuf, PluginError> {
 pub fn exec(plugin: &Path, command: Command, stdin: &[u8]) -> Result<Option<Value>, PluginError> {
     let name = plugin.display();
     let io = |what: &str, e: std::io::Error| {
-        PluginError::new(
+        PluginError::caused(
             code::IO_FAILURE,
             format!("delegated plugin {name}: {what}"),
-            e.to_string(),
+            e,
         )
     };
     let mut child = Process::new(plugin)

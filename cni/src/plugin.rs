@@ -68,7 +68,7 @@ fn version(stdin: &[u8]) -> Result<Value, PluginError> {
         Version::V1_1_0.as_str().to_string()
     } else {
         let v: Value = serde_json::from_slice(stdin)
-            .map_err(|e| PluginError::decode("VERSION input", e.to_string()))?;
+            .map_err(|e| PluginError::decode_json("VERSION input", e))?;
         v.get("cniVersion")
             .and_then(Value::as_str)
             .unwrap_or(Version::V1_1_0.as_str())
@@ -78,36 +78,39 @@ fn version(stdin: &[u8]) -> Result<Value, PluginError> {
 }
 
 fn nic_error(e: ClientError) -> PluginError {
-    let text = e.to_string();
     if e.is_lost() {
         // Killed mid-call; the runtime restarts it on its state file. DEL must
         // say "try again" so that the runtime repeats it against the new
         // daemon: a 5 would end the retries with the VF still assigned.
-        return PluginError::new(
+        return PluginError::caused(
             code::TRY_AGAIN_LATER,
             "NIC daemon went away mid-call, try again later",
-            text,
+            e,
         );
     }
     if e.is_transient() {
         // Not running, overloaded or not answering within the timeout.
-        return PluginError::new(
+        return PluginError::caused(
             code::TRY_AGAIN_LATER,
             "NIC daemon unavailable, try again later",
-            text,
+            e,
         );
     }
-    let ClientError::Refused { code: refused, .. } = &e else {
-        return PluginError::new(code::IO_FAILURE, "NIC daemon I/O failure", text);
+    let refused = match &e {
+        ClientError::Refused { code, .. } => Some(*code),
+        _ => None,
     };
     match refused {
-        Some(ErrorCode::NoFreeVf) => PluginError::new(code::TRY_AGAIN_LATER, "no free VF", text),
-        Some(ErrorCode::UnknownPf) => PluginError::invalid_config("pf", text),
-        Some(ErrorCode::BadRequest) => PluginError::invalid_config("mac/vlan", text),
-        Some(ErrorCode::AlreadyAssigned) => {
-            PluginError::new(code::VF_CONFLICT, "the container already has a VF", text)
+        None => PluginError::caused(code::IO_FAILURE, "NIC daemon I/O failure", e),
+        Some(Some(ErrorCode::NoFreeVf)) => {
+            PluginError::caused(code::TRY_AGAIN_LATER, "no free VF", e)
         }
-        _ => PluginError::new(code::IO_FAILURE, "NIC daemon refused", text),
+        Some(Some(ErrorCode::UnknownPf)) => PluginError::invalid_config_caused("pf", e),
+        Some(Some(ErrorCode::BadRequest)) => PluginError::invalid_config_caused("mac/vlan", e),
+        Some(Some(ErrorCode::AlreadyAssigned)) => {
+            PluginError::caused(code::VF_CONFLICT, "the container already has a VF", e)
+        }
+        _ => PluginError::caused(code::IO_FAILURE, "NIC daemon refused", e),
     }
 }
 
@@ -125,23 +128,19 @@ fn assigned_vf(nic: &mut Client, cid: &str) -> Result<Option<Vf>, ClientError> {
 fn link_error(e: PlaceholderError) -> PluginError {
     match e {
         PlaceholderError::Netns(NetnsError::Gone { .. } | NetnsError::NotNetns { .. }) => {
-            PluginError::invalid_env("CNI_NETNS", e.to_string())
+            PluginError::invalid_env_caused("CNI_NETNS", e)
         }
-        PlaceholderError::Exists { .. } => PluginError::new(
-            code::LINK_FAILURE,
-            "interface already exists",
-            e.to_string(),
-        ),
-        _ => PluginError::new(code::LINK_FAILURE, "placeholder link", e.to_string()),
+        PlaceholderError::Exists { .. } => {
+            PluginError::caused(code::LINK_FAILURE, "interface already exists", e)
+        }
+        _ => PluginError::caused(code::LINK_FAILURE, "placeholder link", e),
     }
 }
 
+const CHECK_FAILED_MSG: &str = "attachment differs from the ADD result";
+
 fn check_failed(details: impl Into<String>) -> PluginError {
-    PluginError::new(
-        code::CHECK_FAILED,
-        "attachment differs from the ADD result",
-        details,
-    )
+    PluginError::new(code::CHECK_FAILED, CHECK_FAILED_MSG, details)
 }
 
 fn parse_mac(s: &str) -> Option<MacAddr> {
@@ -165,11 +164,11 @@ fn add(env: &Env, conf: &NetConf) -> Result<Value, PluginError> {
     let netns_path = env.netns()?;
     let ifname = env.ifname()?;
     let ipam = ipam_plugin(env, conf)?;
-    let ns = Netns::open(netns_path)
-        .map_err(|e| PluginError::invalid_env("CNI_NETNS", e.to_string()))?;
+    let ns =
+        Netns::open(netns_path).map_err(|e| PluginError::invalid_env_caused("CNI_NETNS", e))?;
     if ns
         .is_current()
-        .map_err(|e| PluginError::invalid_env("CNI_NETNS", e.to_string()))?
+        .map_err(|e| PluginError::invalid_env_caused("CNI_NETNS", e))?
     {
         return Err(PluginError::invalid_env(
             "CNI_NETNS",
@@ -392,8 +391,8 @@ fn check(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
         )));
     }
 
-    let ph =
-        placeholder::read_placeholder(netns, ifname).map_err(|e| check_failed(e.to_string()))?;
+    let ph = placeholder::read_placeholder(netns, ifname)
+        .map_err(|e| PluginError::caused(code::CHECK_FAILED, CHECK_FAILED_MSG, e))?;
     if ph.vf_id != vf.id {
         return Err(check_failed(format!(
             "{ifname} in {netns_str} names VF {:?}, the NIC assigned {}",
@@ -430,12 +429,11 @@ fn status(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
             ),
         ));
     }
-    let unavailable = |details: String| {
-        PluginError::new(code::NOT_AVAILABLE, "burstvm-cni cannot serve ADD", details)
-    };
+    const UNAVAILABLE: &str = "burstvm-cni cannot serve ADD";
+    let unavailable = |details: String| PluginError::new(code::NOT_AVAILABLE, UNAVAILABLE, details);
     let vfs = Client::connect_with_timeout(&conf.nic_socket, conf.nic_timeout)
         .and_then(|mut n| n.list())
-        .map_err(|e| unavailable(e.to_string()))?;
+        .map_err(|e| PluginError::caused(code::NOT_AVAILABLE, UNAVAILABLE, e))?;
     let of_pf: Vec<&Vf> = vfs.iter().filter(|v| v.pf == conf.pf).collect();
     if of_pf.is_empty() {
         return Err(unavailable(format!(
@@ -588,6 +586,20 @@ mod tests {
             run(&env("GC"), CONF.as_bytes()).unwrap_err().code,
             code::TRY_AGAIN_LATER
         );
+    }
+
+    #[test]
+    fn failures_keep_their_typed_cause() {
+        // The NIC client's error is the source, not only the details text.
+        let e = run(&env("STATUS"), CONF.as_bytes()).unwrap_err();
+        let cause = std::error::Error::source(&e).expect("a cause");
+        assert!(cause.downcast_ref::<ClientError>().is_some(), "{cause:?}");
+        assert_eq!(e.details, cause.to_string());
+        // A JSON input that does not parse keeps serde's error.
+        let e = run(&env("ADD"), b"{").unwrap_err();
+        assert_eq!(e.code, code::DECODE_FAILURE);
+        let cause = std::error::Error::source(&e).expect("a cause");
+        assert!(cause.downcast_ref::<serde_json::Error>().is_some());
     }
 
     #[test]

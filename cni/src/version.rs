@@ -12,6 +12,7 @@ pub fn parse(s: &str) -> Result<Version, PluginError> {
             e.to_string(),
             format!("burstvm-cni supports cniVersion {}", SUPPORTED.join(", ")),
         )
+        .with_source(e)
     })
 }
 

@@ -11,26 +11,18 @@ use crate::{sys, GuestMemory, MemoryPolicy, MemorySource, RegionSpec};
 /// Byte the pool is pre-filled with (a previous tenant's data).
 const DIRTY_PATTERN: u8 = 0xA5;
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct MemoryBenchArgs {
-    /// Guest memory per sandbox (one `ram` region, dma = true).
-    #[arg(long, default_value = "512M")]
-    pub size: String,
-    /// Comma-separated policies to measure.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "vanilla,pre10,pre50,pre100,lazy"
-    )]
-    pub policy: Vec<String>,
+/// What `burstvm bench memory` measures (its arguments are cli's `MemoryBenchArgs`).
+#[derive(Debug, Clone)]
+pub struct MemoryBenchConfig {
+    /// Guest memory per sandbox in bytes (one `ram` region, dma = true).
+    pub size: u64,
+    /// The policies to measure, in this order.
+    pub policies: Vec<MemoryPolicy>,
     /// Use 2 MiB hugetlb pages (must be reserved in /proc/sys/vm/nr_hugepages).
-    #[arg(long)]
     pub hugepages: bool,
     /// Sandboxes mapping their memory at the same time.
-    #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
     /// Repetitions per policy (the median over all sandboxes and runs is reported).
-    #[arg(long, default_value_t = 5)]
     pub runs: usize,
 }
 
@@ -46,6 +38,8 @@ pub enum Error {
     },
     #[error("bench memory: {0}")]
     Pool(#[from] crate::pool::Error),
+    #[error("bench memory, policy {policy}: a benchmark thread panicked")]
+    Panicked { policy: String },
     #[error("bench memory, policy {policy}: guest read {count} bytes of old data (zeroing bug)")]
     Leak { policy: String, count: u64 },
 }
@@ -119,21 +113,9 @@ fn one(
     })
 }
 
-pub fn run(a: &MemoryBenchArgs) -> Result<Vec<PolicyResult>, Error> {
-    let size = crate::parse_size(&a.size).map_err(|e| Error::BadArg {
-        arg: "--size".into(),
-        reason: e.to_string(),
-    })?;
-    let policies = a
-        .policy
-        .iter()
-        .map(|p| {
-            p.parse::<MemoryPolicy>().map_err(|e| Error::BadArg {
-                arg: "--policy".into(),
-                reason: e.to_string(),
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+pub fn run(a: &MemoryBenchConfig) -> Result<Vec<PolicyResult>, Error> {
+    let size = a.size;
+    let policies = a.policies.clone();
     if a.concurrency == 0 || a.runs == 0 {
         return Err(Error::BadArg {
             arg: "--concurrency/--runs".into(),
@@ -193,11 +175,9 @@ pub fn run(a: &MemoryBenchArgs) -> Result<Vec<PolicyResult>, Error> {
             for h in handles {
                 let s = h
                     .join()
-                    .unwrap_or_else(|_| {
-                        Err(crate::Error::LazyHandler(
-                            "benchmark thread panicked".into(),
-                        ))
-                    })
+                    .map_err(|_| Error::Panicked {
+                        policy: policy.to_string(),
+                    })?
                     .map_err(|source| Error::Memory {
                         policy: policy.to_string(),
                         source,
@@ -233,7 +213,7 @@ pub fn run(a: &MemoryBenchArgs) -> Result<Vec<PolicyResult>, Error> {
 }
 
 /// The results as the table `burstvm bench memory` prints.
-pub fn format_table(a: &MemoryBenchArgs, results: &[PolicyResult]) -> String {
+pub fn format_table(a: &MemoryBenchConfig, results: &[PolicyResult]) -> String {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let base = results.iter().find(|r| r.policy == "vanilla");
     let ratio = |v: Duration, b: Option<Duration>| match b {
@@ -242,7 +222,7 @@ pub fn format_table(a: &MemoryBenchArgs, results: &[PolicyResult]) -> String {
     };
     let mut out = format!(
         "memory bench: {} per sandbox, {} pages, concurrency {}, runs {} (median of {} samples)\n",
-        a.size,
+        crate::format_size(a.size),
         if a.hugepages { "2 MiB" } else { "4 KiB" },
         a.concurrency,
         a.runs,
@@ -276,7 +256,7 @@ pub fn format_table(a: &MemoryBenchArgs, results: &[PolicyResult]) -> String {
     out
 }
 
-pub fn run_cli(a: &MemoryBenchArgs) -> Result<(), Error> {
+pub fn run_cli(a: &MemoryBenchConfig) -> Result<(), Error> {
     let results = run(a)?;
     print!("{}", format_table(a, &results));
     Ok(())

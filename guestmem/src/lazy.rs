@@ -37,9 +37,55 @@ pub struct LazyStats {
 
 type ErrorCallback = Box<dyn Fn(&str) + Send + Sync>;
 
+/// Why a lazy-zeroing thread stopped serving faults; each names the region
+/// and page it is about where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum LazyError {
+    #[error("poll on userfaultfd: {0}")]
+    Poll(#[source] std::io::Error),
+    #[error("read userfaultfd events: {0} ({0:?})")]
+    ReadEvents(#[source] userfaultfd::Error),
+    #[error("unexpected userfaultfd event {0}")]
+    UnexpectedEvent(String),
+    #[error("bad userfaultfd event: {0}")]
+    BadEvent(#[source] userfaultfd::Error),
+    #[error("fault at {0:#x} outside every lazy region")]
+    Outside(usize),
+    #[error("region {region:?}: {source}")]
+    Zero {
+        region: String,
+        #[source]
+        source: Error,
+    },
+    #[error("region {region:?}: UFFDIO_CONTINUE pages {start}..{end}: {source:?}")]
+    Continue {
+        region: String,
+        start: u64,
+        end: u64,
+        #[source]
+        source: userfaultfd::Error,
+    },
+    #[error("region {region:?}: UFFDIO_CONTINUE page {page}: {source:?}")]
+    ContinuePage {
+        region: String,
+        page: u64,
+        #[source]
+        source: userfaultfd::Error,
+    },
+    #[error("region {region:?}: UFFDIO_WAKE page {page}: {source:?}")]
+    Wake {
+        region: String,
+        page: u64,
+        #[source]
+        source: userfaultfd::Error,
+    },
+    #[error("region {region:?}: UFFDIO_CONTINUE page {page}: page not in the memfd")]
+    NotResident { region: String, page: u64 },
+}
+
 /// First error of a lazy-zeroing thread; the VMM polls it (or its fd) and stops the VM.
 pub(crate) struct ErrorSlot {
-    first: Mutex<Option<String>>,
+    first: Mutex<Option<Arc<LazyError>>>,
     fd: EventFd,
     callback: Mutex<Option<ErrorCallback>>,
     fired: AtomicBool,
@@ -55,14 +101,14 @@ impl ErrorSlot {
         })
     }
 
-    pub fn report(&self, msg: String) {
-        tracing::error!("lazy zeroing: {msg}");
+    pub fn report(&self, e: LazyError) {
+        tracing::error!("lazy zeroing: {e}");
         {
             let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
             if first.is_some() {
                 return;
             }
-            *first = Some(msg);
+            *first = Some(Arc::new(e));
         }
         self.fire();
         // Last, so a poller that wakes up finds the callback done.
@@ -73,14 +119,14 @@ impl ErrorSlot {
     /// comes second.
     fn fire(&self) {
         let cb = self.callback.lock().unwrap_or_else(|p| p.into_inner());
-        if let (Some(cb), Some(msg)) = (&*cb, self.get()) {
+        if let (Some(cb), Some(e)) = (&*cb, self.get()) {
             if !self.fired.swap(true, Ordering::AcqRel) {
-                cb(&msg);
+                cb(&e.to_string());
             }
         }
     }
 
-    pub fn get(&self) -> Option<String> {
+    pub fn get(&self) -> Option<Arc<LazyError>> {
         self.first.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
@@ -145,9 +191,10 @@ impl Lazy {
                 UFFD_FEATURE_MINOR_SHMEM | UFFD_FEATURE_MINOR_HUGETLBFS,
             ))
             .create()
-            .map_err(|e| Error::Userfaultfd {
+            .map_err(|source| Error::Userfaultfd {
                 region: names.clone(),
-                reason: format!("create with MINOR_SHMEM|MINOR_HUGETLBFS: {e} ({e:?})"),
+                op: "create with MINOR_SHMEM|MINOR_HUGETLBFS",
+                source,
             })?;
         let mut lazy_regions = Vec::new();
         for r in regions {
@@ -156,9 +203,10 @@ impl Lazy {
                 r.size() as usize,
                 RegisterMode::MINOR,
             )
-            .map_err(|e| Error::Userfaultfd {
+            .map_err(|source| Error::Userfaultfd {
                 region: r.name().to_string(),
-                reason: format!("register guest view in MINOR mode: {e} ({e:?})"),
+                op: "register guest view in MINOR mode",
+                source,
             })?;
             lazy_regions.push(LazyRegion {
                 name: r.name().to_string(),
@@ -250,7 +298,7 @@ fn handler_loop(s: &Shared) {
         let ready =
             match sys::poll_readable(&[s.uffd_fd(), sys::borrow(&s.wake)], PollTimeout::NONE) {
                 Ok(r) => r,
-                Err(e) => return s.errors.report(format!("poll on userfaultfd: {e}")),
+                Err(e) => return s.errors.report(LazyError::Poll(e)),
             };
         if s.stop.load(Ordering::Acquire) {
             return;
@@ -260,22 +308,18 @@ fn handler_loop(s: &Shared) {
         }
         let events = match s.uffd.read_events(&mut buf) {
             Ok(ev) => ev.collect::<Vec<_>>(),
-            Err(e) => {
-                return s
-                    .errors
-                    .report(format!("read userfaultfd events: {e} ({e:?})"))
-            }
+            Err(e) => return s.errors.report(LazyError::ReadEvents(e)),
         };
         for ev in events {
             let res = match ev {
                 Ok(Event::Pagefault { addr, .. }) => handle_fault(s, addr as usize),
-                Ok(other) => Err(format!("unexpected userfaultfd event {other:?}")),
-                Err(e) => Err(format!("bad userfaultfd event: {e}")),
+                Ok(other) => Err(LazyError::UnexpectedEvent(format!("{other:?}"))),
+                Err(e) => Err(LazyError::BadEvent(e)),
             };
-            if let Err(msg) = res {
+            if let Err(e) = res {
                 // Stop serving faults: the faulting vCPU stays blocked and never sees
                 // unzeroed memory; the VMM sees the error and tears the VM down.
-                return s.errors.report(msg);
+                return s.errors.report(e);
             }
         }
     }
@@ -322,11 +366,9 @@ enum Continued {
     NotResident,
 }
 
-fn handle_fault(s: &Shared, addr: usize) -> Result<(), String> {
+fn handle_fault(s: &Shared, addr: usize) -> Result<(), LazyError> {
     s.faults.fetch_add(1, Ordering::Relaxed);
-    let r = s
-        .region_of(addr)
-        .ok_or_else(|| format!("fault at {addr:#x} outside every lazy region"))?;
+    let r = s.region_of(addr).ok_or(LazyError::Outside(addr))?;
     let ps = r.table.page_size();
     let page = (addr - r.guest) as u64 / ps;
     // Fault-around (as the kernel does for file mappings): zero and map the aligned block
@@ -334,15 +376,20 @@ fn handle_fault(s: &Shared, addr: usize) -> Result<(), String> {
     let block = (FAULT_AROUND_BYTES / ps).max(1);
     let first = page / block * block;
     let end = (first + block).min(r.table.npages());
-    let zero_err = |e: Error| format!("region {:?}: {e}", r.name);
+    let zero_err = |source| LazyError::Zero {
+        region: r.name.clone(),
+        source,
+    };
     // The faulting page first: a racing device or vCPU waits on it soonest.
     for p in std::iter::once(page).chain((first..end).filter(|p| *p != page)) {
         if r.table.ensure_zeroed(p).map_err(zero_err)? {
             s.fault_zeroed.fetch_add(1, Ordering::Relaxed);
         }
     }
-    let cont_err = |p: u64, e: userfaultfd::Error| {
-        format!("region {:?}: UFFDIO_CONTINUE page {p}: {e:?}", r.name)
+    let cont_err = |page: u64, source| LazyError::ContinuePage {
+        region: r.name.clone(),
+        page,
+        source,
     };
     if (first..end).all(|p| r.table.state(p) == ZERO) {
         let a = r.guest + (first * ps) as usize;
@@ -369,14 +416,18 @@ fn handle_fault(s: &Shared, addr: usize) -> Result<(), String> {
                     // Mapped by someone else meanwhile: make sure the faulter wakes.
                     s.uffd
                         .wake(a as *mut libc::c_void, ps as usize)
-                        .map_err(|e| format!("region {:?}: UFFDIO_WAKE page {p}: {e:?}", r.name))?;
+                        .map_err(|source| LazyError::Wake {
+                            region: r.name.clone(),
+                            page: p,
+                            source,
+                        })?;
                 }
             }
             Continued::NotResident if p == page => {
-                return Err(format!(
-                    "region {:?}: UFFDIO_CONTINUE page {page}: page not in the memfd",
-                    r.name
-                ))
+                return Err(LazyError::NotResident {
+                    region: r.name.clone(),
+                    page,
+                })
             }
             Continued::NotResident => continue,
         }
@@ -413,8 +464,11 @@ fn zeroer_loop(s: &Shared, idle: bool) {
                         s.background_zeroed.fetch_add(1, Ordering::Relaxed);
                     }
                     Ok(false) => {}
-                    Err(e) => {
-                        err = Some(format!("region {:?}: {e}", r.name));
+                    Err(source) => {
+                        err = Some(LazyError::Zero {
+                            region: r.name.clone(),
+                            source,
+                        });
                         break;
                     }
                 }
@@ -422,11 +476,11 @@ fn zeroer_loop(s: &Shared, idle: bool) {
             if can_switch {
                 let _ = sys::set_thread_sched(true);
             }
-            if let Some(msg) = err {
-                return s.errors.report(msg);
+            if let Some(e) = err {
+                return s.errors.report(e);
             }
-            if let Err(msg) = map_ahead(s, r, start, end, ps) {
-                return s.errors.report(msg);
+            if let Err(e) = map_ahead(s, r, start, end, ps) {
+                return s.errors.report(e);
             }
             end = start;
         }
@@ -434,7 +488,7 @@ fn zeroer_loop(s: &Shared, idle: bool) {
 }
 
 /// Maps zeroed pages `[start, end)` into the guest view so the guest never faults on them.
-fn map_ahead(s: &Shared, r: &LazyRegion, start: u64, end: u64, ps: u64) -> Result<(), String> {
+fn map_ahead(s: &Shared, r: &LazyRegion, start: u64, end: u64, ps: u64) -> Result<(), LazyError> {
     let addr = r.guest + (start * ps) as usize;
     let all_unmapped = (start..end).all(|p| r.table.state(p) == ZERO);
     if all_unmapped {
@@ -449,11 +503,13 @@ fn map_ahead(s: &Shared, r: &LazyRegion, start: u64, end: u64, ps: u64) -> Resul
             }
             // Raced with the handler, or holes: go page by page.
             Ok(_) => {}
-            Err(e) => {
-                return Err(format!(
-                    "region {:?}: UFFDIO_CONTINUE pages {start}..{end}: {e:?}",
-                    r.name
-                ))
+            Err(source) => {
+                return Err(LazyError::Continue {
+                    region: r.name.clone(),
+                    start,
+                    end,
+                    source,
+                })
             }
         }
     }
@@ -471,11 +527,12 @@ fn map_ahead(s: &Shared, r: &LazyRegion, start: u64, end: u64, ps: u64) -> Resul
                 r.table.transition(p, ZERO, MAPPED);
             }
             Ok(Continued::NotResident) => {}
-            Err(e) => {
-                return Err(format!(
-                    "region {:?}: UFFDIO_CONTINUE page {p}: {e:?}",
-                    r.name
-                ))
+            Err(source) => {
+                return Err(LazyError::ContinuePage {
+                    region: r.name.clone(),
+                    page: p,
+                    source,
+                })
             }
         }
     }

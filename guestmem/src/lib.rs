@@ -15,7 +15,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use device::DeviceMemory;
-pub use lazy::LazyStats;
+pub use lazy::{LazyError, LazyStats};
 pub use memory::{GuestMemory, MemorySource};
 pub use region::Region;
 pub use sys::HUGE_PAGE_SIZE;
@@ -122,10 +122,15 @@ pub enum Error {
     StaleLease { lease: u64, now: u64 },
     #[error("memfd {what}: {reason}")]
     BadMemfd { what: String, reason: String },
-    #[error("userfaultfd for region {region:?}: {reason}")]
-    Userfaultfd { region: String, reason: String },
+    #[error("userfaultfd for region {region:?}: {op}: {source} ({source:?})")]
+    Userfaultfd {
+        region: String,
+        op: &'static str,
+        #[source]
+        source: userfaultfd::Error,
+    },
     #[error("lazy-zeroing handler stopped: {0}")]
-    LazyHandler(String),
+    LazyHandler(#[source] std::sync::Arc<lazy::LazyError>),
     #[error(transparent)]
     Pool(#[from] pool::Error),
 }
@@ -159,6 +164,17 @@ pub fn parse_bytes(s: &str) -> Option<u64> {
     num.parse::<u64>().ok()?.checked_mul(mul)
 }
 
+/// `n` bytes the way [`parse_bytes`] reads them, in the largest unit that
+/// divides it (512M, 1G, 4096).
+pub fn format_size(n: u64) -> String {
+    for (unit, shift) in [("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
+        if n >= 1 << shift && n.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
 /// Like [`parse_bytes`], for sizes that must be greater than 0.
 pub fn parse_size(s: &str) -> Result<u64, Error> {
     parse_bytes(s)
@@ -188,5 +204,14 @@ mod tests {
         assert!(parse_size("12X").is_err());
         assert!(parse_size("0").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn sizes_print_as_they_parse() {
+        for s in ["512M", "2G", "4097", "1T", "3K", "1025K"] {
+            assert_eq!(format_size(parse_size(s).unwrap()), s);
+        }
+        assert_eq!(format_size(1 << 30), "1G");
+        assert_eq!(format_size(4096), "4K");
     }
 }

@@ -19,19 +19,49 @@ impl IpNet {
     }
 }
 
+/// Why a string is not an `address/prefix`; each names the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IpNetError {
+    #[error("{0:?} is not in CIDR notation (address/prefix)")]
+    NotCidr(String),
+    #[error("{input:?}: {addr:?} is not an IP address")]
+    Addr {
+        input: String,
+        addr: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    #[error("{input:?}: {prefix:?} is not a prefix length")]
+    Prefix {
+        input: String,
+        prefix: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error("{input:?}: prefix length {prefix} too long")]
+    TooLong { input: String, prefix: u8 },
+}
+
 impl FromStr for IpNet {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = IpNetError;
+    fn from_str(s: &str) -> Result<Self, IpNetError> {
         let (a, p) = s
             .split_once('/')
-            .ok_or_else(|| format!("{s:?} is not in CIDR notation (address/prefix)"))?;
-        let addr: IpAddr = a
-            .parse()
-            .map_err(|_| format!("{s:?}: {a:?} is not an IP address"))?;
-        let prefix: u8 = p
-            .parse()
-            .map_err(|_| format!("{s:?}: {p:?} is not a prefix length"))?;
-        IpNet::new(addr, prefix).ok_or_else(|| format!("{s:?}: prefix length {prefix} too long"))
+            .ok_or_else(|| IpNetError::NotCidr(s.into()))?;
+        let addr: IpAddr = a.parse().map_err(|source| IpNetError::Addr {
+            input: s.into(),
+            addr: a.into(),
+            source,
+        })?;
+        let prefix: u8 = p.parse().map_err(|source| IpNetError::Prefix {
+            input: s.into(),
+            prefix: p.into(),
+            source,
+        })?;
+        IpNet::new(addr, prefix).ok_or_else(|| IpNetError::TooLong {
+            input: s.into(),
+            prefix,
+        })
     }
 }
 

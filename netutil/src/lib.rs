@@ -37,7 +37,7 @@ mod rtnl;
 mod tap;
 pub mod unixsock;
 
-pub use ipnet::IpNet;
+pub use ipnet::{IpNet, IpNetError};
 pub use mac::{MacAddr, MacParseError};
 pub use netns::{NamedNetns, Netns, NetnsError};
 pub use packet::{PacketError, PacketOptions, PacketSocket, Received};

@@ -12,7 +12,7 @@ pub mod oci;
 
 use std::path::PathBuf;
 
-pub use image::{BuildArgs, Image, ImageCache, ImageMeta};
+pub use image::{Image, ImageCache, ImageMeta};
 pub use layers::{Layer, LayerConfig, WritableLayers};
 
 #[derive(Debug, thiserror::Error)]

@@ -27,6 +27,18 @@ pub enum ConfigError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("shim config {path}: field variant: {source}")]
+    Variant {
+        path: PathBuf,
+        #[source]
+        source: runtime::variant::UnknownVariant,
+    },
+    #[error("shim config {path}: field memory: {source}")]
+    Memory {
+        path: PathBuf,
+        #[source]
+        source: Box<runtime::Error>,
+    },
     #[error("shim config {path}: field {field}: {reason}")]
     Field {
         path: PathBuf,
@@ -35,6 +47,19 @@ pub enum ConfigError {
     },
     #[error("runtime options ({type_url}): {reason}")]
     Options { type_url: String, reason: String },
+    #[error("runtime options ({type_url}): {source}")]
+    OptionsDecode {
+        type_url: String,
+        #[source]
+        source: containerd_shim::protos::protobuf::Error,
+    },
+    #[error("annotation {key}={value:?}: {source}")]
+    AnnotationVariant {
+        key: &'static str,
+        value: String,
+        #[source]
+        source: runtime::variant::UnknownVariant,
+    },
     #[error("annotation {key}={value:?}: {reason}")]
     Annotation {
         key: &'static str,
@@ -98,14 +123,20 @@ impl ShimConfig {
         let v = c
             .variant
             .parse::<Variant>()
-            .map_err(|e| field("variant", e.to_string()))?;
+            .map_err(|source| ConfigError::Variant {
+                path: path.to_path_buf(),
+                source,
+            })?;
         if v == Variant::Tap {
             return Err(field(
                 "variant",
                 "the tap variant needs the self-hosted runtime (burstvm run)".into(),
             ));
         }
-        runtime::parse_size("memory", &c.memory).map_err(|e| field("memory", e.to_string()))?;
+        runtime::parse_size("memory", &c.memory).map_err(|e| ConfigError::Memory {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })?;
         if !c.cpus.is_finite() || c.cpus <= 0.0 {
             return Err(field("cpus", format!("{} must be positive", c.cpus)));
         }
@@ -124,12 +155,10 @@ impl ShimConfig {
         match annotations.get(ANNOTATION_VARIANT).and_then(|v| v.as_str()) {
             Some(v) => {
                 let variant: Variant =
-                    v.parse().map_err(|e: runtime::variant::UnknownVariant| {
-                        ConfigError::Annotation {
-                            key: ANNOTATION_VARIANT,
-                            value: v.to_string(),
-                            reason: e.to_string(),
-                        }
+                    v.parse().map_err(|source| ConfigError::AnnotationVariant {
+                        key: ANNOTATION_VARIANT,
+                        value: v.to_string(),
+                        source,
                     })?;
                 if variant == Variant::Tap {
                     return Err(ConfigError::Annotation {
@@ -158,10 +187,7 @@ pub fn config_path(type_url: &str, value: &[u8]) -> Result<PathBuf, ConfigError>
                 reason: format!("expected {RUNTIME_OPTIONS_TYPE} (ConfigPath)"),
             });
         }
-        if let Some(p) = decode_config_path(value).map_err(|reason| ConfigError::Options {
-            type_url: type_url.into(),
-            reason,
-        })? {
+        if let Some(p) = decode_config_path(type_url, value)? {
             return Ok(PathBuf::from(p));
         }
     }
@@ -172,21 +198,30 @@ pub fn config_path(type_url: &str, value: &[u8]) -> Result<PathBuf, ConfigError>
 
 /// `runtimeoptions.v1.Options { string type_url = 1; string config_path = 2; }`:
 /// returns field 2 if set (empty = unset).
-fn decode_config_path(buf: &[u8]) -> Result<Option<String>, String> {
+fn decode_config_path(type_url: &str, buf: &[u8]) -> Result<Option<String>, ConfigError> {
     use containerd_shim::protos::protobuf::CodedInputStream;
+    let decode = |source| ConfigError::OptionsDecode {
+        type_url: type_url.into(),
+        source,
+    };
     let mut is = CodedInputStream::from_bytes(buf);
     let mut path = None;
-    while !is.eof().map_err(|e| e.to_string())? {
-        let tag = is.read_raw_varint32().map_err(|e| e.to_string())?;
+    while !is.eof().map_err(decode)? {
+        let tag = is.read_raw_varint32().map_err(decode)?;
         match (tag >> 3, tag & 7) {
-            (2, 2) => path = Some(is.read_string().map_err(|e| e.to_string())?),
+            (2, 2) => path = Some(is.read_string().map_err(decode)?),
             (_, 2) => {
-                is.read_bytes().map_err(|e| e.to_string())?;
+                is.read_bytes().map_err(decode)?;
             }
             (_, 0) => {
-                is.read_raw_varint64().map_err(|e| e.to_string())?;
+                is.read_raw_varint64().map_err(decode)?;
             }
-            (f, w) => return Err(format!("field {f}: unexpected wire type {w}")),
+            (f, w) => {
+                return Err(ConfigError::Options {
+                    type_url: type_url.into(),
+                    reason: format!("field {f}: unexpected wire type {w}"),
+                })
+            }
         }
     }
     Ok(path.filter(|p| !p.is_empty()))

@@ -36,6 +36,14 @@ pub enum RootfsError {
         #[source]
         source: std::io::Error,
     },
+    #[error("entrypoint {entry:?} in {rootfs}: {op}: {source}")]
+    EntrypointIo {
+        entry: String,
+        rootfs: PathBuf,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("entrypoint {entry:?} in {rootfs}: {reason}")]
     Entrypoint {
         entry: String,
@@ -246,6 +254,14 @@ fn extract(rootfs: &Path, entry: &str, out: &Path) -> Result<(), RootfsError> {
         rootfs: rootfs.to_path_buf(),
         reason,
     };
+    let io = |op: &'static str| {
+        move |source: std::io::Error| RootfsError::EntrypointIo {
+            entry: entry.to_string(),
+            rootfs: rootfs.to_path_buf(),
+            op,
+            source,
+        }
+    };
     if !entry.starts_with('/') {
         return Err(bad("process.args[0] must be an absolute path".into()));
     }
@@ -254,10 +270,10 @@ fn extract(rootfs: &Path, entry: &str, out: &Path) -> Result<(), RootfsError> {
         .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY)
         .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
     let fd = nix::fcntl::openat2(root.as_raw_fd(), entry.trim_start_matches('/'), how)
-        .map_err(|e| bad(e.to_string()))?;
+        .map_err(|e| io("open")(e.into()))?;
     // SAFETY: openat2 returned a new descriptor that nothing else owns.
     let mut f = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    let md = f.metadata().map_err(|e| bad(e.to_string()))?;
+    let md = f.metadata().map_err(io("stat"))?;
     if !md.is_file() {
         return Err(bad("not a regular file".into()));
     }
@@ -271,7 +287,7 @@ fn extract(rootfs: &Path, entry: &str, out: &Path) -> Result<(), RootfsError> {
     f.by_ref()
         .take(MAX_PAYLOAD)
         .read_to_end(&mut data)
-        .map_err(|e| bad(e.to_string()))?;
+        .map_err(io("read"))?;
     std::fs::write(out, &data).map_err(sys(out, "write app payload"))
 }
 

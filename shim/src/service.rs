@@ -32,6 +32,53 @@ fn rpc_err(code: Code, msg: impl ToString) -> ttrpc::Error {
     ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg))
 }
 
+/// Why a task could not be created; `code` is its ttrpc status.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error("burstvm: a terminal is not supported")]
+    Terminal,
+    #[error("burstvm: checkpoints are not supported")]
+    Checkpoint,
+    #[error(transparent)]
+    Spec(#[from] crate::spec::SpecError),
+    #[error(
+        "burstvm: container {container} in pod {pod}: a pod is one microVM running one app, \
+         the pod sandbox's image (see docs/shim.md); containers inside a pod are not supported"
+    )]
+    PodContainer { container: String, pod: String },
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// The host services file (the error names it).
+    #[error("{0}")]
+    Services(#[source] runtime::host::HostError),
+    #[error("process.args is empty: no entrypoint")]
+    NoEntrypoint,
+    #[error("{path}: {source}")]
+    Record {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Rootfs(#[from] rootfs::RootfsError),
+    #[error("sandbox {sandbox}: host services: {source}")]
+    Attach {
+        sandbox: String,
+        #[source]
+        source: runtime::host::HostError,
+    },
+}
+
+impl CreateError {
+    pub fn code(&self) -> Code {
+        match self {
+            CreateError::PodContainer { .. } => Code::UNIMPLEMENTED,
+            CreateError::Services(_) | CreateError::Attach { .. } => Code::FAILED_PRECONDITION,
+            _ => Code::INVALID_ARGUMENT,
+        }
+    }
+}
+
 fn timestamp((secs, nanos): (i64, u32)) -> MessageField<Timestamp> {
     let mut t = Timestamp::new();
     t.seconds = secs;
@@ -188,28 +235,23 @@ fn vmm_fnv(data: &[u8]) -> u64 {
 }
 
 impl TaskService {
-    fn create_task(&self, req: &api::CreateTaskRequest) -> Result<Arc<Task>, (Code, String)> {
-        let inv = |m: String| (Code::INVALID_ARGUMENT, m);
+    fn create_task(&self, req: &api::CreateTaskRequest) -> Result<Arc<Task>, CreateError> {
         let bundle = PathBuf::from(&req.bundle);
         if req.terminal {
-            return Err(inv("burstvm: a terminal is not supported".into()));
+            return Err(CreateError::Terminal);
         }
         if !req.checkpoint.is_empty() {
-            return Err(inv("burstvm: checkpoints are not supported".into()));
+            return Err(CreateError::Checkpoint);
         }
-        let spec = Spec::load(&bundle).map_err(|e| inv(e.to_string()))?;
+        let spec = Spec::load(&bundle)?;
         let until_exit = match &spec.kind {
             Kind::PodSandbox => false,
             Kind::Task => true,
             Kind::PodContainer { sandbox } => {
-                return Err((
-                    Code::UNIMPLEMENTED,
-                    format!(
-                        "burstvm: container {} in pod {sandbox}: a pod is one microVM running one app, \
-                         the pod sandbox's image (see docs/shim.md); containers inside a pod are not supported",
-                        req.id
-                    ),
-                ))
+                return Err(CreateError::PodContainer {
+                    container: req.id.clone(),
+                    pod: sandbox.clone(),
+                })
             }
         };
         let (type_url, value) = req
@@ -217,18 +259,11 @@ impl TaskService {
             .as_ref()
             .map(|a| (a.type_url.as_str(), a.value.as_slice()))
             .unwrap_or(("", &[]));
-        let cfg_path = config::config_path(type_url, value).map_err(|e| inv(e.to_string()))?;
-        let cfg = ShimConfig::load(&cfg_path).map_err(|e| inv(e.to_string()))?;
-        let variant = cfg
-            .variant_for(&spec.annotations)
-            .map_err(|e| inv(e.to_string()))?;
-        let info = ServicesInfo::load(&cfg.services)
-            .map_err(|e| (Code::FAILED_PRECONDITION, e.to_string()))?;
-        let entry = spec
-            .args
-            .first()
-            .ok_or_else(|| inv("process.args is empty: no entrypoint".into()))?
-            .clone();
+        let cfg_path = config::config_path(type_url, value)?;
+        let cfg = ShimConfig::load(&cfg_path)?;
+        let variant = cfg.variant_for(&spec.annotations)?;
+        let info = ServicesInfo::load(&cfg.services).map_err(CreateError::Services)?;
+        let entry = spec.args.first().ok_or(CreateError::NoEntrypoint)?.clone();
         let sandbox = sandbox_id(&self.inner.namespace, &req.id);
         let netns = spec.netns.clone();
         // Recorded before anything exists, so that `shim delete` after a
@@ -241,11 +276,9 @@ impl TaskService {
             services: cfg.services.clone(),
             guest_ip: None,
         };
-        rec.write(&bundle).map_err(|e| {
-            inv(format!(
-                "{}: {e}",
-                bundle.join(crate::task::RECORD).display()
-            ))
+        rec.write(&bundle).map_err(|source| CreateError::Record {
+            path: bundle.join(crate::task::RECORD),
+            source,
         })?;
         let mounts: Vec<MountSpec> = req
             .rootfs
@@ -256,14 +289,17 @@ impl TaskService {
                 options: m.options.clone(),
             })
             .collect();
-        let prepared = rootfs::prepare(&bundle, &mounts, &entry).map_err(|e| inv(e.to_string()))?;
+        let prepared = rootfs::prepare(&bundle, &mounts, &entry)?;
         let host = match HostServices::attach(info, bundle.clone(), bundle.join("trace.jsonl")) {
             Ok(h) => Box::leak(Box::new(h)),
-            Err(e) => {
+            Err(source) => {
                 if prepared.mounted {
                     let _ = rootfs::unmount(&prepared.rootfs);
                 }
-                return Err((Code::FAILED_PRECONDITION, e.to_string()));
+                return Err(CreateError::Attach {
+                    sandbox: rec.sandbox_id,
+                    source,
+                });
             }
         };
         let params = TaskParams {
@@ -328,10 +364,10 @@ impl shim::Task for TaskService {
         }
         let task = match self.create_task(&req) {
             Ok(t) => t,
-            Err((code, msg)) => {
+            Err(e) => {
                 // Nothing of it may stay: the record names what was made.
                 cleanup_bundle(Path::new(&req.bundle));
-                return Err(rpc_err(code, msg));
+                return Err(rpc_err(e.code(), e));
             }
         };
         self.inner

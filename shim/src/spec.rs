@@ -11,8 +11,34 @@ pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
-    #[error("OCI spec {path}: {reason}")]
-    Bad { path: PathBuf, reason: String },
+    #[error("OCI spec {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("OCI spec {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: ParseError,
+    },
+}
+
+/// Why a `config.json` is not a spec the shim can run.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    #[error("not JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("{field}: {reason}")]
+    Field { field: String, reason: String },
+}
+
+fn field(field: impl Into<String>, reason: impl Into<String>) -> ParseError {
+    ParseError::Field {
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 /// What a container is to the shim.
@@ -39,20 +65,19 @@ pub struct Spec {
 impl Spec {
     pub fn load(bundle: &Path) -> Result<Spec, SpecError> {
         let path = bundle.join("config.json");
-        let bad = |reason: String| SpecError::Bad {
+        let data = std::fs::read(&path).map_err(|source| SpecError::Read {
             path: path.clone(),
-            reason,
-        };
-        let data = std::fs::read(&path).map_err(|e| bad(e.to_string()))?;
-        Spec::parse(&data).map_err(bad)
+            source,
+        })?;
+        Spec::parse(&data).map_err(|source| SpecError::Parse { path, source })
     }
 
-    pub fn parse(data: &[u8]) -> Result<Spec, String> {
-        let v: Value = serde_json::from_slice(data).map_err(|e| format!("not JSON: {e}"))?;
+    pub fn parse(data: &[u8]) -> Result<Spec, ParseError> {
+        let v: Value = serde_json::from_slice(data).map_err(ParseError::Json)?;
         let annotations = match v.get("annotations") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(m)) => m.clone(),
-            Some(_) => return Err("annotations: not an object".into()),
+            Some(_) => return Err(field("annotations", "not an object")),
         };
         let kind = match annotations.get(CRI_CONTAINER_TYPE).and_then(Value::as_str) {
             None => Kind::Task,
@@ -61,10 +86,10 @@ impl Spec {
                 sandbox: annotations
                     .get(CRI_SANDBOX_ID)
                     .and_then(Value::as_str)
-                    .ok_or_else(|| format!("{CRI_SANDBOX_ID} missing on a pod container"))?
+                    .ok_or_else(|| field(CRI_SANDBOX_ID, "missing on a pod container"))?
                     .to_string(),
             },
-            Some(t) => return Err(format!("{CRI_CONTAINER_TYPE}: unknown type {t:?}")),
+            Some(t) => return Err(field(CRI_CONTAINER_TYPE, format!("unknown type {t:?}"))),
         };
         let args = v
             .pointer("/process/args")
@@ -75,7 +100,7 @@ impl Spec {
                     .collect::<Option<Vec<_>>>()
             })
             .unwrap_or(Some(Vec::new()))
-            .ok_or("process.args: not all strings")?;
+            .ok_or_else(|| field("process.args", "not all strings"))?;
         let netns = v
             .pointer("/linux/namespaces")
             .and_then(Value::as_array)
@@ -88,7 +113,10 @@ impl Spec {
             .map(PathBuf::from);
         if let Some(p) = &netns {
             if !p.is_absolute() {
-                return Err(format!("network namespace path {p:?} is not absolute"));
+                return Err(field(
+                    "linux.namespaces",
+                    format!("network namespace path {p:?} is not absolute"),
+                ));
             }
         }
         Ok(Spec {

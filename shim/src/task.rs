@@ -77,6 +77,59 @@ enum Ctl {
     Teardown(mpsc::Sender<Result<(), String>>),
 }
 
+/// Why a task operation failed; each names the task (or its sandbox).
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("task {task} is {status:?}, not created")]
+    NotCreated { task: String, status: Status },
+    #[error("task {task}: already started")]
+    AlreadyStarted { task: String },
+    #[error("task {task}: spawn sandbox thread: {source}")]
+    Spawn {
+        task: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{source}")]
+    Start {
+        task: String,
+        #[source]
+        source: runtime::SandboxFailure,
+    },
+    #[error("task {task}: sandbox {sandbox} not ready within {secs} s; cancelled")]
+    StartTimeout {
+        task: String,
+        sandbox: String,
+        secs: u64,
+    },
+    /// The sandbox thread ended without reporting its start.
+    #[error("task {task}: sandbox {sandbox} thread ended before it started")]
+    StartLost { task: String, sandbox: String },
+    #[error("task {task} is still running")]
+    Running { task: String },
+    #[error("{}", join(.0))]
+    Teardown(Vec<TeardownError>),
+}
+
+/// One part of a teardown that failed (a teardown tries every part).
+#[derive(Debug, thiserror::Error)]
+pub enum TeardownError {
+    /// The runtime's teardown (its errors are strings, joined).
+    #[error("{0}")]
+    Sandbox(String),
+    #[error("sandbox {sandbox}: teardown timed out")]
+    TimedOut { sandbox: String },
+    #[error(transparent)]
+    Unmount(#[from] rootfs::RootfsError),
+}
+
+fn join(errs: &[TeardownError]) -> String {
+    errs.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// The parameters a task is created with.
 pub struct TaskParams {
     pub id: String,
@@ -174,39 +227,57 @@ impl Task {
     /// Creates the sandbox (every startup stage through READY) on the task's
     /// own thread; returns the VMM's pid, or why it failed. Waits at most
     /// `limit`; a start that takes longer is cancelled.
-    pub fn start(self: &Arc<Task>, limit: Duration, on_exit: Arc<OnExit>) -> Result<u32, String> {
+    pub fn start(
+        self: &Arc<Task>,
+        limit: Duration,
+        on_exit: Arc<OnExit>,
+    ) -> Result<u32, TaskError> {
         let params = {
             let mut s = self.lock();
             if s.status != Status::Created {
-                return Err(format!("task {} is {:?}, not created", self.id, s.status));
+                return Err(TaskError::NotCreated {
+                    task: self.id.clone(),
+                    status: s.status,
+                });
             }
             s.status = Status::Starting;
             self.params
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take()
-                .ok_or_else(|| format!("task {}: already started", self.id))?
+                .ok_or_else(|| TaskError::AlreadyStarted {
+                    task: self.id.clone(),
+                })?
         };
-        let (start_tx, start_rx) = mpsc::channel::<Result<u32, String>>();
+        let (start_tx, start_rx) = mpsc::channel::<Result<u32, runtime::SandboxFailure>>();
         let (ctl_tx, ctl_rx) = mpsc::channel::<Ctl>();
         *self.ctl.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctl_tx);
         let task = Arc::clone(self);
         let handle = std::thread::Builder::new()
             .name(format!("sandbox-{}", self.sandbox_id))
             .spawn(move || task.run(params, start_tx, ctl_rx, on_exit))
-            .map_err(|e| format!("task {}: spawn sandbox thread: {e}", self.id))?;
+            .map_err(|source| TaskError::Spawn {
+                task: self.id.clone(),
+                source,
+            })?;
         *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
         match start_rx.recv_timeout(limit) {
-            Ok(r) => r,
-            Err(_) => {
+            Ok(r) => r.map_err(|source| TaskError::Start {
+                task: self.id.clone(),
+                source,
+            }),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
                 self.cancel.store(true, Ordering::SeqCst);
-                Err(format!(
-                    "task {}: sandbox {} not ready within {} s; cancelled",
-                    self.id,
-                    self.sandbox_id,
-                    limit.as_secs()
-                ))
+                Err(TaskError::StartTimeout {
+                    task: self.id.clone(),
+                    sandbox: self.sandbox_id.clone(),
+                    secs: limit.as_secs(),
+                })
             }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(TaskError::StartLost {
+                task: self.id.clone(),
+                sandbox: self.sandbox_id.clone(),
+            }),
         }
     }
 
@@ -214,7 +285,7 @@ impl Task {
     fn run(
         self: Arc<Task>,
         p: TaskParams,
-        start_tx: mpsc::Sender<Result<u32, String>>,
+        start_tx: mpsc::Sender<Result<u32, runtime::SandboxFailure>>,
         ctl_rx: mpsc::Receiver<Ctl>,
         on_exit: Arc<OnExit>,
     ) {
@@ -239,7 +310,7 @@ impl Task {
                 };
                 let e = self.finish(&mut s, code);
                 drop(s);
-                let _ = start_tx.send(Err(f.to_string()));
+                let _ = start_tx.send(Err(f));
                 on_exit(&self, &e, 0);
                 return;
             }
@@ -312,12 +383,14 @@ impl Task {
 
     /// Tears the sandbox down (within `limit`) and unmounts the rootfs.
     /// Refused while the task runs.
-    pub fn delete(&self, limit: Duration) -> Result<Exit, String> {
+    pub fn delete(&self, limit: Duration) -> Result<Exit, TaskError> {
         let exit = {
             let mut s = self.lock();
             match s.status {
                 Status::Running | Status::Starting => {
-                    return Err(format!("task {} is still running", self.id))
+                    return Err(TaskError::Running {
+                        task: self.id.clone(),
+                    })
                 }
                 Status::Created => self.finish(&mut s, 128 + libc::SIGKILL as u32),
                 Status::Stopped => s.exit.clone().expect("stopped has an exit"),
@@ -328,7 +401,7 @@ impl Task {
     }
 
     /// Sandbox teardown and rootfs unmount; also for a shim shutting down.
-    pub fn teardown(&self, limit: Duration) -> Result<(), String> {
+    pub fn teardown(&self, limit: Duration) -> Result<(), TaskError> {
         self.cancel.store(true, Ordering::SeqCst);
         let mut errs = Vec::new();
         if let Some(ctl) = self.ctl.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -336,12 +409,12 @@ impl Task {
             if ctl.send(Ctl::Teardown(tx)).is_ok() {
                 match rx.recv_timeout(limit) {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => errs.push(e),
+                    Ok(Err(e)) => errs.push(TeardownError::Sandbox(e)),
                     // The thread ended (start failed: its sandbox was torn down on drop).
                     Err(mpsc::RecvTimeoutError::Disconnected) => {}
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        errs.push(format!("sandbox {}: teardown timed out", self.sandbox_id))
-                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => errs.push(TeardownError::TimedOut {
+                        sandbox: self.sandbox_id.clone(),
+                    }),
                 }
             }
         }
@@ -357,14 +430,14 @@ impl Task {
             .take()
         {
             if let Err(e) = rootfs::unmount(&rootfs) {
-                errs.push(e.to_string());
+                errs.push(e.into());
             }
         }
         let _ = std::fs::remove_file(self.bundle.join(RECORD));
         if errs.is_empty() {
             Ok(())
         } else {
-            Err(errs.join("; "))
+            Err(TaskError::Teardown(errs))
         }
     }
 }
@@ -374,7 +447,7 @@ pub enum KillError {
     #[error("process already finished")]
     Finished,
     #[error("kill: {0}")]
-    Os(std::io::Error),
+    Os(#[source] std::io::Error),
 }
 
 /// Blocks until `pid` has exited, leaving it unreaped (waitid WNOWAIT).
