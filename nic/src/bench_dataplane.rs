@@ -214,7 +214,7 @@ fn drive(
     let macs: Vec<[u8; 6]> = ports.iter().map(|p| p.config().mac).collect();
     let sends = |i: usize| match topology {
         Topology::Loop => Some((i + 1) % vfs),
-        Topology::OneWay => (i % 2 == 0 && i + 1 < vfs).then_some(i + 1),
+        Topology::OneWay => (i.is_multiple_of(2) && i + 1 < vfs).then_some(i + 1),
     };
     for (i, fe) in fes.iter_mut().enumerate() {
         if let Some(j) = sends(i) {
@@ -250,11 +250,11 @@ fn drive(
 /// One burst on every sender, one poll of every receiver; frames received.
 fn pump(fes: &mut [SimFrontend], sends: &dyn Fn(usize) -> Option<usize>, batch: usize) -> u64 {
     let mut got = 0;
-    for i in 0..fes.len() {
+    for (i, fe) in fes.iter_mut().enumerate() {
         if sends(i).is_some() {
-            fes[i].tx_burst(batch);
+            fe.tx_burst(batch);
         }
-        got += fes[i].rx_burst().0 as u64;
+        got += fe.rx_burst().0 as u64;
     }
     got
 }

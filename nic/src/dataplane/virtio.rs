@@ -164,7 +164,6 @@ fn take_guest_tx_inner(
         pkt.len = frame_len;
         out.push(pkt);
     }
-    drop(chains);
     if drops > 0 {
         AtomicCounters::add(&port.counters.tx_drops, drops);
     }
@@ -250,7 +249,6 @@ fn fill_guest_rx_inner(
             break;
         }
     }
-    drop(chains);
     let c = &port.counters;
     for (counter, n) in [
         (&c.rx_packets, packets),
