@@ -303,6 +303,12 @@ impl SimFrontend {
             "test frames fit one buffer"
         );
         let slot = self.tx_avail % QSIZE;
+        self.fill_tx_slot(slot, frame);
+        self.publish(1, slot);
+    }
+
+    /// Writes header + `frame` into transmit buffer `slot` and points its descriptor at it.
+    fn fill_tx_slot(&self, slot: u16, frame: &[u8]) {
         let gpa = BUFFERS + (QSIZE as u64 + slot as u64) * BUF;
         let p = self.ptr(gpa, HDR_LEN + frame.len());
         // SAFETY: in-bounds buffer of our own memory.
@@ -311,7 +317,6 @@ impl SimFrontend {
             std::ptr::copy_nonoverlapping(frame.as_ptr(), p.add(HDR_LEN), frame.len());
         }
         self.write_desc(1, slot, gpa, (HDR_LEN + frame.len()) as u32, 0, 0);
-        self.publish(1, slot);
     }
 
     /// Posts a transmit descriptor whose buffer lies outside the memory table.
@@ -395,14 +400,7 @@ impl SimFrontend {
             "frames fit one buffer"
         );
         for slot in 0..QSIZE {
-            let gpa = BUFFERS + (QSIZE as u64 + slot as u64) * BUF;
-            let p = self.ptr(gpa, HDR_LEN + frame.len());
-            // SAFETY: in-bounds buffer of our own memory.
-            unsafe {
-                std::ptr::write_bytes(p, 0, HDR_LEN);
-                std::ptr::copy_nonoverlapping(frame.as_ptr(), p.add(HDR_LEN), frame.len());
-            }
-            self.write_desc(1, slot, gpa, (HDR_LEN + frame.len()) as u32, 0, 0);
+            self.fill_tx_slot(slot, frame);
         }
     }
 
