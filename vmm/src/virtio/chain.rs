@@ -68,6 +68,7 @@ where
 #[cfg(test)]
 pub(crate) mod tests {
     use virtio_queue::{Queue, QueueT};
+    use vm_memory::{Bytes, GuestAddress};
 
     use super::*;
 
