@@ -57,6 +57,8 @@ enum BenchCommand {
     Memory(memory_bench::MemoryBenchArgs),
     /// Concurrent VF opens under each devset lock policy.
     Devset(nic::bench::BenchDevsetArgs),
+    /// The VF switch's CPU cycles per packet under a poll-mode frontend (ixy's count).
+    Dataplane(nic::bench_dataplane::BenchDataplaneArgs),
     /// The outage of running sandboxes when the NIC daemon is killed and restarted.
     NicRestart(runtime::restart::BenchNicRestartArgs),
     /// Sandbox bursts while VMMs, the NIC daemon and the runtime are SIGKILLed:
@@ -114,6 +116,9 @@ fn main() -> std::process::ExitCode {
         }
         Command::Bench(BenchCommand::Devset(a)) => {
             nic::bench::run_cli(&a).context("burstvm bench devset")
+        }
+        Command::Bench(BenchCommand::Dataplane(a)) => {
+            nic::bench_dataplane::run_cli(&a).context("burstvm bench dataplane")
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Sched(a))) => {
             sgiov::bench::sched::run_cli(&a).context("burstvm bench sgiov sched")

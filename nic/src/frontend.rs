@@ -51,6 +51,9 @@ pub struct SimFrontend {
     rx_avail: u16,
     rx_used_seen: u16,
     tx_avail: u16,
+    /// Poll mode: used index at the last kick and at the last burst, per queue.
+    kicked_at: [u16; 2],
+    last_used: [u16; 2],
 }
 
 /// The frontend's "guest memory": a memfd mapped shared; `populate` touches
@@ -170,6 +173,8 @@ impl SimFrontend {
             rx_avail: 0,
             rx_used_seen: 0,
             tx_avail: 0,
+            kicked_at: [u16::MAX; 2],
+            last_used: [0; 2],
         };
         me.setup(fd).map_err(vu("session set-up"))?;
         me.post_rx(QSIZE);
@@ -298,6 +303,12 @@ impl SimFrontend {
             "test frames fit one buffer"
         );
         let slot = self.tx_avail % QSIZE;
+        self.fill_tx_slot(slot, frame);
+        self.publish(1, slot);
+    }
+
+    /// Writes header + `frame` into transmit buffer `slot` and points its descriptor at it.
+    fn fill_tx_slot(&self, slot: u16, frame: &[u8]) {
         let gpa = BUFFERS + (QSIZE as u64 + slot as u64) * BUF;
         let p = self.ptr(gpa, HDR_LEN + frame.len());
         // SAFETY: in-bounds buffer of our own memory.
@@ -306,7 +317,6 @@ impl SimFrontend {
             std::ptr::copy_nonoverlapping(frame.as_ptr(), p.add(HDR_LEN), frame.len());
         }
         self.write_desc(1, slot, gpa, (HDR_LEN + frame.len()) as u32, 0, 0);
-        self.publish(1, slot);
     }
 
     /// Posts a transmit descriptor whose buffer lies outside the memory table.
@@ -379,6 +389,80 @@ impl SimFrontend {
                 Duration::from_millis(ms),
             );
             let _ = self.call[0].read();
+        }
+    }
+
+    /// Poll mode (`bench dataplane`): writes `frame` into every transmit
+    /// buffer and its descriptor once, so a burst only publishes heads.
+    pub fn prepare_tx(&mut self, frame: &[u8]) {
+        assert!(
+            HDR_LEN + frame.len() <= BUF as usize,
+            "frames fit one buffer"
+        );
+        for slot in 0..QSIZE {
+            self.fill_tx_slot(slot, frame);
+        }
+    }
+
+    /// Poll mode: publishes up to `n` prepared transmit buffers (as many as
+    /// the ring has free), one avail-index update; kicks only when the NIC
+    /// made no progress since the last kick (it may be asleep). Returns how
+    /// many it published.
+    pub fn tx_burst(&mut self, n: usize) -> usize {
+        let used = self.used_idx(1);
+        let free = QSIZE - self.tx_avail.wrapping_sub(used);
+        let n = n.min(free as usize) as u16;
+        let avail = RING_AREA + 0x1000;
+        for k in 0..n {
+            let at = self.tx_avail.wrapping_add(k);
+            self.w16(avail + 4 + (at % QSIZE) as u64 * 2, at % QSIZE);
+        }
+        if n > 0 {
+            self.tx_avail = self.tx_avail.wrapping_add(n);
+            fence(Ordering::SeqCst);
+            self.w16(avail + 2, self.tx_avail);
+            fence(Ordering::SeqCst);
+        }
+        self.kick_if_stalled(1, used);
+        n as usize
+    }
+
+    /// Poll mode: counts the frames received since the last call and posts
+    /// their buffers again (one avail-index update). Returns (frames, bytes
+    /// without the virtio-net header).
+    pub fn rx_burst(&mut self) -> (usize, u64) {
+        let used = self.used_idx(0);
+        let n = used.wrapping_sub(self.rx_used_seen);
+        let avail = 0x1000;
+        let mut bytes = 0u64;
+        for k in 0..n {
+            let e = 0x2000 + 4 + (self.rx_used_seen.wrapping_add(k) % QSIZE) as u64 * 8;
+            let (id, len) = (self.r32(e) as u16, self.r32(e + 4));
+            bytes += u64::from(len).saturating_sub(HDR_LEN as u64);
+            // The descriptor of slot `id` still points at its buffer.
+            let at = self.rx_avail.wrapping_add(k);
+            self.w16(avail + 4 + (at % QSIZE) as u64 * 2, id % QSIZE);
+        }
+        if n > 0 {
+            self.rx_used_seen = used;
+            self.rx_avail = self.rx_avail.wrapping_add(n);
+            fence(Ordering::SeqCst);
+            self.w16(avail + 2, self.rx_avail);
+            fence(Ordering::SeqCst);
+        }
+        self.kick_if_stalled(0, used);
+        (n as usize, bytes)
+    }
+
+    /// Kicks when the NIC made no progress on queue `q` since the last call
+    /// (it may be asleep), at most once per used index: a polling NIC costs
+    /// the frontend no syscalls.
+    fn kick_if_stalled(&mut self, q: usize, used: u16) {
+        let stalled = used == self.last_used[q];
+        self.last_used[q] = used;
+        if stalled && self.kicked_at[q] != used {
+            self.kicked_at[q] = used;
+            let _ = self.kick[q].write(1);
         }
     }
 

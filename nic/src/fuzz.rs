@@ -248,10 +248,11 @@ pub fn fuzz_dataplane(data: &[u8]) {
     }
 
     // Guest → NIC → switch.
+    let mut scratch = crate::dataplane::virtio::Scratch::default();
     let mut pkts = Vec::new();
     let mut backlog = std::collections::VecDeque::new();
     let mut out = Vec::new();
-    if let Ok(n) = take_guest_tx(&port, &mut rt, &mut pool, batch, &mut pkts) {
+    if let Ok(n) = take_guest_tx(&port, &mut rt, &mut pool, &mut scratch, batch, &mut pkts) {
         assert!(n <= batch && pkts.len() <= n, "{n} chains, batch {batch}");
     }
     for p in pkts.drain(..) {
@@ -284,7 +285,7 @@ pub fn fuzz_dataplane(data: &[u8]) {
         }
         pool.free(p);
     }
-    let _ = fill_guest_rx(&port, &mut rt, &mut pool, batch, &mut backlog);
+    let _ = fill_guest_rx(&port, &mut rt, &mut pool, &mut scratch, batch, &mut backlog);
     for p in backlog.drain(..) {
         pool.free(p);
     }

@@ -3,6 +3,7 @@
 //! switches frames between the VFs of a PF and its uplink. See docs/nic.md.
 
 pub mod bench;
+pub mod bench_dataplane;
 pub mod control;
 pub mod daemon;
 pub mod dataplane;

@@ -13,6 +13,9 @@
 //!   loop), a descriptor outside guest memory;
 //! - more than 2^32 bytes in total (§2.7.5.2).
 
+mod segments;
+
+pub use segments::{read_bufs, total, write_bufs, Buf, CopyError, Split, SplitError};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
 pub use virtio_queue::desc::split::Descriptor;
 use virtio_queue::QueueT;

@@ -43,7 +43,13 @@ pub struct Dataplane {
     /// they were switched in (a frame never outlives a reset of its VF).
     backlog: Vec<VecDeque<Pkt>>,
     seen_generation: Vec<u64>,
-    /// ixy-style accounting: time spent in rounds that moved frames, and frames moved.
+    /// VFs with an open, working session (from the last generation seen):
+    /// the others are skipped without touching their state.
+    live: Vec<bool>,
+    /// The spoof warning was given for the VF's current session.
+    spoof_warned: Vec<bool>,
+    scratch: virtio::Scratch,
+    /// ixy-style accounting: time spent in busy periods, and frames moved.
     busy_ns: u128,
     frames: u64,
 }
@@ -64,8 +70,13 @@ impl Dataplane {
             batch: batch.max(1),
             pool: Mempool::new(4096 + n * BACKLOG_MAX / 4),
             switch: Switch::new(n),
-            backlog: (0..n).map(|_| VecDeque::new()).collect(),
+            backlog: (0..n)
+                .map(|_| VecDeque::with_capacity(BACKLOG_MAX))
+                .collect(),
             seen_generation: vec![0; n],
+            live: vec![false; n],
+            spoof_warned: vec![false; n],
+            scratch: virtio::Scratch::default(),
             busy_ns: 0,
             frames: 0,
             ports,
@@ -75,9 +86,10 @@ impl Dataplane {
     pub fn run(mut self, stop: &AtomicBool) {
         let mut idle = 0u32;
         let mut rx = Vec::with_capacity(self.batch);
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.ports.len() + 1);
+        // The clock is read when a busy period starts and when it ends, not per round.
+        let mut busy_since: Option<std::time::Instant> = None;
         while !stop.load(Ordering::Relaxed) {
-            let round = std::time::Instant::now();
             self.refresh_ports();
             let mut work = 0;
             // 1. Uplink → switch.
@@ -87,13 +99,17 @@ impl Dataplane {
                     self.forward(PortId::Uplink, pkt, &mut out);
                 }
             }
-            // 2. Each VF's transmit queue → switch.
+            // 2. Each live VF's transmit queue → switch (idle VFs are not locked).
             for i in 0..self.ports.len() {
-                let port = self.ports[i].clone();
+                if !self.live[i] {
+                    continue;
+                }
+                let port = &self.ports[i];
                 let r = virtio::take_guest_tx(
-                    &port,
+                    port,
                     &mut port.runtime(),
                     &mut self.pool,
+                    &mut self.scratch,
                     self.batch,
                     &mut rx,
                 );
@@ -107,11 +123,15 @@ impl Dataplane {
             }
             // 3. Queued frames → each VF's receive queue.
             for i in 0..self.ports.len() {
-                let port = self.ports[i].clone();
+                if self.backlog[i].is_empty() {
+                    continue;
+                }
+                let port = &self.ports[i];
                 let r = virtio::fill_guest_rx(
-                    &port,
+                    port,
                     &mut port.runtime(),
                     &mut self.pool,
+                    &mut self.scratch,
                     self.batch,
                     &mut self.backlog[i],
                 );
@@ -122,9 +142,12 @@ impl Dataplane {
             }
             if work > 0 {
                 idle = 0;
-                self.busy_ns += round.elapsed().as_nanos();
+                busy_since.get_or_insert_with(std::time::Instant::now);
                 self.frames += work as u64;
             } else {
+                if let Some(t) = busy_since.take() {
+                    self.busy_ns += t.elapsed().as_nanos();
+                }
                 idle += 1;
                 if idle >= SPIN_ROUNDS {
                     self.sleep();
@@ -132,9 +155,12 @@ impl Dataplane {
                 }
             }
         }
+        if let Some(t) = busy_since {
+            self.busy_ns += t.elapsed().as_nanos();
+        }
         if self.frames > 0 {
             tracing::info!(
-                "PF {}: {} frames moved, {} ns/frame in busy rounds",
+                "PF {}: {} frames moved, {} ns/frame in busy periods",
                 self.devset.name(),
                 self.frames,
                 self.busy_ns / self.frames as u128
@@ -155,6 +181,10 @@ impl Dataplane {
                 let rt = port.runtime();
                 rt.active && !rt.failed
             };
+            if !self.live[i] && active {
+                self.spoof_warned[i] = false;
+            }
+            self.live[i] = active;
             self.switch.set_vf(
                 i,
                 VfView {
@@ -198,7 +228,10 @@ impl Dataplane {
         rx.len()
     }
 
-    /// Switches one frame: to the uplink at once, to VFs through their backlog.
+    /// Switches one frame: to the uplink at once, to VFs through their
+    /// backlog. A frame from a VF counts once, as `tx_packets` when the switch
+    /// took it, or as `tx_drops` when it went nowhere; each VF it reaches
+    /// counts it as `rx_packets` when written into its ring (or `rx_drops`).
     fn forward(&mut self, from: PortId, mut pkt: Pkt, out: &mut Vec<PortId>) {
         let vlan = match from {
             PortId::Uplink => {
@@ -208,38 +241,37 @@ impl Dataplane {
             }
             PortId::Vf(i) => self.switch.vf_vlan(i),
         };
-        if pkt.len < 14 || !self.switch.route(from, vlan, self.pool.data(&pkt), out) {
+        let len = pkt.len as u64;
+        let routed = pkt.len >= 14 && self.switch.route(from, vlan, self.pool.data(&pkt), out);
+        if !routed {
             if let PortId::Vf(i) = from {
-                AtomicCounters::add(&self.ports[i].counters.tx_drops, 1);
+                self.spoofed(i, &pkt);
             }
-            self.pool.free(pkt);
-            return;
         }
-        if out.is_empty() {
-            self.pool.free(pkt);
-            return;
-        }
+        let mut taken = false;
         // One buffer per destination: copies first, the original goes last.
-        let mut pkts: Vec<Pkt> = (1..out.len())
-            .filter_map(|_| self.pool.clone_pkt(&pkt))
-            .collect();
-        pkts.push(pkt);
-        for (dest, mut p) in out.iter().rev().zip(pkts.into_iter().rev()) {
+        let mut orig = Some(pkt);
+        let n = if routed { out.len() } else { 0 };
+        for (k, dest) in out.iter().take(n).enumerate() {
+            let p = if k + 1 == n {
+                orig.take()
+            } else {
+                orig.as_ref().and_then(|o| self.pool.clone_pkt(o))
+            };
+            let Some(mut p) = p else { continue };
             match *dest {
                 PortId::Uplink => {
                     if let Some(v) = vlan {
                         p.len = switch::tag(self.pool.buf_mut(&p), p.len, v);
                     }
-                    let sent = self
+                    taken |= self
                         .uplink
                         .as_ref()
                         .is_some_and(|u| u.send(self.pool.data(&p)));
-                    if let (false, PortId::Vf(i)) = (sent || self.uplink.is_none(), from) {
-                        AtomicCounters::add(&self.ports[i].counters.tx_drops, 1);
-                    }
                     self.pool.free(p);
                 }
                 PortId::Vf(j) => {
+                    taken = true;
                     if self.backlog[j].len() >= BACKLOG_MAX {
                         AtomicCounters::add(&self.ports[j].counters.rx_drops, 1);
                         self.pool.free(p);
@@ -249,6 +281,38 @@ impl Dataplane {
                 }
             }
         }
+        if let Some(p) = orig {
+            self.pool.free(p);
+        }
+        if let PortId::Vf(i) = from {
+            let c = &self.ports[i].counters;
+            if taken {
+                AtomicCounters::add(&c.tx_packets, 1);
+                AtomicCounters::add(&c.tx_bytes, len);
+            } else {
+                AtomicCounters::add(&c.tx_drops, 1);
+            }
+        }
+    }
+
+    /// A frame VF `i` sent that the switch refused: its source MAC is not the
+    /// VF's. Said once per VF session (a frontend without `mac=` does it on
+    /// every frame).
+    fn spoofed(&mut self, i: usize, pkt: &Pkt) {
+        let frame = self.pool.data(pkt);
+        if frame.len() < 14 || self.spoof_warned[i] {
+            return;
+        }
+        self.spoof_warned[i] = true;
+        let mac = netutil::MacAddr::new;
+        tracing::warn!(
+            "VF {}: dropping frames with source MAC {} (the VF's MAC is {}): spoof check; \
+             a DPDK virtio-user frontend needs mac={}",
+            self.ports[i].id,
+            mac(switch::src_mac(frame)),
+            mac(self.switch.vf_mac(i)),
+            mac(self.switch.vf_mac(i)),
+        );
     }
 
     /// A malformed descriptor chain: this VF only goes to error.

@@ -51,6 +51,10 @@ impl Switch {
         self.vfs[i] = v;
     }
 
+    pub fn vf_mac(&self, i: usize) -> [u8; 6] {
+        self.vfs[i].mac
+    }
+
     pub fn vf_vlan(&self, i: usize) -> Option<u16> {
         self.vfs[i].vlan
     }

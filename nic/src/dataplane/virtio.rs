@@ -1,21 +1,25 @@
 //! The VF side of the dataplane: moving frames between the mempool and a
 //! guest's split virtqueues. Every descriptor comes from untrusted guest
-//! memory: its range is checked against the VF's memory table, a chain cut
-//! short or pointing outside the table is a `Fault` (the VF goes to error).
+//! memory: `virtq` (the walker and segment copier the VMM's devices use too)
+//! walks each chain, refuses malformed ones and checks every buffer against
+//! the VF's memory table; a `Fault` puts the VF (only it) in error.
+//!
+//! Nothing here allocates: the chain's buffers go into the caller's
+//! [`Scratch`], frames into mempool buffers, used entries into a reused
+//! array, and bytes move one memcpy per descriptor segment.
 
 use std::collections::VecDeque;
 
-use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
-use virtq::Ring;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use virtio_queue::{QueueOwnedT, QueueT};
+use virtq::{Ring, Split};
 
 use super::mempool::{Mempool, Pkt, BUF_SIZE};
 use crate::memory::VfMemory;
 use crate::port::{AtomicCounters, Port, Runtime, RXQ, TXQ};
 
 /// Room left in a buffer for a VLAN tag added on the uplink.
-const VLAN_ROOM: usize = 4;
-const MIN_FRAME: usize = 14;
+pub const VLAN_ROOM: usize = 4;
+pub const MIN_FRAME: usize = 14;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Fault {
@@ -27,70 +31,81 @@ pub enum Fault {
         head: u16,
         what: &'static str,
     },
-    #[error("queue {q}: descriptor {addr:#x}+{len} outside the memory table")]
-    Range { q: usize, addr: u64, len: u32 },
-    #[error("queue {q}: {what}")]
-    Memory { q: usize, what: String },
     #[error("queue {q}: {source}")]
-    Walk { q: usize, source: virtq::ChainError },
+    Split {
+        q: usize,
+        #[source]
+        source: virtq::SplitError,
+    },
+    #[error("queue {q}: descriptor chain {head}: {source}")]
+    Copy {
+        q: usize,
+        head: u16,
+        #[source]
+        source: virtq::CopyError,
+    },
 }
 
-type Chain<'a> = DescriptorChain<&'a GuestMemoryMmap>;
-
-/// Up to `max` available chains of queue `q` (borrowing ends before add_used).
-fn pop_chains<'a>(
-    rt: &mut Runtime,
-    gm: &'a GuestMemoryMmap,
-    q: usize,
-    max: usize,
-) -> Result<Vec<Chain<'a>>, Fault> {
-    let queue = &mut rt.vrings[q].queue;
-    let iter = queue.iter(gm).map_err(|e| Fault::Queue { q, e })?;
-    Ok(iter.take(max).collect())
+/// Per-thread working space of the VF side, allocated once.
+#[derive(Default)]
+pub struct Scratch {
+    split: Split,
+    /// (head, used length) of the chains of one batch, completed together.
+    used: Vec<(u16, u32)>,
 }
 
-/// Collects the descriptors of a chain (`virtq::Ring::walk`: indirect
-/// tables, loops, bad next indexes), checking each range and direction.
-fn descriptors(
-    chain: Chain<'_>,
-    ring: Ring,
+/// Walks the chain at `head` into `split`: well formed, in the memory table,
+/// and only device-readable (transmit) or only device-writable (receive).
+fn split_chain(
+    ring: &Ring,
+    mem: &VfMemory,
     q: usize,
-    mem_ok: impl Fn(u64, usize) -> bool,
-    want_write: bool,
-) -> Result<Vec<(u64, u32)>, Fault> {
-    let head = chain.head_index();
-    let mut out = Vec::new();
-    for d in ring.walk(chain.memory(), head) {
-        let d = d.map_err(|source| Fault::Walk { q, source })?;
-        if d.is_write_only() != want_write {
-            return Err(Fault::Chain {
-                q,
-                head,
-                what: if want_write {
-                    "read-only buffer in receive chain"
-                } else {
-                    "writable buffer in transmit chain"
-                },
-            });
-        }
-        if !mem_ok(d.addr().0, d.len() as usize) {
-            return Err(Fault::Range {
-                q,
-                addr: d.addr().0,
-                len: d.len(),
-            });
-        }
-        out.push((d.addr().0, d.len()));
+    head: u16,
+    split: &mut Split,
+) -> Result<(), Fault> {
+    let e = |source| Fault::Split { q, source };
+    ring.split_into(&mem.gm, head, split).map_err(e)?;
+    split.check_in(&mem.gm).map_err(e)?;
+    let (wrong, what) = if q == TXQ {
+        (&split.writable, "writable buffer in transmit chain")
+    } else {
+        (&split.readable, "read-only buffer in receive chain")
+    };
+    if !wrong.is_empty() || split.readable.len() + split.writable.len() == 0 {
+        return Err(Fault::Chain { q, head, what });
     }
-    Ok(out)
+    Ok(())
 }
 
-/// Guest transmit queue → packets (the VF's `tx_*` counters). Returns how
-/// many frames it took.
+/// Returns the batch's chains to the guest and interrupts it if it asked.
+fn complete(rt: &mut Runtime, mem: &VfMemory, q: usize, used: &[(u16, u32)]) -> Result<(), Fault> {
+    if used.is_empty() {
+        return Ok(());
+    }
+    let vr = &mut rt.vrings[q];
+    for &(h, len) in used {
+        vr.queue
+            .add_used(&mem.gm, h, len)
+            .map_err(|e| Fault::Queue { q, e })?;
+    }
+    if vr
+        .queue
+        .needs_notification(&mem.gm)
+        .map_err(|e| Fault::Queue { q, e })?
+    {
+        vr.signal();
+    }
+    Ok(())
+}
+
+/// Guest transmit queue → packets in `out`. Frames that cannot be taken (bad
+/// length, no packet buffer) count as `tx_drops`; the others are counted by
+/// the switch once it has forwarded them. Returns how many chains it took.
 pub fn take_guest_tx(
     port: &Port,
     rt: &mut Runtime,
     pool: &mut Mempool,
+    scratch: &mut Scratch,
     batch: usize,
     out: &mut Vec<Pkt>,
 ) -> Result<usize, Fault> {
@@ -98,7 +113,7 @@ pub fn take_guest_tx(
         return Ok(0);
     }
     let mem = rt.mem.take().expect("usable ring implies a memory table");
-    let r = take_guest_tx_inner(port, rt, &mem, pool, batch, out);
+    let r = take_guest_tx_inner(port, rt, &mem, pool, scratch, batch, out);
     rt.mem = Some(mem);
     r
 }
@@ -108,78 +123,52 @@ fn take_guest_tx_inner(
     rt: &mut Runtime,
     mem: &VfMemory,
     pool: &mut Mempool,
+    scratch: &mut Scratch,
     batch: usize,
     out: &mut Vec<Pkt>,
 ) -> Result<usize, Fault> {
-    let gm = &mem.gm;
-    let hdr_len = rt.hdr_len;
+    let hdr_len = rt.hdr_len as u64;
     let ring = Ring::of(&rt.vrings[TXQ].queue, rt.features);
-    let chains = pop_chains(rt, gm, TXQ, batch)?;
-    let mut heads = Vec::with_capacity(chains.len());
-    for chain in chains {
+    let prepare = |gpa, len| mem.prepare_for_device_write(gpa, len);
+    let Scratch { split, used } = scratch;
+    used.clear();
+    let mut drops = 0;
+    let mut chains = rt.vrings[TXQ]
+        .queue
+        .iter(&mem.gm)
+        .map_err(|e| Fault::Queue { q: TXQ, e })?;
+    while used.len() < batch {
+        let Some(chain) = chains.next() else { break };
         let head = chain.head_index();
-        let descs = descriptors(chain, ring, TXQ, |a, l| mem.check(a, l), false)?;
-        heads.push(head);
-        let total: usize = descs.iter().map(|d| d.1 as usize).sum();
-        let frame_len = total.saturating_sub(hdr_len);
-        let c = &port.counters;
+        split_chain(&ring, mem, TXQ, head, split)?;
+        used.push((head, 0));
+        let frame_len = virtq::total(&split.readable).saturating_sub(hdr_len) as usize;
         if !(MIN_FRAME..=BUF_SIZE - VLAN_ROOM).contains(&frame_len) {
-            AtomicCounters::add(&c.tx_drops, 1);
+            drops += 1;
             continue;
         }
         let Some(mut pkt) = pool.alloc() else {
-            AtomicCounters::add(&c.tx_drops, 1);
+            drops += 1;
             continue;
         };
-        // Copy the frame, skipping the virtio-net header.
-        let buf = pool.buf_mut(&pkt);
-        let (mut skip, mut w) = (hdr_len, 0usize);
-        for (addr, len) in descs {
-            let len = len as usize;
-            if skip >= len {
-                skip -= len;
-                continue;
-            }
-            let n = len - skip;
-            let gpa = addr + skip as u64;
-            // Lazy zeroing: a page the guest never wrote must read as zeros.
-            if let Err(e) = mem.prepare_for_device_write(gpa, n as u64) {
-                pool.free(pkt);
-                return Err(Fault::Memory {
-                    q: TXQ,
-                    what: e.to_string(),
-                });
-            }
-            if let Err(e) = gm.read_slice(&mut buf[w..w + n], GuestAddress(gpa)) {
-                pool.free(pkt);
-                return Err(Fault::Memory {
-                    q: TXQ,
-                    what: e.to_string(),
-                });
-            }
-            w += n;
-            skip = 0;
+        // The frame, without the virtio-net header, one memcpy per segment.
+        let buf = &mut pool.buf_mut(&pkt)[..frame_len];
+        if let Err(source) = virtq::read_bufs(&mem.gm, &prepare, &split.readable, hdr_len, buf) {
+            pool.free(pkt);
+            return Err(Fault::Copy {
+                q: TXQ,
+                head,
+                source,
+            });
         }
-        pkt.len = w;
-        AtomicCounters::add(&c.tx_packets, 1);
-        AtomicCounters::add(&c.tx_bytes, w as u64);
+        pkt.len = frame_len;
         out.push(pkt);
     }
-    let vr = &mut rt.vrings[TXQ];
-    for &h in &heads {
-        vr.queue
-            .add_used(gm, h, 0)
-            .map_err(|e| Fault::Queue { q: TXQ, e })?;
+    if drops > 0 {
+        AtomicCounters::add(&port.counters.tx_drops, drops);
     }
-    if !heads.is_empty()
-        && vr
-            .queue
-            .needs_notification(gm)
-            .map_err(|e| Fault::Queue { q: TXQ, e })?
-    {
-        vr.signal();
-    }
-    Ok(heads.len())
+    complete(rt, mem, TXQ, used)?;
+    Ok(used.len())
 }
 
 /// Queued frames → guest receive queue (the VF's `rx_*` counters). Frames
@@ -189,6 +178,7 @@ pub fn fill_guest_rx(
     port: &Port,
     rt: &mut Runtime,
     pool: &mut Mempool,
+    scratch: &mut Scratch,
     batch: usize,
     backlog: &mut VecDeque<Pkt>,
 ) -> Result<usize, Fault> {
@@ -196,45 +186,9 @@ pub fn fill_guest_rx(
         return Ok(0);
     }
     let mem = rt.mem.take().expect("usable ring implies a memory table");
-    let r = fill_guest_rx_inner(port, rt, &mem, pool, batch, backlog);
+    let r = fill_guest_rx_inner(port, rt, &mem, pool, scratch, batch, backlog);
     rt.mem = Some(mem);
     r
-}
-
-/// Writes `hdr` then `frame` into the guest buffers `descs` (which hold at
-/// least that many bytes); returns how many bytes it wrote.
-fn write_chain(
-    mem: &VfMemory,
-    descs: &[(u64, u32)],
-    hdr: &[u8],
-    frame: &[u8],
-) -> Result<usize, Fault> {
-    let fault = |what: String| Fault::Memory { q: RXQ, what };
-    let mut src = hdr.iter().chain(frame.iter()).copied();
-    let total = hdr.len() + frame.len();
-    let mut written = 0usize;
-    let mut chunk = [0u8; 2048];
-    for &(addr, len) in descs {
-        if written == total {
-            break;
-        }
-        let n = (len as usize).min(total - written);
-        mem.prepare_for_device_write(addr, n as u64)
-            .map_err(|e| fault(e.to_string()))?;
-        let mut done = 0;
-        while done < n {
-            let m = (n - done).min(chunk.len());
-            for b in chunk[..m].iter_mut() {
-                *b = src.next().expect("total bytes counted");
-            }
-            mem.gm
-                .write_slice(&chunk[..m], GuestAddress(addr + done as u64))
-                .map_err(|e| fault(e.to_string()))?;
-            done += m;
-        }
-        written += n;
-    }
-    Ok(written)
 }
 
 fn fill_guest_rx_inner(
@@ -242,54 +196,70 @@ fn fill_guest_rx_inner(
     rt: &mut Runtime,
     mem: &VfMemory,
     pool: &mut Mempool,
+    scratch: &mut Scratch,
     batch: usize,
     backlog: &mut VecDeque<Pkt>,
 ) -> Result<usize, Fault> {
-    let gm = &mem.gm;
     let hdr_len = rt.hdr_len;
     let ring = Ring::of(&rt.vrings[RXQ].queue, rt.features);
-    let chains = pop_chains(rt, gm, RXQ, batch.min(backlog.len()))?;
-    let mut used = Vec::with_capacity(chains.len());
-    let c = &port.counters;
-    for chain in chains {
+    let prepare = |gpa, len| mem.prepare_for_device_write(gpa, len);
+    // virtio_net_hdr: all zero (no offloads), num_buffers = 1 when present.
+    let mut hdr = [0u8; 12];
+    if hdr_len == 12 {
+        hdr[10] = 1;
+    }
+    let Scratch { split, used } = scratch;
+    used.clear();
+    let (mut packets, mut bytes, mut drops) = (0, 0, 0);
+    let mut chains = rt.vrings[RXQ]
+        .queue
+        .iter(&mem.gm)
+        .map_err(|e| Fault::Queue { q: RXQ, e })?;
+    let mut result = Ok(());
+    while used.len() < batch && !backlog.is_empty() {
+        let Some(chain) = chains.next() else { break };
         let head = chain.head_index();
-        let descs = descriptors(chain, ring, RXQ, |a, l| mem.check(a, l), true)?;
-        let pkt = backlog.pop_front().expect("one chain per queued frame");
-        // virtio_net_hdr: all zero (no offloads), num_buffers = 1 when present.
-        let mut hdr = [0u8; 12];
-        if hdr_len == 12 {
-            hdr[10] = 1;
+        if let Err(f) = split_chain(&ring, mem, RXQ, head, split) {
+            result = Err(f);
+            break;
         }
+        let pkt = backlog.pop_front().expect("checked non-empty");
         let frame = pool.data(&pkt);
-        let cap: usize = descs.iter().map(|d| d.1 as usize).sum();
-        if cap < hdr_len + frame.len() {
-            AtomicCounters::add(&c.rx_drops, 1);
-            pool.free(pkt);
+        let len = hdr_len + frame.len();
+        if virtq::total(&split.writable) < len as u64 {
+            drops += 1;
             used.push((head, 0));
-            continue;
+        } else {
+            let parts: [&[u8]; 2] = [&hdr[..hdr_len], frame];
+            if let Err(source) = virtq::write_bufs(&mem.gm, &prepare, &split.writable, 0, &parts) {
+                result = Err(Fault::Copy {
+                    q: RXQ,
+                    head,
+                    source,
+                });
+            } else {
+                packets += 1;
+                bytes += frame.len() as u64;
+                used.push((head, len as u32));
+            }
         }
-        let written = write_chain(mem, &descs, &hdr[..hdr_len], frame);
-        let frame_len = frame.len();
         // Back to the pool also when the guest's memory failed the write.
         pool.free(pkt);
-        let written = written?;
-        AtomicCounters::add(&c.rx_packets, 1);
-        AtomicCounters::add(&c.rx_bytes, frame_len as u64);
-        used.push((head, written as u32));
+        if result.is_err() {
+            break;
+        }
     }
-    let vr = &mut rt.vrings[RXQ];
-    for &(h, len) in &used {
-        vr.queue
-            .add_used(gm, h, len)
-            .map_err(|e| Fault::Queue { q: RXQ, e })?;
+    let c = &port.counters;
+    for (counter, n) in [
+        (&c.rx_packets, packets),
+        (&c.rx_bytes, bytes),
+        (&c.rx_drops, drops),
+    ] {
+        if n > 0 {
+            AtomicCounters::add(counter, n);
+        }
     }
-    if !used.is_empty()
-        && vr
-            .queue
-            .needs_notification(gm)
-            .map_err(|e| Fault::Queue { q: RXQ, e })?
-    {
-        vr.signal();
-    }
+    result?;
+    complete(rt, mem, RXQ, used)?;
     Ok(used.len())
 }

@@ -1,16 +1,15 @@
-//! Descriptor chains: the one place in the VMM that walks a popped chain and
-//! moves bytes between it and the device, through checked guest-memory
-//! accessors. `virtq::Ring::walk` (shared with the NIC) walks it and refuses
-//! malformed chains (indirect without the feature, loops, bad next
-//! indexes); here the chain is split into its device-readable
-//! head and device-writable tail (virtio 1.2 §2.7.4.2), and every guest
-//! address is checked by vm-memory on access. Every range is prepared before
+//! Descriptor chains: the VMM's devices' door to `virtq` (shared with the
+//! NIC's dataplane), which walks a popped chain and refuses malformed ones
+//! (indirect without the feature, loops, bad next indexes), splits it into its device-readable head and
+//! device-writable tail (virtio 1.2 §2.7.4.2) and moves bytes between it and
+//! the device one segment at a time, each checked by vm-memory. Every range
+//! is prepared before
 //! the device reads or writes it (`GuestMemory::prepare_for_device_write`):
 //! a page the guest never touched may still hold a previous tenant's bytes
 //! under lazy zeroing, and a device write must not be wiped by a later fault.
 
 use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 
 /// Called with (gpa, len) before the device reads or writes there; an error stops the access.
 pub type PrepareWrite = dyn Fn(u64, u64) -> Result<(), String> + Send + Sync;
@@ -25,86 +24,20 @@ pub fn prepare_for(ctx: &crate::bus::DeviceContext) -> std::sync::Arc<PrepareWri
     })
 }
 
-/// One buffer of a chain, as the guest described it (unchecked).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Buf {
-    pub addr: u64,
-    pub len: u32,
-}
+pub use virtq::{total, Buf, Split};
 
-/// A chain split into its device-readable and device-writable buffers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Split {
-    pub head: u16,
-    pub readable: Vec<Buf>,
-    pub writable: Vec<Buf>,
-}
-
-/// Total byte length of `bufs`.
-pub fn total(bufs: &[Buf]) -> u64 {
-    bufs.iter().map(|b| b.len as u64).sum()
-}
-
-/// Splits a chain of the queue `ring` describes; a device-readable buffer
-/// after a device-writable one is a malformed chain, and so is whatever
-/// `virtq::Ring::walk` refuses (an indirect descriptor unless
-/// VIRTIO_F_INDIRECT_DESC was negotiated, a loop, a bad next index).
+/// Splits a chain of the queue `ring` describes (`virtq::Ring::split_into`:
+/// the walk's checks, readable before writable, every buffer in memory).
 pub fn split<M>(chain: DescriptorChain<M>, ring: &virtq::Ring) -> Result<Split, String>
 where
     M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
 {
-    let mut s = Split {
-        head: chain.head_index(),
-        readable: Vec::new(),
-        writable: Vec::new(),
-    };
-    for d in ring.walk(chain.memory(), chain.head_index()) {
-        let d = d.map_err(|e| e.to_string())?;
-        let b = Buf {
-            addr: d.addr().0,
-            len: d.len(),
-        };
-        if d.is_write_only() {
-            s.writable.push(b);
-        } else if s.writable.is_empty() {
-            s.readable.push(b);
-        } else {
-            return Err("device-readable descriptor after a device-writable one".into());
-        }
-    }
-    Ok(s)
+    ring.split(chain.memory(), chain.head_index())
+        .map_err(|e| e.to_string())
 }
 
-/// The pieces of `bufs` that cover bytes `skip..skip + len` of their concatenation.
-fn pieces(bufs: &[Buf], skip: u64, len: u64) -> Result<Vec<(u64, usize)>, String> {
-    let end = skip
-        .checked_add(len)
-        .filter(|&e| e <= total(bufs))
-        .ok_or_else(|| {
-            format!(
-                "bytes {skip}..+{len} lie beyond the chain's {} bytes",
-                total(bufs)
-            )
-        })?;
-    let mut out = Vec::new();
-    let mut at = 0u64;
-    for b in bufs {
-        let (lo, hi) = (at, at + b.len as u64);
-        at = hi;
-        let (s, e) = (lo.max(skip), hi.min(end));
-        if s < e {
-            let addr = b
-                .addr
-                .checked_add(s - lo)
-                .ok_or_else(|| format!("buffer {:#x}+{:#x} overflows", b.addr, b.len))?;
-            out.push((addr, (e - s) as usize));
-        }
-    }
-    Ok(out)
-}
-
-/// Copies bytes `skip..skip + out.len()` of the buffers into `out`,
-/// preparing each piece first.
+/// Copies bytes `skip..skip + out.len()` of the buffers into `out`
+/// (`virtq::read_bufs`: each piece prepared, then one memcpy).
 pub fn read_bufs<P>(
     mem: &GuestMemoryMmap,
     prepare: &P,
@@ -115,17 +48,10 @@ pub fn read_bufs<P>(
 where
     P: Fn(u64, u64) -> Result<(), String> + ?Sized,
 {
-    let mut off = 0;
-    for (addr, n) in pieces(bufs, skip, out.len() as u64)? {
-        prepare(addr, n as u64)?;
-        mem.read_slice(&mut out[off..off + n], GuestAddress(addr))
-            .map_err(|e| format!("buffer {addr:#x}+{n:#x}: {e}"))?;
-        off += n;
-    }
-    Ok(())
+    virtq::read_bufs(mem, prepare, bufs, skip, out).map_err(|e| e.to_string())
 }
 
-/// Writes `data` at bytes `skip..` of the buffers, preparing each piece first.
+/// Writes `data` at bytes `skip..` of the buffers (`virtq::write_bufs`).
 pub fn write_bufs<P>(
     mem: &GuestMemoryMmap,
     prepare: &P,
@@ -136,19 +62,13 @@ pub fn write_bufs<P>(
 where
     P: Fn(u64, u64) -> Result<(), String> + ?Sized,
 {
-    let mut off = 0;
-    for (addr, n) in pieces(bufs, skip, data.len() as u64)? {
-        prepare(addr, n as u64)?;
-        mem.write_slice(&data[off..off + n], GuestAddress(addr))
-            .map_err(|e| format!("buffer {addr:#x}+{n:#x}: {e}"))?;
-        off += n;
-    }
-    Ok(())
+    virtq::write_bufs(mem, prepare, bufs, skip, &[data]).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use virtio_queue::{Queue, QueueT};
+    use vm_memory::{Bytes, GuestAddress};
 
     use super::*;
 
@@ -207,12 +127,15 @@ pub(crate) mod tests {
         );
         assert_eq!(s.writable.len(), 2);
         assert_eq!(total(&s.writable), 9);
-        assert_eq!(
-            pieces(&s.writable, 6, 3).unwrap(),
-            vec![(0x5006, 2), (0x6000, 1)]
-        );
-        assert!(pieces(&s.writable, 6, 4).is_err());
-        assert!(pieces(&s.writable, u64::MAX, 2).is_err());
+        let pieces = std::sync::Mutex::new(Vec::new());
+        let record = |a, n| {
+            pieces.lock().unwrap().push((a, n));
+            Ok(())
+        };
+        read_bufs(&m, &record, &s.writable, 6, &mut [0u8; 3]).unwrap();
+        assert_eq!(*pieces.lock().unwrap(), vec![(0x5006, 2), (0x6000, 1)]);
+        assert!(read_bufs(&m, &record, &s.writable, 6, &mut [0u8; 4]).is_err());
+        assert!(read_bufs(&m, &record, &s.writable, u64::MAX, &mut [0u8; 2]).is_err());
 
         // Readable after writable: malformed.
         let mut q = queue_with(&m, &[(0x5000, 8, F_WRITE | F_NEXT, 1), (0x4000, 16, 0, 0)]);
@@ -262,44 +185,5 @@ pub(crate) mod tests {
                 }]
             );
         }
-    }
-
-    #[test]
-    fn writes_are_prepared_and_reads_checked() {
-        let m = mem();
-        let bufs = [
-            Buf {
-                addr: 0x4000,
-                len: 4,
-            },
-            Buf {
-                addr: 0x5000,
-                len: 4,
-            },
-        ];
-        let prepared = std::sync::Mutex::new(Vec::new());
-        let prep = |a, n| {
-            prepared.lock().unwrap().push((a, n));
-            Ok(())
-        };
-        write_bufs(&m, &prep, &bufs, 2, &[1, 2, 3, 4]).unwrap();
-        assert_eq!(*prepared.lock().unwrap(), vec![(0x4002, 2), (0x5000, 2)]);
-        let mut back = [0u8; 6];
-        read_bufs(&m, &prep, &bufs, 1, &mut back).unwrap();
-        assert_eq!(back, [0, 1, 2, 3, 4, 0]);
-        // Reads are prepared too (an untouched page may hold old bytes).
-        assert_eq!(prepared.lock().unwrap()[2..], [(0x4001, 3), (0x5000, 3)]);
-        // A buffer outside guest memory fails the access, not the process.
-        let out = [Buf {
-            addr: MEM_SIZE - 2,
-            len: 4,
-        }];
-        assert!(read_bufs(&m, &prep, &out, 0, &mut [0u8; 4]).is_err());
-        assert!(write_bufs(&m, &prep, &out, 0, &[0u8; 4]).is_err());
-        let wrap = [Buf {
-            addr: u64::MAX - 1,
-            len: 4,
-        }];
-        assert!(read_bufs(&m, &prep, &wrap, 3, &mut [0u8; 1]).is_err());
     }
 }

@@ -1,0 +1,359 @@
+//! `bench dataplane`: the VF switch's cost per packet, counted as ixy counts
+//! it. A built-in poll-mode frontend (`SimFrontend` in poll mode: no VM, no
+//! syscalls while the NIC polls) drives two or more VFs of an in-process NIC
+//! for a fixed time; the NIC's dataplane thread runs as in the daemon. For
+//! every frame size, batch size and topology it prints packets/s, the
+//! dataplane thread's CPU seconds (from /proc per-thread schedstat, which
+//! excludes steal time) and cycles per packet (CPU seconds × the nominal
+//! frequency / packets), median of `--reps` runs.
+//!
+//! Topologies: `loop` — VF i sends to VF (i+1) mod n, every VF sends and
+//! receives; `one-way` — VF 2k sends to VF 2k+1.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::daemon::{BackgroundServer, Nic};
+use crate::dataplane::Dataplane;
+use crate::devset::LockPolicy;
+use crate::frontend::{SimFrontend, MIN_MEM};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Topology {
+    Loop,
+    OneWay,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchDataplaneArgs {
+    /// VFs driven (at least 2; one-way uses them in pairs).
+    #[arg(long, default_value_t = 2)]
+    pub vfs: usize,
+    /// Frame sizes in bytes (Ethernet header included, no FCS).
+    #[arg(long, value_delimiter = ',', default_value = "64,1500")]
+    pub sizes: Vec<usize>,
+    /// Batch sizes: the NIC's `--batch` and the frontend's burst.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
+    pub batch: Vec<usize>,
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_enum,
+        default_value = "loop,one-way"
+    )]
+    pub topology: Vec<Topology>,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 2.0)]
+    pub duration: f64,
+    /// Runs per configuration (the median is printed).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Work directory for the VF sockets (a fresh temporary one by default).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchDpError {
+    #[error("bench dataplane: {0}")]
+    Config(String),
+    #[error("bench dataplane: {what}: {source}")]
+    Nic {
+        what: &'static str,
+        #[source]
+        source: crate::Error,
+    },
+    #[error("bench dataplane: {0}")]
+    Frontend(#[from] crate::frontend::FrontendError),
+    #[error("bench dataplane: {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bench dataplane: {0}")]
+    Run(String),
+}
+
+/// One run's result.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub packets: u64,
+    pub seconds: f64,
+    pub cpu_seconds: f64,
+}
+
+impl Sample {
+    pub fn pps(&self) -> f64 {
+        self.packets as f64 / self.seconds
+    }
+    pub fn cycles_per_packet(&self, hz: f64) -> f64 {
+        self.cpu_seconds * hz / self.packets.max(1) as f64
+    }
+}
+
+/// CPU time a thread of this process has run (ns), from
+/// `/proc/self/task/TID/schedstat` (first field: time on a CPU, no steal).
+pub fn thread_cpu_ns(tid: i32) -> Result<u64, BenchDpError> {
+    let path = format!("/proc/self/task/{tid}/schedstat");
+    let s = std::fs::read_to_string(&path).map_err(|source| BenchDpError::Io {
+        what: path.clone(),
+        source,
+    })?;
+    s.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| BenchDpError::Run(format!("{path}: unexpected {s:?}")))
+}
+
+/// The CPU's nominal frequency (Hz) and where it came from: the "@ X GHz" of
+/// the model name when it has one, else the first "cpu MHz".
+pub fn nominal_hz() -> (f64, &'static str) {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    if let Some(ghz) = field("model name")
+        .and_then(|m| m.split_once('@').map(|(_, f)| f.trim().to_string()))
+        .and_then(|f| f.trim_end_matches("GHz").trim().parse::<f64>().ok())
+    {
+        return (ghz * 1e9, "model name");
+    }
+    match field("cpu MHz").and_then(|m| m.parse::<f64>().ok()) {
+        Some(mhz) => (mhz * 1e6, "cpu MHz"),
+        None => (1e9, "unknown (1 GHz assumed)"),
+    }
+}
+
+/// A frame of `len` bytes from `src` to `dst` (IPv4 ethertype, zero payload).
+fn frame(dst: [u8; 6], src: [u8; 6], len: usize) -> Vec<u8> {
+    let mut f = vec![0u8; len.max(14)];
+    f[..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    f
+}
+
+/// One run: a fresh in-process NIC with `vfs` VFs and its dataplane thread,
+/// one frontend per VF, traffic for `duration`.
+pub fn run_once(
+    dir: &Path,
+    vfs: usize,
+    topology: Topology,
+    size: usize,
+    batch: usize,
+    duration: Duration,
+) -> Result<Sample, BenchDpError> {
+    let nic_err = |what| move |source| BenchDpError::Nic { what, source };
+    let nic = Arc::new(
+        Nic::new(
+            &[("pf0".into(), vfs)],
+            LockPolicy::Hierarchical,
+            dir,
+            dir.join("state.json"),
+        )
+        .map_err(nic_err("start"))?,
+    );
+    let pf = &nic.pfs[0];
+    for i in 0..vfs {
+        pf.devset
+            .assign(i, &format!("bench-dp-{i}"))
+            .map_err(|e| BenchDpError::Run(e.to_string()))?;
+    }
+    let server = BackgroundServer::start(nic.clone()).map_err(nic_err("serve VF sockets"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let dp = Dataplane::new(
+        pf.devset.clone(),
+        pf.ports.clone(),
+        None,
+        pf.wake.clone(),
+        batch,
+    );
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let st = stop.clone();
+    let dp_thread = std::thread::Builder::new()
+        .name("dp-bench".into())
+        .spawn(move || {
+            let _ = tid_tx.send(nix::unistd::gettid().as_raw());
+            dp.run(&st);
+        })
+        .map_err(|source| BenchDpError::Io {
+            what: "spawn the dataplane thread".into(),
+            source,
+        })?;
+    let r = drive(&nic, &tid_rx, vfs, topology, size, batch, duration);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = pf.wake.write(1);
+    let _ = dp_thread.join();
+    server.stop();
+    r
+}
+
+fn drive(
+    nic: &Nic,
+    tid: &std::sync::mpsc::Receiver<i32>,
+    vfs: usize,
+    topology: Topology,
+    size: usize,
+    batch: usize,
+    duration: Duration,
+) -> Result<Sample, BenchDpError> {
+    let tid = tid
+        .recv_timeout(Duration::from_secs(5))
+        .map_err(|_| BenchDpError::Run("the dataplane thread did not start".into()))?;
+    let ports = &nic.pfs[0].ports;
+    let mut fes = ports
+        .iter()
+        .map(|p| SimFrontend::connect(&p.socket, MIN_MEM))
+        .collect::<Result<Vec<_>, _>>()?;
+    let macs: Vec<[u8; 6]> = ports.iter().map(|p| p.config().mac).collect();
+    let sends = |i: usize| match topology {
+        Topology::Loop => Some((i + 1) % vfs),
+        Topology::OneWay => (i.is_multiple_of(2) && i + 1 < vfs).then_some(i + 1),
+    };
+    for (i, fe) in fes.iter_mut().enumerate() {
+        if let Some(j) = sends(i) {
+            fe.prepare_tx(&frame(macs[j], macs[i], size));
+        }
+    }
+    // Warm-up: the sessions are open and frames flow before the clock starts.
+    let mut received = 0u64;
+    let warm = Instant::now() + Duration::from_secs(5);
+    while received < 1000 {
+        if Instant::now() > warm {
+            return Err(BenchDpError::Run(format!(
+                "no traffic after 5 s ({received} frames received)"
+            )));
+        }
+        received += pump(&mut fes, &sends, batch);
+    }
+    let cpu0 = thread_cpu_ns(tid)?;
+    let t0 = Instant::now();
+    let mut packets = 0u64;
+    while t0.elapsed() < duration {
+        packets += pump(&mut fes, &sends, batch);
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let cpu1 = thread_cpu_ns(tid)?;
+    Ok(Sample {
+        packets,
+        seconds,
+        cpu_seconds: (cpu1 - cpu0) as f64 / 1e9,
+    })
+}
+
+/// One burst on every sender, one poll of every receiver; frames received.
+fn pump(fes: &mut [SimFrontend], sends: &dyn Fn(usize) -> Option<usize>, batch: usize) -> u64 {
+    let mut got = 0;
+    for (i, fe) in fes.iter_mut().enumerate() {
+        if sends(i).is_some() {
+            fe.tx_burst(batch);
+        }
+        got += fe.rx_burst().0 as u64;
+    }
+    got
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub fn run_cli(args: &BenchDataplaneArgs) -> Result<(), BenchDpError> {
+    if args.vfs < 2 || args.vfs > crate::MAX_VFS {
+        return Err(BenchDpError::Config(format!(
+            "--vfs {}: must be 2..{}",
+            args.vfs,
+            crate::MAX_VFS
+        )));
+    }
+    if let Some(s) = args.sizes.iter().find(|s| !(60..=1514).contains(*s)) {
+        return Err(BenchDpError::Config(format!(
+            "--sizes {s}: must be 60..1514"
+        )));
+    }
+    if let Some(b) = args.batch.iter().find(|b| !(1..=256).contains(*b)) {
+        return Err(BenchDpError::Config(format!("--batch {b}: must be 1..256")));
+    }
+    if !(0.1..=600.0).contains(&args.duration) || args.reps == 0 {
+        return Err(BenchDpError::Config(
+            "--duration must be 0.1..600 s and --reps at least 1".into(),
+        ));
+    }
+    let dir = args.dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("burstvm-bench-dp-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&dir).map_err(|source| BenchDpError::Io {
+        what: dir.display().to_string(),
+        source,
+    })?;
+    let (hz, source) = nominal_hz();
+    println!(
+        "# nominal {:.3} GHz ({source}); {} VFs, {} s x {} runs, median",
+        hz / 1e9,
+        args.vfs,
+        args.duration,
+        args.reps
+    );
+    println!("topology  size  batch      Mpps   cpu_s  cycles/pkt");
+    let dur = Duration::from_secs_f64(args.duration);
+    let mut result = Ok(());
+    'all: for &topo in &args.topology {
+        for &size in &args.sizes {
+            for &batch in &args.batch {
+                let mut samples = Vec::new();
+                for _ in 0..args.reps {
+                    match run_once(&dir, args.vfs, topo, size, batch, dur) {
+                        Ok(s) => samples.push(s),
+                        Err(e) => {
+                            result = Err(e);
+                            break 'all;
+                        }
+                    }
+                }
+                println!(
+                    "{:<8} {:>5} {:>6} {:>9.3} {:>7.3} {:>11.0}",
+                    match topo {
+                        Topology::Loop => "loop",
+                        Topology::OneWay => "one-way",
+                    },
+                    size,
+                    batch,
+                    median(samples.iter().map(|s| s.pps() / 1e6).collect()),
+                    median(samples.iter().map(|s| s.cpu_seconds).collect()),
+                    median(samples.iter().map(|s| s.cycles_per_packet(hz)).collect()),
+                );
+            }
+        }
+    }
+    if args.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Frames cross the switch in both topologies and the dataplane thread's
+    /// CPU time is read.
+    #[test]
+    fn short_runs_move_frames_and_count_cpu() {
+        let dir = std::env::temp_dir().join(format!("nic-bench-dp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for topo in [Topology::Loop, Topology::OneWay] {
+            let s = run_once(&dir, 2, topo, 64, 8, Duration::from_millis(200)).unwrap();
+            assert!(s.packets > 0, "{topo:?}: {s:?}");
+            assert!(s.cpu_seconds > 0.0, "{topo:?}: {s:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let (hz, _) = nominal_hz();
+        assert!(hz >= 1e8, "{hz}");
+    }
+}

@@ -1,0 +1,439 @@
+//! A walked chain as the device uses it: its device-readable head and
+//! device-writable tail (virtio 1.2 §2.7.4.2), each a list of guest buffers,
+//! and the copies between those buffers and the device. Shared by the NIC's
+//! dataplane and the VMM's virtio-net and virtio-blk, so every check lives
+//! here once:
+//! - the walk itself ([`Ring::walk`]: indirect refusal, loops, next indexes,
+//!   2^32 bytes);
+//! - a readable descriptor after a writable one is malformed;
+//! - every buffer lies inside guest memory (checked by each copy, or for the
+//!   whole chain by [`Split::check_in`], also buffers a short frame never
+//!   touches);
+//! - every piece is *prepared* before the device reads or writes it: under
+//!   lazy zeroing a page the guest never touched may still hold a previous
+//!   tenant's bytes, and a device write must not be wiped by a later zeroing.
+//!
+//! Copies are whole segments (one `read_slice`/`write_slice`, a memcpy, per
+//! piece of a buffer), and a device that keeps one [`Split`] across chains
+//! allocates only for the longest chain it has seen: the hot path of the NIC
+//! allocates nothing.
+
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
+
+use crate::{ChainError, Ring};
+
+/// One buffer of a chain, as the guest described it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Buf {
+    pub addr: u64,
+    pub len: u32,
+}
+
+/// A chain split into its device-readable and device-writable buffers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Split {
+    pub head: u16,
+    pub readable: Vec<Buf>,
+    pub writable: Vec<Buf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SplitError {
+    #[error(transparent)]
+    Walk(#[from] ChainError),
+    #[error("descriptor chain {head}: device-readable descriptor after a device-writable one")]
+    ReadableAfterWritable { head: u16 },
+    #[error("descriptor chain {head}: buffer {addr:#x}+{len:#x} outside guest memory")]
+    Outside { head: u16, addr: u64, len: u32 },
+}
+
+/// Why a copy between a chain's buffers and the device failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("bytes {skip}..+{len} lie beyond the chain's {total} bytes")]
+    Beyond { skip: u64, len: u64, total: u64 },
+    #[error("buffer {addr:#x}+{len:#x} overflows the address space")]
+    Overflow { addr: u64, len: u32 },
+    #[error("buffer {addr:#x}+{len:#x}: preparing it for the device: {what}")]
+    Prepare { addr: u64, len: usize, what: String },
+    #[error("buffer {addr:#x}+{len:#x}: {source}")]
+    Access {
+        addr: u64,
+        len: usize,
+        #[source]
+        source: vm_memory::GuestMemoryError,
+    },
+}
+
+/// Total byte length of `bufs`.
+pub fn total(bufs: &[Buf]) -> u64 {
+    bufs.iter().map(|b| u64::from(b.len)).sum()
+}
+
+impl Ring {
+    /// Walks the chain at `head` into `out` (cleared first, its capacity
+    /// reused), checking the order of readable and writable buffers. Buffers
+    /// are checked against guest memory when they are copied, or all at once
+    /// by [`Split::check_in`].
+    pub fn split_into<M: GuestMemory + ?Sized>(
+        &self,
+        mem: &M,
+        head: u16,
+        out: &mut Split,
+    ) -> Result<(), SplitError> {
+        out.head = head;
+        out.readable.clear();
+        out.writable.clear();
+        for d in self.walk(mem, head) {
+            let d = d?;
+            let b = Buf {
+                addr: d.addr().0,
+                len: d.len(),
+            };
+            if d.is_write_only() {
+                out.writable.push(b);
+            } else if out.writable.is_empty() {
+                out.readable.push(b);
+            } else {
+                return Err(SplitError::ReadableAfterWritable { head });
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Ring::split_into`] into a new [`Split`].
+    pub fn split<M: GuestMemory + ?Sized>(&self, mem: &M, head: u16) -> Result<Split, SplitError> {
+        let mut s = Split::default();
+        self.split_into(mem, head, &mut s)?;
+        Ok(s)
+    }
+}
+
+impl Split {
+    /// Every buffer lies in `mem`, also those a copy would not reach (a
+    /// device that must refuse the whole chain, as the NIC does).
+    pub fn check_in<M: GuestMemory + ?Sized>(&self, mem: &M) -> Result<(), SplitError> {
+        let bad = self.readable.iter().chain(&self.writable).find(|b| {
+            !mem.check_range(GuestAddress(b.addr), b.len as usize, Permissions::ReadWrite)
+        });
+        match bad {
+            Some(b) => Err(SplitError::Outside {
+                head: self.head,
+                addr: b.addr,
+                len: b.len,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Calls `f(gpa, offset, n)` for each piece of `bufs` that covers bytes
+/// `skip..skip + len` of their concatenation (`offset` counts from `skip`).
+fn for_pieces(
+    bufs: &[Buf],
+    skip: u64,
+    len: u64,
+    mut f: impl FnMut(u64, usize, usize) -> Result<(), CopyError>,
+) -> Result<(), CopyError> {
+    let total = total(bufs);
+    let end = skip
+        .checked_add(len)
+        .filter(|&e| e <= total)
+        .ok_or(CopyError::Beyond { skip, len, total })?;
+    let mut at = 0u64;
+    for b in bufs {
+        let (lo, hi) = (at, at + u64::from(b.len));
+        at = hi;
+        if hi <= skip {
+            continue;
+        }
+        if lo >= end {
+            break;
+        }
+        let (s, e) = (lo.max(skip), hi.min(end));
+        let addr = b.addr.checked_add(s - lo).ok_or(CopyError::Overflow {
+            addr: b.addr,
+            len: b.len,
+        })?;
+        f(addr, (s - skip) as usize, (e - s) as usize)?;
+    }
+    Ok(())
+}
+
+fn prepared<P, E>(prepare: &P, addr: u64, n: usize) -> Result<(), CopyError>
+where
+    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
+    E: std::fmt::Display,
+{
+    prepare(addr, n as u64).map_err(|e| CopyError::Prepare {
+        addr,
+        len: n,
+        what: e.to_string(),
+    })
+}
+
+/// Copies bytes `skip..skip + out.len()` of the buffers into `out`, one
+/// memcpy per piece, preparing each piece first (a read of a never-touched
+/// page must see zeros, not a previous tenant's bytes).
+pub fn read_bufs<M, P, E>(
+    mem: &M,
+    prepare: &P,
+    bufs: &[Buf],
+    skip: u64,
+    out: &mut [u8],
+) -> Result<(), CopyError>
+where
+    M: GuestMemory + ?Sized,
+    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
+    E: std::fmt::Display,
+{
+    for_pieces(bufs, skip, out.len() as u64, |addr, off, n| {
+        prepared(prepare, addr, n)?;
+        mem.read_slice(&mut out[off..off + n], GuestAddress(addr))
+            .map_err(|source| CopyError::Access {
+                addr,
+                len: n,
+                source,
+            })
+    })
+}
+
+/// Writes `parts` one after the other at bytes `skip..` of the buffers (a
+/// header and a frame, without gathering them first), one memcpy per piece,
+/// preparing each piece first.
+pub fn write_bufs<M, P, E>(
+    mem: &M,
+    prepare: &P,
+    bufs: &[Buf],
+    skip: u64,
+    parts: &[&[u8]],
+) -> Result<(), CopyError>
+where
+    M: GuestMemory + ?Sized,
+    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
+    E: std::fmt::Display,
+{
+    let mut skip = skip;
+    for data in parts {
+        for_pieces(bufs, skip, data.len() as u64, |addr, off, n| {
+            prepared(prepare, addr, n)?;
+            mem.write_slice(&data[off..off + n], GuestAddress(addr))
+                .map_err(|source| CopyError::Access {
+                    addr,
+                    len: n,
+                    source,
+                })
+        })?;
+        skip += data.len() as u64;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use virtio_queue::desc::split::Descriptor;
+    use vm_memory::GuestMemoryMmap;
+
+    const TABLE: u64 = 0x1000;
+    const NEXT: u16 = 1;
+    const WRITE: u16 = 2;
+    const MEM: u64 = 0x10000;
+
+    fn mem_with(descs: &[(u64, u32, u16, u16)]) -> GuestMemoryMmap {
+        let m = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
+        for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
+            let d = Descriptor::new(addr, len, flags, next);
+            m.write_obj(d, GuestAddress(TABLE + 16 * i as u64)).unwrap();
+        }
+        m
+    }
+
+    fn ring(size: u16) -> Ring {
+        Ring {
+            desc_table: GuestAddress(TABLE),
+            size,
+            features: 0,
+        }
+    }
+
+    fn no_prepare(_: u64, _: u64) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// A chain of `n` descriptors of `len` bytes each at 0x4000 + i * 0x100.
+    fn small_descs(n: u16, len: u32, flags: u16) -> Vec<(u64, u32, u16, u16)> {
+        (0..n)
+            .map(|i| {
+                let next = if i + 1 < n { NEXT } else { 0 };
+                (0x4000 + u64::from(i) * 0x100, len, flags | next, i + 1)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn split_orders_buffers_and_refuses_malformed_chains() {
+        let m = mem_with(&[
+            (0x4000, 16, NEXT, 1),
+            (0x5000, 8, WRITE | NEXT, 2),
+            (0x6000, 1, WRITE, 0),
+        ]);
+        let s = ring(8).split(&m, 0).unwrap();
+        assert_eq!(
+            s.readable,
+            vec![Buf {
+                addr: 0x4000,
+                len: 16
+            }]
+        );
+        assert_eq!(total(&s.writable), 9);
+
+        let m = mem_with(&[(0x5000, 8, WRITE | NEXT, 1), (0x4000, 16, 0, 0)]);
+        assert_eq!(
+            ring(8).split(&m, 0),
+            Err(SplitError::ReadableAfterWritable { head: 0 })
+        );
+        // A buffer past the end of memory, also one the device would never touch.
+        let m = mem_with(&[(0x4000, 16, NEXT, 1), (MEM - 4, 8, 0, 0)]);
+        let s = ring(8).split(&m, 0).unwrap();
+        assert_eq!(
+            s.check_in(&m),
+            Err(SplitError::Outside {
+                head: 0,
+                addr: MEM - 4,
+                len: 8
+            })
+        );
+        // Walk errors come through typed (the walk's own tests cover them all).
+        let m = mem_with(&[(0x4000, 16, NEXT, 1), (0x4000, 16, NEXT, 0)]);
+        assert!(matches!(
+            ring(8).split(&m, 0),
+            Err(SplitError::Walk(ChainError::Loop { .. }))
+        ));
+    }
+
+    #[test]
+    fn split_into_reuses_its_buffers() {
+        let m = mem_with(&small_descs(6, 4, 0));
+        let mut s = Split::default();
+        ring(8).split_into(&m, 0, &mut s).unwrap();
+        let cap = s.readable.capacity();
+        assert_eq!(s.readable.len(), 6);
+        ring(8).split_into(&m, 3, &mut s).unwrap();
+        assert_eq!((s.head, s.readable.len()), (3, 3));
+        assert_eq!(s.readable.capacity(), cap, "no new allocation");
+    }
+
+    /// A frame spread over many small descriptors (the guest's scatter-gather)
+    /// comes out whole, and every byte range is prepared before it is read.
+    #[test]
+    fn frame_split_over_many_small_descriptors() {
+        let descs = small_descs(40, 7, 0);
+        let m = mem_with(&descs);
+        let frame: Vec<u8> = (0..40 * 7).map(|i| i as u8).collect();
+        for (i, c) in frame.chunks(7).enumerate() {
+            m.write_slice(c, GuestAddress(0x4000 + i as u64 * 0x100))
+                .unwrap();
+        }
+        let s = ring(64).split(&m, 0).unwrap();
+        assert_eq!(total(&s.readable), 280);
+        let prepared = RefCell::new(0u64);
+        let prep = |_a: u64, n: u64| -> Result<(), String> {
+            *prepared.borrow_mut() += n;
+            Ok(())
+        };
+        // Skipping a 12-byte header that spans two descriptors.
+        let mut out = vec![0u8; 280 - 12];
+        read_bufs(&m, &prep, &s.readable, 12, &mut out).unwrap();
+        assert_eq!(out, frame[12..]);
+        assert_eq!(*prepared.borrow(), 268, "exactly the bytes read");
+        // And back into a writable chain of the same shape, header first.
+        let m2 = mem_with(&small_descs(40, 7, WRITE));
+        let s2 = ring(64).split(&m2, 0).unwrap();
+        let hdr = [0xeeu8; 12];
+        write_bufs(&m2, &no_prepare, &s2.writable, 0, &[&hdr, &out]).unwrap();
+        let mut back = vec![0u8; 280];
+        read_bufs(&m2, &no_prepare, &s2.writable, 0, &mut back).unwrap();
+        assert_eq!(back[..12], hdr);
+        assert_eq!(back[12..], frame[12..]);
+    }
+
+    /// A virtio-net header alone in its own descriptor, the frame in the next.
+    #[test]
+    fn header_alone_in_its_own_descriptor() {
+        let m = mem_with(&[(0x4000, 12, WRITE | NEXT, 1), (0x5000, 1500, WRITE, 0)]);
+        let s = ring(8).split(&m, 0).unwrap();
+        let calls = RefCell::new(Vec::new());
+        let prep = |a: u64, n: u64| -> Result<(), String> {
+            calls.borrow_mut().push((a, n));
+            Ok(())
+        };
+        let hdr = [1u8; 12];
+        let frame = [7u8; 60];
+        write_bufs(&m, &prep, &s.writable, 0, &[&hdr, &frame]).unwrap();
+        assert_eq!(*calls.borrow(), vec![(0x4000, 12), (0x5000, 60)]);
+        let mut f = [0u8; 60];
+        read_bufs(&m, &no_prepare, &s.writable, 12, &mut f).unwrap();
+        assert_eq!(f, frame);
+        // Header and frame sharing a descriptor: a piece boundary inside it.
+        let m = mem_with(&[(0x4000, 20, WRITE | NEXT, 1), (0x5000, 100, WRITE, 0)]);
+        let s = ring(8).split(&m, 0).unwrap();
+        calls.borrow_mut().clear();
+        write_bufs(&m, &prep, &s.writable, 0, &[&hdr, &frame]).unwrap();
+        assert_eq!(
+            *calls.borrow(),
+            vec![(0x4000, 12), (0x400c, 8), (0x5000, 52)]
+        );
+    }
+
+    #[test]
+    fn copies_fail_cleanly() {
+        let m = mem_with(&[]);
+        let bufs = [
+            Buf {
+                addr: 0x4000,
+                len: 4,
+            },
+            Buf {
+                addr: 0x5000,
+                len: 4,
+            },
+        ];
+        assert!(matches!(
+            read_bufs(&m, &no_prepare, &bufs, 6, &mut [0u8; 3]),
+            Err(CopyError::Beyond { total: 8, .. })
+        ));
+        assert!(matches!(
+            read_bufs(&m, &no_prepare, &bufs, u64::MAX, &mut [0u8; 2]),
+            Err(CopyError::Beyond { .. })
+        ));
+        // A refused preparation stops the copy before any byte moves.
+        m.write_slice(&[9; 4], GuestAddress(0x4000)).unwrap();
+        let refuse = |_: u64, _: u64| -> Result<(), String> { Err("no".into()) };
+        assert!(matches!(
+            write_bufs(&m, &refuse, &bufs, 0, &[&[1, 2]]),
+            Err(CopyError::Prepare { addr: 0x4000, .. })
+        ));
+        let mut b = [0u8; 4];
+        m.read_slice(&mut b, GuestAddress(0x4000)).unwrap();
+        assert_eq!(b, [9; 4]);
+        // Outside memory: an error, not a crash.
+        let out = [Buf {
+            addr: MEM - 2,
+            len: 4,
+        }];
+        assert!(matches!(
+            read_bufs(&m, &no_prepare, &out, 0, &mut [0u8; 4]),
+            Err(CopyError::Access { .. })
+        ));
+        let wrap = [Buf {
+            addr: u64::MAX - 1,
+            len: 4,
+        }];
+        assert!(matches!(
+            read_bufs(&m, &no_prepare, &wrap, 3, &mut [0u8; 1]),
+            Err(CopyError::Overflow { .. })
+        ));
+    }
+}
