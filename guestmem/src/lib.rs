@@ -10,6 +10,7 @@ pub mod pool;
 mod region;
 mod sys;
 mod table;
+pub mod template;
 
 use std::fmt;
 use std::str::FromStr;
@@ -124,6 +125,11 @@ pub enum Error {
     BadMemfd { what: String, reason: String },
     #[error("userfaultfd for region {region:?}: {reason}")]
     Userfaultfd { region: String, reason: String },
+    #[error(
+        "region {0:?} is a private copy-on-write mapping of a template: no other process \
+         (vhost-user backend) can share its pages"
+    )]
+    PrivateRegion(String),
     #[error("lazy-zeroing handler stopped: {0}")]
     LazyHandler(String),
     #[error(transparent)]
