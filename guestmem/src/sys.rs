@@ -117,16 +117,8 @@ impl Mapping {
         let n = NonZeroUsize::new(len as usize)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"))?;
         // SAFETY: a fresh mapping chosen by the kernel; it aliases nothing in this process.
-        let ptr = unsafe {
-            mman::mmap(
-                None,
-                n,
-                prot_flags(prot),
-                flags,
-                fd,
-                offset as libc::off_t,
-            )
-        }?;
+        let ptr =
+            unsafe { mman::mmap(None, n, prot_flags(prot), flags, fd, offset as libc::off_t) }?;
         Ok(Mapping {
             ptr,
             len: len as usize,
