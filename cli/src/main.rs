@@ -39,6 +39,17 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// MicroVM templates (RunD §4.3): create one, probe the KVM state calls.
+    #[command(subcommand)]
+    Template(TemplateCommand),
+}
+
+#[derive(Subcommand)]
+enum TemplateCommand {
+    /// Boot the built-in agent to its checkpoint and save it as NAME.
+    Create(runtime::template::TemplateCreateArgs),
+    /// Save and restore each KVM state at the checkpoint; report which fail.
+    Probe(runtime::template::TemplateProbeArgs),
 }
 
 #[derive(Subcommand)]
@@ -92,6 +103,12 @@ fn main() -> std::process::ExitCode {
         Command::Run(a) => runtime::run_cli(&a).context("burstvm run"),
         Command::Rootfs(RootfsCommand::Build(a)) => {
             rootfs::image::build_cli(&a).context("burstvm rootfs build")
+        }
+        Command::Template(TemplateCommand::Create(a)) => {
+            runtime::template::create_cli(&a).context("burstvm template create")
+        }
+        Command::Template(TemplateCommand::Probe(a)) => {
+            runtime::template::probe_cli(&a).context("burstvm template probe")
         }
         Command::Services(a) => runtime::services_cli(&a).context("burstvm services"),
         Command::Cri(a) => cri::run_cli(&a).context("burstvm cri"),

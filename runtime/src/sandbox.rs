@@ -43,6 +43,8 @@ pub struct SandboxSpec {
     /// The guest keeps exchanging requests with the echo server after READY (agent echo
     /// mode; with `keep_running`).
     pub echo: bool,
+    /// Start from this template directory instead of booting.
+    pub template: Option<PathBuf>,
 }
 
 /// What the `rootfs` stage cost this sandbox (bench statistics).
@@ -388,6 +390,9 @@ impl<'rt> Sandbox<'rt> {
             cmd.arg("--kernel").arg(k);
             cmd.args(["--cmdline", &crate::rootfs::linux_cmdline()]);
             cmd.arg("--serial-log").arg(self.console_path());
+        }
+        if let Some(t) = &self.spec.template {
+            cmd.arg("--template").arg(t);
         }
         if let Some(sock) = self.rt.pool_socket() {
             cmd.arg("--pool-socket").arg(sock);

@@ -284,6 +284,7 @@ impl TaskService {
                 rootfs: None,
                 kernel: None,
                 echo: false,
+                template: None,
             },
             netns,
             until_exit,

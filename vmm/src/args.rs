@@ -525,6 +525,17 @@ impl VmConfig {
             self.dma_ram = false;
             self.dma_image = false;
         } else {
+            if self
+                .net
+                .iter()
+                .any(|n| matches!(n, NetBackend::VhostUser(_)))
+            {
+                return Err(invalid(
+                    "--template",
+                    "a VF (vhost-user) maps guest memory from a shared fd, and a template's \
+                     memory is private copy-on-write: use a tap or no network with templates",
+                ));
+            }
             // Restored memory is the template's file, mapped copy-on-write:
             // no pool, no zeroing, no DMA map (docs/guestmem.md).
             self.pool_socket = None;
