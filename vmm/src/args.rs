@@ -524,6 +524,11 @@ impl VmConfig {
             self.pool_socket = None;
             self.dma_ram = false;
             self.dma_image = false;
+            if matches!(mode, TemplateMode::Save(_)) {
+                // The app payload is per sandbox: the template's image
+                // region is sized for --app-size but holds none.
+                self.app_bytes = Some(Vec::new());
+            }
         } else {
             if self
                 .net
