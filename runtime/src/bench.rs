@@ -651,6 +651,7 @@ mod tests {
             app_size: 0,
             timeout_secs: 1,
             rootfs: None,
+            template: None,
         };
         assert_eq!(sandbox_bytes(&spec), (64 << 20) + (2 << 20));
         let spec = RoundSpec {

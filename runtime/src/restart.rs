@@ -175,6 +175,7 @@ pub fn run_cli(a: &BenchNicRestartArgs) -> Result<(), Error> {
                 rootfs: None,
                 kernel: None,
                 echo: true,
+                template: None,
             };
             sandboxes.push(Sandbox::start(&rt, spec)?);
         }
