@@ -73,6 +73,8 @@ enum BenchCommand {
     Sgiov(SgiovBench),
     /// VMM start-to-exit, N at one instant, side by side with Firecracker.
     Vmm(vmm_bench::BenchVmmArgs),
+    /// N idle sandboxes: per-sandbox host cost, booted and from a template (RunD §5.3).
+    Density(Box<runtime::density::BenchDensityArgs>),
 }
 
 #[derive(Subcommand)]
@@ -134,6 +136,9 @@ fn main() -> std::process::ExitCode {
             runtime::restart::run_cli(&a).context("burstvm bench nic-restart")
         }
         Command::Bench(BenchCommand::Vmm(a)) => vmm_bench::run(&a).context("burstvm bench vmm"),
+        Command::Bench(BenchCommand::Density(a)) => {
+            runtime::density::bench_density_cli(&a).context("burstvm bench density")
+        }
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -2,7 +2,8 @@
 //! `burstvm template create`, sandboxes restored from it that skip the boot
 //! and reach READY with their own app checksum, the isolation canary (what
 //! one restored sandbox writes is never seen by another, nor written to the
-//! template), a SIGKILLed restored VMM, and `burstvm run --template`.
+//! template), a SIGKILLed restored VMM, `burstvm run --template`, and
+//! `burstvm bench density` with and without a template.
 //! Needs root and /dev/kvm.
 
 use std::path::{Path, PathBuf};
@@ -253,4 +254,57 @@ fn run_starts_from_a_named_template_and_leaves_nothing() {
         "{}",
         text(&o)
     );
+}
+
+#[test]
+fn density_measures_each_idle_sandbox_booted_and_from_a_template() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let d = tmp("density");
+    let dir = d.0.to_str().unwrap();
+    let o = burstvm(&["template", "create", "t3", "--dir", dir]);
+    assert!(o.status.success(), "{}", text(&o));
+    let json = d.0.join("density.json");
+    let o = burstvm(&[
+        "bench",
+        "density",
+        "--sandboxes",
+        "3",
+        "--more",
+        "2",
+        "--template",
+        "t3",
+        "--template-dir",
+        dir,
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let levels: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let levels = levels.as_array().unwrap();
+    let modes: Vec<_> = levels.iter().map(|l| l["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["boot", "template"], "{}", text(&o));
+    for l in levels {
+        assert_eq!(l["running"], 3, "{l}");
+        assert!(l["limit"].is_null(), "{l}");
+        assert!(l["vmm_pss"].as_u64().unwrap() > 0, "{l}");
+        assert!(l["threads"].as_f64().unwrap() >= 1.0, "{l}");
+        assert!(l["fds"].as_f64().unwrap() >= 3.0, "{l}");
+        assert_eq!(l["more"], 2, "{l}");
+        assert!(l["more_avg_ms"].as_f64().unwrap() > 0.0, "{l}");
+        assert_eq!(l["teardown_errors"], serde_json::json!([]), "{l}");
+        let leaks = &l["leaks"];
+        for k in [
+            "netns",
+            "links",
+            "cgroups",
+            "vmm_pids",
+            "rootfs_layers",
+            "errors",
+        ] {
+            assert_eq!(leaks[k], serde_json::json!([]), "{k}: {l}");
+        }
+        assert_eq!(leaks["pool_lent_memfds"], 0, "{l}");
+    }
+    assert!(text(&o).contains("leaks: none"), "{}", text(&o));
 }

@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod cni;
 pub mod cpuacct;
 pub mod critpath;
+pub mod density;
 pub mod guestnet;
 pub mod host;
 pub mod leaks;
