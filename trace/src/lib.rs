@@ -45,7 +45,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 13] = [
+    pub const ALL: [Stage; 14] = [
         Stage::Cgroup,
         Stage::Netns,
         Stage::CniAdd,
