@@ -41,6 +41,17 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// MicroVM templates (RunD §4.3): create one, probe the KVM state calls.
+    #[command(subcommand)]
+    Template(TemplateCommand),
+}
+
+#[derive(Subcommand)]
+enum TemplateCommand {
+    /// Boot the built-in agent to its checkpoint and save it as NAME.
+    Create(runtime::template::TemplateCreateArgs),
+    /// Save and restore each KVM state at the checkpoint; report which fail.
+    Probe(runtime::template::TemplateProbeArgs),
 }
 
 #[derive(Subcommand)]
@@ -72,6 +83,8 @@ enum BenchCommand {
     Sgiov(SgiovBench),
     /// VMM start-to-exit, N at one instant, side by side with Firecracker.
     Vmm(vmm_bench::BenchVmmArgs),
+    /// N idle sandboxes: per-sandbox host cost, booted and from a template (RunD §5.3).
+    Density(Box<runtime::density::BenchDensityArgs>),
 }
 
 #[derive(Subcommand)]
@@ -102,6 +115,12 @@ fn main() -> std::process::ExitCode {
         Command::Run(a) => runtime::run_cli(&a).context("burstvm run"),
         Command::Rootfs(RootfsCommand::Build(a)) => {
             rootfs_build::run(&a).context("burstvm rootfs build")
+        }
+        Command::Template(TemplateCommand::Create(a)) => {
+            runtime::template::create_cli(&a).context("burstvm template create")
+        }
+        Command::Template(TemplateCommand::Probe(a)) => {
+            runtime::template::probe_cli(&a).context("burstvm template probe")
         }
         Command::Services(a) => runtime::services_cli(&a).context("burstvm services"),
         Command::Cri(a) => cri::run_cli(&a).context("burstvm cri"),
@@ -135,6 +154,9 @@ fn main() -> std::process::ExitCode {
         }
         Command::Bench(BenchCommand::ChaosWorker(a)) => {
             runtime::chaos_worker_main(&a).context("burstvm bench chaos-worker")
+        }
+        Command::Bench(BenchCommand::Density(a)) => {
+            runtime::density::bench_density_cli(&a).context("burstvm bench density")
         }
     };
     match result {

@@ -10,6 +10,7 @@ pub mod pool;
 mod region;
 mod sys;
 mod table;
+pub mod template;
 
 use std::fmt;
 use std::str::FromStr;
@@ -129,6 +130,11 @@ pub enum Error {
         #[source]
         source: userfaultfd::Error,
     },
+    #[error(
+        "region {0:?} is a private copy-on-write mapping of a template: no other process \
+         (vhost-user backend) can share its pages"
+    )]
+    PrivateRegion(String),
     #[error("lazy-zeroing handler stopped: {0}")]
     LazyHandler(#[source] std::sync::Arc<lazy::LazyError>),
     #[error(transparent)]

@@ -221,6 +221,19 @@ impl GuestMemory {
         })
     }
 
+    /// Guest memory over regions that take nothing from the pool and need no
+    /// zeroing (restored templates).
+    pub(crate) fn from_regions(regions: Vec<Region>) -> Result<GuestMemory, Error> {
+        Ok(GuestMemory {
+            regions,
+            lazy: Mutex::new(None),
+            errors: Arc::new(ErrorSlot::new()?),
+            policy: MemoryPolicy::Vanilla,
+            hugepages: false,
+            _pool: None,
+        })
+    }
+
     pub fn regions(&self) -> &[Region] {
         &self.regions
     }
@@ -349,6 +362,9 @@ impl GuestMemory {
         regions.sort_by_key(|r| r.gpa());
         let mut ranges = Vec::with_capacity(regions.len());
         for r in regions {
+            if r.private() {
+                return Err(Error::PrivateRegion(r.name().to_string()));
+            }
             let fd = r
                 .memfd()
                 .try_clone_to_owned()
@@ -398,9 +414,14 @@ impl GuestMemory {
         }
     }
 
-    /// Borrow of a region's memfd by name (for SET_MEM_TABLE).
+    /// Borrow of a region's memfd by name (for SET_MEM_TABLE). A template's
+    /// private copy-on-write region has none another process could share.
     pub fn memfd(&self, region: &str) -> Result<BorrowedFd<'_>, Error> {
-        self.region(region).map(|r| r.memfd())
+        let r = self.region(region)?;
+        if r.private() {
+            return Err(Error::PrivateRegion(region.to_string()));
+        }
+        Ok(r.memfd())
     }
 }
 

@@ -16,6 +16,9 @@ pub struct Region {
     page_size: u64,
     hugepages: bool,
     pooled: bool,
+    /// A private copy-on-write mapping of a template file: guest and device
+    /// view are one mapping, and `memfd` is the template file (read-only).
+    private: bool,
     // Mappings are declared before the memfd only for readability; both are independent.
     guest: Mapping,
     device: Mapping,
@@ -80,6 +83,53 @@ impl Region {
         Ok(region)
     }
 
+    /// A region restored from a template file (`template::save_region`'s
+    /// layout: guest bytes, then room for the page-state table), mapped
+    /// MAP_PRIVATE: the guest's and the VMM's writes go to pages of this
+    /// process only, never to the file or another sandbox. One mapping
+    /// serves as guest and device view (two private mappings would not
+    /// share their copies). Every page counts as in use (MAPPED): nothing
+    /// is ever zeroed here, and the region never goes to the pool.
+    pub(crate) fn from_template(spec: &RegionSpec, file: std::fs::File) -> Result<Region, Error> {
+        let page_size = sys::base_page_size();
+        let total = spec.size + table::table_size(spec.size, page_size);
+        let fd = OwnedFd::from(file);
+        let got = sys::file_size(fd.as_fd())
+            .map_err(|e| Error::io(format!("fstat template file of region {:?}", spec.name), e))?;
+        if got != total {
+            return Err(Error::BadMemfd {
+                what: format!("template file of region {:?}", spec.name),
+                reason: format!("length {got}, expected {total}"),
+            });
+        }
+        let device = Mapping::new_private(fd.as_fd(), total, RW).map_err(|e| {
+            Error::io(
+                format!("mmap MAP_PRIVATE template of region {:?}", spec.name),
+                e,
+            )
+        })?;
+        let guest = device.alias(spec.size);
+        // SAFETY: data and table lie inside `device`, which lives as long as the region;
+        // the table pages are this process's private copies once written.
+        let table = unsafe {
+            let t = device.ptr().add(spec.size as usize);
+            PageTable::format(t, spec.size, page_size, table::MAPPED);
+            PageTable::new(device.ptr(), t, spec.size, page_size)
+        };
+        Ok(Region {
+            spec: spec.clone(),
+            page_size,
+            hugepages: false,
+            pooled: false,
+            private: true,
+            guest,
+            device,
+            memfd: fd,
+            table,
+            dma_mapped: AtomicBool::new(false),
+        })
+    }
+
     fn map(
         spec: &RegionSpec,
         memfd: OwnedFd,
@@ -116,6 +166,7 @@ impl Region {
             page_size,
             hugepages,
             pooled,
+            private: false,
             guest,
             device,
             memfd,
@@ -186,6 +237,12 @@ impl Region {
     /// True if the memory came from the pool (recycled, possibly holding old bytes).
     pub fn pooled(&self) -> bool {
         self.pooled
+    }
+
+    /// True for a private copy-on-write mapping of a template: no other
+    /// process can share its pages (no vhost-user SET_MEM_TABLE).
+    pub fn private(&self) -> bool {
+        self.private
     }
 
     /// True once `dma_map` made the region resident and locked.

@@ -72,6 +72,8 @@ pub fn fd_page_size(fd: BorrowedFd<'_>) -> io::Result<u64> {
 pub struct Mapping {
     ptr: NonNull<libc::c_void>,
     len: usize,
+    /// False for an alias of another mapping (unmapped by its owner).
+    owned: bool,
 }
 
 // SAFETY: the mapping is plain shared memory; concurrent access is governed by the
@@ -86,22 +88,41 @@ fn prot_flags(prot: i32) -> ProtFlags {
 
 impl Mapping {
     pub fn new(fd: BorrowedFd<'_>, offset: u64, len: u64, prot: i32) -> io::Result<Mapping> {
+        Mapping::with_flags(fd, offset, len, prot, MapFlags::MAP_SHARED)
+    }
+
+    /// A copy-on-write mapping: writes go to anonymous pages of this process,
+    /// never to the file (templates).
+    pub fn new_private(fd: BorrowedFd<'_>, len: u64, prot: i32) -> io::Result<Mapping> {
+        Mapping::with_flags(fd, 0, len, prot, MapFlags::MAP_PRIVATE)
+    }
+
+    /// The first `len` bytes of `self`, not unmapped on drop. The caller
+    /// drops the alias before (or with) `self`.
+    pub fn alias(&self, len: u64) -> Mapping {
+        Mapping {
+            ptr: self.ptr,
+            len: (len as usize).min(self.len),
+            owned: false,
+        }
+    }
+
+    fn with_flags(
+        fd: BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        prot: i32,
+        flags: MapFlags,
+    ) -> io::Result<Mapping> {
         let n = NonZeroUsize::new(len as usize)
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"))?;
         // SAFETY: a fresh mapping chosen by the kernel; it aliases nothing in this process.
-        let ptr = unsafe {
-            mman::mmap(
-                None,
-                n,
-                prot_flags(prot),
-                MapFlags::MAP_SHARED,
-                fd,
-                offset as libc::off_t,
-            )
-        }?;
+        let ptr =
+            unsafe { mman::mmap(None, n, prot_flags(prot), flags, fd, offset as libc::off_t) }?;
         Ok(Mapping {
             ptr,
             len: len as usize,
+            owned: true,
         })
     }
 
@@ -145,6 +166,9 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: we own this mapping; nobody uses it after drop.
         let _ = unsafe { mman::munmap(self.ptr, self.len) };
     }

@@ -50,6 +50,9 @@ pub struct RoundSpec {
     /// The rootfs of every sandbox (its layer mode is set per round).
     #[serde(skip_serializing)]
     pub rootfs: Option<RootfsSpec>,
+    /// Start from this template (set per round).
+    #[serde(skip_serializing)]
+    pub template: Option<PathBuf>,
 }
 
 /// Starts `n` sandboxes at once (a barrier), waits until every one is ready
@@ -99,6 +102,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                     kernel: None,
                     echo: false,
                     probe: Vec::new(),
+                    template: spec.template.clone(),
                 };
                 std::thread::Builder::new()
                     .name(format!("sb-{id}"))
@@ -324,6 +328,8 @@ pub struct BenchPlan {
     pub variants: Vec<Variant>,
     /// Writable-layer modes each variant runs with (empty: no rootfs).
     pub layer_modes: Vec<LayerMode>,
+    /// Each variant also starts from this template (RunD §4.3).
+    pub template: Option<PathBuf>,
     pub levels: Vec<usize>,
     pub spec: RoundSpec,
     pub out: PathBuf,
@@ -393,13 +399,18 @@ pub fn run(
     } else {
         plan.layer_modes.iter().copied().map(Some).collect()
     };
-    let runs: Vec<(Variant, Option<LayerMode>)> = plan
+    let starts: Vec<Option<&PathBuf>> = match &plan.template {
+        Some(t) => vec![None, Some(t)],
+        None => vec![None],
+    };
+    let runs: Vec<(Variant, Option<LayerMode>, Option<&PathBuf>)> = plan
         .variants
         .iter()
         .flat_map(|&v| modes.iter().map(move |&m| (v, m)))
+        .flat_map(|(v, m)| starts.iter().map(move |&t| (v, m, t)))
         .collect();
     'levels: for &n in &plan.levels {
-        for &(v, mode) in &runs {
+        for &(v, mode, template) in &runs {
             if rt.interrupted() {
                 break 'levels;
             }
@@ -407,11 +418,15 @@ pub fn run(
             if let (Some(r), Some(m)) = (round_spec.rootfs.as_mut(), mode) {
                 r.layer_mode = m;
             }
+            round_spec.template = template.cloned();
             // With two layer modes the groups are named by mode too.
-            let label = match mode {
+            let mut label = match mode {
                 Some(m) if modes.len() > 1 => format!("{v}+{}", m.name()),
                 _ => v.name().to_string(),
             };
+            if template.is_some() {
+                label.push_str("+template");
+            }
             rt.prepare_variant(v)?;
             if !v.policy().uses_pool() {
                 let released = fit_pool_for_fresh_round(rt, n, &plan.spec);
@@ -419,7 +434,10 @@ pub fn run(
                     log(&format!("pool: released {released} cached memfds so that {n} fresh sandboxes fit in host memory"));
                 }
             }
-            let tag = mode.map_or(String::new(), |m| m.name()[..1].to_string());
+            let mut tag = mode.map_or(String::new(), |m| m.name()[..1].to_string());
+            if template.is_some() {
+                tag.push('t');
+            }
             if plan.warmup {
                 log(&format!("{label} x{n}: warm-up round"));
                 // The concurrency is in the label: sandbox ids of sweep levels must not collide in the trace.
@@ -634,6 +652,7 @@ mod tests {
             app_size: 0,
             timeout_secs: 1,
             rootfs: None,
+            template: None,
         };
         assert_eq!(sandbox_bytes(&spec), (64 << 20) + (2 << 20));
         let spec = RoundSpec {

@@ -8,6 +8,7 @@ pub mod chaos;
 pub mod cni;
 pub mod cpuacct;
 pub mod critpath;
+pub mod density;
 pub mod guestnet;
 pub mod host;
 pub mod leaks;
@@ -20,6 +21,7 @@ pub mod runtime;
 pub mod sandbox;
 pub mod services;
 pub mod stats;
+pub mod template;
 pub mod uplink;
 pub mod variant;
 pub mod vmmproc;
@@ -199,6 +201,8 @@ pub struct RunArgs {
     /// The writable layer is a full copy of the template, not a reflink.
     #[arg(long, requires = "rootfs")]
     pub rootfs_copy: bool,
+    #[command(flatten)]
+    pub template: template::TemplateArgs,
     /// Keep the sandbox running after READY until Ctrl-C.
     #[arg(long)]
     pub keep_running: bool,
@@ -230,6 +234,10 @@ pub struct BenchStartupArgs {
     /// sandbox, beside RunD's reflink (RunD §4.2: 207 ms → 0.2 ms).
     #[arg(long, requires = "rootfs")]
     pub rootfs_copy: bool,
+    /// Also run every variant started from this template, beside the boot
+    /// (RunD §4.3).
+    #[command(flatten)]
+    pub template: template::TemplateArgs,
     /// Run at each of these concurrencies instead (Fig. 13a), e.g. 10,50,100,200.
     #[arg(long, value_delimiter = ',')]
     pub sweep: Vec<usize>,
@@ -317,6 +325,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
         kernel: a.kernel.clone(),
         echo: false,
         probe: Vec::new(),
+        template: a.template.resolve()?,
     };
     let start = trace::monotonic_ns();
     let result = (|| -> Result<(), Error> {
@@ -406,6 +415,7 @@ pub fn bench_setup(a: &BenchStartupArgs) -> Result<(Runtime, bench::BenchPlan), 
         app_size,
         timeout_secs: a.timeout,
         rootfs,
+        template: None,
     };
     let max_n = *levels.iter().max().expect("non-empty");
     let need = max_n as u64 * bench::sandbox_bytes(&spec) + bench::MEMORY_MARGIN;
@@ -454,6 +464,7 @@ pub fn bench_setup(a: &BenchStartupArgs) -> Result<(Runtime, bench::BenchPlan), 
     let plan = bench::BenchPlan {
         variants: a.variants.clone(),
         layer_modes,
+        template: a.template.resolve()?,
         levels,
         spec,
         out: a.out.clone(),

@@ -107,6 +107,7 @@ fn stage_color(s: Stage) -> RGBColor {
         Stage::Netns => RGBColor(160, 160, 200),
         Stage::CniAdd => RGBColor(90, 140, 200),
         Stage::VmmSpawn => RGBColor(60, 90, 160),
+        Stage::Restore => RGBColor(120, 200, 120),
         Stage::DmaRam => RGBColor(220, 50, 40),
         Stage::Rootfs => RGBColor(150, 110, 60),
         Stage::DmaImage => RGBColor(250, 140, 40),

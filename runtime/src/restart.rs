@@ -176,6 +176,7 @@ pub fn run_cli(a: &BenchNicRestartArgs) -> Result<(), Error> {
                 kernel: None,
                 echo: true,
                 probe: Vec::new(),
+                template: None,
             };
             sandboxes.push(Sandbox::start(&rt, spec)?);
         }

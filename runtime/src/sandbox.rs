@@ -49,6 +49,8 @@ pub struct SandboxSpec {
     /// Probe mode: guest addresses the agent reads (before its first
     /// request) and the VMM reports when it exits (`Sandbox::probe_values`).
     pub probe: Vec<u64>,
+    /// Start from this template directory instead of booting.
+    pub template: Option<PathBuf>,
 }
 
 /// What the `rootfs` stage cost this sandbox (bench statistics).
@@ -399,6 +401,9 @@ impl<'rt> Sandbox<'rt> {
             cmd.arg("--kernel").arg(k);
             cmd.args(["--cmdline", &crate::rootfs::linux_cmdline()]);
             cmd.arg("--serial-log").arg(self.console_path());
+        }
+        if let Some(t) = &self.spec.template {
+            cmd.arg("--template").arg(t);
         }
         if let Some(sock) = self.rt.pool_socket() {
             cmd.arg("--pool-socket").arg(sock);

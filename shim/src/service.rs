@@ -321,6 +321,7 @@ impl TaskService {
                 kernel: None,
                 echo: false,
                 probe: Vec::new(),
+                template: None,
             },
             netns,
             until_exit,

@@ -23,6 +23,8 @@ pub enum Stage {
     Netns,
     CniAdd,
     VmmSpawn,
+    /// A sandbox started from a template: memory mapped, state restored.
+    Restore,
     DmaRam,
     Rootfs,
     DmaImage,
@@ -43,11 +45,12 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 13] = [
+    pub const ALL: [Stage; 14] = [
         Stage::Cgroup,
         Stage::Netns,
         Stage::CniAdd,
         Stage::VmmSpawn,
+        Stage::Restore,
         Stage::DmaRam,
         Stage::Rootfs,
         Stage::DmaImage,
@@ -77,6 +80,7 @@ impl Stage {
             Stage::Netns => "netns",
             Stage::CniAdd => "cni-add",
             Stage::VmmSpawn => "vmm-spawn",
+            Stage::Restore => "restore",
             Stage::DmaRam => "dma-ram",
             Stage::Rootfs => "rootfs",
             Stage::DmaImage => "dma-image",

@@ -118,6 +118,21 @@ pub struct VmmArgs {
     /// KVM device node.
     #[arg(long, default_value = "/dev/kvm")]
     pub kvm_device: PathBuf,
+    /// Boot the built-in agent to its template checkpoint, save the VM
+    /// (vCPU, LAPIC, irqchip, PIT, clock state and guest memory) as a
+    /// template in this new directory, and exit (docs/templates.md).
+    #[arg(long, conflicts_with_all = ["kernel", "template", "pool_socket", "hugepages"])]
+    pub template_save: Option<PathBuf>,
+    /// Like --template-save, but only check which KVM state get/set calls
+    /// work here: save and restore each at the checkpoint, report, then
+    /// resume to READY.
+    #[arg(long, conflicts_with_all = ["kernel", "template", "template_save"])]
+    pub template_probe: bool,
+    /// Start from the template in this directory instead of booting: its
+    /// memory mapped copy-on-write, its state restored, this sandbox's
+    /// boot info and devices attached after the restore.
+    #[arg(long, conflicts_with_all = ["kernel", "rootfs_pmem", "hugepages"])]
+    pub template: Option<PathBuf>,
 }
 
 /// The network behaviour of the built-in agent (boot-info flags, docs/guest.md).
@@ -198,6 +213,18 @@ pub struct VmConfig {
     pub until_exit: bool,
     pub timeout_secs: u64,
     pub kvm_device: PathBuf,
+    pub template: Option<TemplateMode>,
+}
+
+/// What a VMM does with a template (docs/templates.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateMode {
+    /// Boot to the checkpoint and save the template into this directory.
+    Save(PathBuf),
+    /// Boot to the checkpoint, round-trip every KVM state there, resume.
+    Probe,
+    /// Restore from this template directory.
+    Restore(PathBuf),
 }
 
 fn invalid(field: &'static str, msg: impl Into<String>) -> Error {
@@ -446,7 +473,7 @@ impl VmConfig {
                 ));
             }
         }
-        Ok(VmConfig {
+        VmConfig {
             sandbox: a.sandbox.clone(),
             ram_size,
             vcpus: a.vcpus,
@@ -482,7 +509,72 @@ impl VmConfig {
             until_exit: a.until_exit,
             timeout_secs: a.timeout,
             kvm_device: a.kvm_device.clone(),
-        })
+            template: None,
+        }
+        .with_template(a)
+    }
+
+    /// Checks and applies the template flags. A template is made from the
+    /// built-in agent with one vCPU and no device (it checkpoints before it
+    /// touches any), in fresh memory under `vanilla`: never pool pages,
+    /// which could hold another tenant's bytes the guest has not yet
+    /// overwritten (docs/guestmem.md, "Templates").
+    fn with_template(mut self, a: &VmmArgs) -> Result<Self, Error> {
+        let mode = match (&a.template_save, a.template_probe, &a.template) {
+            (Some(d), false, None) => TemplateMode::Save(d.clone()),
+            (None, true, None) => TemplateMode::Probe,
+            (None, false, Some(d)) => TemplateMode::Restore(d.clone()),
+            (None, false, None) => return Ok(self),
+            _ => {
+                return Err(invalid(
+                    "--template",
+                    "give one of --template, --template-save, --template-probe",
+                ))
+            }
+        };
+        if self.vcpus != 1 {
+            return Err(invalid(
+                "--vcpus",
+                "templates hold one vCPU (the built-in agent runs on vCPU 0 only)",
+            ));
+        }
+        if !matches!(mode, TemplateMode::Restore(_)) {
+            if !self.net.is_empty() || !self.disks.is_empty() || self.rootfs_pmem.is_some() {
+                return Err(invalid(
+                    "--template-save",
+                    "a template has no devices: they are per sandbox, attached after the restore",
+                ));
+            }
+            self.policy = guestmem::MemoryPolicy::Vanilla;
+            self.pool_socket = None;
+            self.dma_ram = false;
+            self.dma_image = false;
+            if matches!(mode, TemplateMode::Save(_)) {
+                // The app payload is per sandbox: the template's image
+                // region is sized for --app-size but holds none.
+                self.app_bytes = Some(Vec::new());
+            }
+        } else {
+            if self
+                .net
+                .iter()
+                .any(|n| matches!(n, NetBackend::VhostUser(_)))
+            {
+                return Err(invalid(
+                    "--template",
+                    "a VF (vhost-user) maps guest memory from a shared fd, and a template's \
+                     memory is private copy-on-write: use a tap or no network with templates",
+                ));
+            }
+            // Restored memory is the template's file, mapped copy-on-write:
+            // no pool, no zeroing, no DMA map (docs/guestmem.md).
+            self.pool_socket = None;
+            self.dma_ram = false;
+            self.dma_image = false;
+            self.policy = guestmem::MemoryPolicy::Vanilla;
+        }
+        self.template = Some(mode);
+        Ok(self)
     }
 }
 

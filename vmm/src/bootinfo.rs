@@ -15,6 +15,8 @@ pub const BI_TOUCH_RX: u32 = 4;
 pub const BI_ECHO: u32 = 8;
 pub const BI_RESET_ONCE: u32 = 16;
 pub const BI_FAULT_ONCE: u32 = 32;
+/// Stop at the template checkpoint (agent.c) and report EV_TEMPLATE.
+pub const BI_TEMPLATE: u32 = 64;
 pub const VIRTIO_ID_NET: u32 = 1;
 pub const VIRTIO_ID_BLOCK: u32 = 2;
 /// Bytes of `rootfs_file`, NUL included.
@@ -146,6 +148,12 @@ impl BootInfo {
             AgentMode::Reset => BI_RESET_ONCE,
             AgentMode::Fault => BI_FAULT_ONCE,
         };
+        if matches!(
+            cfg.template,
+            Some(crate::args::TemplateMode::Save(_) | crate::args::TemplateMode::Probe)
+        ) {
+            bi.flags |= BI_TEMPLATE;
+        }
         bi.sandbox_id[..cfg.sandbox.len()].copy_from_slice(cfg.sandbox.as_bytes());
         for (d, m) in bi.mem.iter_mut().zip(mem) {
             *d = *m;

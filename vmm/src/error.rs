@@ -222,6 +222,21 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("sandbox {sandbox}: template {path}: {source}")]
+    SnapshotState {
+        sandbox: String,
+        path: PathBuf,
+        #[source]
+        source: crate::snapshot::state::StateError,
+    },
+    #[error("template {path}: {msg}")]
+    Template { path: PathBuf, msg: String },
+    #[error("template {path}: guest memory: {source}")]
+    TemplateMemory {
+        path: PathBuf,
+        #[source]
+        source: guestmem::Error,
+    },
     #[error("sandbox {sandbox}: {failure}")]
     Guest {
         sandbox: String,

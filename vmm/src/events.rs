@@ -16,6 +16,8 @@ pub enum VmEvent {
     /// The guest reset the machine (i8042 reset command): the VM ends with
     /// status 0, as on Firecracker (a microVM does not reboot).
     Reset,
+    /// The agent reached its template checkpoint (boot info BI_TEMPLATE).
+    Checkpoint,
     /// Something ended the guest.
     Failure(GuestFailure),
 }

@@ -16,6 +16,7 @@ pub mod fuzz;
 mod layout;
 mod linux;
 mod mptable;
+mod snapshot;
 pub mod tiny_guest;
 mod vcpu;
 pub mod virtio;
@@ -85,7 +86,14 @@ pub fn run_cli(args: &VmmArgs) -> Result<u8, Error> {
         }),
         None => Ok(()),
     };
-    let vm = builder::build(&cfg, kvm, t0, &interrupted)?;
+    let vm = match &cfg.template {
+        None => builder::build(&cfg, kvm, t0, &interrupted)?,
+        Some(args::TemplateMode::Restore(_)) => builder::restore(&cfg, kvm, t0, &interrupted)?,
+        Some(_) => {
+            drop(kvm);
+            return snapshot::create::run(&cfg, t0, &interrupted);
+        }
+    };
     run_vm(&cfg, vm, &sigfd)
 }
 
@@ -224,6 +232,9 @@ fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<u32, Guest
                     return Ok(0);
                 }
                 VmEvent::Failure(f) => return Err(f),
+                // Only a template save or probe asks for the checkpoint
+                // (snapshot::create runs those VMs itself).
+                VmEvent::Checkpoint => {}
             }
         }
     }

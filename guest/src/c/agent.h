@@ -21,6 +21,7 @@ enum agent_event {
   EV_ROOTFS_FILE = 0x0a,    /* DATA = checksum of boot_info.rootfs_file in the EROFS layer */
   EV_ROOTFS_MARKER = 0x0b,  /* DATA = checksum of the writable layer's sector 0 before the marker */
   EV_VF_LINK_UP = 0x0c,     /* async VF init: the wait for the link ended */
+  EV_TEMPLATE = 0x0d,       /* template checkpoint: the VMM saves the VM here (docs/templates.md) */
 };
 
 /* ERROR codes (DATA of EV_ERROR); the VMM names them (docs/guest.md). */

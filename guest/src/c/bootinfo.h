@@ -14,6 +14,7 @@
 #define BI_ECHO 8          /* after READY keep exchanging requests (payload id + seq) */
 #define BI_RESET_ONCE 16   /* after the first reply reset and re-init the device, then READY */
 #define BI_FAULT_ONCE 32   /* as RESET_ONCE, but first make the VF fail (bad descriptor) */
+#define BI_TEMPLATE 64      /* stop at the template checkpoint (docs/templates.md) */
 
 struct boot_mem   { uint64_t base, size; };
 struct boot_dev   { uint64_t mmio_base; uint32_t irq; uint32_t virtio_type; }; /* 1 net, 2 blk */
@@ -21,7 +22,7 @@ struct boot_info {
   uint64_t magic;
   uint32_t version;           /* BOOTINFO_VERSION */
   uint32_t flags;             /* BI_ASYNC_VF_INIT=1, BI_PROBE_MODE=2, BI_TOUCH_RX=4, BI_ECHO=8,
-                                 BI_RESET_ONCE=16, BI_FAULT_ONCE=32 */
+                                 BI_RESET_ONCE=16, BI_FAULT_ONCE=32, BI_TEMPLATE=64 */
   char     sandbox_id[64];    /* NUL-terminated */
   uint32_t n_mem, n_dev;
   struct boot_mem mem[4];     /* usable RAM ranges for the agent's allocator */

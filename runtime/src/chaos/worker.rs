@@ -148,6 +148,7 @@ fn run_round(
         kernel: None,
         echo: false,
         probe: canary::probe_addresses(),
+        template: None,
     };
     let start = Barrier::new(n);
     let mut nic_restarts = 0;

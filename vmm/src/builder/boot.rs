@@ -32,30 +32,15 @@ pub(super) fn load_guest(
     image: &ImageLayout,
 ) -> Result<LoadedGuest, Error> {
     let sb = cfg.sandbox.as_str();
-    let payload = match &cfg.app_bytes {
-        Some(b) => b.clone(),
-        None => crate::app::payload(sb, cfg.app_size as usize),
-    };
-    let app_checksum = crate::app::checksum(&payload);
     let write = writer(sb, mem);
+    // Linux guests get no payload, but the check stays as it was.
+    let mut app_checksum = crate::app::checksum(&payload(cfg));
     let entry = match linux {
         None => {
             write(GDT_ADDR, &x86::gdt_bytes(&x86::GDT_64), "GDT")?;
             write(PML4_ADDR, &x86::page_tables(), "page tables")?;
-            let usable = [BootMem {
-                base: RAM_FREE_START,
-                size: cfg.ram_size - RAM_FREE_START,
-            }];
-            let rootfs = RootfsInfo {
-                image: image.rootfs,
-                file: cfg.rootfs_check.as_ref().map(|(f, _)| f.clone()),
-            };
-            let info = BootInfo::new(cfg, &usable, devs, image.app_gpa, &rootfs);
-            write(BOOT_INFO_ADDR, info.as_slice(), "boot info")?;
             write(guest::LOAD_ADDR, guest::AGENT_IMAGE, "agent image")?;
-            if !payload.is_empty() {
-                write(image.app_gpa, &payload, "app payload")?;
-            }
+            app_checksum = write_sandbox_info(cfg, mem, devs, image)?;
             EntryMode::Long64 {
                 rip: guest::ENTRY_ADDR,
                 rsp: 0x8ff0,
@@ -90,6 +75,41 @@ pub(super) fn load_guest(
         entry,
         app_checksum,
     })
+}
+
+fn payload(cfg: &VmConfig) -> Vec<u8> {
+    match &cfg.app_bytes {
+        Some(b) => b.clone(),
+        None => crate::app::payload(&cfg.sandbox, cfg.app_size as usize),
+    }
+}
+
+/// The built-in agent's per-sandbox input: boot info and app payload (also
+/// what a template restore writes over the template's). Returns the app
+/// checksum the agent must report.
+pub(super) fn write_sandbox_info(
+    cfg: &VmConfig,
+    mem: &guestmem::GuestMemory,
+    devs: &[DevEntry],
+    image: &ImageLayout,
+) -> Result<u32, Error> {
+    let sb = cfg.sandbox.as_str();
+    let write = writer(sb, mem);
+    let payload = payload(cfg);
+    let usable = [BootMem {
+        base: RAM_FREE_START,
+        size: cfg.ram_size - RAM_FREE_START,
+    }];
+    let rootfs = RootfsInfo {
+        image: image.rootfs,
+        file: cfg.rootfs_check.as_ref().map(|(f, _)| f.clone()),
+    };
+    let info = BootInfo::new(cfg, &usable, devs, image.app_gpa, &rootfs);
+    write(BOOT_INFO_ADDR, info.as_slice(), "boot info")?;
+    if !payload.is_empty() {
+        write(image.app_gpa, &payload, "app payload")?;
+    }
+    Ok(crate::app::checksum(&payload))
 }
 
 /// Writes on guestmem's instant-zero list, errors naming the sandbox.

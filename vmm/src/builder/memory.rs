@@ -75,6 +75,16 @@ pub(super) fn create_memory(
     let mem =
         guestmem::GuestMemory::new(&region_specs(cfg, image), cfg.policy, source, cfg.hugepages)
             .map_err(mem_err(sb))?;
+    register_slots(sb, vm, &mem)?;
+    Ok(mem)
+}
+
+/// Each region a KVM memory slot over its guest view.
+pub(super) fn register_slots(
+    sb: &str,
+    vm: &VmFd,
+    mem: &guestmem::GuestMemory,
+) -> Result<(), Error> {
     for (slot, r) in mem.regions().iter().enumerate() {
         let region = kvm_userspace_memory_region {
             slot: slot as u32,
@@ -92,7 +102,7 @@ pub(super) fn create_memory(
             format!("KVM_SET_USER_MEMORY_REGION for region {}", r.name()),
         ))?;
     }
-    Ok(mem)
+    Ok(())
 }
 
 /// The DMA map: the dma-ram / dma-image stages (absent for dma = false).

@@ -6,6 +6,9 @@
 mod boot;
 mod devices;
 mod memory;
+mod restore;
+
+pub use restore::build as restore;
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -14,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use kvm_bindings::{kvm_pit_config, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use trace::{monotonic_ns, Stage, TraceWriter};
+use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::args::{BootSource, VmConfig};
@@ -44,6 +48,17 @@ pub struct Vm {
     _memory: Arc<guestmem::GuestMemory>,
     _vm: Arc<VmFd>,
     _serial_irq: EventFd,
+}
+
+impl Vm {
+    /// For the template code (snapshot/): the memory and the VM to save.
+    pub(crate) fn memory(&self) -> &Arc<guestmem::GuestMemory> {
+        &self._memory
+    }
+
+    pub(crate) fn vm_fd(&self) -> &Arc<VmFd> {
+        &self._vm
+    }
 }
 
 pub(crate) fn kvm_err(
@@ -268,6 +283,38 @@ pub fn build(
     drop(inputs.pmem);
     interrupted()?;
     mem.start_lazy_zeroing().map_err(memory::mem_err(sb))?;
+    let make_vcpus = || {
+        interrupted()?;
+        create_vcpus(cfg, &kvm, &vm, guest.entry)
+    };
+    finish(
+        cfg,
+        &vm,
+        mem,
+        &device_mem,
+        inputs.serial_out,
+        guest.app_checksum,
+        trace,
+        &devs,
+        make_vcpus,
+    )
+}
+
+/// The last steps, shared with the template restore: devices over the
+/// memory (`device_mem` is its device view), then the vCPUs (`make_vcpus`), then the `Vm`.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    cfg: &VmConfig,
+    vm: &Arc<VmFd>,
+    mem: guestmem::GuestMemory,
+    device_mem: &GuestMemoryMmap,
+    serial_out: Box<dyn Write + Send>,
+    app_checksum: u32,
+    trace: Arc<TraceWriter>,
+    devs: &[DevEntry],
+    make_vcpus: impl FnOnce() -> Result<Vec<VcpuFd>, Error>,
+) -> Result<Vm, Error> {
+    let sb = cfg.sandbox.as_str();
     let mem = Arc::new(mem);
     let sink = Arc::new(EventSink::new().map_err(os_err(sb, "eventfd"))?);
     {
@@ -283,20 +330,12 @@ pub fn build(
         file: cfg.rootfs_check.clone(),
         marker: cfg.disks.iter().any(|d| !d.read_only),
     };
-    let legacy = devices::attach_legacy_devices(
-        sb,
-        &vm,
-        inputs.serial_out,
-        guest.app_checksum,
-        rootfs,
-        &trace,
-        &sink,
-    )?;
-    let mut mmio = devices::attach_net_devices(cfg, &vm, &mem, &device_mem, &trace, &devs)?;
-    devices::attach_disks(cfg, &vm, &mem, &device_mem, &trace, &devs, &mut mmio)?;
+    let legacy =
+        devices::attach_legacy_devices(sb, vm, serial_out, app_checksum, rootfs, &trace, &sink)?;
+    let mut mmio = devices::attach_net_devices(cfg, vm, &mem, device_mem, &trace, devs)?;
+    devices::attach_disks(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
 
-    interrupted()?;
-    let vcpus = create_vcpus(cfg, &kvm, &vm, guest.entry)?;
+    let vcpus = make_vcpus()?;
     Ok(Vm {
         trace,
         sink,
@@ -308,7 +347,7 @@ pub fn build(
         mmio: Arc::new(mmio),
         vcpus,
         _memory: mem,
-        _vm: vm,
+        _vm: vm.clone(),
         _serial_irq: legacy.serial_irq,
     })
 }

@@ -22,6 +22,7 @@ pub const EV_EXIT: u8 = 0x09;
 pub const EV_ROOTFS_FILE: u8 = 0x0a;
 pub const EV_ROOTFS_MARKER: u8 = 0x0b;
 pub const EV_VF_LINK_UP: u8 = 0x0c;
+pub const EV_TEMPLATE: u8 = 0x0d;
 
 /// What the agent must report about the rootfs (docs/rootfs.md).
 #[derive(Debug, Clone, Default)]
@@ -180,6 +181,7 @@ impl AgentPort {
                 code: self.data,
             })),
             EV_EXIT => self.sink.post(VmEvent::GuestExit(self.data)),
+            EV_TEMPLATE => self.sink.post(VmEvent::Checkpoint),
             other => tracing::debug!("agent port: ignored event {other:#x}"),
         }
     }
