@@ -320,9 +320,9 @@ fn vmm_killed_mid_boot_is_torn_down() {
     // A stand-in for `burstvm` that runs the real VMM and SIGKILLs it as soon
     // as it has recorded vmm-spawn (guest memory set up, before dma-ram ends).
     let wrapper = dir.join("burstvm");
-    std::fs::write(
+    testutil::write_executable(
         &wrapper,
-        format!(
+        &format!(
             r#"#!/bin/bash
 REAL={BIN}
 [ "$1" = vmm ] || exec "$REAL" "$@"
@@ -342,10 +342,7 @@ echo "test: killed the VMM of $sb" >&2
 exit 137
 "#
         ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    );
     let o = burstvm(&[
         "run",
         "--variant",

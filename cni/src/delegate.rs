@@ -107,20 +107,8 @@ mod tests {
     use std::fs;
 
     fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
-        // Written by a `cp` child: had this process held a write fd to the
-        // script, another test thread's fork could inherit it until its exec,
-        // and exec'ing the script would fail with ETXTBSY (flaky).
-        let src = dir.join(format!("{name}.src"));
-        fs::write(&src, format!("#!/bin/sh\n{body}\n")).unwrap();
         let p = dir.join(name);
-        let ok = std::process::Command::new("cp")
-            .arg(&src)
-            .arg(&p)
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "cp {}", src.display());
-        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        testutil::write_executable(&p, &format!("#!/bin/sh\n{body}\n"));
         p
     }
 

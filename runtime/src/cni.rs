@@ -303,15 +303,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("burstvm-cni-exec-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let plugin = dir.join("fake-plugin");
-        std::fs::write(
+        testutil::write_executable(
             &plugin,
             "#!/bin/sh\nread -r cfg\nif [ \"$CNI_COMMAND\" = ADD ]; then\n\
              printf '{\"interfaces\":[{\"name\":\"%s\",\"mac\":\"02:00:00:00:00:01\",\"sandbox\":\"%s\"}],\"ips\":[{\"address\":\"10.9.0.2/24\",\"interface\":0}]}' \"$CNI_IFNAME\" \"$CNI_NETNS\"\n\
              else printf '{\"cniVersion\":\"1.1.0\",\"code\":11,\"msg\":\"busy %s\",\"details\":\"stdin %s bytes\"}' \"$CNI_CONTAINERID\" \"${#cfg}\"; exit 1; fi\n",
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         let conf = dir.join("net.conf");
         std::fs::write(
             &conf,
@@ -338,18 +335,16 @@ mod tests {
         );
         // 11 is retried until the plugin succeeds; other codes are not.
         let flaky = dir.join("flaky-plugin");
-        std::fs::write(
+        testutil::write_executable(
             &flaky,
-            format!(
+            &format!(
                 "#!/bin/sh\ncat >/dev/null\nn=$(cat {d}/count 2>/dev/null || echo 0)\n\
                  echo $((n+1)) > {d}/count\n\
                  if [ $n -lt 2 ]; then printf '{{\"code\":11,\"msg\":\"later\"}}'; exit 1; fi\n\
                  if [ \"$CNI_CONTAINERID\" = bad ]; then printf '{{\"code\":5,\"msg\":\"io\"}}'; exit 1; fi\n",
                 d = dir.display()
             ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&flaky, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         std::fs::write(
             &conf,
             "{\"cniVersion\":\"1.1.0\",\"name\":\"n\",\"type\":\"flaky-plugin\"}",
