@@ -951,11 +951,13 @@ fn cni_nic_killed_mid_call_then_del_against_the_restarted_daemon_frees_every_vf(
             nic::devset::LockPolicy::Hierarchical,
             &nic.state_dir(),
             nic.state_dir().join("nic-state.json"),
+            &Default::default(),
         )
         .expect("open the state dir");
         let r = stored.handle(nic::control::Request::Alloc {
             pf: "pf0".into(),
             sandbox: "halfadd".into(),
+            kind: Default::default(),
             mac: None,
             vlan: None,
         });

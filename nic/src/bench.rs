@@ -63,6 +63,7 @@ pub fn run_once(
             policy,
             dir,
             dir.join(format!("state-{policy:?}.json")),
+            &crate::sg::SgArgs::default(),
         )
         .map_err(|e| err(e.to_string()))?,
     );

@@ -156,6 +156,7 @@ pub fn run_once(
             LockPolicy::Hierarchical,
             dir,
             dir.join("state.json"),
+            &crate::sg::SgArgs::default(),
         )
         .map_err(nic_err("start"))?,
     );

@@ -17,13 +17,15 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::control::server::{Limits, Server};
-use crate::control::{ErrorCode, Request, Response, VfInfo};
+use crate::control::{DevKind, ErrorCode, Request, Response, VfInfo};
 use crate::dataplane::uplink::{Uplink, UplinkSpec};
 use crate::dataplane::Dataplane;
 use crate::devset::{Devset, LockPolicy, VfState};
 use crate::ids::{default_mac, vf_id};
 use crate::poll::{eventfd_fd, wait_readable};
 use crate::port::{Port, PortConfig, VfHw};
+use crate::session::Profile;
+use crate::sg::{SgArgs, SgPf};
 use crate::state::{self, Assignment, StateFile};
 use crate::{Error, NicArgs};
 
@@ -33,6 +35,8 @@ pub struct Pf {
     pub devset: Arc<Devset<VfHw>>,
     pub ports: Vec<Arc<Port>>,
     pub wake: Arc<EventFd>,
+    /// The PF's SG functions (`--sgfs`), if any.
+    pub sg: Option<SgPf>,
 }
 
 /// Everything the control server and the acceptors share.
@@ -56,6 +60,7 @@ impl Nic {
         policy: LockPolicy,
         socket_dir: &Path,
         state_path: PathBuf,
+        sg: &SgArgs,
     ) -> Result<Self, Error> {
         let mut out = Vec::new();
         for (k, (name, n)) in pfs.iter().enumerate() {
@@ -85,6 +90,7 @@ impl Nic {
                 devset,
                 ports,
                 wake,
+                sg: SgPf::new(name, sg, policy, socket_dir)?,
             });
         }
         let nic = Nic {
@@ -110,6 +116,25 @@ impl Nic {
                 );
                 continue;
             };
+            if a.kind == DevKind::Sg {
+                let r = pf
+                    .sg
+                    .as_ref()
+                    .filter(|sg| a.index < sg.ports.len())
+                    .map(|sg| sg.devset.assign(a.index, &a.sandbox));
+                match r {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => tracing::warn!("state {}: {e}", self.state_path.display()),
+                    None => tracing::warn!(
+                        "state {}: SGF {}/{} no longer configured; assignment of {} dropped",
+                        self.state_path.display(),
+                        a.pf,
+                        a.index,
+                        a.sandbox
+                    ),
+                }
+                continue;
+            }
             let (Some(port), Some(mac)) = (pf.ports.get(a.index), parse_mac(&a.mac)) else {
                 tracing::warn!(
                     "state {}: VF {}/{} invalid; assignment of {} dropped",
@@ -139,11 +164,25 @@ impl Nic {
                 if let Some(sandbox) = sandbox {
                     let cfg = pf.ports[i].config();
                     st.assignments.push(Assignment {
+                        kind: DevKind::Vf,
                         pf: pf.name.clone(),
                         index: i,
                         sandbox,
                         mac: MacAddr::from(cfg.mac).to_string(),
                         vlan: cfg.vlan,
+                    });
+                }
+            }
+            let Some(sg) = &pf.sg else { continue };
+            for (i, (_, sandbox)) in sg.devset.snapshot().into_iter().enumerate() {
+                if let Some(sandbox) = sandbox {
+                    st.assignments.push(Assignment {
+                        kind: DevKind::Sg,
+                        pf: pf.name.clone(),
+                        index: i,
+                        sandbox,
+                        mac: String::new(),
+                        vlan: None,
                     });
                 }
             }
@@ -156,6 +195,7 @@ impl Nic {
         let port = &pf.ports[i];
         let cfg = port.config();
         VfInfo {
+            kind: DevKind::Vf,
             id: port.id.clone(),
             pf: pf.name.clone(),
             index: i,
@@ -165,6 +205,31 @@ impl Nic {
             state,
             sandbox,
             counters: port.counters.snapshot(),
+            sg: None,
+        }
+    }
+
+    fn sg_info(
+        &self,
+        pf: &Pf,
+        sg: &SgPf,
+        i: usize,
+        state: VfState,
+        sandbox: Option<String>,
+    ) -> VfInfo {
+        let port = &sg.ports[i];
+        VfInfo {
+            kind: DevKind::Sg,
+            id: port.id.clone(),
+            pf: pf.name.clone(),
+            index: i,
+            mac: String::new(),
+            vlan: None,
+            socket: port.socket.clone(),
+            state,
+            sandbox,
+            counters: port.counters.snapshot(),
+            sg: sg.counters().get(i).copied(),
         }
     }
 
@@ -174,8 +239,24 @@ impl Nic {
             for (i, (st, sb)) in pf.devset.snapshot().into_iter().enumerate() {
                 v.push(self.info(pf, i, st, sb));
             }
+            if let Some(sg) = &pf.sg {
+                for (i, (st, sb)) in sg.devset.snapshot().into_iter().enumerate() {
+                    v.push(self.sg_info(pf, sg, i, st, sb));
+                }
+            }
         }
         v
+    }
+
+    fn find_sg(&self, sandbox: &str) -> Option<(&Pf, &SgPf, usize)> {
+        self.pfs.iter().find_map(|pf| {
+            let sg = pf.sg.as_ref()?;
+            sg.devset
+                .snapshot()
+                .iter()
+                .position(|(_, sb)| sb.as_deref() == Some(sandbox))
+                .map(|i| (pf, sg, i))
+        })
     }
 
     fn find_sandbox(&self, sandbox: &str) -> Option<(&Pf, usize)> {
@@ -198,21 +279,34 @@ impl Nic {
             Request::Alloc {
                 pf,
                 sandbox,
+                kind: DevKind::Vf,
                 mac,
                 vlan,
             } => self.alloc(&pf, &sandbox, mac.as_deref(), vlan),
+            Request::Alloc {
+                pf,
+                sandbox,
+                kind: DevKind::Sg,
+                mac,
+                vlan,
+            } => self.alloc_sg(&pf, &sandbox, mac.is_some() || vlan.is_some()),
             Request::Release { sandbox } => {
-                let Some((pf, i)) = self.find_sandbox(&sandbox) else {
-                    return Response::ok();
-                };
-                if let Err(e) = pf.devset.release(i) {
-                    return Response::err(ErrorCode::Internal, e.to_string());
+                // A sandbox may hold a VF and an SG function: both go.
+                if let Some((_, sg, i)) = self.find_sg(&sandbox) {
+                    if let Err(e) = sg.devset.release(i) {
+                        return Response::err(ErrorCode::Internal, e.to_string());
+                    }
                 }
-                if pf.devset.snapshot()[i].0 == VfState::Free {
-                    pf.ports[i].set_config(PortConfig {
-                        mac: pf.ports[i].default_mac,
-                        vlan: None,
-                    });
+                if let Some((pf, i)) = self.find_sandbox(&sandbox) {
+                    if let Err(e) = pf.devset.release(i) {
+                        return Response::err(ErrorCode::Internal, e.to_string());
+                    }
+                    if pf.devset.snapshot()[i].0 == VfState::Free {
+                        pf.ports[i].set_config(PortConfig {
+                            mac: pf.ports[i].default_mac,
+                            vlan: None,
+                        });
+                    }
                 }
                 match self.save() {
                     Ok(()) => Response::ok(),
@@ -222,11 +316,18 @@ impl Nic {
             Request::Get { sandbox, vf } => {
                 let (found, what) = match (sandbox, vf) {
                     (Some(sb), None) => (
-                        self.find_sandbox(&sb).map(|(pf, i)| {
-                            let (st, owner) = pf.devset.snapshot().swap_remove(i);
-                            self.info(pf, i, st, owner)
-                        }),
-                        format!("sandbox {sb:?} has no VF"),
+                        self.find_sandbox(&sb)
+                            .map(|(pf, i)| {
+                                let (st, owner) = pf.devset.snapshot().swap_remove(i);
+                                self.info(pf, i, st, owner)
+                            })
+                            .or_else(|| {
+                                self.find_sg(&sb).map(|(pf, sg, i)| {
+                                    let (st, owner) = sg.devset.snapshot().swap_remove(i);
+                                    self.sg_info(pf, sg, i, st, owner)
+                                })
+                            }),
+                        format!("sandbox {sb:?} has no VF or SG function"),
                     ),
                     (None, Some(id)) => (
                         self.all().into_iter().find(|v| v.id == id),
@@ -248,6 +349,54 @@ impl Nic {
         }
     }
 
+    /// The PF an `alloc` names (both kinds; the sandbox id was validated).
+    fn alloc_target(&self, pf_name: &str) -> Result<&Pf, Box<Response>> {
+        self.pfs.iter().find(|p| p.name == pf_name).ok_or_else(|| {
+            Box::new(Response::err(
+                ErrorCode::UnknownPf,
+                format!("alloc: unknown PF {pf_name:?}"),
+            ))
+        })
+    }
+
+    fn alloc_sg(&self, pf_name: &str, sandbox: &str, net_fields: bool) -> Response {
+        let bad = |m: String| Response::err(ErrorCode::BadRequest, m);
+        let pf = match self.alloc_target(pf_name) {
+            Ok(pf) => pf,
+            Err(r) => return *r,
+        };
+        if net_fields {
+            return bad("alloc: an SG function has no \"mac\" or \"vlan\"".into());
+        }
+        let Some(sg) = &pf.sg else {
+            return Response::err(
+                ErrorCode::NoFreeVf,
+                format!("alloc: PF {pf_name} has no SG functions (--sgfs)"),
+            );
+        };
+        if let Some((_, sg, i)) = self.find_sg(sandbox) {
+            return Response::err(
+                ErrorCode::AlreadyAssigned,
+                format!(
+                    "alloc: sandbox {sandbox} already has SG function {}",
+                    sg.ports[i].id
+                ),
+            );
+        }
+        let Some(i) = sg.devset.assign_any(sandbox) else {
+            return Response::err(
+                ErrorCode::NoFreeVf,
+                format!("alloc: no free SG function on PF {pf_name}"),
+            );
+        };
+        if let Err(e) = self.save() {
+            let _ = sg.devset.release(i);
+            return Response::err(ErrorCode::Internal, e.to_string());
+        }
+        let (st, sb) = sg.devset.snapshot().swap_remove(i);
+        Response::with_vf(self.sg_info(pf, sg, i, st, sb))
+    }
+
     fn alloc(
         &self,
         pf_name: &str,
@@ -256,11 +405,9 @@ impl Nic {
         vlan: Option<u16>,
     ) -> Response {
         let bad = |m: String| Response::err(ErrorCode::BadRequest, m);
-        let Some(pf) = self.pfs.iter().find(|p| p.name == pf_name) else {
-            return Response::err(
-                ErrorCode::UnknownPf,
-                format!("alloc: unknown PF {pf_name:?}"),
-            );
+        let pf = match self.alloc_target(pf_name) {
+            Ok(pf) => pf,
+            Err(r) => return *r,
         };
         if let Some((p, i)) = self.find_sandbox(sandbox) {
             return Response::err(
@@ -383,7 +530,7 @@ fn bind(path: &Path) -> Result<UnixListener, Error> {
 fn acceptor(
     pf_devset: Arc<Devset<VfHw>>,
     ports: Vec<Arc<Port>>,
-    pools: Arc<[PathBuf]>,
+    (profile, pools): (&'static Profile, Arc<[PathBuf]>),
     listeners: Vec<UnixListener>,
     stop: Arc<AtomicBool>,
     stop_fd: Arc<EventFd>,
@@ -404,8 +551,8 @@ fn acceptor(
                     Ok(s) => s,
                     Err(_) => continue,
                 };
-                Sessions::spawn(&sessions, &stream, format!("vf-{}", p.id), move || {
-                    crate::session::serve(d, p, pools, i, s2)
+                Sessions::spawn(&sessions, &stream, format!("dev-{}", p.id), move || {
+                    crate::session::serve(d, p, pools, i, s2, profile)
                 });
             }
         }
@@ -491,6 +638,7 @@ pub fn run_with(args: &NicArgs, wait: impl FnOnce(&Arc<Nic>)) -> Result<(), Erro
         args.devset_lock,
         &socket_dir,
         args.state_dir.join("nic-state.json"),
+        &args.sg,
     )?;
     nic.pool_sockets = Arc::from(args.pool_socket.clone());
     let nic = Arc::new(nic);
@@ -548,27 +696,60 @@ fn start(
     Ok(())
 }
 
-/// Binds every VF's vhost-user socket and starts one acceptor per PF.
+/// Binds every VF's (and SG function's) vhost-user socket and starts one
+/// acceptor per PF and kind, and the SG thread of each PF that has SGFs.
 fn start_vfs(nic: &Arc<Nic>, run: &mut Running) -> Result<(), Error> {
     for pf in &nic.pfs {
-        let mut listeners = Vec::new();
-        for port in &pf.ports {
-            listeners.push(bind(&port.socket)?);
-            run.sockets.push(port.socket.clone());
-        }
-        let (d, p, s, sf, ss, pools) = (
-            pf.devset.clone(),
-            pf.ports.clone(),
-            run.stop.clone(),
-            run.stop_fd.clone(),
-            run.sessions.clone(),
-            nic.pool_sockets.clone(),
-        );
+        start_acceptor(
+            &format!("accept-{}", pf.name),
+            &pf.devset,
+            &pf.ports,
+            &crate::session::NET,
+            nic,
+            run,
+        )?;
+        let Some(sg) = &pf.sg else { continue };
+        start_acceptor(
+            &format!("accept-{}-sg", pf.name),
+            &sg.devset,
+            &sg.ports,
+            &crate::sg::PROFILE,
+            nic,
+            run,
+        )?;
+        let lp = crate::sg::serve::SgLoop::new(&pf.name, sg)
+            .map_err(|e| Error::Config(format!("PF {}: SG device: {e}", pf.name)))?;
+        let (s, sf) = (run.stop.clone(), run.stop_fd.clone());
         run.threads
-            .push(spawn(format!("accept-{}", pf.name), move || {
-                acceptor(d, p, pools, listeners, s, sf, ss)
-            })?);
+            .push(spawn(format!("sg-{}", pf.name), move || lp.run(&s, &sf))?);
     }
+    Ok(())
+}
+
+fn start_acceptor(
+    name: &str,
+    devset: &Arc<Devset<VfHw>>,
+    ports: &[Arc<Port>],
+    profile: &'static Profile,
+    nic: &Nic,
+    run: &mut Running,
+) -> Result<(), Error> {
+    let mut listeners = Vec::new();
+    for port in ports {
+        listeners.push(bind(&port.socket)?);
+        run.sockets.push(port.socket.clone());
+    }
+    let (d, p, s, sf, ss, pools) = (
+        devset.clone(),
+        ports.to_vec(),
+        run.stop.clone(),
+        run.stop_fd.clone(),
+        run.sessions.clone(),
+        nic.pool_sockets.clone(),
+    );
+    run.threads.push(spawn(name.into(), move || {
+        acceptor(d, p, (profile, pools), listeners, s, sf, ss)
+    })?);
     Ok(())
 }
 

@@ -1,7 +1,9 @@
-//! A minimal vhost-user-net frontend that drives one VF like a guest driver
-//! would: memfd-backed "guest" memory, split virtqueues written by hand. Used
-//! by `bench devset` (real vhost-user sessions) and by the daemon tests; it is
-//! not the VMM's frontend (vmm/src/virtio/).
+//! A minimal vhost-user frontend that drives one device like a guest driver
+//! would: memfd-backed "guest" memory, split virtqueues written by hand
+//! ([`VuFrontend`], two queues). [`SimFrontend`] drives a VF with it; the SG
+//! frontend (`sg::frontend`) an SG function. Used by `bench devset`, `bench
+//! sgiov` (real vhost-user sessions) and by the daemon tests; it is not the
+//! VMM's frontend (vmm/src/virtio/).
 
 use std::fs::File;
 use std::io;
@@ -20,7 +22,7 @@ pub const QSIZE: u16 = 256;
 const HDR_LEN: usize = 12;
 const BUF: u64 = 2048;
 const RING_AREA: u64 = 0x10000; // per queue: desc, avail, used
-const BUFFERS: u64 = 2 * RING_AREA; // then QSIZE rx buffers, QSIZE tx buffers
+pub const BUFFERS: u64 = 2 * RING_AREA; // then QSIZE rx buffers, QSIZE tx buffers
 /// Smallest memory a frontend needs.
 pub const MIN_MEM: usize = (BUFFERS + 2 * QSIZE as u64 * BUF) as usize;
 
@@ -42,15 +44,21 @@ pub enum FrontendError {
     Size(usize),
 }
 
-pub struct SimFrontend {
+/// One vhost-user session with two split virtqueues in its own memory: queue
+/// q's descriptor table at `q * RING_AREA`, avail ring at +0x1000, used ring
+/// at +0x2000; everything from [`BUFFERS`] on is the user's.
+pub struct VuFrontend {
     socket: String,
     fe: Frontend,
     mem: FrontendMemory,
     kick: [EventFd; 2],
     call: [EventFd; 2],
-    rx_avail: u16,
+    avail: [u16; 2],
+}
+
+pub struct SimFrontend {
+    vu: VuFrontend,
     rx_used_seen: u16,
-    tx_avail: u16,
     /// Poll mode: used index at the last kick and at the last burst, per queue.
     kicked_at: [u16; 2],
     last_used: [u16; 2],
@@ -69,6 +77,11 @@ pub struct FrontendMemory {
 unsafe impl Send for FrontendMemory {}
 
 impl FrontendMemory {
+    /// The mapping's address and length (the frontend's "guest-physical" 0).
+    pub fn host(&self) -> (*mut u8, usize) {
+        (self.base, self.size)
+    }
+
     pub fn new(size: usize, populate: bool) -> Result<Self, FrontendError> {
         if size < MIN_MEM {
             return Err(FrontendError::Size(size));
@@ -143,6 +156,20 @@ impl SimFrontend {
 
     /// As `connect`, with memory made beforehand, as a VMM's is.
     pub fn connect_mem(socket: &Path, mem: FrontendMemory) -> Result<Self, FrontendError> {
+        let mut me = SimFrontend {
+            vu: VuFrontend::connect_mem(socket, mem)?,
+            rx_used_seen: 0,
+            kicked_at: [u16::MAX; 2],
+            last_used: [0; 2],
+        };
+        me.post_rx(QSIZE);
+        Ok(me)
+    }
+}
+
+impl VuFrontend {
+    /// Connects and sets both vrings up; posts no buffers.
+    pub fn connect_mem(socket: &Path, mem: FrontendMemory) -> Result<Self, FrontendError> {
         let sock = socket.display().to_string();
         let io = |what: &'static str| {
             let s = sock.clone();
@@ -164,20 +191,15 @@ impl SimFrontend {
         let (kick, call) = ([mk()?, mk()?], [mk()?, mk()?]);
         let fe = Frontend::connect(socket, 2).map_err(vu("connect"))?;
         let fd = mem.memfd.as_raw_fd();
-        let mut me = SimFrontend {
+        let mut me = VuFrontend {
             socket: sock.clone(),
             fe,
             mem,
             kick,
             call,
-            rx_avail: 0,
-            rx_used_seen: 0,
-            tx_avail: 0,
-            kicked_at: [u16::MAX; 2],
-            last_used: [0; 2],
+            avail: [0; 2],
         };
         me.setup(fd).map_err(vu("session set-up"))?;
-        me.post_rx(QSIZE);
         Ok(me)
     }
 
@@ -222,7 +244,7 @@ impl SimFrontend {
         Ok(())
     }
 
-    fn ptr(&self, gpa: u64, len: usize) -> *mut u8 {
+    pub fn ptr(&self, gpa: u64, len: usize) -> *mut u8 {
         assert!(
             gpa as usize + len <= self.mem.size,
             "test frontend: own layout stays in memory"
@@ -251,7 +273,7 @@ impl SimFrontend {
         u32::from_le(unsafe { std::ptr::read_volatile(self.ptr(gpa, 4) as *const u32) })
     }
 
-    fn write_desc(&self, q: usize, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
+    pub fn write_desc(&self, q: usize, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
         let d = q as u64 * RING_AREA + i as u64 * 16;
         self.w64(d, addr);
         self.w32(d + 8, len);
@@ -260,31 +282,80 @@ impl SimFrontend {
     }
 
     /// Publishes descriptor head `head` in queue `q`'s avail ring and kicks.
-    fn publish(&mut self, q: usize, head: u16) {
-        let avail = q as u64 * RING_AREA + 0x1000;
-        let old = if q == 0 { self.rx_avail } else { self.tx_avail };
-        self.w16(avail + 4 + (old % QSIZE) as u64 * 2, head);
-        let v = old.wrapping_add(1);
-        if q == 0 {
-            self.rx_avail = v;
-        } else {
-            self.tx_avail = v;
+    pub fn publish(&mut self, q: usize, head: u16) {
+        self.put_avail(q, 0, head);
+        self.advance_avail(q, 1);
+        self.kick(q);
+    }
+
+    /// Writes `head` into queue `q`'s avail ring `k` entries past its index
+    /// (not yet visible to the device: see [`VuFrontend::advance_avail`]).
+    pub fn put_avail(&self, q: usize, k: u16, head: u16) {
+        let at = self.avail[q].wrapping_add(k);
+        self.w16(
+            q as u64 * RING_AREA + 0x1000 + 4 + (at % QSIZE) as u64 * 2,
+            head,
+        );
+    }
+
+    /// Makes the next `n` avail entries visible (one index update, no kick).
+    pub fn advance_avail(&mut self, q: usize, n: u16) {
+        if n == 0 {
+            return;
         }
+        self.avail[q] = self.avail[q].wrapping_add(n);
         fence(Ordering::SeqCst);
-        self.w16(avail + 2, v);
+        self.w16(q as u64 * RING_AREA + 0x1000 + 2, self.avail[q]);
         fence(Ordering::SeqCst);
+    }
+
+    /// Avail index of queue `q` (heads published so far).
+    pub fn avail_idx(&self, q: usize) -> u16 {
+        self.avail[q]
+    }
+
+    pub fn kick(&self, q: usize) {
         let _ = self.kick[q].write(1);
     }
 
-    fn used_idx(&self, q: usize) -> u16 {
+    /// Next free avail slot of queue `q` (its descriptor index in this layout).
+    pub fn next_slot(&self, q: usize) -> u16 {
+        self.avail[q] % QSIZE
+    }
+
+    pub fn used_idx(&self, q: usize) -> u16 {
         fence(Ordering::SeqCst);
         self.r16(q as u64 * RING_AREA + 0x2000 + 2)
     }
 
+    /// Entry `i` of queue `q`'s used ring: (id, len).
+    pub fn used_elem(&self, q: usize, i: u16) -> (u32, u32) {
+        let e = q as u64 * RING_AREA + 0x2000 + 4 + (i % QSIZE) as u64 * 8;
+        (self.r32(e), self.r32(e + 4))
+    }
+
+    pub fn kick_fd(&self, q: usize) -> &EventFd {
+        &self.kick[q]
+    }
+
+    pub fn call_fd(&self, q: usize) -> &EventFd {
+        &self.call[q]
+    }
+
+    pub fn mem(&self) -> &FrontendMemory {
+        &self.mem
+    }
+
+    pub fn socket(&self) -> &str {
+        &self.socket
+    }
+}
+
+impl SimFrontend {
     fn post_rx(&mut self, n: u16) {
         for _ in 0..n {
-            let slot = self.rx_avail % QSIZE;
-            self.write_desc(
+            let slot = self.vu.next_slot(0);
+            self.vu.write_desc(
                 0,
                 slot,
                 BUFFERS + slot as u64 * BUF,
@@ -292,7 +363,7 @@ impl SimFrontend {
                 2, /* WRITE */
                 0,
             );
-            self.publish(0, slot);
+            self.vu.publish(0, slot);
         }
     }
 
@@ -302,63 +373,66 @@ impl SimFrontend {
             HDR_LEN + frame.len() <= BUF as usize,
             "test frames fit one buffer"
         );
-        let slot = self.tx_avail % QSIZE;
+        let slot = self.vu.next_slot(1);
         self.fill_tx_slot(slot, frame);
-        self.publish(1, slot);
+        self.vu.publish(1, slot);
     }
 
     /// Writes header + `frame` into transmit buffer `slot` and points its descriptor at it.
     fn fill_tx_slot(&self, slot: u16, frame: &[u8]) {
         let gpa = BUFFERS + (QSIZE as u64 + slot as u64) * BUF;
-        let p = self.ptr(gpa, HDR_LEN + frame.len());
+        let p = self.vu.ptr(gpa, HDR_LEN + frame.len());
         // SAFETY: in-bounds buffer of our own memory.
         unsafe {
             std::ptr::write_bytes(p, 0, HDR_LEN);
             std::ptr::copy_nonoverlapping(frame.as_ptr(), p.add(HDR_LEN), frame.len());
         }
-        self.write_desc(1, slot, gpa, (HDR_LEN + frame.len()) as u32, 0, 0);
+        self.vu
+            .write_desc(1, slot, gpa, (HDR_LEN + frame.len()) as u32, 0, 0);
     }
 
     /// Posts a transmit descriptor whose buffer lies outside the memory table.
     pub fn send_out_of_bounds(&mut self) {
-        let slot = self.tx_avail % QSIZE;
-        self.write_desc(1, slot, self.mem.size as u64 + 0x10_0000, 64, 0, 0);
-        self.publish(1, slot);
+        let slot = self.vu.next_slot(1);
+        self.vu
+            .write_desc(1, slot, self.vu.mem.size as u64 + 0x10_0000, 64, 0, 0);
+        self.vu.publish(1, slot);
     }
 
     /// Posts a transmit chain whose "next" index lies outside the ring.
     pub fn send_broken_chain(&mut self) {
-        let slot = self.tx_avail % QSIZE;
+        let slot = self.vu.next_slot(1);
         let gpa = BUFFERS + (QSIZE as u64 + slot as u64) * BUF;
-        self.write_desc(1, slot, gpa, 64, 1 /* NEXT */, QSIZE + 5);
-        self.publish(1, slot);
+        self.vu
+            .write_desc(1, slot, gpa, 64, 1 /* NEXT */, QSIZE + 5);
+        self.vu.publish(1, slot);
     }
 
     /// Transmits one frame through an indirect descriptor table (one
     /// descriptor in it) although VIRTIO_F_INDIRECT_DESC was never offered.
     pub fn send_indirect(&mut self, frame: &[u8]) {
         assert!(HDR_LEN + frame.len() + 16 <= BUF as usize);
-        let slot = self.tx_avail % QSIZE;
+        let slot = self.vu.next_slot(1);
         let gpa = BUFFERS + (QSIZE as u64 + slot as u64) * BUF;
         // The table at the start of the buffer, the frame after it.
         let data = gpa + 16;
-        let p = self.ptr(data, HDR_LEN + frame.len());
+        let p = self.vu.ptr(data, HDR_LEN + frame.len());
         // SAFETY: in-bounds buffer of our own memory.
         unsafe {
             std::ptr::write_bytes(p, 0, HDR_LEN);
             std::ptr::copy_nonoverlapping(frame.as_ptr(), p.add(HDR_LEN), frame.len());
         }
-        self.w64(gpa, data);
-        self.w32(gpa + 8, (HDR_LEN + frame.len()) as u32);
-        self.w16(gpa + 12, 0);
-        self.w16(gpa + 14, 0);
-        self.write_desc(1, slot, gpa, 16, 4 /* INDIRECT */, 0);
-        self.publish(1, slot);
+        self.vu.w64(gpa, data);
+        self.vu.w32(gpa + 8, (HDR_LEN + frame.len()) as u32);
+        self.vu.w16(gpa + 12, 0);
+        self.vu.w16(gpa + 14, 0);
+        self.vu.write_desc(1, slot, gpa, 16, 4 /* INDIRECT */, 0);
+        self.vu.publish(1, slot);
     }
 
     /// Transmit descriptors the VF has consumed.
     pub fn tx_done(&self) -> u16 {
-        self.used_idx(1)
+        self.vu.used_idx(1)
     }
 
     /// Waits up to `timeout` for a received frame (header stripped); the buffer
@@ -366,17 +440,19 @@ impl SimFrontend {
     pub fn recv(&mut self, timeout: Duration) -> Option<Vec<u8>> {
         let end = Instant::now() + timeout;
         loop {
-            if self.used_idx(0) != self.rx_used_seen {
+            if self.vu.used_idx(0) != self.rx_used_seen {
                 let e = 0x2000 + 4 + (self.rx_used_seen % QSIZE) as u64 * 8;
-                let (id, len) = (self.r32(e) as u16, self.r32(e + 4) as usize);
+                let (id, len) = (self.vu.r32(e) as u16, self.vu.r32(e + 4) as usize);
                 self.rx_used_seen = self.rx_used_seen.wrapping_add(1);
                 let gpa = BUFFERS + (id % QSIZE) as u64 * BUF;
                 let len = len.min(BUF as usize);
                 let mut v = vec![0u8; len];
                 // SAFETY: in-bounds buffer of our own memory.
-                unsafe { std::ptr::copy_nonoverlapping(self.ptr(gpa, len), v.as_mut_ptr(), len) };
-                self.write_desc(0, id % QSIZE, gpa, BUF as u32, 2, 0);
-                self.publish(0, id % QSIZE);
+                unsafe {
+                    std::ptr::copy_nonoverlapping(self.vu.ptr(gpa, len), v.as_mut_ptr(), len)
+                };
+                self.vu.write_desc(0, id % QSIZE, gpa, BUF as u32, 2, 0);
+                self.vu.publish(0, id % QSIZE);
                 return Some(v.split_off(HDR_LEN.min(v.len())));
             }
             let now = Instant::now();
@@ -385,10 +461,10 @@ impl SimFrontend {
             }
             let ms = (end - now).as_millis().clamp(1, 50) as u64;
             crate::poll::wait_readable(
-                &[crate::poll::eventfd_fd(&self.call[0])],
+                &[crate::poll::eventfd_fd(&self.vu.call[0])],
                 Duration::from_millis(ms),
             );
-            let _ = self.call[0].read();
+            let _ = self.vu.call[0].read();
         }
     }
 
@@ -409,20 +485,14 @@ impl SimFrontend {
     /// made no progress since the last kick (it may be asleep). Returns how
     /// many it published.
     pub fn tx_burst(&mut self, n: usize) -> usize {
-        let used = self.used_idx(1);
-        let free = QSIZE - self.tx_avail.wrapping_sub(used);
+        let used = self.vu.used_idx(1);
+        let start = self.vu.avail_idx(1);
+        let free = QSIZE - start.wrapping_sub(used);
         let n = n.min(free as usize) as u16;
-        let avail = RING_AREA + 0x1000;
         for k in 0..n {
-            let at = self.tx_avail.wrapping_add(k);
-            self.w16(avail + 4 + (at % QSIZE) as u64 * 2, at % QSIZE);
+            self.vu.put_avail(1, k, start.wrapping_add(k) % QSIZE);
         }
-        if n > 0 {
-            self.tx_avail = self.tx_avail.wrapping_add(n);
-            fence(Ordering::SeqCst);
-            self.w16(avail + 2, self.tx_avail);
-            fence(Ordering::SeqCst);
-        }
+        self.vu.advance_avail(1, n);
         self.kick_if_stalled(1, used);
         n as usize
     }
@@ -431,25 +501,17 @@ impl SimFrontend {
     /// their buffers again (one avail-index update). Returns (frames, bytes
     /// without the virtio-net header).
     pub fn rx_burst(&mut self) -> (usize, u64) {
-        let used = self.used_idx(0);
+        let used = self.vu.used_idx(0);
         let n = used.wrapping_sub(self.rx_used_seen);
-        let avail = 0x1000;
         let mut bytes = 0u64;
         for k in 0..n {
-            let e = 0x2000 + 4 + (self.rx_used_seen.wrapping_add(k) % QSIZE) as u64 * 8;
-            let (id, len) = (self.r32(e) as u16, self.r32(e + 4));
+            let (id, len) = self.vu.used_elem(0, self.rx_used_seen.wrapping_add(k));
             bytes += u64::from(len).saturating_sub(HDR_LEN as u64);
             // The descriptor of slot `id` still points at its buffer.
-            let at = self.rx_avail.wrapping_add(k);
-            self.w16(avail + 4 + (at % QSIZE) as u64 * 2, id % QSIZE);
+            self.vu.put_avail(0, k, id as u16 % QSIZE);
         }
-        if n > 0 {
-            self.rx_used_seen = used;
-            self.rx_avail = self.rx_avail.wrapping_add(n);
-            fence(Ordering::SeqCst);
-            self.w16(avail + 2, self.rx_avail);
-            fence(Ordering::SeqCst);
-        }
+        self.rx_used_seen = used;
+        self.vu.advance_avail(0, n);
         self.kick_if_stalled(0, used);
         (n as usize, bytes)
     }
@@ -462,11 +524,11 @@ impl SimFrontend {
         self.last_used[q] = used;
         if stalled && self.kicked_at[q] != used {
             self.kicked_at[q] = used;
-            let _ = self.kick[q].write(1);
+            self.vu.kick(q);
         }
     }
 
     pub fn socket(&self) -> &str {
-        &self.socket
+        self.vu.socket()
     }
 }

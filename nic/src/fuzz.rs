@@ -161,14 +161,14 @@ impl DpInput {
 
 /// One guest VF's memory, mapped as the NIC maps a VMM's (`VfMemory::map`),
 /// kept across inputs: mapping and locking it each time would dominate.
-fn dp_memory() -> &'static Mutex<Option<VfMemory>> {
-    static MEM: std::sync::OnceLock<Mutex<Option<VfMemory>>> = std::sync::OnceLock::new();
+fn dp_memory() -> &'static Mutex<Option<Arc<VfMemory>>> {
+    static MEM: std::sync::OnceLock<Mutex<Option<Arc<VfMemory>>>> = std::sync::OnceLock::new();
     MEM.get_or_init(|| {
         let f = memfd("burstvm-fuzz-vf", DP_MEM as u64);
         let region = VhostUserMemoryRegion::new(0, DP_MEM as u64, 0x7000_0000_0000, 0);
-        Mutex::new(Some(
+        Mutex::new(Some(Arc::new(
             VfMemory::map("fuzz", &[region], vec![f], &[]).expect("map the fuzz VF memory"),
-        ))
+        )))
     })
 }
 
@@ -486,7 +486,16 @@ pub fn fuzz_vhost_user(data: &[u8]) {
 
     let server = {
         let (d, p) = (devset.clone(), ports[0].clone());
-        std::thread::spawn(move || crate::session::serve(d, p, Arc::from(Vec::new()), 0, backend))
+        std::thread::spawn(move || {
+            crate::session::serve(
+                d,
+                p,
+                Arc::from(Vec::new()),
+                0,
+                backend,
+                &crate::session::NET,
+            )
+        })
     };
     // Replies are read (and dropped) as they come, so the backend never
     // blocks on a full socket.
@@ -654,6 +663,11 @@ pub fn fuzz_control_request(data: &[u8]) {
         LockPolicy::Hierarchical,
         &dir,
         dir.join("nic-state.json"),
+        // SG functions too, so `alloc` of kind sg is fuzzed beside VFs.
+        &crate::sg::SgArgs {
+            sgfs: 1,
+            ..Default::default()
+        },
     )
     .expect("a fresh daemon state");
     let mut handle = |r: Request| nic.handle(r);

@@ -16,6 +16,7 @@ pub mod memory;
 pub mod poll;
 pub mod port;
 pub mod session;
+pub mod sg;
 pub mod state;
 
 use std::path::PathBuf;
@@ -60,6 +61,9 @@ pub struct NicArgs {
     /// Seconds a control connection may stay idle before the daemon closes it.
     #[arg(long, default_value_t = control::server::DEFAULT_IDLE_TIMEOUT.as_secs_f64())]
     pub control_idle_timeout: f64,
+    /// SG functions (SG-IOV) beside the VFs.
+    #[command(flatten)]
+    pub sg: sg::SgArgs,
 }
 
 /// Most VFs a PF can have: 32 PCI devices × 8 functions on its bus.
@@ -118,6 +122,7 @@ impl NicArgs {
                 self.control_idle_timeout
             )));
         }
+        self.sg.validate()?;
         if self.batch == 0 || self.batch > 1024 {
             return Err(Error::Config(format!(
                 "--batch {}: must be 1..1024",

@@ -111,7 +111,8 @@ pub struct Runtime {
     /// The virtio features the frontend acked (SET_FEATURES).
     pub features: u64,
     pub hdr_len: usize,
-    pub mem: Option<VfMemory>,
+    /// Shared: an SG function's jobs keep the mapping alive past a close.
+    pub mem: Option<Arc<VfMemory>>,
     pub vrings: [Vring; 2],
 }
 

@@ -1,4 +1,6 @@
-//! The vhost-user-net backend of one VF: one session per frontend connection.
+//! The vhost-user backend of one device slot (a VF, or an SG function: the
+//! same session code and devset lifecycle; a [`Profile`] says what differs):
+//! one session per frontend connection.
 //!
 //! The session is the "open" of the VF: the connection is accepted only if the
 //! devset lets the VF be opened, every message that touches VF-local state runs
@@ -42,8 +44,32 @@ fn fail(what: String) -> VuError {
     VuError::ReqHandlerError(io::Error::other(what))
 }
 
+/// What a device kind offers over vhost-user: its virtio features and its
+/// config space. Memory table, vrings and lifecycle are shared.
+pub struct Profile {
+    pub features: u64,
+    pub config: fn(&Port) -> Vec<u8>,
+}
+
+/// virtio-net: a VF.
+pub static NET: Profile = Profile {
+    features: VIRTIO_FEATURES,
+    config: net_config,
+};
+
+fn net_config(port: &Port) -> Vec<u8> {
+    // struct virtio_net_config: mac[6], status u16, max_virtqueue_pairs u16, mtu u16.
+    let mut cfg = Vec::with_capacity(12);
+    cfg.extend_from_slice(&port.config().mac);
+    cfg.extend_from_slice(&(VIRTIO_NET_S_LINK_UP as u16).to_le_bytes());
+    cfg.extend_from_slice(&1u16.to_le_bytes());
+    cfg.extend_from_slice(&1500u16.to_le_bytes());
+    cfg
+}
+
 pub struct VfSession {
     devset: Arc<Devset<VfHw>>,
+    profile: &'static Profile,
     port: Arc<Port>,
     /// Pool servers the memory table's pool memory is registered with.
     pools: Arc<[PathBuf]>,
@@ -127,10 +153,10 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         Ok(())
     }
     fn get_features(&mut self) -> Result<u64> {
-        Ok(VIRTIO_FEATURES)
+        Ok(self.profile.features)
     }
     fn set_features(&mut self, features: u64) -> Result<()> {
-        if features & !VIRTIO_FEATURES != 0 {
+        if features & !self.profile.features != 0 {
             return Err(fail(format!(
                 "VF {}: frontend acked unoffered features {features:#x}",
                 self.port.id
@@ -166,7 +192,7 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         self.vf(|vf| {
             let mem =
                 VfMemory::map(&id, ctx, files, &self.pools).map_err(|e| fail(e.to_string()))?;
-            vf.dev.port.runtime().mem = Some(mem);
+            vf.dev.port.runtime().mem = Some(Arc::new(mem));
             Ok(())
         })?;
         Ok(None)
@@ -322,17 +348,13 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         size: u32,
         _flags: VhostUserConfigFlags,
     ) -> Result<Vec<u8>> {
-        // struct virtio_net_config: mac[6], status u16, max_virtqueue_pairs u16, mtu u16.
-        let mut cfg = Vec::with_capacity(12);
-        cfg.extend_from_slice(&self.port.config().mac);
-        cfg.extend_from_slice(&(VIRTIO_NET_S_LINK_UP as u16).to_le_bytes());
-        cfg.extend_from_slice(&1u16.to_le_bytes());
-        cfg.extend_from_slice(&1500u16.to_le_bytes());
+        let cfg = (self.profile.config)(&self.port);
         let (o, s) = (offset as usize, size as usize);
         if o.checked_add(s).is_none_or(|end| end > cfg.len()) {
             return Err(fail(format!(
-                "VF {}: GET_CONFIG {offset}+{size} beyond the 12-byte config",
-                self.port.id
+                "VF {}: GET_CONFIG {offset}+{size} beyond the {}-byte config",
+                self.port.id,
+                cfg.len()
             )));
         }
         Ok(cfg[o..o + s].to_vec())
@@ -405,6 +427,7 @@ pub fn serve(
     pools: Arc<[PathBuf]>,
     index: usize,
     stream: UnixStream,
+    profile: &'static Profile,
 ) {
     let id = port.id.clone();
     match devset.open(index, |_| Ok::<(), ()>(())) {
@@ -418,6 +441,7 @@ pub fn serve(
     tracing::info!("VF {id}: frontend connected");
     let session = Arc::new(Mutex::new(VfSession {
         devset: devset.clone(),
+        profile,
         port: port.clone(),
         pools,
         index,

@@ -8,8 +8,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::control::DevKind;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
+    #[serde(default, skip_serializing_if = "DevKind::is_vf_kind")]
+    pub kind: DevKind,
     pub pf: String,
     pub index: usize,
     pub sandbox: String,
@@ -80,6 +84,7 @@ mod tests {
         let s = StateFile {
             version: 1,
             assignments: vec![Assignment {
+                kind: DevKind::Vf,
                 pf: "pf0".into(),
                 index: 2,
                 sandbox: "a".into(),

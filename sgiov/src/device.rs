@@ -264,6 +264,16 @@ impl Device {
         self.sgfs.get(id as usize).map(|s| s.sgf.stats)
     }
 
+    /// Open sockets of an SGF.
+    pub fn sgf_sockets(&self, id: SgfId) -> Option<usize> {
+        self.sgfs.get(id as usize).map(|s| s.sockets.len())
+    }
+
+    /// SGFs left with signals after their budget: poll again without waiting.
+    pub fn has_rekick(&self) -> bool {
+        !self.rekick.is_empty()
+    }
+
     pub fn sgf_state(&self, id: SgfId) -> Option<SgfState> {
         self.sgfs.get(id as usize).map(|s| s.sgf.state)
     }

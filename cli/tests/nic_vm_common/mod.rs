@@ -223,6 +223,7 @@ impl Nic {
             .call(&Request::Alloc {
                 pf: "pf0".into(),
                 sandbox: sandbox.into(),
+                kind: Default::default(),
                 mac: Some(mac_str(&mac)),
                 vlan: None,
             })

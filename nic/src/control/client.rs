@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{ErrorCode, Request, Response, VfInfo};
+use super::{DevKind, ErrorCode, Request, Response, VfInfo};
 
 /// How long a call may take unless the caller says otherwise. Control
 /// requests are answered in milliseconds; under a 200-way burst on two CPUs
@@ -277,8 +277,21 @@ impl Client {
         let r = self.call_ok(&Request::Alloc {
             pf: pf.into(),
             sandbox: sandbox.into(),
+            kind: DevKind::Vf,
             mac: mac.map(Into::into),
             vlan,
+        })?;
+        self.vf_of(r)
+    }
+
+    /// Takes a free SG function of `pf` for `sandbox`.
+    pub fn alloc_sg(&mut self, pf: &str, sandbox: &str) -> Result<VfInfo, ClientError> {
+        let r = self.call_ok(&Request::Alloc {
+            pf: pf.into(),
+            sandbox: sandbox.into(),
+            kind: DevKind::Sg,
+            mac: None,
+            vlan: None,
         })?;
         self.vf_of(r)
     }

@@ -12,14 +12,33 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::devset::VfState;
+use crate::sg::SgCounters;
+
+/// What a device slot is: a VF (virtio-net) or an SG function (SG-IOV).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DevKind {
+    #[default]
+    Vf,
+    Sg,
+}
+
+impl DevKind {
+    pub fn is_vf_kind(&self) -> bool {
+        *self == DevKind::Vf
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Request {
-    /// Take a free VF of `pf` for `sandbox`, optionally with its own MAC and VLAN.
+    /// Take a free VF of `pf` for `sandbox`, optionally with its own MAC and
+    /// VLAN; with `"kind":"sg"` a free SG function instead (no MAC or VLAN).
     Alloc {
         pf: String,
         sandbox: String,
+        #[serde(default, skip_serializing_if = "DevKind::is_vf_kind")]
+        kind: DevKind,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mac: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -53,6 +72,8 @@ pub struct Counters {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VfInfo {
+    #[serde(default, skip_serializing_if = "DevKind::is_vf_kind")]
+    pub kind: DevKind,
     pub id: String,
     pub pf: String,
     pub index: usize,
@@ -62,6 +83,9 @@ pub struct VfInfo {
     pub state: VfState,
     pub sandbox: Option<String>,
     pub counters: Counters,
+    /// SG functions only: device counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sg: Option<SgCounters>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -215,6 +239,7 @@ mod tests {
             Request::Alloc {
                 pf: "pf0".into(),
                 sandbox: "s1".into(),
+                kind: DevKind::Vf,
                 mac: None,
                 vlan: Some(12)
             }
@@ -227,6 +252,17 @@ mod tests {
                 vf: Some("0000:b1:00.3".into())
             }
         );
+        let r: Request =
+            serde_json::from_str(r#"{"op":"alloc","kind":"sg","pf":"pf0","sandbox":"s2"}"#)
+                .unwrap();
+        assert!(matches!(
+            r,
+            Request::Alloc {
+                kind: DevKind::Sg,
+                ..
+            }
+        ));
+        assert!(parse_request(br#"{"op":"alloc","kind":"pci","pf":"pf0","sandbox":"s"}"#).is_err());
         assert_eq!(
             serde_json::to_string(&Request::List {}).unwrap(),
             r#"{"op":"list"}"#

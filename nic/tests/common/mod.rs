@@ -27,7 +27,7 @@ pub struct TestNic {
 
 impl TestNic {
     pub fn start(name: &str, vfs: usize, uplink: Option<String>, policy: LockPolicy) -> TestNic {
-        Self::start_with_pools(name, vfs, uplink, policy, vec![])
+        Self::start_full(name, vfs, uplink, policy, vec![], Default::default())
     }
 
     /// As `start`, registering pool memory with the pool servers at `pools`.
@@ -37,6 +37,28 @@ impl TestNic {
         uplink: Option<String>,
         policy: LockPolicy,
         pools: Vec<PathBuf>,
+    ) -> TestNic {
+        Self::start_full(name, vfs, uplink, policy, pools, Default::default())
+    }
+
+    /// As `start`, with SG functions (`--sgfs` and friends).
+    pub fn start_with(
+        name: &str,
+        vfs: usize,
+        uplink: Option<String>,
+        policy: LockPolicy,
+        sg: nic::sg::SgArgs,
+    ) -> TestNic {
+        Self::start_full(name, vfs, uplink, policy, vec![], sg)
+    }
+
+    pub fn start_full(
+        name: &str,
+        vfs: usize,
+        uplink: Option<String>,
+        policy: LockPolicy,
+        pools: Vec<PathBuf>,
+        sg: nic::sg::SgArgs,
     ) -> TestNic {
         let dir = PathBuf::from(format!("/tmp/nic-t{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -54,6 +76,7 @@ impl TestNic {
             pool_socket: pools,
             control_max_connections: 256,
             control_idle_timeout: 60.0,
+            sg,
         };
         let (stop, stopped) = mpsc::channel::<()>();
         let (up, running) = mpsc::channel::<Arc<Nic>>();
@@ -152,9 +175,15 @@ pub fn hold_frontend_if_child() {
 /// Re-runs `test` of this binary as a child process holding a frontend on
 /// `socket` (a process the test can SIGKILL); returns once it is connected.
 pub fn spawn_frontend_child(test: &str, socket: &Path) -> Child {
+    spawn_child(test, CHILD_SOCKET_ENV, socket)
+}
+
+/// Re-runs `test` of this binary with `env=value`; returns once the child
+/// printed CHILD-READY.
+pub fn spawn_child(test: &str, env: &str, value: &Path) -> Child {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_SOCKET_ENV, socket)
+        .env(env, value)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -269,6 +298,7 @@ pub fn run_nic_if_child() {
             pool_socket: vec![PathBuf::from(pool)],
             control_max_connections: 256,
             control_idle_timeout: 60.0,
+            sg: Default::default(),
         };
         let r = nic::daemon::run(&args);
         std::process::exit(i32::from(r.is_err()));

@@ -1,0 +1,186 @@
+//! SG-IOV in the NIC (docs/sgiov.md §8): SG functions served beside the VFs.
+//!
+//! An SGF slot is a [`Port`] in a devset of its own (the same lifecycle as
+//! a VF: free → assigned → open → closed → reset), with its own vhost-user
+//! socket served by the VF session code under the [`PROFILE`] profile.
+//! One thread per PF ([`serve::SgLoop`]) owns the `sgiov` device and waits
+//! on the PF's wake eventfd (session changes), the engine's completion
+//! eventfd, and, per SGF, its two kick eventfds (setup queue, doorbell):
+//! fds and threads grow with SGFs, never with pipes.
+
+pub mod frontend;
+pub mod mem;
+pub mod serve;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use sgiov::device::DeviceConfig;
+use sgiov::engine::EngineConfig;
+use sgiov::exec::capacity::Capacities;
+use sgiov::job::NCLASSES;
+use sgiov::sched::{Policy, SchedConfig};
+use vhost::vhost_user::message::VhostUserVirtioFeatures;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use crate::devset::{Devset, LockPolicy};
+use crate::port::{Port, VfHw};
+use crate::session::Profile;
+use crate::Error;
+
+/// Most SG functions per PF (one per sandbox).
+pub const MAX_SGFS: usize = 256;
+
+/// The SGF over vhost-user: virtio 1.0, no device features, no config space.
+pub static PROFILE: Profile = Profile {
+    features: (1 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(),
+    config: |_| Vec::new(),
+};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SgArgs {
+    /// SG functions per PF (SG-IOV, docs/sgiov.md); 0 = none.
+    #[arg(long = "sgfs", default_value_t = 0)]
+    pub sgfs: usize,
+    /// Job scheduling of each PF's SG engine: rr, prio or drf.
+    #[arg(long = "sg-policy", default_value = "rr")]
+    pub policy: Policy,
+    /// Executor capacities per class, e.g. copy=400M,crypto=160M (bytes/s); none = unlimited.
+    #[arg(long = "sg-capacity", default_value = "none")]
+    pub capacity: Capacities,
+    /// Executor threads per PF (0: jobs run on the PF's SG thread).
+    #[arg(long = "sg-workers", default_value_t = 2)]
+    pub workers: usize,
+}
+
+impl Default for SgArgs {
+    fn default() -> Self {
+        SgArgs {
+            sgfs: 0,
+            policy: Policy::RoundRobin,
+            capacity: Capacities::unlimited(),
+            workers: 2,
+        }
+    }
+}
+
+impl SgArgs {
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.sgfs > MAX_SGFS {
+            return Err(Error::Config(format!(
+                "--sgfs {}: at most {MAX_SGFS} per PF",
+                self.sgfs
+            )));
+        }
+        if self.workers > 64 {
+            return Err(Error::Config(format!(
+                "--sg-workers {}: at most 64",
+                self.workers
+            )));
+        }
+        Ok(())
+    }
+
+    /// The device configuration these flags describe.
+    pub fn device_config(&self) -> DeviceConfig {
+        let nominal: [f64; NCLASSES] = std::array::from_fn(|j| self.capacity.0[j].unwrap_or(1e9));
+        DeviceConfig {
+            engine: EngineConfig {
+                sched: SchedConfig {
+                    policy: self.policy,
+                    nominal,
+                    ..Default::default()
+                },
+                capacity: self.capacity,
+                workers: self.workers,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+}
+
+/// Counters of one SGF slot and of its PF's device, for the control API.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SgCounters {
+    /// The guest's area is attached (setup queue ATTACH succeeded).
+    pub attached: bool,
+    pub sockets: u64,
+    pub kicks: u64,
+    pub signals_in: u64,
+    pub signals_out: u64,
+    pub interrupts: u64,
+    pub bad_signals: u64,
+    pub unknown_ring: u64,
+    pub ring_errors: u64,
+    pub ctrl_requests: u64,
+    pub ctrl_errors: u64,
+    pub d2g_full: u64,
+    /// Setup commands refused (bad magic or op, area refused).
+    pub setup_errors: u64,
+    /// The whole PF's device: SGFs attached, sockets, pipes, rings, staging
+    /// bytes and key slots in use (all 0 when nothing is attached: no leak).
+    pub pf_sgfs: u64,
+    pub pf_sockets: u64,
+    pub pf_pipes: u64,
+    pub pf_rings: u64,
+    pub pf_staging_bytes: u64,
+    pub pf_key_slots: u64,
+}
+
+/// The SG functions of one PF.
+pub struct SgPf {
+    pub devset: Arc<Devset<VfHw>>,
+    pub ports: Vec<Arc<Port>>,
+    /// Wakes the PF's SG thread (sessions bump their port).
+    pub wake: Arc<EventFd>,
+    pub counters: Arc<Mutex<Vec<SgCounters>>>,
+    pub config: DeviceConfig,
+}
+
+/// Id of SGF slot `i` of PF `pf`.
+pub fn sgf_id(pf: &str, i: usize) -> String {
+    format!("{pf}-sg{i}")
+}
+
+impl SgPf {
+    pub fn new(
+        pf: &str,
+        args: &SgArgs,
+        policy: LockPolicy,
+        socket_dir: &Path,
+    ) -> Result<Option<SgPf>, Error> {
+        if args.sgfs == 0 {
+            return Ok(None);
+        }
+        let wake = Arc::new(EventFd::new(EFD_NONBLOCK).map_err(|e| Error::Io {
+            what: format!("PF {pf}: SG eventfd"),
+            source: e,
+        })?);
+        let ports: Vec<Arc<Port>> = (0..args.sgfs)
+            .map(|i| {
+                let id = sgf_id(pf, i);
+                let socket = socket_dir.join(format!("{id}.sock"));
+                Arc::new(Port::new(pf, i, id, socket, [0; 6], wake.clone()))
+            })
+            .collect();
+        let devset = Arc::new(Devset::new(&format!("{pf}-sg"), args.sgfs, policy, |i| {
+            VfHw {
+                port: ports[i].clone(),
+            }
+        }));
+        Ok(Some(SgPf {
+            devset,
+            ports,
+            wake,
+            counters: Arc::new(Mutex::new(vec![SgCounters::default(); args.sgfs])),
+            config: args.device_config(),
+        }))
+    }
+
+    pub fn counters(&self) -> MutexGuard<'_, Vec<SgCounters>> {
+        self.counters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,366 @@
+//! The SG thread of one PF: owns the `sgiov` device, turns the SGF
+//! sessions' memory tables into device memory, serves the setup queue
+//! (attach/detach), turns doorbells into `Device::kick`, completions into
+//! `Device::poll`, and raises the interrupts `poll` returns. A session that
+//! ends (also a SIGKILLed VMM) closes its slot; the next refresh detaches the
+//! SGF, whose connections close while running jobs keep the mapping alive.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sgiov::device::{Device, DeviceError};
+use sgiov::layout::{ErrorCode, SetupCmd, SETUP_ATTACH, SETUP_DETACH, SETUP_MAGIC};
+use sgiov::sgf::SgfId;
+use virtio_queue::{QueueOwnedT, QueueT};
+use virtq::{Ring, Split};
+use vm_memory::ByteValued;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::mem::SgMemory;
+use super::{SgCounters, SgPf};
+use crate::dataplane::virtio::Fault;
+use crate::devset::Devset;
+use crate::memory::VfMemory;
+use crate::poll::{eventfd_fd, wait_readable};
+use crate::port::{AtomicCounters, Port, VfHw};
+
+/// Queue indexes of the SGF (docs/sgiov.md §8).
+const SETUP_Q: usize = sgiov::layout::SETUP_QUEUE as usize;
+const SIGNAL_Q: usize = sgiov::layout::SIGNAL_QUEUE as usize;
+/// Longest sleep without an event (the stats are published at this pace).
+const IDLE: Duration = Duration::from_millis(100);
+/// Setup commands taken per kick.
+const SETUP_BATCH: usize = 16;
+
+struct Slot {
+    port: Arc<Port>,
+    seen: u64,
+    /// The memory table the attached SGF uses.
+    mem: Option<Arc<VfMemory>>,
+    setup: Option<Arc<EventFd>>,
+    doorbell: Option<Arc<EventFd>>,
+    sgf: Option<SgfId>,
+    setup_errors: u64,
+}
+
+pub struct SgLoop {
+    pf: String,
+    devset: Arc<Devset<VfHw>>,
+    slots: Vec<Slot>,
+    dev: Device,
+    wake: Arc<EventFd>,
+    counters: Arc<Mutex<Vec<SgCounters>>>,
+}
+
+impl SgLoop {
+    pub fn new(pf: &str, sg: &SgPf) -> Result<SgLoop, DeviceError> {
+        Ok(SgLoop {
+            pf: pf.into(),
+            devset: sg.devset.clone(),
+            slots: sg
+                .ports
+                .iter()
+                .map(|p| Slot {
+                    port: p.clone(),
+                    seen: 0,
+                    mem: None,
+                    setup: None,
+                    doorbell: None,
+                    sgf: None,
+                    setup_errors: 0,
+                })
+                .collect(),
+            dev: Device::new(sg.config)?,
+            wake: sg.wake.clone(),
+            counters: sg.counters.clone(),
+        })
+    }
+
+    pub fn run(mut self, stop: &AtomicBool, stop_fd: &EventFd) {
+        let mut published = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            let timeout = if self.dev.has_rekick() {
+                Duration::ZERO
+            } else {
+                IDLE
+            };
+            let mut which = Vec::new();
+            let ready = {
+                let mut fds = vec![
+                    eventfd_fd(&self.wake),
+                    eventfd_fd(stop_fd),
+                    eventfd_fd(self.dev.engine().completions().eventfd()),
+                ];
+                for (i, s) in self.slots.iter().enumerate() {
+                    if let Some(k) = &s.setup {
+                        fds.push(eventfd_fd(k));
+                        which.push((i, SETUP_Q));
+                    }
+                    if let (Some(k), Some(_)) = (&s.doorbell, s.sgf) {
+                        fds.push(eventfd_fd(k));
+                        which.push((i, SIGNAL_Q));
+                    }
+                }
+                wait_readable(&fds, timeout)
+            };
+            if ready[0] {
+                let _ = self.wake.read();
+            }
+            if ready[2] {
+                let _ = self.dev.engine().completions().eventfd().read();
+            }
+            self.refresh();
+            for (k, &(i, q)) in which.iter().enumerate() {
+                if !ready[3 + k] {
+                    continue;
+                }
+                let s = &self.slots[i];
+                let kick = if q == SETUP_Q { &s.setup } else { &s.doorbell };
+                if let Some(k) = kick {
+                    let _ = k.read();
+                }
+                if q == SETUP_Q {
+                    self.setup(i);
+                } else if let Some(id) = self.slots[i].sgf {
+                    self.dev.kick(id);
+                }
+            }
+            for id in self.dev.poll() {
+                if let Some(s) = self.slots.iter().find(|s| s.sgf == Some(id)) {
+                    s.port.runtime().vrings[SIGNAL_Q].signal();
+                }
+            }
+            if published.elapsed() >= IDLE {
+                self.publish();
+                published = Instant::now();
+            }
+        }
+        for i in 0..self.slots.len() {
+            self.detach(i);
+        }
+        self.publish();
+        tracing::info!("PF {}: SG device stopped", self.pf);
+    }
+
+    /// Picks up session changes: a new or dropped memory table, kick fds,
+    /// a closed or failed slot (which detaches its SGF).
+    fn refresh(&mut self) {
+        for i in 0..self.slots.len() {
+            let port = self.slots[i].port.clone();
+            let g = port.generation();
+            if g == self.slots[i].seen {
+                continue;
+            }
+            self.slots[i].seen = g;
+            let (mem, setup, doorbell) = {
+                let rt = port.runtime();
+                let active = rt.active && !rt.failed;
+                (
+                    rt.mem.clone().filter(|_| active),
+                    rt.vrings[SETUP_Q].kick.clone().filter(|_| active),
+                    rt.vrings[SIGNAL_Q].kick.clone().filter(|_| active),
+                )
+            };
+            let slot = &self.slots[i];
+            let same_mem = match (&slot.mem, &mem) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            if slot.sgf.is_some() && !same_mem {
+                self.detach(i);
+            }
+            let slot = &mut self.slots[i];
+            let has_setup = setup.is_some();
+            slot.setup = setup;
+            slot.doorbell = doorbell;
+            if slot.sgf.is_none() {
+                slot.mem = None;
+            }
+            // Without REPLY_ACK a kick can come before the session enabled
+            // the queue (the kick was taken, the chain left): look again.
+            if has_setup {
+                self.setup(i);
+            }
+        }
+    }
+
+    fn detach(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        slot.mem = None;
+        if let Some(id) = slot.sgf.take() {
+            if let Err(e) = self.dev.detach(id) {
+                tracing::warn!("SGF {}: detach: {e}", slot.port.id);
+            } else {
+                tracing::info!("SGF {}: detached", slot.port.id);
+            }
+        }
+    }
+
+    /// Serves the setup queue: each chain is a 32-byte `SetupCmd` the
+    /// device reads and a 4-byte status it writes.
+    fn setup(&mut self, i: usize) {
+        let port = self.slots[i].port.clone();
+        let r = {
+            let mut rt = port.runtime();
+            if !rt.active || rt.failed || !rt.vrings[SETUP_Q].usable() {
+                return;
+            }
+            let Some(mem) = rt.mem.clone() else { return };
+            self.setup_chains(i, &port, &mut rt, &mem)
+        };
+        if let Err(f) = r {
+            self.fault(i, f);
+        }
+    }
+
+    fn setup_chains(
+        &mut self,
+        i: usize,
+        port: &Port,
+        rt: &mut crate::port::Runtime,
+        mem: &Arc<VfMemory>,
+    ) -> Result<(), Fault> {
+        let gm = &mem.gm;
+        let ring = Ring::of(&rt.vrings[SETUP_Q].queue, rt.features);
+        let prepare = |gpa, len| mem.prepare_for_device_write(gpa, len);
+        let mut split = Split::default();
+        let mut used = Vec::new();
+        let mut chains = rt.vrings[SETUP_Q]
+            .queue
+            .iter(gm)
+            .map_err(|e| Fault::Queue { q: SETUP_Q, e })?;
+        while used.len() < SETUP_BATCH {
+            let Some(chain) = chains.next() else { break };
+            let head = chain.head_index();
+            let e = |source| Fault::Split { q: SETUP_Q, source };
+            ring.split_into(gm, head, &mut split).map_err(e)?;
+            split.check_in(gm).map_err(e)?;
+            let size = std::mem::size_of::<SetupCmd>() as u64;
+            if virtq::total(&split.readable) < size || virtq::total(&split.writable) < 4 {
+                return Err(Fault::Chain {
+                    q: SETUP_Q,
+                    head,
+                    what: "a setup chain is a 32-byte command, then a 4-byte writable status",
+                });
+            }
+            let copy = |source| Fault::Copy {
+                q: SETUP_Q,
+                head,
+                source,
+            };
+            let mut cmd = SetupCmd::default();
+            virtq::read_bufs(gm, &prepare, &split.readable, 0, cmd.as_mut_slice()).map_err(copy)?;
+            let status = match self.command(i, port, mem, &cmd) {
+                Ok(()) => 0,
+                Err(code) => {
+                    self.slots[i].setup_errors += 1;
+                    code as u32
+                }
+            };
+            virtq::write_bufs(gm, &prepare, &split.writable, 0, &[&status.to_le_bytes()])
+                .map_err(copy)?;
+            used.push(head);
+        }
+        let vr = &mut rt.vrings[SETUP_Q];
+        for &h in &used {
+            vr.queue
+                .add_used(gm, h, 4)
+                .map_err(|e| Fault::Queue { q: SETUP_Q, e })?;
+        }
+        if !used.is_empty() {
+            vr.signal();
+        }
+        Ok(())
+    }
+
+    fn command(
+        &mut self,
+        i: usize,
+        port: &Port,
+        mem: &Arc<VfMemory>,
+        cmd: &SetupCmd,
+    ) -> Result<(), ErrorCode> {
+        if cmd.magic != SETUP_MAGIC {
+            return Err(ErrorCode::BadRequest);
+        }
+        match cmd.op {
+            SETUP_ATTACH => {
+                if self.slots[i].sgf.is_some() {
+                    return Err(ErrorCode::Busy);
+                }
+                let view = Arc::new(SgMemory::new(format!("SGF {}", port.id), mem.clone()));
+                // A tenant is a sandbox: the slot stands for it (DRF).
+                match self.dev.attach(&port.id, i as u32 + 1, view, cmd.area_gpa) {
+                    Ok(id) => {
+                        tracing::info!("SGF {}: attached area {:#x}", port.id, cmd.area_gpa);
+                        self.slots[i].sgf = Some(id);
+                        self.slots[i].mem = Some(mem.clone());
+                        Ok(())
+                    }
+                    Err(e) => {
+                        tracing::warn!("SGF {}: attach refused: {e}", port.id);
+                        Err(match e {
+                            DeviceError::Sgf(e) => e.code(),
+                            _ => ErrorCode::Memory,
+                        })
+                    }
+                }
+            }
+            SETUP_DETACH => {
+                if self.slots[i].sgf.is_none() {
+                    return Err(ErrorCode::State);
+                }
+                self.detach(i);
+                Ok(())
+            }
+            _ => Err(ErrorCode::BadRequest),
+        }
+    }
+
+    /// A malformed setup chain: this SGF slot only goes to error (as a VF).
+    fn fault(&mut self, i: usize, f: Fault) {
+        let port = self.slots[i].port.clone();
+        tracing::warn!("SGF {}: {f}; in error state until reset", port.id);
+        AtomicCounters::add(&port.counters.bad_descriptors, 1);
+        port.runtime().failed = true;
+        self.detach(i);
+        if let Err(e) = self.devset.mark_error(i) {
+            tracing::warn!("SGF {}: {e}", port.id);
+        }
+        port.bump();
+    }
+
+    /// Copies the counters the control API shows.
+    fn publish(&self) {
+        let d = self.dev.stats();
+        let mut out = self.counters.lock().unwrap_or_else(|e| e.into_inner());
+        for (c, s) in out.iter_mut().zip(&self.slots) {
+            let st = s
+                .sgf
+                .and_then(|id| self.dev.sgf_stats(id))
+                .unwrap_or_default();
+            *c = SgCounters {
+                attached: s.sgf.is_some(),
+                sockets: s.sgf.and_then(|id| self.dev.sgf_sockets(id)).unwrap_or(0) as u64,
+                kicks: st.kicks,
+                signals_in: st.signals_in,
+                signals_out: st.signals_out,
+                interrupts: st.interrupts,
+                bad_signals: st.bad_signals,
+                unknown_ring: st.unknown_ring,
+                ring_errors: st.ring_errors,
+                ctrl_requests: st.ctrl_requests,
+                ctrl_errors: st.ctrl_errors,
+                d2g_full: st.d2g_full,
+                setup_errors: s.setup_errors,
+                pf_sgfs: d.sgfs as u64,
+                pf_sockets: d.sockets as u64,
+                pf_pipes: d.pipes as u64,
+                pf_rings: d.rings as u64,
+                pf_staging_bytes: d.staging_bytes,
+                pf_key_slots: d.key_slots as u64,
+            };
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! SG functions served by the daemon over real vhost-user sessions: the
+//! control API, attach through the setup queue, an echo through warp pipes,
+//! detach on disconnect and on a SIGKILLed frontend, nothing leaked.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::TestNic;
+use nic::control::{Client, DevKind, VfInfo};
+use nic::sg::frontend::SgFrontend;
+use nic::sg::SgArgs;
+use nic::LockPolicy;
+use sgiov::driver::DriverConfig;
+use sgiov::layout::{PathKind, Transform};
+
+const MEM: usize = 64 << 20;
+const T: Duration = Duration::from_secs(10);
+
+fn start(name: &str, sgfs: usize) -> TestNic {
+    TestNic::start_with(
+        name,
+        2,
+        None,
+        LockPolicy::Hierarchical,
+        SgArgs {
+            sgfs,
+            ..Default::default()
+        },
+    )
+}
+
+fn sg_of(c: &mut Client, sandbox: &str) -> VfInfo {
+    c.list()
+        .unwrap()
+        .into_iter()
+        .find(|v| v.kind == DevKind::Sg && v.sandbox.as_deref() == Some(sandbox))
+        .expect("the sandbox has an SG function")
+}
+
+fn wait_sg(c: &mut Client, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
+    let t0 = Instant::now();
+    loop {
+        let v = sg_of(c, sandbox);
+        if f(&v) {
+            return v;
+        }
+        assert!(t0.elapsed() < T, "SGF of {sandbox} never {what}: {v:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Opens `n` echo sockets and checks one message through each.
+fn echo(fe: &mut SgFrontend, n: usize, payload: impl Fn(usize) -> Vec<u8>) -> Vec<u16> {
+    let mut socks = Vec::new();
+    for _ in 0..n {
+        let (s, r) = fe.drv.open(4096, 4096, 1).unwrap();
+        assert_eq!(fe.wait_reply(r, T).unwrap(), 0, "OPEN");
+        let r = fe
+            .drv
+            .connect(s, 0, Transform::Copy, PathKind::Direct)
+            .unwrap();
+        assert_eq!(fe.wait_reply(r, T).unwrap(), 0, "CONNECT echo");
+        socks.push(s);
+    }
+    for (i, &s) in socks.iter().enumerate() {
+        let p = payload(i);
+        assert_eq!(fe.drv.send(s, &p).unwrap(), p.len());
+    }
+    let t0 = Instant::now();
+    while !socks
+        .iter()
+        .enumerate()
+        .all(|(i, &s)| fe.drv.rx_ready(s) as usize == payload(i).len())
+    {
+        assert!(t0.elapsed() < T, "echoes did not come back");
+        fe.pump(Duration::from_millis(5)).unwrap();
+    }
+    for (i, &s) in socks.iter().enumerate() {
+        let p = payload(i);
+        let mut b = vec![0u8; p.len()];
+        assert_eq!(fe.drv.recv(s, &mut b).unwrap(), p.len());
+        assert_eq!(b, p, "socket {s}: bytes differ");
+    }
+    socks
+}
+
+fn no_leak(v: &VfInfo) -> bool {
+    let c = v.sg.unwrap();
+    !c.attached && c.pf_sgfs == 0 && c.pf_pipes == 0 && c.pf_rings == 0 && c.pf_staging_bytes == 0
+}
+
+#[test]
+fn sg_function_alloc_attach_echo_and_detach_on_disconnect() {
+    let nic = start("sg-echo", 2);
+    let mut c = nic.client();
+    let info = c.alloc_sg("pf0", "sb-a").unwrap();
+    assert_eq!(info.kind, DevKind::Sg);
+    assert_eq!(info.id, "pf0-sg0");
+    assert!(info.socket.exists());
+    // Control API: one SGF per sandbox, no MAC/VLAN, bounded slots, VFs unaffected.
+    assert!(c.alloc_sg("pf0", "sb-a").is_err());
+    let raw = c
+        .call_raw(r#"{"op":"alloc","kind":"sg","pf":"pf0","sandbox":"sb-x","vlan":3}"#)
+        .unwrap();
+    assert!(raw.contains("bad-request"), "{raw}");
+    c.alloc_sg("pf0", "sb-b").unwrap();
+    assert!(c.alloc_sg("pf0", "sb-c").is_err(), "only 2 SGFs");
+    let vf = c.alloc("pf0", "sb-a", None, None).unwrap();
+    assert_eq!(vf.kind, DevKind::Vf);
+
+    let mut fe = SgFrontend::connect(&info.socket, MEM, DriverConfig::default()).unwrap();
+    echo(&mut fe, 8, |i| {
+        format!("message {i} through the daemon").into_bytes()
+    });
+    let v = wait_sg(&mut c, "sb-a", "attached", |v| {
+        v.sg.is_some_and(|s| s.attached && s.sockets == 8 && s.pf_pipes == 8)
+    });
+    let st = v.sg.unwrap();
+    assert!(
+        st.signals_in > st.kicks,
+        "several signals per doorbell: {st:?}"
+    );
+    // A second frontend on an open SGF is refused (the devset's open).
+    assert!(SgFrontend::connect(&info.socket, MEM, DriverConfig::default()).is_err());
+    // Explicit detach, re-attach, then a disconnect detaches.
+    fe.detach().unwrap();
+    wait_sg(&mut c, "sb-a", "detached", no_leak);
+    drop(fe);
+    let mut fe = SgFrontend::connect(&info.socket, MEM, DriverConfig::default()).unwrap();
+    echo(&mut fe, 2, |i| vec![i as u8; 3000]);
+    drop(fe);
+    wait_sg(&mut c, "sb-a", "detached after disconnect", no_leak);
+    c.release("sb-a").unwrap();
+    c.release("sb-b").unwrap();
+    assert!(c.list().unwrap().iter().all(|v| v.sandbox.is_none()));
+    nic.stop();
+}
+
+#[test]
+fn bad_setup_commands_are_refused_and_counted() {
+    let nic = start("sg-bad", 1);
+    let mut c = nic.client();
+    let info = c.alloc_sg("pf0", "sb-bad").unwrap();
+    let mut fe = SgFrontend::connect(&info.socket, MEM, DriverConfig::default()).unwrap();
+    // Attached already: a second attach is Busy; a bad magic is BadRequest.
+    let cmd = sgiov::layout::SetupCmd {
+        magic: sgiov::layout::SETUP_MAGIC,
+        op: sgiov::layout::SETUP_ATTACH,
+        area_gpa: nic::sg::frontend::AREA,
+        ..Default::default()
+    };
+    assert!(fe.setup(cmd).is_err());
+    assert!(fe
+        .setup(sgiov::layout::SetupCmd { magic: 1, ..cmd })
+        .is_err());
+    fe.detach().unwrap();
+    // An area outside memory is refused.
+    assert!(fe
+        .setup(sgiov::layout::SetupCmd {
+            area_gpa: 1 << 40,
+            ..cmd
+        })
+        .is_err());
+    let v = wait_sg(&mut c, "sb-bad", "counted", |v| {
+        v.sg.is_some_and(|s| s.setup_errors == 3)
+    });
+    assert!(no_leak(&v));
+    drop(fe);
+    nic.stop();
+}
+
+const CHILD_ENV: &str = "NIC_SG_CHILD_SOCKET";
+
+#[test]
+fn sigkilled_frontend_mid_transfer_leaves_nothing() {
+    const NAME: &str = "sigkilled_frontend_mid_transfer_leaves_nothing";
+    if let Ok(sock) = std::env::var(CHILD_ENV) {
+        // The child: attach, open pipes, keep data flowing until killed.
+        let mut fe = SgFrontend::connect(Path::new(&sock), MEM, DriverConfig::default()).unwrap();
+        let socks = echo(&mut fe, 16, |i| vec![i as u8; 100]);
+        println!("CHILD-READY");
+        let data = vec![7u8; 4096];
+        let mut buf = vec![0u8; 4096];
+        loop {
+            for &s in &socks {
+                let _ = fe.drv.send(s, &data);
+                let _ = fe.drv.recv(s, &mut buf);
+            }
+            let _ = fe.pump(Duration::from_millis(1));
+        }
+    }
+    let nic = start("sg-kill", 1);
+    let mut c = nic.client();
+    let info = c.alloc_sg("pf0", "sb-kill").unwrap();
+    let mut child = common::spawn_child(NAME, CHILD_ENV, &info.socket);
+    wait_sg(&mut c, "sb-kill", "busy", |v| {
+        v.sg.is_some_and(|s| s.attached && s.pf_pipes == 16)
+    });
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let v = wait_sg(&mut c, "sb-kill", "detached", no_leak);
+    assert_eq!(v.sg.unwrap().pf_key_slots, 0);
+    // The slot is usable again by a new frontend.
+    let mut fe = SgFrontend::connect(&info.socket, MEM, DriverConfig::default()).unwrap();
+    echo(&mut fe, 1, |_| b"after the kill".to_vec());
+    drop(fe);
+    wait_sg(&mut c, "sb-kill", "detached again", no_leak);
+    nic.stop();
+}
