@@ -143,16 +143,36 @@ impl Tap {
 
     /// Creates the tap `name` and keeps it after this process exits
     /// (`ip tuntap add`); `Busy` if a link of that name exists.
+    ///
+    /// Creating attaches a queue for a few ioctls. That is done on a short
+    /// thread (in the caller's netns: a new thread inherits it) with a
+    /// private fd table, so that no fork of another thread of this process
+    /// (a VMM or CNI plugin being spawned) inherits the queue: the child
+    /// would keep it attached until it execs, and the tap's real user (the
+    /// VMM) would get EBUSY meanwhile (issue 11: 1 of 50 `tap` starts).
     pub fn create_persistent(name: &str) -> Result<(), TapError> {
-        let tap = Tap::open(
-            name,
-            TapOptions {
-                exclusive: true,
-                ..TapOptions::default()
-            },
-        )?;
-        // Dropping `tap` on failure destroys the not yet persistent device.
-        tap.set_persistent(true)
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_FILES).map_err(|e| {
+                    TapError::Io {
+                        name: name.to_string(),
+                        op: "unshare(CLONE_FILES)",
+                        source: e.into(),
+                    }
+                })?;
+                let tap = Tap::open(
+                    name,
+                    TapOptions {
+                        exclusive: true,
+                        ..TapOptions::default()
+                    },
+                )?;
+                // Dropping `tap` on failure destroys the not yet persistent device.
+                tap.set_persistent(true)
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
     }
 
     pub fn name(&self) -> &str {
