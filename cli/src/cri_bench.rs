@@ -191,7 +191,7 @@ fn cri_leftovers(rt: &Runtime, s: &CriSetup, sandboxes: &[String]) -> Vec<String
                 .map(|m| format!("mount {}", m.display())),
         );
         match rt.assigned_vfs() {
-            Ok(v) => left.extend(v.into_iter().map(|v| format!("VF {v}"))),
+            Ok(v) => left.extend(v.into_iter().map(|(vf, sb)| format!("VF {vf} ({sb})"))),
             Err(e) => left.push(format!("NIC: {e}")),
         }
         if left.is_empty() || Instant::now() > deadline {

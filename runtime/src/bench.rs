@@ -14,7 +14,7 @@ use crate::rootfs::{LayerMode, RootfsSpec};
 use crate::runtime::Runtime;
 use crate::sandbox::{RootfsCost, Sandbox, SandboxFailure, SandboxSpec};
 use crate::stats::{self, GroupStats};
-use crate::variant::Variant;
+use crate::variant::{NetKind, Variant};
 
 /// Host memory kept free on top of what a round needs.
 pub const MEMORY_MARGIN: u64 = 1 << 30;
@@ -53,6 +53,9 @@ pub struct RoundSpec {
     /// Start from this template (set per round).
     #[serde(skip_serializing)]
     pub template: Option<PathBuf>,
+    /// VF sandboxes claim their network from the runtime's pool (set per round).
+    #[serde(skip_serializing)]
+    pub net_pool: bool,
 }
 
 /// Starts `n` sandboxes at once (a barrier), waits until every one is ready
@@ -103,6 +106,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                     echo: false,
                     probe: Vec::new(),
                     template: spec.template.clone(),
+                    net_pool: spec.net_pool,
                 };
                 std::thread::Builder::new()
                     .name(format!("sb-{id}"))
@@ -252,6 +256,20 @@ pub fn idle_prezero(rt: &Runtime, v: Variant) -> Option<PrezeroWait> {
     }
 }
 
+/// Before a pooled round: the pool refills while the host is idle; wait
+/// (bounded) until it is full, and say how full it got.
+fn wait_net_pool(rt: &Runtime, log: &mut dyn FnMut(&str)) {
+    let t0 = std::time::Instant::now();
+    if let Some((ready, target, err)) = rt.wait_net_pool(NET_POOL_FILL_BOUND) {
+        log(&format!(
+            "  net pool: {ready} of {target} attachments ready after {:.0} ms{}",
+            t0.elapsed().as_secs_f64() * 1e3,
+            err.map(|e| format!(" (last refill error: {e})"))
+                .unwrap_or_default()
+        ));
+    }
+}
+
 /// Waits on the barrier when dropped, so a thread arrives even if it panics.
 /// The last to arrive samples the NIC daemon's CPU (pid, into the atomic).
 struct ArriveOnDrop<'a>(&'a Barrier, Option<u32>, &'a AtomicU64);
@@ -334,7 +352,23 @@ pub struct BenchPlan {
     pub spec: RoundSpec,
     pub out: PathBuf,
     pub warmup: bool,
+    /// Which rounds of VF variants claim from the network pool.
+    pub net_pool: NetPoolRuns,
 }
+
+/// `--net-pool` / `--net-pool-compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetPoolRuns {
+    /// No pool.
+    Off,
+    /// Every VF variant claims from the pool.
+    On,
+    /// Every VF variant runs without, then with the pool (`<variant>+pool`).
+    Compare,
+}
+
+/// How long a pooled round waits for the pool to be full.
+pub const NET_POOL_FILL_BOUND: Duration = Duration::from_secs(120);
 
 pub struct BenchOutput {
     pub summary: Summary,
@@ -403,14 +437,22 @@ pub fn run(
         Some(t) => vec![None, Some(t)],
         None => vec![None],
     };
-    let runs: Vec<(Variant, Option<LayerMode>, Option<&PathBuf>)> = plan
+    let pooled = |v: Variant| -> &'static [bool] {
+        match (v.policy().net == NetKind::Vf, plan.net_pool) {
+            (false, _) | (_, NetPoolRuns::Off) => &[false],
+            (true, NetPoolRuns::On) => &[true],
+            (true, NetPoolRuns::Compare) => &[false, true],
+        }
+    };
+    let runs: Vec<(Variant, Option<LayerMode>, Option<&PathBuf>, bool)> = plan
         .variants
         .iter()
         .flat_map(|&v| modes.iter().map(move |&m| (v, m)))
         .flat_map(|(v, m)| starts.iter().map(move |&t| (v, m, t)))
+        .flat_map(|(v, m, t)| pooled(v).iter().map(move |&p| (v, m, t, p)))
         .collect();
     'levels: for &n in &plan.levels {
-        for &(v, mode, template) in &runs {
+        for &(v, mode, template, net_pool) in &runs {
             if rt.interrupted() {
                 break 'levels;
             }
@@ -419,6 +461,7 @@ pub fn run(
                 r.layer_mode = m;
             }
             round_spec.template = template.cloned();
+            round_spec.net_pool = net_pool;
             // With two layer modes the groups are named by mode too.
             let mut label = match mode {
                 Some(m) if modes.len() > 1 => format!("{v}+{}", m.name()),
@@ -426,6 +469,9 @@ pub fn run(
             };
             if template.is_some() {
                 label.push_str("+template");
+            }
+            if net_pool {
+                label.push_str("+pool");
             }
             rt.prepare_variant(v)?;
             if !v.policy().uses_pool() {
@@ -438,7 +484,13 @@ pub fn run(
             if template.is_some() {
                 tag.push('t');
             }
+            if net_pool {
+                tag.push('p');
+            }
             if plan.warmup {
+                if net_pool {
+                    wait_net_pool(rt, log);
+                }
                 log(&format!("{label} x{n}: warm-up round"));
                 // The concurrency is in the label: sandbox ids of sweep levels must not collide in the trace.
                 let w = run_round(rt, v, n, &format!("w{n}{tag}"), &round_spec);
@@ -454,6 +506,10 @@ pub fn run(
             let prezero = idle_prezero(rt, v);
             if let Some(w) = &prezero {
                 log(&format!("  {}", w.describe()));
+            }
+            // Also before a round without the pool: its refill must not run during the round.
+            if plan.net_pool != NetPoolRuns::Off {
+                wait_net_pool(rt, log);
             }
             if rt.interrupted() {
                 break 'levels;
@@ -482,6 +538,11 @@ pub fn run(
             let evs = round_events(&all, &r.ids);
             measured.push((r, label, evs));
         }
+    }
+    // The pool's attachments are DELed before the caller's final leak check.
+    if let Err(e) = rt.stop_net_pool() {
+        log(&format!("  {e}"));
+        clean = false;
     }
     // Outputs.
     let mut groups = Vec::new();
@@ -653,6 +714,7 @@ mod tests {
             timeout_secs: 1,
             rootfs: None,
             template: None,
+            net_pool: false,
         };
         assert_eq!(sandbox_bytes(&spec), (64 << 20) + (2 << 20));
         let spec = RoundSpec {

@@ -218,6 +218,7 @@ fn run_level(
         echo: false,
         probe: Vec::new(),
         template: template.clone(),
+        net_pool: false,
     };
     let sh = Shared {
         pids: Mutex::default(),
@@ -355,6 +356,7 @@ pub fn bench_density_cli(a: &BenchDensityArgs) -> Result<(), Error> {
             cpus: a.sandbox.cpus,
         },
         rootfs_layer_bytes: None,
+        net_pool: 0,
     })?;
     rt.prepare_variant(a.variant)?;
     eprintln!(

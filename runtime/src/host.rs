@@ -55,6 +55,10 @@ pub trait SandboxHost: Sync {
     fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
         None
     }
+    /// A ready VF attachment from the network pool (`RuntimeConfig::net_pool`).
+    fn claim_net(&self) -> Option<crate::netpool::Pooled> {
+        None
+    }
 }
 
 impl SandboxHost for Runtime {
@@ -98,6 +102,9 @@ impl SandboxHost for Runtime {
     }
     fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
         Runtime::writable_layers(self)
+    }
+    fn claim_net(&self) -> Option<crate::netpool::Pooled> {
+        Runtime::claim_net(self)
     }
 }
 

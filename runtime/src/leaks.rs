@@ -66,8 +66,11 @@ pub fn check(rt: &Runtime, grace: Duration) -> LeakReport {
     let prefix = rt.sandbox_prefix();
     let deadline = Instant::now() + grace;
     loop {
+        // What the network pool holds is the runtime's, not a sandbox's.
+        let netns = netns::list(&prefix);
+        let pooled = rt.net_pool_owned();
         let mut r = LeakReport {
-            netns: netns::list(&prefix),
+            netns: netns.into_iter().filter(|n| !pooled.contains(n)).collect(),
             cgroups: rt
                 .layout()
                 .list()
@@ -81,7 +84,13 @@ pub fn check(rt: &Runtime, grace: Duration) -> LeakReport {
         };
         (r.rootfs_layers, r.rootfs_template) = rt.layer_leaks();
         match rt.assigned_vfs() {
-            Ok(v) => r.assigned_vfs = v,
+            Ok(v) => {
+                r.assigned_vfs = v
+                    .into_iter()
+                    .filter(|(_, sb)| !pooled.contains(sb))
+                    .map(|(vf, sb)| format!("{vf} ({sb})"))
+                    .collect()
+            }
             Err(e) => r.errors.push(format!("NIC daemon: {e}")),
         }
         match rt.leftover_links() {

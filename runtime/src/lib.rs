@@ -12,6 +12,7 @@ pub mod density;
 pub mod guestnet;
 pub mod host;
 pub mod leaks;
+pub mod netpool;
 pub mod nicd;
 pub mod overhead;
 pub mod plot;
@@ -215,6 +216,10 @@ pub struct RunArgs {
     /// The burstvm binary to spawn VMMs and the NIC daemon from (default: this one).
     #[arg(long)]
     pub burstvm_bin: Option<PathBuf>,
+    /// Keep this many VF network attachments ready (netns + CNI ADD done in
+    /// the background); a VF sandbox claims one (`net-claim` stage).
+    #[arg(long, default_value_t = 0)]
+    pub net_pool: usize,
 }
 
 /// `burstvm bench startup`: concurrent startup per variant.
@@ -247,6 +252,15 @@ pub struct BenchStartupArgs {
     /// Skip the uncounted warm-up round.
     #[arg(long)]
     pub no_warmup: bool,
+    /// Keep this many VF network attachments ready (netns + CNI ADD done in
+    /// the background, refilled after each round); VF variants claim one per
+    /// sandbox (`net-claim` stage). Each pooled round waits for a full pool.
+    #[arg(long, default_value_t = 0)]
+    pub net_pool: usize,
+    /// With `--net-pool`: run every VF variant without and with the pool
+    /// (group `<variant>+pool`), side by side in one run.
+    #[arg(long, requires = "net_pool")]
+    pub net_pool_compare: bool,
     /// Take sandbox cgroups from a RunD-style rename pool instead of mkdir.
     #[arg(long)]
     pub cgroup_pool: bool,
@@ -275,6 +289,9 @@ pub enum Via {
     Cri,
 }
 
+/// How long `run` waits for the network pool to fill before its sandbox starts.
+const NET_POOL_FILL_BOUND: Duration = Duration::from_secs(60);
+
 pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
     runtime::install_sigint_handler();
     let (memory, app_size) = a.sandbox.bytes()?;
@@ -298,7 +315,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
     let rt = Runtime::new(RuntimeConfig {
         bin: burstvm_bin(&a.burstvm_bin)?,
         trace_path: a.trace.clone(),
-        vfs: 4,
+        vfs: 4 + a.net_pool,
         network: policy.net != variant::NetKind::None,
         cgroup_pool: 0,
         cgroup_limits: cgroup::Limits {
@@ -306,8 +323,16 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
             cpus: a.sandbox.cpus,
         },
         rootfs_layer_bytes: image.as_ref().map(|(_, b)| *b),
+        net_pool: a.net_pool,
     })?;
     rt.prepare_variant(a.variant)?;
+    if let Some((ready, target, err)) = rt.wait_net_pool(NET_POOL_FILL_BOUND) {
+        println!(
+            "net pool: {ready} of {target} attachments ready{}",
+            err.map(|e| format!(" (last refill error: {e})"))
+                .unwrap_or_default()
+        );
+    }
     let id = format!(
         "{}run-{}",
         rt.sandbox_prefix(),
@@ -326,6 +351,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
         echo: false,
         probe: Vec::new(),
         template: a.template.resolve()?,
+        net_pool: a.net_pool > 0,
     };
     let start = trace::monotonic_ns();
     let result = (|| -> Result<(), Error> {
@@ -416,6 +442,7 @@ pub fn bench_setup(a: &BenchStartupArgs) -> Result<(Runtime, bench::BenchPlan), 
         timeout_secs: a.timeout,
         rootfs,
         template: None,
+        net_pool: false,
     };
     let max_n = *levels.iter().max().expect("non-empty");
     let need = max_n as u64 * bench::sandbox_bytes(&spec) + bench::MEMORY_MARGIN;
@@ -435,11 +462,14 @@ pub fn bench_setup(a: &BenchStartupArgs) -> Result<(Runtime, bench::BenchPlan), 
         .variants
         .iter()
         .any(|v| v.policy().net == variant::NetKind::Vf);
-    if vf_variants && max_n > nic::MAX_VFS {
+    // While a pooled round runs, the refilled pool holds VFs too.
+    let vfs = max_n + if vf_variants { a.net_pool } else { 0 };
+    if vf_variants && vfs > nic::MAX_VFS {
         return Err(bad(
             "--concurrency",
             format!(
-                "{max_n} sandboxes with a VF each, but a PF has at most {} VFs",
+                "{max_n} sandboxes and {} pooled attachments with a VF each, but a PF has at most {} VFs",
+                a.net_pool,
                 nic::MAX_VFS
             ),
         ));
@@ -452,7 +482,7 @@ pub fn bench_setup(a: &BenchStartupArgs) -> Result<(Runtime, bench::BenchPlan), 
     let rt = Runtime::new(RuntimeConfig {
         bin: burstvm_bin(&a.burstvm_bin)?,
         trace_path: None,
-        vfs: max_n,
+        vfs,
         network,
         cgroup_pool: if a.cgroup_pool { max_n } else { 0 },
         cgroup_limits: cgroup::Limits {
@@ -460,6 +490,7 @@ pub fn bench_setup(a: &BenchStartupArgs) -> Result<(Runtime, bench::BenchPlan), 
             cpus: a.sandbox.cpus,
         },
         rootfs_layer_bytes: image.as_ref().map(|(_, b)| *b),
+        net_pool: a.net_pool,
     })?;
     let plan = bench::BenchPlan {
         variants: a.variants.clone(),
@@ -469,6 +500,11 @@ pub fn bench_setup(a: &BenchStartupArgs) -> Result<(Runtime, bench::BenchPlan), 
         spec,
         out: a.out.clone(),
         warmup: !a.no_warmup,
+        net_pool: match (a.net_pool, a.net_pool_compare) {
+            (0, _) => bench::NetPoolRuns::Off,
+            (_, false) => bench::NetPoolRuns::On,
+            (_, true) => bench::NetPoolRuns::Compare,
+        },
     };
     Ok((rt, plan))
 }

@@ -38,7 +38,10 @@ fn peer<'a>(
     label: &str,
     concurrency: usize,
 ) -> Option<&'a GroupStats> {
+    // A pooled group is measured against the plain baselines (vanilla
+    // without the pool is the paper's), other modes against their own.
     let (_, suffix) = split(label);
+    let suffix = suffix.replace("+pool", "");
     let find = |name: &str| {
         groups
             .iter()
@@ -144,6 +147,8 @@ mod tests {
             g("fastiov", 200, 500.0, 600.0),
             g("no-net+copy", 50, 200.0, 300.0),
             g("fastiov+copy", 50, 260.0, 300.0),
+            g("vanilla+pool", 50, 500.0, 900.0),
+            g("fastiov+pool", 50, 110.0, 160.0),
         ];
         add_net_overhead(&mut gs);
         let f = gs[2].net_overhead.as_ref().unwrap();
@@ -160,6 +165,10 @@ mod tests {
         assert_eq!(c.baseline, "no-net+copy");
         assert!((c.avg_ms - 60.0).abs() < 1e-9);
         assert!(gs[0].net_overhead.as_ref().unwrap().avg_ms.abs() < 1e-9);
+        // A pooled group against plain no-net and plain vanilla.
+        let p = gs[8].net_overhead.as_ref().unwrap();
+        assert_eq!(p.baseline, "no-net");
+        assert!((p.of_vanilla_avg.unwrap() - 0.02).abs() < 1e-9);
         let sum = format_summary(&gs);
         assert!(sum.contains("0.040"), "{sum}");
         assert!(format_line(f).contains("reduced 96.0%"));

@@ -106,6 +106,7 @@ fn stage_color(s: Stage) -> RGBColor {
         Stage::Cgroup => RGBColor(120, 120, 120),
         Stage::Netns => RGBColor(160, 160, 200),
         Stage::CniAdd => RGBColor(90, 140, 200),
+        Stage::NetClaim => RGBColor(40, 190, 200),
         Stage::VmmSpawn => RGBColor(60, 90, 160),
         Stage::Restore => RGBColor(120, 200, 120),
         Stage::DmaRam => RGBColor(220, 50, 40),

@@ -155,6 +155,7 @@ pub fn run_cli(a: &BenchNicRestartArgs) -> Result<(), Error> {
         network: true,
         cgroup_pool: 0,
         rootfs_layer_bytes: None,
+        net_pool: 0,
         cgroup_limits: cgroup::Limits {
             memory_bytes: memory + (app_size + (4 << 20)).next_multiple_of(2 << 20),
             cpus: a.sandbox.cpus,
@@ -177,6 +178,7 @@ pub fn run_cli(a: &BenchNicRestartArgs) -> Result<(), Error> {
                 echo: true,
                 probe: Vec::new(),
                 template: None,
+                net_pool: false,
             };
             sandboxes.push(Sandbox::start(&rt, spec)?);
         }

@@ -68,6 +68,9 @@ pub struct RuntimeConfig {
     pub cgroup_limits: Limits,
     /// Make writable rootfs layers of this size (the ext4 template); None: no rootfs.
     pub rootfs_layer_bytes: Option<u64>,
+    /// Keep this many VF network attachments ready (`--net-pool`, see
+    /// `netpool`); 0: every sandbox makes its own. Started with the NIC daemon.
+    pub net_pool: usize,
 }
 
 /// One runtime instance; everything it created is removed on drop.
@@ -89,6 +92,8 @@ pub struct Runtime {
     interrupted: Arc<AtomicBool>,
     /// The managed filesystem of writable layers, and its template's digest.
     layers: Option<(::rootfs::WritableLayers, String)>,
+    /// Ready VF attachments (`RuntimeConfig::net_pool`), once the NIC daemon runs.
+    net_pool: Mutex<Option<crate::netpool::NetPool>>,
 }
 
 static SIGINT: AtomicBool = AtomicBool::new(false);
@@ -138,6 +143,7 @@ impl Runtime {
             tap_cni: None,
             interrupted: Arc::new(AtomicBool::new(false)),
             layers: None,
+            net_pool: Mutex::new(None),
             state_dir,
             cfg,
         };
@@ -361,7 +367,65 @@ impl Runtime {
             old.stop();
         }
         *nic = Some(NicDaemon::spawn(self, lock)?);
+        drop(nic);
+        self.start_net_pool()
+    }
+
+    /// Starts the network pool (once, when configured): its ADDs need the NIC daemon.
+    fn start_net_pool(&self) -> Result<(), RuntimeError> {
+        let mut pool = self.net_pool.lock().unwrap_or_else(|e| e.into_inner());
+        if pool.is_some() || self.cfg.net_pool == 0 {
+            return Ok(());
+        }
+        let Some(cni) = self.cni.clone() else {
+            return Ok(());
+        };
+        *pool = Some(
+            crate::netpool::NetPool::start(cni, self.sandbox_prefix(), self.cfg.net_pool).map_err(
+                |source| RuntimeError::StateDir {
+                    path: self.state_dir.clone(),
+                    source,
+                },
+            )?,
+        );
         Ok(())
+    }
+
+    /// A ready VF attachment from the network pool (None: no pool, or empty).
+    pub fn claim_net(&self) -> Option<crate::netpool::Pooled> {
+        let pool = self.net_pool.lock().unwrap_or_else(|e| e.into_inner());
+        pool.as_ref()?.claim()
+    }
+
+    /// Waits (at most `bound`) until the network pool is full: how many are
+    /// ready of how many, and the refill's last error. None: no pool.
+    pub fn wait_net_pool(
+        &self,
+        bound: std::time::Duration,
+    ) -> Option<(usize, usize, Option<String>)> {
+        let pool = self.net_pool.lock().unwrap_or_else(|e| e.into_inner());
+        let p = pool.as_ref()?;
+        let (ready, err) = p.wait_full(bound);
+        Some((ready, p.target(), err))
+    }
+
+    /// Names the network pool holds (not leaks while the runtime lives).
+    pub fn net_pool_owned(&self) -> std::collections::HashSet<String> {
+        let pool = self.net_pool.lock().unwrap_or_else(|e| e.into_inner());
+        pool.as_ref().map(|p| p.owned()).unwrap_or_default()
+    }
+
+    /// Stops the network pool and DELs what it holds (before a final leak check).
+    pub fn stop_net_pool(&self) -> Result<(), String> {
+        let pool = self
+            .net_pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        match pool {
+            Some(mut p) => p.stop(),
+            None => Ok(()),
+        }
     }
 
     /// SIGKILLs the NIC daemon (a crash) and starts it again on its state directory, with
@@ -426,8 +490,8 @@ impl Runtime {
         Ok(c.get_by_id(vf_id).map_err(|e| e.to_string())?.socket)
     }
 
-    /// VFs the NIC daemon still has assigned (leak check).
-    pub fn assigned_vfs(&self) -> Result<Vec<String>, String> {
+    /// VFs the NIC daemon still has assigned, with their sandbox (leak check).
+    pub fn assigned_vfs(&self) -> Result<Vec<(String, String)>, String> {
         if self.nic.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
             return Ok(Vec::new());
         }
@@ -436,7 +500,7 @@ impl Runtime {
             .map_err(|e| e.to_string())?
             .into_iter()
             .filter(|v| v.sandbox.is_some())
-            .map(|v| format!("{} ({})", v.id, v.sandbox.unwrap_or_default()))
+            .map(|v| (v.id, v.sandbox.unwrap_or_default()))
             .collect())
     }
 
@@ -473,6 +537,10 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
+        // Its DELs need the NIC daemon.
+        if let Err(e) = self.stop_net_pool() {
+            tracing::warn!("{e}");
+        }
         if let Some(n) = self.nic.lock().unwrap_or_else(|e| e.into_inner()).take() {
             n.stop();
         }
@@ -511,10 +579,21 @@ pub fn cni_path(bin: &Path) -> Vec<PathBuf> {
 /// The stages a sandbox of `variant` goes through, in order (`rootfs`:
 /// it has a root filesystem).
 pub fn expected_stages(variant: Variant, rootfs: bool) -> Vec<Stage> {
+    expected_stages_with(variant, rootfs, false)
+}
+
+/// `expected_stages` of a sandbox that claimed (`pooled`) its network from
+/// the network pool: `net-claim` instead of `netns` and `cni-add`.
+pub fn expected_stages_with(variant: Variant, rootfs: bool, pooled: bool) -> Vec<Stage> {
     let p = variant.policy();
-    let mut v = vec![Stage::Cgroup, Stage::Netns];
-    if p.net != NetKind::None {
-        v.push(Stage::CniAdd);
+    let mut v = vec![Stage::Cgroup];
+    if pooled {
+        v.push(Stage::NetClaim);
+    } else {
+        v.push(Stage::Netns);
+        if p.net != NetKind::None {
+            v.push(Stage::CniAdd);
+        }
     }
     if rootfs {
         v.push(Stage::Rootfs);

@@ -51,6 +51,9 @@ pub struct SandboxSpec {
     pub probe: Vec<u64>,
     /// Start from this template directory instead of booting.
     pub template: Option<PathBuf>,
+    /// A VF variant claims its network from the runtime's network pool
+    /// when one is ready (`net-claim` instead of `netns` + `cni-add`).
+    pub net_pool: bool,
 }
 
 /// What the `rootfs` stage cost this sandbox (bench statistics).
@@ -98,6 +101,8 @@ pub struct Sandbox<'rt> {
     cgroup: Option<Cgroup>,
     netns: Option<NamedNetns>,
     cni_added: bool,
+    /// The CNI container id of a pooled attachment (else the sandbox id).
+    pooled_id: Option<String>,
     tap_added: bool,
     neighbor: Option<Ipv4Addr>,
     vmm: Option<Child>,
@@ -154,6 +159,7 @@ impl<'rt> Sandbox<'rt> {
             cgroup: None,
             netns: None,
             cni_added: false,
+            pooled_id: None,
             tap_added: false,
             neighbor: None,
             vmm: None,
@@ -186,7 +192,18 @@ impl<'rt> Sandbox<'rt> {
         let vmm0 = sb.cgroup.as_ref().and_then(|c| c.cpu_usage_ns());
         let policy = sb.spec.variant.policy();
         let mut net_args: Vec<String> = Vec::new();
-        if sb.attach.netns.is_none() {
+        if policy.net == NetKind::Vf && sb.spec.net_pool && sb.attach.netns.is_none() {
+            let start = trace::monotonic_ns();
+            if let Some(p) = sb.rt.claim_net() {
+                net_args = sb
+                    .attach_pooled(p)
+                    .map_err(|e| sb.failure("net-claim", e))?;
+                sb.trace
+                    .record(Stage::NetClaim, start, trace::monotonic_ns())
+                    .map_err(|e| sb.failure("net-claim", e.to_string()))?;
+            }
+        }
+        if sb.attach.netns.is_none() && sb.pooled_id.is_none() {
             sb.stage(Stage::Netns, |sb| {
                 sb.netns = Some(NamedNetns::create(&sb.spec.id).map_err(|e| e.to_string())?);
                 Ok(())
@@ -194,6 +211,7 @@ impl<'rt> Sandbox<'rt> {
         }
         match policy.net {
             NetKind::None => {}
+            NetKind::Vf if sb.pooled_id.is_some() => {}
             // The engine ran CNI ADD: only the VF attach is ours (no stage of its own).
             NetKind::Vf if sb.attach.netns.is_some() => {
                 net_args = sb.attach_given_vf().map_err(|e| sb.failure("cni-add", e))?
@@ -300,6 +318,20 @@ impl<'rt> Sandbox<'rt> {
         self.rt.add_neighbor(link.ip, link.mac)?;
         self.neighbor = Some(link.ip);
         Ok(self.net_args(format!("vf:{}", socket.display()), &link))
+    }
+
+    /// A pooled attachment (CNI ADD done while idle): the sandbox owns its
+    /// netns and DELs it at teardown like its own.
+    fn attach_pooled(&mut self, p: crate::netpool::Pooled) -> Result<Vec<String>, String> {
+        self.netns = Some(p.netns);
+        self.pooled_id = Some(p.id);
+        self.cni_added = true;
+        // Asked now: the NIC daemon may have restarted since the ADD.
+        let socket = self.rt.vf_socket(&p.link.vf_id)?;
+        self.guest_ip = Some(p.link.ip);
+        self.rt.add_neighbor(p.link.ip, p.link.mac)?;
+        self.neighbor = Some(p.link.ip);
+        Ok(self.net_args(format!("vf:{}", socket.display()), &p.link))
     }
 
     /// CNI ADD through burstvm-cni; the placeholder link gives VF, MAC and IP.
@@ -531,8 +563,11 @@ impl<'rt> Sandbox<'rt> {
                     .collect()
             })
             .unwrap_or_default();
-        let expected =
-            crate::runtime::expected_stages(self.spec.variant, self.spec.rootfs.is_some());
+        let expected = crate::runtime::expected_stages_with(
+            self.spec.variant,
+            self.spec.rootfs.is_some(),
+            self.pooled_id.is_some(),
+        );
         let engine_net = self.attach.netns.is_some();
         expected
             .into_iter()
@@ -668,8 +703,9 @@ impl<'rt> Sandbox<'rt> {
         }
         if self.cni_added {
             self.cni_added = false;
+            let id = self.pooled_id.as_deref().unwrap_or(&self.spec.id);
             if let (Some(cni), Some(ns)) = (self.rt.cni(), self.netns.as_ref()) {
-                if let Err(e) = cni.del_retrying(&self.spec.id, ns.path(), IFNAME, DEL_PATIENCE) {
+                if let Err(e) = cni.del_retrying(id, ns.path(), IFNAME, DEL_PATIENCE) {
                     errs.push(e.to_string());
                 }
             }

@@ -45,6 +45,7 @@ pub fn services_cli(a: &ServicesArgs) -> Result<(), Error> {
         network: true,
         cgroup_pool: 0,
         rootfs_layer_bytes: None,
+        net_pool: 0,
         cgroup_limits: cgroup::Limits {
             memory_bytes: 64 << 20,
             cpus: 1.0,

@@ -322,6 +322,7 @@ impl TaskService {
                 echo: false,
                 probe: Vec::new(),
                 template: None,
+                net_pool: false,
             },
             netns,
             until_exit,

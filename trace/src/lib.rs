@@ -22,6 +22,9 @@ pub enum Stage {
     Cgroup,
     Netns,
     CniAdd,
+    /// A ready network attachment taken from the runtime's network pool
+    /// (instead of `netns` + `cni-add`): claim, link read, neighbour entry.
+    NetClaim,
     VmmSpawn,
     /// A sandbox started from a template: memory mapped, state restored.
     Restore,
@@ -45,10 +48,11 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 14] = [
+    pub const ALL: [Stage; 15] = [
         Stage::Cgroup,
         Stage::Netns,
         Stage::CniAdd,
+        Stage::NetClaim,
         Stage::VmmSpawn,
         Stage::Restore,
         Stage::DmaRam,
@@ -79,6 +83,7 @@ impl Stage {
             Stage::Cgroup => "cgroup",
             Stage::Netns => "netns",
             Stage::CniAdd => "cni-add",
+            Stage::NetClaim => "net-claim",
             Stage::VmmSpawn => "vmm-spawn",
             Stage::Restore => "restore",
             Stage::DmaRam => "dma-ram",

@@ -87,6 +87,7 @@ pub fn worker_main(a: &ChaosWorkerArgs) -> Result<(), Error> {
             cpus: 1.0,
         },
         rootfs_layer_bytes: None,
+        net_pool: 0,
     })?;
     rt.prepare_variant(a.variant)?;
     let hello = Hello {
@@ -149,6 +150,7 @@ fn run_round(
         echo: false,
         probe: canary::probe_addresses(),
         template: None,
+        net_pool: false,
     };
     let start = Barrier::new(n);
     let mut nic_restarts = 0;

@@ -1,0 +1,280 @@
+//! A pool of ready network attachments (issue 11 §2), in the spirit of
+//! RunD's cgroup pool: while the host is idle the runtime creates network
+//! namespaces and runs CNI ADD for them (VF taken, placeholder link in
+//! place, address leased), so a sandbox start claims a ready netns in
+//! microseconds (`net-claim` stage) instead of `netns` + `cni-add`.
+//!
+//! Every entry is a real CNI attachment whose container id is
+//! `bv<tag>-pool<n>`: the pool DELs what it still holds when it stops, a
+//! claimed entry is DELed by its sandbox's teardown like any other, and a
+//! runtime that dies (SIGKILL) leaves netns carrying its tag, which the next
+//! runtime's `reap_stale` removes with the dead runtime's state directory
+//! (its host-local leases and NIC state; its NIC daemon died with it).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use netutil::NamedNetns;
+
+use crate::cni::CniNetwork;
+use crate::guestnet::GuestLink;
+use crate::sandbox::IFNAME;
+
+/// The refill waits until no claim came for this long: a burst of starts
+/// gets the CPU first (the pool is filled while the host is idle).
+const QUIET: Duration = Duration::from_millis(100);
+/// After a failed ADD (e.g. the NIC daemon restarting for another lock
+/// policy) the refill tries again after this.
+const RETRY: Duration = Duration::from_millis(500);
+/// How long stopping the pool keeps retrying a DEL answered "try again later".
+const DEL_PATIENCE: Duration = Duration::from_secs(20);
+
+/// A ready attachment: its netns (with the placeholder link `IFNAME`), the
+/// CNI container id it was added under, and the link the guest gets.
+pub struct Pooled {
+    pub id: String,
+    pub netns: NamedNetns,
+    pub link: GuestLink,
+}
+
+#[derive(Default)]
+struct State {
+    ready: VecDeque<Pooled>,
+    /// Ids the pool owns: ready or being made (leak checks skip them).
+    owned: HashSet<String>,
+    last_claim: Option<Instant>,
+    last_error: Option<String>,
+    stop: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the refill thread (a claim, stop).
+    wake: Condvar,
+    /// Wakes `wait_full`.
+    changed: Condvar,
+    target: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The pool and its refill thread; dropping it DELs every entry it holds.
+pub struct NetPool {
+    shared: Arc<Shared>,
+    cni: CniNetwork,
+    thread: Option<JoinHandle<()>>,
+    stopped: bool,
+}
+
+impl NetPool {
+    /// Starts the refill thread: `target` attachments of `cni`, named
+    /// `<prefix>pool<n>`.
+    pub fn start(cni: CniNetwork, prefix: String, target: usize) -> std::io::Result<NetPool> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+            changed: Condvar::new(),
+            target,
+        });
+        let thread = {
+            let (shared, cni) = (shared.clone(), cni.clone());
+            std::thread::Builder::new()
+                .name("net-pool".into())
+                .spawn(move || refill(&shared, &cni, &prefix))?
+        };
+        Ok(NetPool {
+            shared,
+            cni,
+            thread: Some(thread),
+            stopped: false,
+        })
+    }
+
+    /// Takes a ready attachment (None: the pool is empty; the sandbox sets
+    /// its network up itself). The caller owns it from here: its teardown
+    /// DELs `id` and deletes the netns.
+    pub fn claim(&self) -> Option<Pooled> {
+        let mut st = self.shared.lock();
+        let p = st.ready.pop_front()?;
+        st.owned.remove(&p.id);
+        st.last_claim = Some(Instant::now());
+        drop(st);
+        self.shared.wake.notify_all();
+        Some(p)
+    }
+
+    pub fn target(&self) -> usize {
+        self.shared.target
+    }
+
+    pub fn ready(&self) -> usize {
+        self.shared.lock().ready.len()
+    }
+
+    /// Names (netns and CNI container ids) the pool holds or is making.
+    pub fn owned(&self) -> HashSet<String> {
+        self.shared.lock().owned.clone()
+    }
+
+    /// Waits until the pool is full, for at most `bound`; returns how many
+    /// are ready and the last refill error, if any.
+    pub fn wait_full(&self, bound: Duration) -> (usize, Option<String>) {
+        let end = Instant::now() + bound;
+        let mut st = self.shared.lock();
+        while st.ready.len() < self.shared.target {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = self
+                .shared
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        (st.ready.len(), st.last_error.clone())
+    }
+
+    /// Stops the refill thread and DELs every attachment still pooled.
+    pub fn stop(&mut self) -> Result<(), String> {
+        if std::mem::replace(&mut self.stopped, true) {
+            return Ok(());
+        }
+        self.shared.lock().stop = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let left: Vec<Pooled> = self.shared.lock().ready.drain(..).collect();
+        let mut errs = Vec::new();
+        for p in left {
+            if let Err(e) = release(&self.cni, p) {
+                errs.push(e);
+            }
+        }
+        self.shared.lock().owned.clear();
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("network pool: {}", errs.join("; ")))
+        }
+    }
+}
+
+impl Drop for NetPool {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// The refill thread: keeps `target` attachments ready, one ADD at a time,
+/// at the lowest CPU priority (its CNI plugins inherit it).
+fn refill(shared: &Shared, cni: &CniNetwork, prefix: &str) {
+    // SAFETY: setpriority on this thread (a tid is a PRIO_PROCESS id on Linux).
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+    }
+    let mut seq = 0u64;
+    let mut st = shared.lock();
+    loop {
+        if st.stop {
+            return;
+        }
+        if st.ready.len() >= shared.target {
+            st = shared.wake.wait(st).unwrap_or_else(|e| e.into_inner());
+            continue;
+        }
+        let since = st.last_claim.map_or(QUIET, |t| t.elapsed());
+        if since < QUIET {
+            st = shared
+                .wake
+                .wait_timeout(st, QUIET - since)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            continue;
+        }
+        let id = format!("{prefix}pool{seq}");
+        seq += 1;
+        st.owned.insert(id.clone());
+        drop(st);
+        let made = make(cni, &id);
+        st = shared.lock();
+        match made {
+            Ok(p) => {
+                st.ready.push_back(p);
+                st.last_error = None;
+                shared.changed.notify_all();
+            }
+            Err(e) => {
+                st.owned.remove(&id);
+                tracing::warn!("network pool: {e}");
+                st.last_error = Some(e);
+                shared.changed.notify_all();
+                st = shared
+                    .wake
+                    .wait_timeout(st, RETRY)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+        }
+    }
+}
+
+/// One attachment: a netns, CNI ADD in it, the placeholder read back. A
+/// failure undoes what was done (DEL is idempotent).
+fn make(cni: &CniNetwork, id: &str) -> Result<Pooled, String> {
+    let mut netns = NamedNetns::create(id).map_err(|e| e.to_string())?;
+    let added = cni
+        .add(id, netns.path(), IFNAME)
+        .map_err(|e| e.to_string())
+        .and_then(|att| {
+            crate::guestnet::read_link(netns.path(), IFNAME, &att).map_err(|e| e.to_string())
+        });
+    match added {
+        Ok(link) => Ok(Pooled {
+            id: id.into(),
+            netns,
+            link,
+        }),
+        Err(e) => {
+            let mut errs = vec![format!("pooled attachment {id}: {e}")];
+            if let Err(d) = cni.del_retrying(id, netns.path(), IFNAME, DEL_PATIENCE) {
+                errs.push(d.to_string());
+            }
+            if let Err(d) = netns.delete() {
+                errs.push(d.to_string());
+            }
+            Err(errs.join("; undo: "))
+        }
+    }
+}
+
+/// CNI DEL of a pooled attachment and its netns.
+fn release(cni: &CniNetwork, mut p: Pooled) -> Result<(), String> {
+    let del = cni.del_retrying(&p.id, p.netns.path(), IFNAME, DEL_PATIENCE);
+    let rm = p.netns.delete();
+    match (del, rm) {
+        (Ok(()), Ok(())) => Ok(()),
+        (d, r) => Err(format!(
+            "release {}: {}",
+            p.id,
+            [
+                d.err().map(|e| e.to_string()),
+                r.err().map(|e| e.to_string())
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("; ")
+        )),
+    }
+}
