@@ -59,6 +59,10 @@ pub trait SandboxHost: Sync {
     fn claim_net(&self) -> Option<crate::netpool::Pooled> {
         None
     }
+    /// Held while a sandbox starts (the network pool refills only when idle).
+    fn net_pool_busy(&self) -> Option<crate::netpool::Busy> {
+        None
+    }
 }
 
 impl SandboxHost for Runtime {
@@ -105,6 +109,9 @@ impl SandboxHost for Runtime {
     }
     fn claim_net(&self) -> Option<crate::netpool::Pooled> {
         Runtime::claim_net(self)
+    }
+    fn net_pool_busy(&self) -> Option<crate::netpool::Busy> {
+        Runtime::net_pool_busy(self)
     }
 }
 

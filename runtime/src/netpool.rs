@@ -22,8 +22,10 @@ use crate::cni::CniNetwork;
 use crate::guestnet::GuestLink;
 use crate::sandbox::IFNAME;
 
-/// The refill waits until no claim came for this long: a burst of starts
-/// gets the CPU first (the pool is filled while the host is idle).
+/// The refill waits until no sandbox is starting and none finished starting
+/// for this long: the pool is filled while the host is idle, never during a
+/// burst of starts (its ADDs would take the NIC daemon's devset lock and CPU
+/// from them). A host that never idles falls back to per-start ADDs.
 const QUIET: Duration = Duration::from_millis(100);
 /// After a failed ADD (e.g. the NIC daemon restarting for another lock
 /// policy) the refill tries again after this.
@@ -37,6 +39,8 @@ pub struct Pooled {
     pub id: String,
     pub netns: NamedNetns,
     pub link: GuestLink,
+    /// The VF's vhost-user socket from the ADD result (None: ask the NIC daemon).
+    pub vf_socket: Option<std::path::PathBuf>,
 }
 
 #[derive(Default)]
@@ -44,7 +48,10 @@ struct State {
     ready: VecDeque<Pooled>,
     /// Ids the pool owns: ready or being made (leak checks skip them).
     owned: HashSet<String>,
-    last_claim: Option<Instant>,
+    /// The last claim or end of a start.
+    last_activity: Option<Instant>,
+    /// Sandbox starts in progress (`NetPool::busy`).
+    busy: usize,
     last_error: Option<String>,
     stop: bool,
 }
@@ -103,10 +110,16 @@ impl NetPool {
         let mut st = self.shared.lock();
         let p = st.ready.pop_front()?;
         st.owned.remove(&p.id);
-        st.last_claim = Some(Instant::now());
+        st.last_activity = Some(Instant::now());
         drop(st);
         self.shared.wake.notify_all();
         Some(p)
+    }
+
+    /// Held by a sandbox while it starts: the pool does not refill meanwhile.
+    pub fn busy(&self) -> Busy {
+        self.shared.lock().busy += 1;
+        Busy(self.shared.clone())
     }
 
     pub fn target(&self) -> usize {
@@ -168,6 +181,19 @@ impl NetPool {
     }
 }
 
+/// A sandbox start in progress (see `NetPool::busy`).
+pub struct Busy(Arc<Shared>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.busy -= 1;
+        st.last_activity = Some(Instant::now());
+        drop(st);
+        self.0.wake.notify_all();
+    }
+}
+
 impl Drop for NetPool {
     fn drop(&mut self) {
         if let Err(e) = self.stop() {
@@ -189,11 +215,11 @@ fn refill(shared: &Shared, cni: &CniNetwork, prefix: &str) {
         if st.stop {
             return;
         }
-        if st.ready.len() >= shared.target {
+        if st.ready.len() >= shared.target || st.busy > 0 {
             st = shared.wake.wait(st).unwrap_or_else(|e| e.into_inner());
             continue;
         }
-        let since = st.last_claim.map_or(QUIET, |t| t.elapsed());
+        let since = st.last_activity.map_or(QUIET, |t| t.elapsed());
         if since < QUIET {
             st = shared
                 .wake
@@ -237,13 +263,16 @@ fn make(cni: &CniNetwork, id: &str) -> Result<Pooled, String> {
         .add(id, netns.path(), IFNAME)
         .map_err(|e| e.to_string())
         .and_then(|att| {
-            crate::guestnet::read_link(netns.path(), IFNAME, &att).map_err(|e| e.to_string())
+            crate::guestnet::read_link(netns.path(), IFNAME, &att)
+                .map(|link| (link, att.vf_socket))
+                .map_err(|e| e.to_string())
         });
     match added {
-        Ok(link) => Ok(Pooled {
+        Ok((link, vf_socket)) => Ok(Pooled {
             id: id.into(),
             netns,
             link,
+            vf_socket,
         }),
         Err(e) => {
             let mut errs = vec![format!("pooled attachment {id}: {e}")];

@@ -397,6 +397,13 @@ impl Runtime {
         pool.as_ref()?.claim()
     }
 
+    /// Held while a sandbox starts: the network pool refills only when no
+    /// start is in progress (None: no pool).
+    pub fn net_pool_busy(&self) -> Option<crate::netpool::Busy> {
+        let pool = self.net_pool.lock().unwrap_or_else(|e| e.into_inner());
+        pool.as_ref().map(|p| p.busy())
+    }
+
     /// Waits (at most `bound`) until the network pool is full: how many are
     /// ready of how many, and the refill's last error. None: no pool.
     pub fn wait_net_pool(

@@ -141,6 +141,8 @@ impl<'rt> Sandbox<'rt> {
             stage: stage.to_string(),
             error,
         };
+        // Until READY (or failure) the host is not idle: no pool refill.
+        let _busy = rt.net_pool_busy();
         let (cpu0, children0) = (
             crate::cpuacct::thread_ns(),
             crate::cpuacct::thread_children_ns(),
@@ -326,8 +328,10 @@ impl<'rt> Sandbox<'rt> {
         self.netns = Some(p.netns);
         self.pooled_id = Some(p.id);
         self.cni_added = true;
-        // Asked now: the NIC daemon may have restarted since the ADD.
-        let socket = self.rt.vf_socket(&p.link.vf_id)?;
+        let socket = match p.vf_socket {
+            Some(s) => s,
+            None => self.rt.vf_socket(&p.link.vf_id)?,
+        };
         self.guest_ip = Some(p.link.ip);
         self.rt.add_neighbor(p.link.ip, p.link.mac)?;
         self.neighbor = Some(p.link.ip);
