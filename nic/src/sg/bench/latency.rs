@@ -81,7 +81,7 @@ pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
         a.common.workers,
     )?;
     let mut c = d.client()?;
-    let idle_fds = d.fds();
+    let idle_fds = d.idle_fds(&mut c)?;
     let mut rows: Vec<LatencyRow> = Vec::new();
     for &n in &a.pipes {
         let mut row = one(a, &d, &mut c, n)?;

@@ -205,6 +205,22 @@ impl Daemon {
         })
     }
 
+    /// The daemon's fd count once it is up: its threads create their fds
+    /// (epoll, eventfds) after the control socket is bound, so this waits
+    /// for an answer on `c` and then for the count to hold for 200 ms.
+    pub fn idle_fds(&self, c: &mut Client) -> Result<usize, BenchSgError> {
+        list_sg(c)?;
+        let end = Instant::now() + T;
+        let (mut last, mut same) = (self.fds(), 0);
+        while same < 10 && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = self.fds();
+            same = if now == last { same + 1 } else { 0 };
+            last = now;
+        }
+        Ok(last)
+    }
+
     /// Open file descriptors of the daemon process.
     pub fn fds(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map_or(0, |d| d.count())

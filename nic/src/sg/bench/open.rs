@@ -55,7 +55,7 @@ pub fn run(a: &OpenArgs) -> Result<Vec<OpenRow>, BenchSgError> {
     {
         let d = Daemon::spawn(&a.common.bin()?, &dir, 1, "rr", a.common.workers)?;
         let mut c = d.client()?;
-        idle_fds = d.fds();
+        idle_fds = d.idle_fds(&mut c)?;
         for rep in 0..a.reps {
             let (_, mut fe) = attach(&mut c, &format!("open-{rep}"), a.pipes, a.common.ring)?;
             let t0 = Instant::now();

@@ -74,7 +74,7 @@ pub fn run(a: &ThroughputArgs) -> Result<Vec<ThroughputRow>, BenchSgError> {
         a.common.workers,
     )?;
     let mut c = d.client()?;
-    let idle_fds = d.fds();
+    let idle_fds = d.idle_fds(&mut c)?;
     let mut rows: Vec<ThroughputRow> = Vec::new();
     for &n in &a.pipes {
         let mut row = one(a, &d, &mut c, n, idle_fds)?;
