@@ -62,12 +62,7 @@ pub struct LatencyRow {
 
 pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
     a.common.check()?;
-    if a.pipes.is_empty() || a.pipes.iter().any(|&n| n == 0 || n > 8192) {
-        return Err(BenchSgError::Config(format!(
-            "--pipes {:?}: counts 1..8192",
-            a.pipes
-        )));
-    }
+    CommonArgs::check_pipes(&a.pipes)?;
     if a.size == 0 || a.size > a.common.ring as usize || a.samples == 0 || a.reps == 0 {
         return Err(BenchSgError::Config(
             "--size 1..--ring, --samples and --reps at least 1".into(),

@@ -115,6 +115,16 @@ impl CommonArgs {
         Ok(())
     }
 
+    /// `--pipes`: a non-empty list of counts 1..8192.
+    pub fn check_pipes(pipes: &[usize]) -> Result<(), BenchSgError> {
+        if pipes.is_empty() || pipes.iter().any(|&n| n == 0 || n > 8192) {
+            return Err(BenchSgError::Config(format!(
+                "--pipes {pipes:?}: counts 1..8192"
+            )));
+        }
+        Ok(())
+    }
+
     pub fn bin(&self) -> Result<PathBuf, BenchSgError> {
         match &self.nic_bin {
             Some(b) => Ok(b.clone()),

@@ -55,12 +55,7 @@ pub struct ThroughputRow {
 
 pub fn run(a: &ThroughputArgs) -> Result<Vec<ThroughputRow>, BenchSgError> {
     a.common.check()?;
-    if a.pipes.is_empty() || a.pipes.iter().any(|&n| n == 0 || n > 8192) {
-        return Err(BenchSgError::Config(format!(
-            "--pipes {:?}: counts 1..8192",
-            a.pipes
-        )));
-    }
+    CommonArgs::check_pipes(&a.pipes)?;
     if !(0.01..=600.0).contains(&a.duration) || a.reps == 0 {
         return Err(BenchSgError::Config(
             "--duration 0.01..600 s, --reps at least 1".into(),
