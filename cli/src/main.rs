@@ -78,7 +78,7 @@ enum BenchCommand {
     /// The runtime process `bench chaos` runs (and kills).
     #[command(hide = true)]
     ChaosWorker(runtime::ChaosWorkerArgs),
-    /// SG-IOV: scheduling policies and the job generator.
+    /// SG-IOV: scheduling policies, the job generator, and warp pipes through the NIC daemon.
     #[command(subcommand)]
     Sgiov(SgiovBench),
     /// VMM start-to-exit, N at one instant, side by side with Firecracker.
@@ -93,6 +93,12 @@ enum SgiovBench {
     Sched(sgiov::bench::sched::SchedArgs),
     /// Recursive splitting against bounce buffers and the raw executor.
     Jobgen(sgiov::bench::jobgen::JobgenArgs),
+    /// A priority ping-pong on one pipe while every other pipe is backlogged (NIC daemon).
+    Latency(nic::sg::bench::latency::LatencyArgs),
+    /// Every pipe backlogged: aggregate MB/s, per-pipe spread, Jain's index (NIC daemon).
+    Throughput(nic::sg::bench::throughput::ThroughputArgs),
+    /// Opening thousands of pipes against bench devset opening VFs (NIC daemon).
+    Open(nic::sg::bench::open::OpenArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -144,6 +150,15 @@ fn main() -> std::process::ExitCode {
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Jobgen(a))) => {
             sgiov::bench::jobgen::run_cli(&a).context("burstvm bench sgiov jobgen")
+        }
+        Command::Bench(BenchCommand::Sgiov(SgiovBench::Latency(a))) => {
+            nic::sg::bench::latency::run_cli(&a).context("burstvm bench sgiov latency")
+        }
+        Command::Bench(BenchCommand::Sgiov(SgiovBench::Throughput(a))) => {
+            nic::sg::bench::throughput::run_cli(&a).context("burstvm bench sgiov throughput")
+        }
+        Command::Bench(BenchCommand::Sgiov(SgiovBench::Open(a))) => {
+            nic::sg::bench::open::run_cli(&a).context("burstvm bench sgiov open")
         }
         Command::Bench(BenchCommand::NicRestart(a)) => {
             runtime::restart::run_cli(&a).context("burstvm bench nic-restart")

@@ -1,0 +1,248 @@
+//! `bench sgiov latency`: a priority-0 ping-pong of `--size` bytes on one
+//! pipe of its own SG function while every other pipe (priority 7, sharded
+//! over `--threads` SG functions) is kept backlogged, for each `--pipes`
+//! count; the daemon schedules with `--policy` (prio by default). Growth is
+//! each count's latency over that of the first count (8 in the issue).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sgiov::signal::RingId;
+
+use super::{
+    attach, join_load, median, open_echo_pipes, settle, signals_and_kicks, start_load,
+    BenchSgError, CommonArgs, Daemon, Flags, T,
+};
+use crate::control::Client;
+use crate::sg::frontend::SgFrontend;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct LatencyArgs {
+    /// Pipe counts (the ping pipe included), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "8,64,512,4096")]
+    pub pipes: Vec<usize>,
+    /// Ping-pongs per repetition.
+    #[arg(long, default_value_t = 200)]
+    pub samples: usize,
+    /// Repetitions (p50 and p99 are the medians over them).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Bytes per ping (at most --ring).
+    #[arg(long, default_value_t = 4096)]
+    pub size: usize,
+    /// Scheduling policy of the daemon's SG engine (rr, prio, drf).
+    #[arg(long, default_value = "prio")]
+    pub policy: String,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+#[derive(Debug, Clone)]
+pub struct LatencyRow {
+    pub pipes: usize,
+    pub mode: &'static str,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// p50 and p99 over those of the first pipe count.
+    pub growth_p50: f64,
+    pub growth_p99: f64,
+    /// Daemon fds with every pipe open, and with none.
+    pub daemon_fds: usize,
+    pub idle_fds: usize,
+    /// Guest → device signals per doorbell over the SG functions.
+    pub signals_per_kick: f64,
+    /// Daemon CPU over the measured pings (percent of one core).
+    pub daemon_cpu_pct: f64,
+    /// Pings done, each `size` bytes checked.
+    pub pings: usize,
+    /// Checked bytes the backlogged pipes moved meanwhile.
+    pub backlog_bytes: u64,
+}
+
+pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
+    a.common.check()?;
+    CommonArgs::check_pipes(&a.pipes)?;
+    if a.size == 0 || a.size > a.common.ring as usize || a.samples == 0 || a.reps == 0 {
+        return Err(BenchSgError::Config(
+            "--size 1..--ring, --samples and --reps at least 1".into(),
+        ));
+    }
+    let d = Daemon::spawn(
+        &a.common.bin()?,
+        &a.common.dir("latency"),
+        a.common.threads + 1,
+        &a.policy,
+        a.common.workers,
+    )?;
+    let mut c = d.client()?;
+    let idle_fds = d.idle_fds(&mut c)?;
+    let mut rows: Vec<LatencyRow> = Vec::new();
+    for &n in &a.pipes {
+        let mut row = one(a, &d, &mut c, n)?;
+        settle(&d, &mut c, idle_fds)?;
+        row.idle_fds = idle_fds;
+        let (p50, p99) = rows
+            .first()
+            .map_or((row.p50_us, row.p99_us), |f| (f.p50_us, f.p99_us));
+        row.growth_p50 = row.p50_us / p50;
+        row.growth_p99 = row.p99_us / p99;
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyRow, BenchSgError> {
+    let ring = a.common.ring;
+    let flags = Arc::new(Flags::default());
+    let load = if n > 1 {
+        start_load(
+            &d.control,
+            &format!("lat{n}-load"),
+            n - 1,
+            a.common.threads,
+            ring,
+            7,
+            &flags,
+        )?
+    } else {
+        Vec::new()
+    };
+    let r = (|| {
+        let (_, mut fe) = attach(c, &format!("lat{n}-ping"), 1, ring)?;
+        let sock = open_echo_pipes(&mut fe, 1, ring, 0)?[0];
+        let pat: Vec<u8> = (0..a.size).map(|i| (i * 7 + n) as u8).collect();
+        let mut buf = vec![0u8; a.size];
+        for _ in 0..a.samples.min(20) {
+            ping(&mut fe, sock, &pat, &mut buf)?;
+        }
+        flags.go.store(true, Ordering::Relaxed);
+        let cpu0 = d.cpu();
+        let t0 = Instant::now();
+        let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
+        for _ in 0..a.reps {
+            let mut us = Vec::with_capacity(a.samples);
+            for _ in 0..a.samples {
+                us.push(ping(&mut fe, sock, &pat, &mut buf)?.as_secs_f64() * 1e6);
+            }
+            us.sort_by(f64::total_cmp);
+            p50s.push(sgiov::bench::percentile(&us, 50.0));
+            p99s.push(sgiov::bench::percentile(&us, 99.0));
+        }
+        let cpu = (d.cpu() - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
+        let fds = d.fds();
+        // The daemon publishes its counters every 100 ms.
+        std::thread::sleep(Duration::from_millis(150));
+        let (sig, kicks) = signals_and_kicks(c)?;
+        Ok::<_, BenchSgError>(LatencyRow {
+            pipes: n,
+            mode: "xfifo",
+            p50_us: median(&mut p50s),
+            p99_us: median(&mut p99s),
+            growth_p50: 1.0,
+            growth_p99: 1.0,
+            daemon_fds: fds,
+            idle_fds: 0,
+            signals_per_kick: sig as f64 / kicks.max(1) as f64,
+            daemon_cpu_pct: cpu * 100.0,
+            pings: a.reps * a.samples,
+            backlog_bytes: 0,
+        })
+    })();
+    let shards = join_load(&flags, load);
+    let mut row = r?;
+    row.backlog_bytes = shards?.iter().flat_map(|s| &s.per_pipe).sum();
+    Ok(row)
+}
+
+/// One ping-pong: `pat` out, the same bytes back (checked). Its round trip.
+fn ping(
+    fe: &mut SgFrontend,
+    sock: RingId,
+    pat: &[u8],
+    buf: &mut [u8],
+) -> Result<Duration, BenchSgError> {
+    let drv = |what: &'static str| {
+        move |source| BenchSgError::Driver {
+            what: format!("ping {what}"),
+            source: Box::new(source),
+        }
+    };
+    let fe_err = |source| BenchSgError::Frontend {
+        what: "ping".into(),
+        source: Box::new(source),
+    };
+    let t = Instant::now();
+    let sent = fe.drv.send(sock, pat).map_err(drv("send"))?;
+    if sent != pat.len() {
+        return Err(BenchSgError::Check(format!(
+            "ping: only {sent} of {} bytes fit the TX ring",
+            pat.len()
+        )));
+    }
+    let mut got = 0;
+    while got < pat.len() {
+        if fe.drv.rx_ready(sock) > 0 {
+            got += fe.drv.recv(sock, &mut buf[got..]).map_err(drv("recv"))?;
+            continue;
+        }
+        if t.elapsed() > T {
+            return Err(BenchSgError::Check(format!(
+                "ping: {got} of {} bytes back within {T:?}",
+                pat.len()
+            )));
+        }
+        fe.pump(Duration::from_millis(1)).map_err(fe_err)?;
+    }
+    let rtt = t.elapsed();
+    if buf[..got] != *pat {
+        return Err(BenchSgError::Check("ping: the echo differs".into()));
+    }
+    Ok(rtt)
+}
+
+pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
+    println!(
+        "bench sgiov latency: {} B ping-pong on one priority-0 pipe, every other pipe backlogged \
+         (echo, priority 7, {} frontend threads), daemon --sg-policy {} --sg-workers {}; \
+         {} samples x {} reps, medians",
+        a.size, a.common.threads, a.policy, a.common.workers, a.samples, a.reps
+    );
+    println!(
+        "{:>6} {:>6} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>8} {:>7} {:>10}",
+        "pipes",
+        "mode",
+        "p50_us",
+        "p99_us",
+        "x_p50",
+        "x_p99",
+        "fds",
+        "idle",
+        "sig/kick",
+        "cpu%",
+        "backlog_MB"
+    );
+    let rows = run(a)?;
+    for r in &rows {
+        println!(
+            "{:>6} {:>6} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6} {:>6} {:>8.1} {:>7.1} {:>10.1}",
+            r.pipes,
+            r.mode,
+            r.p50_us,
+            r.p99_us,
+            r.growth_p50,
+            r.growth_p99,
+            r.daemon_fds,
+            r.idle_fds,
+            r.signals_per_kick,
+            r.daemon_cpu_pct,
+            r.backlog_bytes as f64 / 1e6
+        );
+    }
+    println!(
+        "x_p50/x_p99: growth against {} pipes; fds: daemon fds with every pipe open (idle: none); \
+         sig/kick: guest->device signals per doorbell; cpu%: daemon CPU during the pings",
+        a.pipes[0]
+    );
+    Ok(())
+}
