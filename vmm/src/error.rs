@@ -50,6 +50,13 @@ pub enum GuestFailure {
     RootfsMissing {
         what: &'static str,
     },
+    /// The SG agent mode reported a wrong pipe count or checksum (`got`), or none before
+    /// READY (`None`).
+    SgReport {
+        what: &'static str,
+        expected: u32,
+        got: Option<u32>,
+    },
     Exit {
         status: u32,
     },
@@ -131,6 +138,19 @@ impl std::fmt::Display for GuestFailure {
             GuestFailure::RootfsMissing { what } => {
                 write!(f, "agent finished app launch without reporting {what}")
             }
+            GuestFailure::SgReport {
+                what,
+                expected,
+                got: Some(got),
+            } => write!(
+                f,
+                "warp pipes: agent reported {what} {got:#010x}, expected {expected:#010x}"
+            ),
+            GuestFailure::SgReport {
+                what,
+                got: None,
+                ..
+            } => write!(f, "agent reached READY without reporting the warp-pipe {what}"),
             GuestFailure::Exit { status } => {
                 write!(f, "guest exited with status {status} before READY")
             }

@@ -16,7 +16,7 @@ use super::{kvm_err, os_err};
 use crate::args::VmConfig;
 use crate::bootinfo::DevEntry;
 use crate::bus::{Bus, DeviceContext, NetBackend, SharedDevice};
-use crate::devices::agent_port::{AgentPort, RootfsExpect};
+use crate::devices::agent_port::{AgentPort, RootfsExpect, SgExpect};
 use crate::devices::i8042::{I8042, I8042_LEN, I8042_PORT};
 use crate::devices::serial::SerialDevice;
 use crate::error::Error;
@@ -46,6 +46,7 @@ pub(super) fn attach_legacy_devices(
     serial_out: Box<dyn Write + Send>,
     app_checksum: u32,
     rootfs: RootfsExpect,
+    sg: Option<SgExpect>,
     trace: &Arc<TraceWriter>,
     sink: &Arc<EventSink>,
 ) -> Result<LegacyDevices, Error> {
@@ -84,7 +85,8 @@ pub(super) fn attach_legacy_devices(
                 sink.clone(),
                 values.clone(),
             )
-            .with_rootfs(rootfs),
+            .with_rootfs(rootfs)
+            .with_sg(sg),
         )),
     )
     .map_err(bus_err(sb, "agent-port"))?;
@@ -133,6 +135,7 @@ pub(super) fn attach_net_devices(
         let name = match backend {
             NetBackend::Tap(n) => format!("tap:{n}"),
             NetBackend::VhostUser(p) => format!("vf:{}", p.display()),
+            NetBackend::Sg(p) => format!("sg:{}", p.display()),
         };
         let dev = crate::virtio::create_net_device(backend, cfg.device_mac(backend), &ctx)
             .map_err(|e| Error::Net {

@@ -232,7 +232,7 @@ pub fn create_net_device(
     // The backend the user named is checked before anything is registered.
     let tap = match backend {
         NetBackend::Tap(name) => Some(netutil::Tap::open_existing(name)?),
-        NetBackend::VhostUser(_) => None,
+        NetBackend::VhostUser(_) | NetBackend::Sg(_) => None,
     };
     let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, NET_QUEUES)?;
     let (evts, irqfd) = wiring.clone_evts()?;
@@ -248,7 +248,25 @@ pub fn create_net_device(
             wire(dev, ctx, interrupt, wiring)
         }
         NetBackend::VhostUser(socket) => {
-            let dev = vhost_user::VhostUserNet::new(socket, mac, ctx, evts, interrupt.clone())?;
+            let dev = vhost_user::VhostUserNet::new(
+                vhost_user::VuKind::Net,
+                socket,
+                mac,
+                ctx,
+                evts,
+                interrupt.clone(),
+            )?;
+            wire(dev, ctx, interrupt, wiring)
+        }
+        NetBackend::Sg(socket) => {
+            let dev = vhost_user::VhostUserNet::new(
+                vhost_user::VuKind::Sg,
+                socket,
+                None,
+                ctx,
+                evts,
+                interrupt.clone(),
+            )?;
             wire(dev, ctx, interrupt, wiring)
         }
     })
