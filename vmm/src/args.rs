@@ -741,6 +741,24 @@ mod tests {
     }
 
     #[test]
+    fn sg_agent_modes_need_one_sg_function_and_bounded_sizes() {
+        let c = cfg(&["--net", "sg:/sg.sock", "--agent-mode", "sg"]).unwrap();
+        assert_eq!((c.sg_pipes, c.sg_bytes), (64, 1024));
+        assert!(!c.netcfg.mac_from_vf, "an SG function has no MAC");
+        for bad in [
+            &["--agent-mode", "sg"][..],
+            &["--net", "vf:/s.sock", "--agent-mode", "sg-echo"],
+            &["--net", "sg:/a", "--net", "tap:t0", "--agent-mode", "sg"],
+            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-pipes", "0"],
+            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-pipes", "257"],
+            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-bytes", "12"],
+            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-bytes", "8192"],
+        ] {
+            assert!(cfg(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
     fn a_vf_without_mac_uses_the_vfs_own() {
         let vf = NetBackend::VhostUser("/s.sock".into());
         let tap = NetBackend::Tap("t0".into());

@@ -219,6 +219,15 @@ mod tests {
     use std::mem::{offset_of, size_of};
 
     #[test]
+    fn sg_checksum_counts_every_pipe_and_byte() {
+        assert_eq!(sg_checksum(0, 1024), 0);
+        assert_ne!(sg_checksum(64, 1024), sg_checksum(63, 1024));
+        assert_ne!(sg_checksum(64, 1024), sg_checksum(64, 1016));
+        // Pipes differ from each other: a pipe echoing another's bytes is caught.
+        assert_ne!(sg_byte(0, 0), sg_byte(1, 0));
+    }
+
+    #[test]
     fn layout_matches_bootinfo_h() {
         assert_eq!(offset_of!(BootInfo, sandbox_id), 16);
         assert_eq!(offset_of!(BootInfo, n_mem), 80);

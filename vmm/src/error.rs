@@ -90,6 +90,11 @@ pub fn agent_error_name(code: u32) -> &'static str {
         14 => "ERR_MARKER (marker read back from the writable layer differs)",
         15 => "ERR_NO_ROOTFS (rootfs file named but no EROFS image)",
         16 => "ERR_NO_NEEDS_RESET (the device never reported DEVICE_NEEDS_RESET after a fault)",
+        17 => "ERR_SG_DEVICE (no SG function, or its attach failed; status in the VALUE before)",
+        18 => "ERR_SG_REFUSED (the SG function refused a pipe request; status in the VALUE before)",
+        19 => "ERR_SG_TIMEOUT (the SG function did not answer in time)",
+        20 => "ERR_SG_DATA (bytes back from a warp pipe differ from those sent)",
+        21 => "ERR_SG_RING (a warp-pipe ring in error or closed, or a corrupt FIFO)",
         _ => "unknown agent error",
     }
 }

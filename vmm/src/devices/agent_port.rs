@@ -402,4 +402,51 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn sg_reports_are_checked_and_required_before_ready() {
+        let trace = Arc::new(TraceWriter::new("sb", None).unwrap());
+        let sink = Arc::new(EventSink::new().unwrap());
+        let start = Arc::new(AtomicU64::new(1));
+        let expect = SgExpect {
+            pipes: 64,
+            checksum: 0xabcd,
+        };
+        let mut p = AgentPort::new(
+            start.clone(),
+            0,
+            trace.clone(),
+            sink.clone(),
+            Arc::default(),
+        )
+        .with_sg(Some(expect));
+        p.write(4, &64u32.to_le_bytes());
+        p.write(0, &[EV_SG_PIPES]);
+        p.write(4, &0xabcdu32.to_le_bytes());
+        p.write(0, &[EV_SG_CSUM]);
+        p.write(0, &[EV_READY]);
+        assert_eq!(sink.drain(), vec![VmEvent::Ready]);
+
+        let mut p =
+            AgentPort::new(start, 0, trace, sink.clone(), Arc::default()).with_sg(Some(expect));
+        p.write(4, &63u32.to_le_bytes());
+        p.write(0, &[EV_SG_PIPES]);
+        p.write(0, &[EV_READY]);
+        assert_eq!(
+            sink.drain(),
+            vec![
+                VmEvent::Failure(GuestFailure::SgReport {
+                    what: "pipe count",
+                    expected: 64,
+                    got: Some(63)
+                }),
+                VmEvent::Failure(GuestFailure::SgReport {
+                    what: "checksum",
+                    expected: 0xabcd,
+                    got: None
+                }),
+                VmEvent::Ready,
+            ]
+        );
+    }
 }
