@@ -121,54 +121,31 @@ pub struct Nic {
 
 impl Nic {
     pub fn start(tag: &str, uplink: &str, policy: &str) -> Nic {
-        let dir = PathBuf::from(format!("/tmp/nic-vm{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let args = vec![
-            "nic".to_string(),
-            "--pf".into(),
-            "pf0".into(),
-            "--vfs".into(),
-            "2".into(),
-            "--devset-lock".into(),
-            policy.into(),
-            "--uplink".into(),
-            format!("tap:{uplink}"),
-            "--control".into(),
-            dir.join("ctl.sock").display().to_string(),
-            "--state-dir".into(),
-            dir.display().to_string(),
-        ];
-        let (child, ctl) = Self::spawn(&dir, &args);
-        Nic {
-            child,
-            dir,
-            args,
-            ctl: RefCell::new(ctl),
-        }
+        let uplink = format!("tap:{uplink}");
+        Self::start_with(
+            tag,
+            &["--vfs", "2", "--devset-lock", policy, "--uplink", &uplink],
+        )
     }
 
     /// One PF with `sgfs` SG functions (and one VF, unused), no uplink.
     pub fn start_sg(tag: &str, sgfs: usize) -> Nic {
+        Self::start_with(tag, &["--vfs", "1", "--sgfs", &sgfs.to_string()])
+    }
+
+    /// `burstvm nic --pf pf0 PF_ARGS` with its control socket and state in a fresh directory.
+    fn start_with(tag: &str, pf_args: &[&str]) -> Nic {
         let dir = PathBuf::from(format!("/tmp/nic-vm{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let args: Vec<String> = [
-            "nic",
-            "--pf",
-            "pf0",
-            "--vfs",
-            "1",
-            "--sgfs",
-            &sgfs.to_string(),
-            "--control",
-            &dir.join("ctl.sock").display().to_string(),
-            "--state-dir",
-            &dir.display().to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let mut args: Vec<String> = ["nic", "--pf", "pf0"].map(String::from).to_vec();
+        args.extend(pf_args.iter().map(|s| s.to_string()));
+        args.extend([
+            "--control".to_string(),
+            dir.join("ctl.sock").display().to_string(),
+            "--state-dir".into(),
+            dir.display().to_string(),
+        ]);
         let (child, ctl) = Self::spawn(&dir, &args);
         Nic {
             child,

@@ -247,26 +247,13 @@ pub fn create_net_device(
             let dev = net::TapNet::new(tap, mac, ctx, evts, interrupt.clone());
             wire(dev, ctx, interrupt, wiring)
         }
-        NetBackend::VhostUser(socket) => {
-            let dev = vhost_user::VhostUserNet::new(
-                vhost_user::VuKind::Net,
-                socket,
-                mac,
-                ctx,
-                evts,
-                interrupt.clone(),
-            )?;
-            wire(dev, ctx, interrupt, wiring)
-        }
-        NetBackend::Sg(socket) => {
-            let dev = vhost_user::VhostUserNet::new(
-                vhost_user::VuKind::Sg,
-                socket,
-                None,
-                ctx,
-                evts,
-                interrupt.clone(),
-            )?;
+        NetBackend::VhostUser(socket) | NetBackend::Sg(socket) => {
+            let (kind, mac) = match backend {
+                NetBackend::Sg(_) => (vhost_user::VuKind::Sg, None),
+                _ => (vhost_user::VuKind::Net, mac),
+            };
+            let dev =
+                vhost_user::VhostUserNet::new(kind, socket, mac, ctx, evts, interrupt.clone())?;
             wire(dev, ctx, interrupt, wiring)
         }
     })
