@@ -504,7 +504,7 @@ impl VmConfig {
             if !(1..=SG_MAX_PIPES).contains(&a.sg_pipes) {
                 return Err(invalid("--sg-pipes", format!("1..={SG_MAX_PIPES}")));
             }
-            if !(8..=SG_MAX_BYTES).contains(&a.sg_bytes) || a.sg_bytes % 8 != 0 {
+            if !(8..=SG_MAX_BYTES).contains(&a.sg_bytes) || !a.sg_bytes.is_multiple_of(8) {
                 return Err(invalid(
                     "--sg-bytes",
                     format!("a multiple of 8 in 8..={SG_MAX_BYTES}"),

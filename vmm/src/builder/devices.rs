@@ -40,13 +40,18 @@ fn bus_err(sb: &str, device: &str) -> impl FnOnce(crate::bus::BusError) -> Error
     }
 }
 
+/// What the agent port checks the agent's reports against.
+pub(super) struct AgentExpect {
+    pub app_checksum: u32,
+    pub rootfs: RootfsExpect,
+    pub sg: Option<SgExpect>,
+}
+
 pub(super) fn attach_legacy_devices(
     sb: &str,
     vm: &VmFd,
     serial_out: Box<dyn Write + Send>,
-    app_checksum: u32,
-    rootfs: RootfsExpect,
-    sg: Option<SgExpect>,
+    expect: AgentExpect,
     trace: &Arc<TraceWriter>,
     sink: &Arc<EventSink>,
 ) -> Result<LegacyDevices, Error> {
@@ -80,13 +85,13 @@ pub(super) fn attach_legacy_devices(
         Arc::new(Mutex::new(
             AgentPort::new(
                 vcpu_start.clone(),
-                app_checksum,
+                expect.app_checksum,
                 trace.clone(),
                 sink.clone(),
                 values.clone(),
             )
-            .with_rootfs(rootfs)
-            .with_sg(sg),
+            .with_rootfs(expect.rootfs)
+            .with_sg(expect.sg),
         )),
     )
     .map_err(bus_err(sb, "agent-port"))?;

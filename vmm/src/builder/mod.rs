@@ -340,16 +340,12 @@ fn finish(
             pipes: cfg.sg_pipes,
             checksum: crate::bootinfo::sg_checksum(cfg.sg_pipes, cfg.sg_bytes),
         });
-    let legacy = devices::attach_legacy_devices(
-        sb,
-        vm,
-        serial_out,
+    let expect = devices::AgentExpect {
         app_checksum,
         rootfs,
         sg,
-        &trace,
-        &sink,
-    )?;
+    };
+    let legacy = devices::attach_legacy_devices(sb, vm, serial_out, expect, &trace, &sink)?;
     let mut mmio = devices::attach_net_devices(cfg, vm, &mem, device_mem, &trace, devs)?;
     devices::attach_disks(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
 
