@@ -29,7 +29,9 @@ int main(void) {
   CHECK(offsetof(struct boot_info, probe_gpa) == 272);
   CHECK(offsetof(struct boot_info, rootfs_gpa) == 784);
   CHECK(offsetof(struct boot_info, rootfs_file) == 800);
-  CHECK(sizeof(struct boot_info) == 928);
+  CHECK(offsetof(struct boot_info, sg_pipes) == 928);
+  CHECK(offsetof(struct boot_info, sg_bytes) == 932);
+  CHECK(sizeof(struct boot_info) == 936);
 
   struct boot_info bi;
   memset(&bi, 0, sizeof bi);

@@ -88,6 +88,13 @@ pub struct VmmArgs {
     /// (reset), or first make its VF fail with a bad descriptor, then reset (fault).
     #[arg(long, value_enum, default_value_t = AgentMode::Once)]
     pub agent_mode: AgentMode,
+    /// `--agent-mode sg|sg-echo`: warp pipes (echo sockets) the agent opens, 1..256.
+    #[arg(long, default_value_t = 64)]
+    pub sg_pipes: u32,
+    /// `--agent-mode sg|sg-echo`: bytes the agent sends through each pipe, a multiple of 8
+    /// in 8..4096.
+    #[arg(long, default_value_t = 1024)]
+    pub sg_bytes: u32,
     /// Size of the app payload the agent checksums (e.g. 4M).
     #[arg(long, default_value = "0")]
     pub app_size: String,
@@ -143,7 +150,22 @@ pub enum AgentMode {
     Echo,
     Reset,
     Fault,
+    /// Warp pipes on the SG function (`--net sg:`): open `--sg-pipes` echo sockets, send
+    /// `--sg-bytes` through each, check what comes back, report the checksum (docs/sgiov.md).
+    Sg,
+    /// As `sg`, and after READY keep moving the same bytes through the pipes.
+    SgEcho,
 }
+
+impl AgentMode {
+    pub fn is_sg(self) -> bool {
+        matches!(self, AgentMode::Sg | AgentMode::SgEcho)
+    }
+}
+
+/// Bounds of `--sg-pipes` and `--sg-bytes` (the agent's tables and one ring per direction).
+pub const SG_MAX_PIPES: u32 = 256;
+pub const SG_MAX_BYTES: u32 = 4096;
 
 fn parse_net(s: &str) -> Result<NetBackend, String> {
     s.parse()
@@ -202,6 +224,9 @@ pub struct VmConfig {
     pub vf_init: VfInit,
     pub vf_reconnect: std::time::Duration,
     pub agent_mode: AgentMode,
+    /// Warp pipes and bytes per pipe of the SG agent modes.
+    pub sg_pipes: u32,
+    pub sg_bytes: u32,
     pub app_size: u64,
     /// The app payload read from `--app-file` (None: generated from the sandbox id).
     pub app_bytes: Option<Vec<u8>>,
@@ -464,6 +489,28 @@ impl VmConfig {
             }
             None => BootSource::Agent,
         };
+        if a.agent_mode.is_sg() {
+            let sgfs = a
+                .net
+                .iter()
+                .filter(|n| matches!(n, NetBackend::Sg(_)))
+                .count();
+            if sgfs != 1 || a.net.len() != 1 {
+                return Err(invalid(
+                    "--agent-mode",
+                    "sg and sg-echo need exactly one --net sg:SOCKET and no other network device",
+                ));
+            }
+            if !(1..=SG_MAX_PIPES).contains(&a.sg_pipes) {
+                return Err(invalid("--sg-pipes", format!("1..={SG_MAX_PIPES}")));
+            }
+            if !(8..=SG_MAX_BYTES).contains(&a.sg_bytes) || !a.sg_bytes.is_multiple_of(8) {
+                return Err(invalid(
+                    "--sg-bytes",
+                    format!("a multiple of 8 in 8..={SG_MAX_BYTES}"),
+                ));
+            }
+        }
         if let Some(fd) = a.ready_fd {
             // SAFETY: F_GETFD only queries the descriptor table.
             if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
@@ -499,6 +546,8 @@ impl VmConfig {
             vf_init: a.vf_init,
             vf_reconnect: std::time::Duration::from_secs(a.vf_reconnect),
             agent_mode: a.agent_mode,
+            sg_pipes: a.sg_pipes,
+            sg_bytes: a.sg_bytes,
             app_size,
             app_bytes,
             probe,
@@ -555,11 +604,7 @@ impl VmConfig {
                 self.app_bytes = Some(Vec::new());
             }
         } else {
-            if self
-                .net
-                .iter()
-                .any(|n| matches!(n, NetBackend::VhostUser(_)))
-            {
+            if self.net.iter().any(|n| n.is_vhost_user()) {
                 return Err(invalid(
                     "--template",
                     "a VF (vhost-user) maps guest memory from a shared fd, and a template's \
@@ -693,6 +738,24 @@ mod tests {
         let five: Vec<&str> = ["--disk", "path=/a"].repeat(5);
         let e = cfg(&five).unwrap_err().to_string();
         assert!(e.contains("at most 4"), "{e}");
+    }
+
+    #[test]
+    fn sg_agent_modes_need_one_sg_function_and_bounded_sizes() {
+        let c = cfg(&["--net", "sg:/sg.sock", "--agent-mode", "sg"]).unwrap();
+        assert_eq!((c.sg_pipes, c.sg_bytes), (64, 1024));
+        assert!(!c.netcfg.mac_from_vf, "an SG function has no MAC");
+        for bad in [
+            &["--agent-mode", "sg"][..],
+            &["--net", "vf:/s.sock", "--agent-mode", "sg-echo"],
+            &["--net", "sg:/a", "--net", "tap:t0", "--agent-mode", "sg"],
+            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-pipes", "0"],
+            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-pipes", "257"],
+            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-bytes", "12"],
+            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-bytes", "8192"],
+        ] {
+            assert!(cfg(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

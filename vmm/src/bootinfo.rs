@@ -6,9 +6,9 @@ use vm_memory::ByteValued;
 use crate::args::{AgentMode, VmConfig};
 
 pub const MAGIC: u64 = 0x4255_5253_544d_5631; // "BURSTVM1"
-/// Version 2 appends the rootfs fields; a reader accepts any version ≥ the
-/// one whose fields it needs (docs/design.md).
-pub const VERSION: u32 = 2;
+/// Version 2 appends the rootfs fields, version 3 the SG fields; a reader
+/// accepts any version ≥ the one whose fields it needs (docs/design.md).
+pub const VERSION: u32 = 3;
 pub const BI_ASYNC_VF_INIT: u32 = 1;
 pub const BI_PROBE_MODE: u32 = 2;
 pub const BI_TOUCH_RX: u32 = 4;
@@ -17,6 +17,9 @@ pub const BI_RESET_ONCE: u32 = 16;
 pub const BI_FAULT_ONCE: u32 = 32;
 /// Stop at the template checkpoint (agent.c) and report EV_TEMPLATE.
 pub const BI_TEMPLATE: u32 = 64;
+/// Warp pipes on the SG function (docs/sgiov.md, "The agent's SG mode"); with
+/// `BI_ECHO` the agent keeps them moving after READY.
+pub const BI_SG: u32 = 128;
 pub const VIRTIO_ID_NET: u32 = 1;
 pub const VIRTIO_ID_BLOCK: u32 = 2;
 /// Bytes of `rootfs_file`, NUL included.
@@ -70,6 +73,10 @@ pub struct BootInfo {
     pub rootfs_len: u64,
     /// NUL-terminated path the agent checksums; empty = none.
     pub rootfs_file: [u8; ROOTFS_FILE_MAX],
+    // Version 3: SG-IOV.
+    /// `BI_SG`: echo sockets to open and bytes to send through each.
+    pub sg_pipes: u32,
+    pub sg_bytes: u32,
 }
 
 /// A device as the boot info lists it.
@@ -78,6 +85,22 @@ pub struct DevEntry {
     pub mmio_base: u64,
     pub gsi: u32,
     pub virtio_type: u32,
+}
+
+/// Byte `j` of what the SG agent mode sends through pipe `i` (guest/src/c/sg.c,
+/// `sg_byte`): the VMM computes the checksum the agent must report from it.
+pub fn sg_byte(pipe: u32, j: u32) -> u8 {
+    (pipe.wrapping_mul(31) ^ j ^ (j >> 8).wrapping_mul(7)) as u8
+}
+
+/// The checksum the SG agent mode reports (docs/sgiov.md): the agent checksum over what
+/// came back from pipe 0, 1, ... in turn (`bytes` is a multiple of 8, so the C agent's
+/// per-pipe `csum_add` is the same stream).
+pub fn sg_checksum(pipes: u32, bytes: u32) -> u32 {
+    let data: Vec<u8> = (0..pipes)
+        .flat_map(|i| (0..bytes).map(move |j| sg_byte(i, j)))
+        .collect();
+    crate::app::checksum(&data)
 }
 
 /// What the agent needs to prove the rootfs (docs/rootfs.md).
@@ -127,6 +150,8 @@ impl BootInfo {
             rootfs_gpa: rootfs.image.map_or(0, |i| i.0),
             rootfs_len: rootfs.image.map_or(0, |i| i.1),
             rootfs_file: [0; ROOTFS_FILE_MAX],
+            sg_pipes: 0,
+            sg_bytes: 0,
         };
         if let Some(f) = &rootfs.file {
             // Validated to fit (NUL included) by the config.
@@ -147,7 +172,13 @@ impl BootInfo {
             AgentMode::Echo => BI_ECHO,
             AgentMode::Reset => BI_RESET_ONCE,
             AgentMode::Fault => BI_FAULT_ONCE,
+            AgentMode::Sg => BI_SG,
+            AgentMode::SgEcho => BI_SG | BI_ECHO,
         };
+        if cfg.agent_mode.is_sg() {
+            bi.sg_pipes = cfg.sg_pipes;
+            bi.sg_bytes = cfg.sg_bytes;
+        }
         if matches!(
             cfg.template,
             Some(crate::args::TemplateMode::Save(_) | crate::args::TemplateMode::Probe)
@@ -188,6 +219,15 @@ mod tests {
     use std::mem::{offset_of, size_of};
 
     #[test]
+    fn sg_checksum_counts_every_pipe_and_byte() {
+        assert_eq!(sg_checksum(0, 1024), 0);
+        assert_ne!(sg_checksum(64, 1024), sg_checksum(63, 1024));
+        assert_ne!(sg_checksum(64, 1024), sg_checksum(64, 1016));
+        // Pipes differ from each other: a pipe echoing another's bytes is caught.
+        assert_ne!(sg_byte(0, 0), sg_byte(1, 0));
+    }
+
+    #[test]
     fn layout_matches_bootinfo_h() {
         assert_eq!(offset_of!(BootInfo, sandbox_id), 16);
         assert_eq!(offset_of!(BootInfo, n_mem), 80);
@@ -201,6 +241,8 @@ mod tests {
         assert_eq!(offset_of!(BootInfo, probe_gpa), 272);
         assert_eq!(offset_of!(BootInfo, rootfs_gpa), 784);
         assert_eq!(offset_of!(BootInfo, rootfs_file), 800);
-        assert_eq!(size_of::<BootInfo>(), 928);
+        assert_eq!(offset_of!(BootInfo, sg_pipes), 928);
+        assert_eq!(offset_of!(BootInfo, sg_bytes), 932);
+        assert_eq!(size_of::<BootInfo>(), 936);
     }
 }

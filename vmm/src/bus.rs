@@ -35,11 +35,22 @@ pub enum VfInit {
     Async,
 }
 
-/// The backend of a virtio-net device, parsed from `--net tap:NAME` / `--net vf:SOCKET`.
+/// The backend of a network device, parsed from `--net tap:NAME` / `--net vf:SOCKET` /
+/// `--net sg:SOCKET`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NetBackend {
     Tap(String),
     VhostUser(PathBuf),
+    /// An SG function of `burstvm nic` (docs/sgiov.md): a vhost-user device like a VF, but
+    /// the guest sees burstvm's private SG device id, not virtio-net.
+    Sg(PathBuf),
+}
+
+impl NetBackend {
+    /// Served over vhost-user by the NIC daemon (shares guest memory with it).
+    pub fn is_vhost_user(&self) -> bool {
+        matches!(self, NetBackend::VhostUser(_) | NetBackend::Sg(_))
+    }
 }
 
 impl std::str::FromStr for NetBackend {
@@ -56,7 +67,10 @@ impl std::str::FromStr for NetBackend {
             Some(("vf", path)) if !path.is_empty() => {
                 Ok(NetBackend::VhostUser(PathBuf::from(path)))
             }
-            _ => Err(format!("--net {s:?}: expected tap:NAME or vf:SOCKET")),
+            Some(("sg", path)) if !path.is_empty() => Ok(NetBackend::Sg(PathBuf::from(path))),
+            _ => Err(format!(
+                "--net {s:?}: expected tap:NAME, vf:SOCKET or sg:SOCKET"
+            )),
         }
     }
 }
@@ -249,6 +263,11 @@ mod tests {
             "vf:/run/x.sock".parse(),
             Ok(NetBackend::VhostUser("/run/x.sock".into()))
         );
+        assert_eq!(
+            "sg:/run/pf0-sg0.sock".parse(),
+            Ok(NetBackend::Sg("/run/pf0-sg0.sock".into()))
+        );
+        assert!("sg:".parse::<NetBackend>().is_err());
         assert!("tap:".parse::<NetBackend>().is_err());
         assert!("tap:averyveryverylongname".parse::<NetBackend>().is_err());
         assert!("eth0".parse::<NetBackend>().is_err());

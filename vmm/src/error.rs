@@ -50,6 +50,13 @@ pub enum GuestFailure {
     RootfsMissing {
         what: &'static str,
     },
+    /// The SG agent mode reported a wrong pipe count or checksum (`got`), or none before
+    /// READY (`None`).
+    SgReport {
+        what: &'static str,
+        expected: u32,
+        got: Option<u32>,
+    },
     Exit {
         status: u32,
     },
@@ -83,6 +90,11 @@ pub fn agent_error_name(code: u32) -> &'static str {
         14 => "ERR_MARKER (marker read back from the writable layer differs)",
         15 => "ERR_NO_ROOTFS (rootfs file named but no EROFS image)",
         16 => "ERR_NO_NEEDS_RESET (the device never reported DEVICE_NEEDS_RESET after a fault)",
+        17 => "ERR_SG_DEVICE (no SG function, or its attach failed; status in the VALUE before)",
+        18 => "ERR_SG_REFUSED (the SG function refused a pipe request; status in the VALUE before)",
+        19 => "ERR_SG_TIMEOUT (the SG function did not answer in time)",
+        20 => "ERR_SG_DATA (bytes back from a warp pipe differ from those sent)",
+        21 => "ERR_SG_RING (a warp-pipe ring in error or closed, or a corrupt FIFO)",
         _ => "unknown agent error",
     }
 }
@@ -131,6 +143,19 @@ impl std::fmt::Display for GuestFailure {
             GuestFailure::RootfsMissing { what } => {
                 write!(f, "agent finished app launch without reporting {what}")
             }
+            GuestFailure::SgReport {
+                what,
+                expected,
+                got: Some(got),
+            } => write!(
+                f,
+                "warp pipes: agent reported {what} {got:#010x}, expected {expected:#010x}"
+            ),
+            GuestFailure::SgReport {
+                what,
+                got: None,
+                ..
+            } => write!(f, "agent reached READY without reporting the warp-pipe {what}"),
             GuestFailure::Exit { status } => {
                 write!(f, "guest exited with status {status} before READY")
             }

@@ -1,7 +1,7 @@
 //! Shared by the tests that run `burstvm nic` with real microVMs (nic_vm, nic_restart): the
 //! NIC daemon process, `burstvm vmm` guests on its VFs, and the test's end of the PF's
 //! uplink tap, where the test plays the guests' server.
-#![allow(dead_code)] // each test file uses a different subset
+#![allow(dead_code, unused_imports)] // each test file uses a different subset
 
 #[path = "../virtio_common/mod.rs"]
 pub mod virtio_common;
@@ -121,24 +121,31 @@ pub struct Nic {
 
 impl Nic {
     pub fn start(tag: &str, uplink: &str, policy: &str) -> Nic {
+        let uplink = format!("tap:{uplink}");
+        Self::start_with(
+            tag,
+            &["--vfs", "2", "--devset-lock", policy, "--uplink", &uplink],
+        )
+    }
+
+    /// One PF with `sgfs` SG functions (and one VF, unused), no uplink.
+    pub fn start_sg(tag: &str, sgfs: usize) -> Nic {
+        Self::start_with(tag, &["--vfs", "1", "--sgfs", &sgfs.to_string()])
+    }
+
+    /// `burstvm nic --pf pf0 PF_ARGS` with its control socket and state in a fresh directory.
+    fn start_with(tag: &str, pf_args: &[&str]) -> Nic {
         let dir = PathBuf::from(format!("/tmp/nic-vm{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let args = vec![
-            "nic".to_string(),
-            "--pf".into(),
-            "pf0".into(),
-            "--vfs".into(),
-            "2".into(),
-            "--devset-lock".into(),
-            policy.into(),
-            "--uplink".into(),
-            format!("tap:{uplink}"),
-            "--control".into(),
+        let mut args: Vec<String> = ["nic", "--pf", "pf0"].map(String::from).to_vec();
+        args.extend(pf_args.iter().map(|s| s.to_string()));
+        args.extend([
+            "--control".to_string(),
             dir.join("ctl.sock").display().to_string(),
             "--state-dir".into(),
             dir.display().to_string(),
-        ];
+        ]);
         let (child, ctl) = Self::spawn(&dir, &args);
         Nic {
             child,
@@ -231,6 +238,19 @@ impl Nic {
             .expect("alloc response has the VF");
         assert_eq!(vf.state, VfState::Assigned, "{vf:?}");
         vf
+    }
+
+    /// The sandbox's SG function (`kind: sg`).
+    pub fn alloc_sg(&self, sandbox: &str) -> VfInfo {
+        self.call(&Request::Alloc {
+            pf: "pf0".into(),
+            sandbox: sandbox.into(),
+            kind: nic::control::DevKind::Sg,
+            mac: None,
+            vlan: None,
+        })
+        .vf
+        .expect("alloc response has the SG function")
     }
 
     pub fn release(&self, sandbox: &str) {
@@ -341,6 +361,29 @@ pub struct Vmm {
 
 impl Vmm {
     pub fn start(dir: &Path, vf: &VfInfo, g: &Guest) -> Vmm {
+        let mut args: Vec<String> = vec![
+            "--net".into(),
+            format!("vf:{}", vf.socket.display()),
+            "--mac".into(),
+            mac_str(&g.mac),
+            "--ip".into(),
+            format!("{}/24", ip_str(g.ip)),
+            "--server".into(),
+            format!("{}:{SERVER_PORT}", ip_str(g.server.0)),
+            "--server-mac".into(),
+            mac_str(&g.server.1),
+            "--vf-init".into(),
+            g.mode.0.into(),
+        ];
+        args.extend(g.mode.1.iter().map(|s| s.to_string()));
+        args.extend(["--app-size", "16K", "--keep-running"].map(String::from));
+        args.extend(g.extra.iter().map(|s| s.to_string()));
+        Vmm::spawn(dir, &g.sandbox, &args)
+    }
+
+    /// `burstvm vmm --sandbox SANDBOX --memory 32M --timeout 120 ARGS`, with the ready pipe
+    /// and a trace file.
+    pub fn spawn(dir: &Path, sandbox: &str, args: &[String]) -> Vmm {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: pipe2 writes two descriptors into the array.
         let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) };
@@ -348,22 +391,14 @@ impl Vmm {
         // SAFETY: both descriptors were just created and are owned here.
         let (ready, wr) = unsafe { (File::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         let wr_fd = wr.as_raw_fd();
-        let stderr = dir.join(format!("{}.err", g.sandbox));
+        let stderr = dir.join(format!("{sandbox}.err"));
         let mut cmd = Command::new(BURSTVM);
-        cmd.args(["vmm", "--sandbox", &g.sandbox, "--memory", "32M"])
-            .arg("--net")
-            .arg(format!("vf:{}", vf.socket.display()))
-            .args(["--mac", &mac_str(&g.mac)])
-            .args(["--ip", &format!("{}/24", ip_str(g.ip))])
-            .args(["--server", &format!("{}:{SERVER_PORT}", ip_str(g.server.0))])
-            .args(["--server-mac", &mac_str(&g.server.1)])
-            .args(["--vf-init", g.mode.0])
-            .args(g.mode.1)
-            .args(["--app-size", "16K", "--timeout", "120", "--keep-running"])
-            .args(g.extra)
+        cmd.args(["vmm", "--sandbox", sandbox, "--memory", "32M"])
+            .args(["--timeout", "120"])
+            .args(args)
             .args(["--ready-fd", &wr_fd.to_string()])
             .arg("--trace")
-            .arg(dir.join(format!("{}.trace", g.sandbox)))
+            .arg(dir.join(format!("{sandbox}.trace")))
             .stdout(Stdio::null())
             .stderr(File::create(&stderr).unwrap());
         // SAFETY: only fcntl(2), async-signal-safe, between fork and exec:
@@ -381,7 +416,7 @@ impl Vmm {
         drop(wr);
         Vmm {
             child: Some(child),
-            sandbox: g.sandbox.clone(),
+            sandbox: sandbox.to_string(),
             ready,
             stderr,
         }
@@ -423,7 +458,12 @@ impl Vmm {
 
     /// Waits (bounded) for the VMM to exit and returns its status.
     pub fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let end = Instant::now() + NIC_WAIT;
+        self.wait_exit_within(NIC_WAIT)
+    }
+
+    /// As `wait_exit`, for a guest still at work (`GUEST_WAIT`).
+    pub fn wait_exit_within(&mut self, bound: Duration) -> std::process::ExitStatus {
+        let end = Instant::now() + bound;
         let child = self.child.as_mut().expect("VMM running");
         loop {
             if let Some(st) = child.try_wait().unwrap() {
@@ -432,7 +472,7 @@ impl Vmm {
             }
             assert!(
                 Instant::now() < end,
-                "VMM {} did not exit after its signal",
+                "VMM {} did not exit within {bound:?}",
                 self.sandbox
             );
             std::thread::sleep(Duration::from_millis(20));

@@ -10,6 +10,7 @@
 #include "csum.h"
 #include "net.h"
 #include "rootfs.h"
+#include "sg.h"
 #include "virtio.h"
 
 /* ---- freestanding libc subset ------------------------------------------ */
@@ -229,6 +230,112 @@ static const struct boot_dev *find_net(const struct boot_info *bi) {
   return 0;
 }
 
+/* ---- SG mode: echo through warp pipes (docs/sgiov.md, "The agent's SG mode") --- */
+
+static struct sgdev sg;
+static uint16_t sg_socks[SG_MAX_SOCKS];
+static uint32_t sg_pending[SG_MAX_SOCKS]; /* req_ids awaited by sg_replies_in */
+static uint32_t sg_npending;
+static uint32_t sg_want; /* bytes every pipe must hand back */
+static uint8_t sg_buf[SG_RING_SIZE];
+
+/* Byte j through pipe i (vmm bootinfo.rs sg_byte: the VMM's expected checksum). */
+static uint8_t sg_byte(uint32_t i, uint32_t j) { return (uint8_t)(i * 31 ^ j ^ (j >> 8) * 7); }
+
+static int sg_replies_in(void *arg) {
+  (void)arg;
+  sg_poll(&sg);
+  uint32_t st;
+  for (uint32_t i = 0; i < sg_npending; i++)
+    if (!sg_reply(&sg, sg_pending[i], &st)) return 0;
+  return 1;
+}
+
+/* Flush the batch of requests, wait for every reply, all must be 0. */
+static void sg_await_batch(void) {
+  sg_flush(&sg);
+  wait_until(sg_replies_in, 0, ERR_SG_TIMEOUT);
+  for (uint32_t i = 0; i < sg_npending; i++) {
+    uint32_t st = 0;
+    sg_reply(&sg, sg_pending[i], &st);
+    if (st) { report_data(EV_VALUE, st); fail(ERR_SG_REFUSED); }
+  }
+  sg_npending = 0;
+}
+
+static int sg_all_back(void *arg) {
+  uint32_t n = *(uint32_t *)arg;
+  sg_poll(&sg);
+  for (uint32_t i = 0; i < n; i++)
+    if (sg_rx_ready(&sg, sg_socks[i]) < sg_want) return 0;
+  return 1;
+}
+
+static int sg_tx_room(void *arg) {
+  uint16_t sock = *(uint16_t *)arg;
+  sg_poll(&sg);
+  return sg_tx_space(&sg, sock) >= sg_want;
+}
+
+/* One round: the payload into every pipe, then every echo out and checked.
+ * Returns the pipes that came back byte-exact (all, or the agent fails). */
+static uint32_t sg_round(uint32_t n, struct csum *c) {
+  uint8_t *buf = sg_buf;
+  for (uint32_t i = 0; i < n; i++) {
+    if (sg_tx_space(&sg, sg_socks[i]) < sg_want) {
+      sg_flush(&sg);
+      wait_until(sg_tx_room, &sg_socks[i], ERR_SG_TIMEOUT);
+    }
+    for (uint32_t j = 0; j < sg_want; j++) buf[j] = sg_byte(i, j);
+    sg_send(&sg, sg_socks[i], buf, sg_want);
+  }
+  sg_flush(&sg);
+  wait_until(sg_all_back, &n, ERR_SG_TIMEOUT);
+  uint32_t ok = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    if (sg_recv(&sg, sg_socks[i], buf, sg_want) != sg_want) fail(ERR_SG_DATA);
+    uint32_t bad = 0;
+    for (uint32_t j = 0; j < sg_want; j++) bad |= buf[j] ^ sg_byte(i, j);
+    if (c) csum_add(c, buf, sg_want);
+    ok += !bad;
+  }
+  sg_flush(&sg);
+  return ok;
+}
+
+static void sg_batch(uint32_t req) {
+  sg_pending[sg_npending++] = req;
+  if (sg_npending >= 32) sg_await_batch();
+}
+
+/* Open bi->sg_pipes echo sockets, one round through all of them, report the
+ * count and checksum; then close them (BI_SG alone) or keep the rounds going
+ * after READY (with BI_ECHO: the caller loops sg_round). */
+static void sg_mode(const struct boot_info *bi) {
+  const struct boot_dev *dev = 0;
+  for (uint32_t i = 0; i < bi->n_dev && i < 4; i++)
+    if (bi->dev[i].virtio_type == SG_DEVICE_ID) dev = &bi->dev[i];
+  if (bi->version < 3 || !dev || !bi->sg_pipes || bi->sg_pipes > SG_MAX_SOCKS ||
+      !bi->sg_bytes || bi->sg_bytes > SG_RING_SIZE)
+    fail(ERR_SG_DEVICE);
+  uint32_t n = bi->sg_pipes;
+  sg_want = bi->sg_bytes;
+  sg_init(&sg, dev, n);
+  for (uint32_t i = 0; i < n; i++) {
+    uint16_t s;
+    sg_batch(sg_open(&sg, &s));
+    sg_socks[i] = s;
+    sg_batch(sg_connect(&sg, s, 0));
+  }
+  sg_await_batch();
+  struct csum c = {0};
+  report_data(EV_SG_PIPES, sg_round(n, &c));
+  report_data(EV_SG_CSUM, csum_fold(&c));
+  if (bi->flags & BI_ECHO) return;
+  for (uint32_t i = 0; i < n; i++) sg_batch(sg_close(&sg, sg_socks[i]));
+  sg_await_batch();
+}
+
 /* Template checkpoint (docs/templates.md): the VMM pauses and saves the VM
  * at this `out`. A sandbox restored from the template resumes after it with
  * its own boot info written at the same address, so everything per sandbox
@@ -249,10 +356,14 @@ void agent_main(struct boot_info *bi) {
   if (bi->n_dev) irq_setup(bi);
 
   const struct boot_dev *dev = find_net(bi);
-  if (!dev) { /* no network: the app launch is all there is */
+  if (!dev) { /* no network: the app launch (and the warp pipes) is all there is */
     app_launch(bi);
     if (bi->flags & BI_PROBE_MODE) probe(bi);
+    if (bi->flags & BI_SG) sg_mode(bi);
     report_data(EV_READY, 0);
+    /* SG echo: the same bytes keep moving (a VMM killed mid-transfer, tests). */
+    while ((bi->flags & (BI_SG | BI_ECHO)) == (BI_SG | BI_ECHO))
+      if (sg_round(bi->sg_pipes, 0) != bi->sg_pipes) fail(ERR_SG_DATA);
     agent_exit(app_exit_status(bi));
   }
 

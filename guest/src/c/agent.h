@@ -22,6 +22,8 @@ enum agent_event {
   EV_ROOTFS_MARKER = 0x0b,  /* DATA = checksum of the writable layer's sector 0 before the marker */
   EV_VF_LINK_UP = 0x0c,     /* async VF init: the wait for the link ended */
   EV_TEMPLATE = 0x0d,       /* template checkpoint: the VMM saves the VM here (docs/templates.md) */
+  EV_SG_PIPES = 0x0e,       /* BI_SG: DATA = pipes whose echo came back byte-exact */
+  EV_SG_CSUM = 0x0f,        /* BI_SG: DATA = checksum of everything the pipes returned */
 };
 
 /* ERROR codes (DATA of EV_ERROR); the VMM names them (docs/guest.md). */
@@ -42,6 +44,11 @@ enum agent_error {
   ERR_MARKER = 14,          /* the marker read back from the writable layer differs */
   ERR_NO_ROOTFS = 15,       /* rootfs_file set but no EROFS image (disk or memory) */
   ERR_NO_NEEDS_RESET = 16,  /* fault mode: the device never set DEVICE_NEEDS_RESET */
+  ERR_SG_DEVICE = 17,       /* no SG function, or its attach failed (status in a VALUE before) */
+  ERR_SG_REFUSED = 18,      /* the SG function refused a control request (status in a VALUE before) */
+  ERR_SG_TIMEOUT = 19,      /* the SG function did not answer within the agent's wait */
+  ERR_SG_DATA = 20,         /* bytes back from a warp pipe differ from those sent */
+  ERR_SG_RING = 21,         /* a ring in error / closed (code in a VALUE before), or a corrupt FIFO */
 };
 
 static inline void outb(uint16_t port, uint8_t v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }

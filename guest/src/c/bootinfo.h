@@ -4,9 +4,10 @@
 #include <stdint.h>
 
 #define BOOTINFO_MAGIC 0x42555253544d5631ULL /* "BURSTVM1" */
-/* Version 2 appends the rootfs fields. A reader accepts any version >= 1
- * and reads the fields of version k only if version >= k. */
-#define BOOTINFO_VERSION 2
+/* Version 2 appends the rootfs fields, version 3 the SG fields. A reader
+ * accepts any version >= 1 and reads the fields of version k only if
+ * version >= k. */
+#define BOOTINFO_VERSION 3
 
 #define BI_ASYNC_VF_INIT 1
 #define BI_PROBE_MODE 2
@@ -15,6 +16,7 @@
 #define BI_RESET_ONCE 16   /* after the first reply reset and re-init the device, then READY */
 #define BI_FAULT_ONCE 32   /* as RESET_ONCE, but first make the VF fail (bad descriptor) */
 #define BI_TEMPLATE 64      /* stop at the template checkpoint (docs/templates.md) */
+#define BI_SG 128           /* warp pipes on the SG function (docs/sgiov.md); with BI_ECHO keep going */
 
 struct boot_mem   { uint64_t base, size; };
 struct boot_dev   { uint64_t mmio_base; uint32_t irq; uint32_t virtio_type; }; /* 1 net, 2 blk */
@@ -22,7 +24,7 @@ struct boot_info {
   uint64_t magic;
   uint32_t version;           /* BOOTINFO_VERSION */
   uint32_t flags;             /* BI_ASYNC_VF_INIT=1, BI_PROBE_MODE=2, BI_TOUCH_RX=4, BI_ECHO=8,
-                                 BI_RESET_ONCE=16, BI_FAULT_ONCE=32, BI_TEMPLATE=64 */
+                                 BI_RESET_ONCE=16, BI_FAULT_ONCE=32, BI_TEMPLATE=64, BI_SG=128 */
   char     sandbox_id[64];    /* NUL-terminated */
   uint32_t n_mem, n_dev;
   struct boot_mem mem[4];     /* usable RAM ranges for the agent's allocator */
@@ -36,6 +38,8 @@ struct boot_info {
   /* version 2: rootfs (docs/rootfs.md) */
   uint64_t rootfs_gpa, rootfs_len; /* EROFS image in guest memory (pmem mode); 0 = on the read-only disk */
   char     rootfs_file[128];       /* NUL-terminated path the agent checksums; "" = none */
+  /* version 3: SG-IOV (docs/sgiov.md) */
+  uint32_t sg_pipes, sg_bytes;     /* BI_SG: echo sockets to open, bytes through each */
 };
 
 #endif

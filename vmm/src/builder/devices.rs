@@ -16,7 +16,7 @@ use super::{kvm_err, os_err};
 use crate::args::VmConfig;
 use crate::bootinfo::DevEntry;
 use crate::bus::{Bus, DeviceContext, NetBackend, SharedDevice};
-use crate::devices::agent_port::{AgentPort, RootfsExpect};
+use crate::devices::agent_port::{AgentPort, RootfsExpect, SgExpect};
 use crate::devices::i8042::{I8042, I8042_LEN, I8042_PORT};
 use crate::devices::serial::SerialDevice;
 use crate::error::Error;
@@ -40,12 +40,18 @@ fn bus_err(sb: &str, device: &str) -> impl FnOnce(crate::bus::BusError) -> Error
     }
 }
 
+/// What the agent port checks the agent's reports against.
+pub(super) struct AgentExpect {
+    pub app_checksum: u32,
+    pub rootfs: RootfsExpect,
+    pub sg: Option<SgExpect>,
+}
+
 pub(super) fn attach_legacy_devices(
     sb: &str,
     vm: &VmFd,
     serial_out: Box<dyn Write + Send>,
-    app_checksum: u32,
-    rootfs: RootfsExpect,
+    expect: AgentExpect,
     trace: &Arc<TraceWriter>,
     sink: &Arc<EventSink>,
 ) -> Result<LegacyDevices, Error> {
@@ -79,12 +85,13 @@ pub(super) fn attach_legacy_devices(
         Arc::new(Mutex::new(
             AgentPort::new(
                 vcpu_start.clone(),
-                app_checksum,
+                expect.app_checksum,
                 trace.clone(),
                 sink.clone(),
                 values.clone(),
             )
-            .with_rootfs(rootfs),
+            .with_rootfs(expect.rootfs)
+            .with_sg(expect.sg),
         )),
     )
     .map_err(bus_err(sb, "agent-port"))?;
@@ -133,6 +140,7 @@ pub(super) fn attach_net_devices(
         let name = match backend {
             NetBackend::Tap(n) => format!("tap:{n}"),
             NetBackend::VhostUser(p) => format!("vf:{}", p.display()),
+            NetBackend::Sg(p) => format!("sg:{}", p.display()),
         };
         let dev = crate::virtio::create_net_device(backend, cfg.device_mac(backend), &ctx)
             .map_err(|e| Error::Net {

@@ -110,7 +110,10 @@ fn devices_of(cfg: &VmConfig) -> Vec<DevEntry> {
     let types = cfg
         .net
         .iter()
-        .map(|_| VIRTIO_ID_NET)
+        .map(|n| match n {
+            crate::bus::NetBackend::Sg(_) => sgiov::layout::VIRTIO_DEVICE_ID,
+            _ => VIRTIO_ID_NET,
+        })
         .chain(cfg.disks.iter().map(|_| VIRTIO_ID_BLOCK));
     types
         .enumerate()
@@ -330,8 +333,19 @@ fn finish(
         file: cfg.rootfs_check.clone(),
         marker: cfg.disks.iter().any(|d| !d.read_only),
     };
-    let legacy =
-        devices::attach_legacy_devices(sb, vm, serial_out, app_checksum, rootfs, &trace, &sink)?;
+    let sg = cfg
+        .agent_mode
+        .is_sg()
+        .then(|| crate::devices::agent_port::SgExpect {
+            pipes: cfg.sg_pipes,
+            checksum: crate::bootinfo::sg_checksum(cfg.sg_pipes, cfg.sg_bytes),
+        });
+    let expect = devices::AgentExpect {
+        app_checksum,
+        rootfs,
+        sg,
+    };
+    let legacy = devices::attach_legacy_devices(sb, vm, serial_out, expect, &trace, &sink)?;
     let mut mmio = devices::attach_net_devices(cfg, vm, &mem, device_mem, &trace, devs)?;
     devices::attach_disks(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
 

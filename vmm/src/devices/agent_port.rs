@@ -23,6 +23,17 @@ pub const EV_ROOTFS_FILE: u8 = 0x0a;
 pub const EV_ROOTFS_MARKER: u8 = 0x0b;
 pub const EV_VF_LINK_UP: u8 = 0x0c;
 pub const EV_TEMPLATE: u8 = 0x0d;
+/// SG agent mode: DATA = pipes whose echo came back byte-exact.
+pub const EV_SG_PIPES: u8 = 0x0e;
+/// SG agent mode: DATA = checksum of everything the pipes returned.
+pub const EV_SG_CSUM: u8 = 0x0f;
+
+/// What the agent's SG mode must report before READY (docs/sgiov.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SgExpect {
+    pub pipes: u32,
+    pub checksum: u32,
+}
 
 /// What the agent must report about the rootfs (docs/rootfs.md).
 #[derive(Debug, Clone, Default)]
@@ -45,6 +56,8 @@ struct Marks {
     ready: bool,
     rootfs_file: bool,
     rootfs_marker: bool,
+    sg_pipes: bool,
+    sg_csum: bool,
 }
 
 pub struct AgentPort {
@@ -54,6 +67,7 @@ pub struct AgentPort {
     vcpu_start: Arc<AtomicU64>,
     expected_checksum: u32,
     rootfs: RootfsExpect,
+    sg: Option<SgExpect>,
     trace: Arc<TraceWriter>,
     sink: Arc<EventSink>,
     values: Arc<Mutex<Vec<u32>>>,
@@ -73,6 +87,7 @@ impl AgentPort {
             vcpu_start,
             expected_checksum,
             rootfs: RootfsExpect::default(),
+            sg: None,
             trace,
             sink,
             values,
@@ -82,6 +97,24 @@ impl AgentPort {
     pub fn with_rootfs(mut self, rootfs: RootfsExpect) -> Self {
         self.rootfs = rootfs;
         self
+    }
+
+    pub fn with_sg(mut self, sg: Option<SgExpect>) -> Self {
+        self.sg = sg;
+        self
+    }
+
+    /// An SG report: checked against the expectation, if there is one.
+    fn sg_report(&self, what: &'static str, expected: impl Fn(&SgExpect) -> u32) {
+        if let Some(e) = &self.sg {
+            if self.data != expected(e) {
+                self.fail(GuestFailure::SgReport {
+                    what,
+                    expected: expected(e),
+                    got: Some(self.data),
+                });
+            }
+        }
     }
 
     fn fail(&self, f: GuestFailure) {
@@ -158,8 +191,30 @@ impl AgentPort {
                     self.fail(GuestFailure::WritableLayerNotFresh { got: self.data });
                 }
             }
+            EV_SG_PIPES if !m.sg_pipes => {
+                m.sg_pipes = true;
+                self.sg_report("pipe count", |e| e.pipes);
+            }
+            EV_SG_CSUM if !m.sg_csum => {
+                m.sg_csum = true;
+                self.sg_report("checksum", |e| e.checksum);
+            }
             EV_READY if !m.ready => {
                 m.ready = true;
+                if let Some(e) = self.sg {
+                    for (seen, what, expected) in [
+                        (m.sg_pipes, "pipe count", e.pipes),
+                        (m.sg_csum, "checksum", e.checksum),
+                    ] {
+                        if !seen {
+                            self.sink.post(VmEvent::Failure(GuestFailure::SgReport {
+                                what,
+                                expected,
+                                got: None,
+                            }));
+                        }
+                    }
+                }
                 // ready = max(app-launch end, vf-driver end, vf-link end) → READY.
                 let start = [
                     m.app_end.max(m.vf_end).max(m.link_end),
@@ -344,6 +399,53 @@ mod tests {
                     got: 6
                 }),
                 VmEvent::Failure(GuestFailure::AgentError { code: 3 }),
+            ]
+        );
+    }
+
+    #[test]
+    fn sg_reports_are_checked_and_required_before_ready() {
+        let trace = Arc::new(TraceWriter::new("sb", None).unwrap());
+        let sink = Arc::new(EventSink::new().unwrap());
+        let start = Arc::new(AtomicU64::new(1));
+        let expect = SgExpect {
+            pipes: 64,
+            checksum: 0xabcd,
+        };
+        let mut p = AgentPort::new(
+            start.clone(),
+            0,
+            trace.clone(),
+            sink.clone(),
+            Arc::default(),
+        )
+        .with_sg(Some(expect));
+        p.write(4, &64u32.to_le_bytes());
+        p.write(0, &[EV_SG_PIPES]);
+        p.write(4, &0xabcdu32.to_le_bytes());
+        p.write(0, &[EV_SG_CSUM]);
+        p.write(0, &[EV_READY]);
+        assert_eq!(sink.drain(), vec![VmEvent::Ready]);
+
+        let mut p =
+            AgentPort::new(start, 0, trace, sink.clone(), Arc::default()).with_sg(Some(expect));
+        p.write(4, &63u32.to_le_bytes());
+        p.write(0, &[EV_SG_PIPES]);
+        p.write(0, &[EV_READY]);
+        assert_eq!(
+            sink.drain(),
+            vec![
+                VmEvent::Failure(GuestFailure::SgReport {
+                    what: "pipe count",
+                    expected: 64,
+                    got: Some(63)
+                }),
+                VmEvent::Failure(GuestFailure::SgReport {
+                    what: "checksum",
+                    expected: 0xabcd,
+                    got: None
+                }),
+                VmEvent::Ready,
             ]
         );
     }

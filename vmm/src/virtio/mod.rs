@@ -232,7 +232,7 @@ pub fn create_net_device(
     // The backend the user named is checked before anything is registered.
     let tap = match backend {
         NetBackend::Tap(name) => Some(netutil::Tap::open_existing(name)?),
-        NetBackend::VhostUser(_) => None,
+        NetBackend::VhostUser(_) | NetBackend::Sg(_) => None,
     };
     let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, NET_QUEUES)?;
     let (evts, irqfd) = wiring.clone_evts()?;
@@ -247,8 +247,13 @@ pub fn create_net_device(
             let dev = net::TapNet::new(tap, mac, ctx, evts, interrupt.clone());
             wire(dev, ctx, interrupt, wiring)
         }
-        NetBackend::VhostUser(socket) => {
-            let dev = vhost_user::VhostUserNet::new(socket, mac, ctx, evts, interrupt.clone())?;
+        NetBackend::VhostUser(socket) | NetBackend::Sg(socket) => {
+            let (kind, mac) = match backend {
+                NetBackend::Sg(_) => (vhost_user::VuKind::Sg, None),
+                _ => (vhost_user::VuKind::Net, mac),
+            };
+            let dev =
+                vhost_user::VhostUserNet::new(kind, socket, mac, ctx, evts, interrupt.clone())?;
             wire(dev, ctx, interrupt, wiring)
         }
     })

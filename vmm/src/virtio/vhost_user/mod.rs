@@ -26,6 +26,11 @@
 //! err eventfd: the device then reports DEVICE_NEEDS_RESET with a config
 //! interrupt.
 //!
+//! The same frontend serves an SG function of the NIC (`--net sg:SOCKET`,
+//! docs/sgiov.md): `VuKind::Sg` changes only what the guest sees — burstvm's
+//! private device id, VERSION_1 only, no config space (no MAC, no link) — not
+//! the session, the reconnect or the memory table.
+//!
 //! Files: `session.rs` (one vhost-user session: open, rings, stop), `monitor.rs` (the
 //! monitor thread: async open, err eventfds, reconnect and restore); the device is here.
 
@@ -42,6 +47,7 @@ use std::time::Duration;
 use trace::TraceWriter;
 use vhost::vhost_user::Frontend;
 use vhost::VhostUserMemoryRegionInfo;
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
@@ -58,6 +64,31 @@ const BACKOFF_FIRST: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// A new backend that refuses the restored rings this many times in a row is given up.
 const MAX_RESTORE_FAILURES: u32 = 3;
+
+/// What a vhost-user device is to the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VuKind {
+    /// A VF: virtio-net with the VF's MAC and a link status.
+    Net,
+    /// An SG function: two queues (setup, signal), no config space.
+    Sg,
+}
+
+impl VuKind {
+    pub fn device_type(self) -> u32 {
+        match self {
+            VuKind::Net => VIRTIO_ID_NET,
+            VuKind::Sg => sgiov::layout::VIRTIO_DEVICE_ID,
+        }
+    }
+
+    pub fn features(self) -> u64 {
+        match self {
+            VuKind::Net => NET_FEATURES,
+            VuKind::Sg => 1 << VIRTIO_F_VERSION_1,
+        }
+    }
+}
 
 /// An open vhost-user session.
 struct Session {
@@ -92,6 +123,7 @@ struct Conn {
 
 /// Everything about one VF device; shared with the monitor thread.
 struct Vf {
+    kind: VuKind,
     socket: PathBuf,
     sandbox: String,
     regions: Vec<VhostUserMemoryRegionInfo>,
@@ -186,8 +218,10 @@ pub struct VhostUserNet {
 }
 
 impl VhostUserNet {
-    /// `mac`: the guest MAC from `--mac`; `None` takes the VF's from the NIC.
+    /// `mac`: the guest MAC from `--mac`; `None` takes the VF's from the NIC (ignored for
+    /// an SG function).
     pub fn new(
+        kind: VuKind,
         socket: &Path,
         mac: Option<[u8; 6]>,
         ctx: &DeviceContext,
@@ -222,6 +256,7 @@ impl VhostUserNet {
         let mk = || EventFd::new(EFD_NONBLOCK).map_err(|e| vu_err(socket, "eventfd", e));
         let errs = kicks.iter().map(|_| mk()).collect::<Result<Vec<_>, _>>()?;
         let vf = Arc::new(Vf {
+            kind,
             socket: socket.to_path_buf(),
             sandbox: ctx.trace.sandbox().to_string(),
             regions,
@@ -264,15 +299,19 @@ impl VhostUserNet {
 
 impl VirtioDevice for VhostUserNet {
     fn device_type(&self) -> u32 {
-        VIRTIO_ID_NET
+        self.vf.kind.device_type()
     }
     fn features(&self) -> u64 {
-        NET_FEATURES
+        self.vf.kind.features()
     }
     fn queue_max_sizes(&self) -> &[u16] {
         &[QUEUE_MAX_SIZE, QUEUE_MAX_SIZE]
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
+        if self.vf.kind == VuKind::Sg {
+            data.fill(0);
+            return;
+        }
         // Only a read of the MAC bytes may have to wait for it.
         let mac = if offset < 6 {
             self.vf.mac.get(&self.vf.failed)

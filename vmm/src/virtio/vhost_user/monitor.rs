@@ -12,7 +12,6 @@ use virtio_queue::QueueT;
 
 use super::{borrow, Session, Vf, BACKOFF_FIRST, BACKOFF_MAX, MAX_RESTORE_FAILURES};
 use crate::bus::VfInit;
-use crate::virtio::net::NET_FEATURES;
 use crate::virtio::VirtioError;
 
 impl Vf {
@@ -195,7 +194,7 @@ impl Vf {
             c.session = Some(s);
             return Ok("features and memory table (no driver running)".into());
         };
-        let missing = d.features & !s.backend_features & NET_FEATURES;
+        let missing = d.features & !s.backend_features & self.kind.features();
         if missing != 0 {
             return Err(Restore::Impossible(format!(
                 "the new backend lacks negotiated features {missing:#x}"

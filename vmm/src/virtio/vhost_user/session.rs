@@ -105,6 +105,9 @@ impl Vf {
     /// set: the reply is the config itself). Without `--mac` it becomes the
     /// guest's; with `--mac` (or after a reconnect) the two must agree.
     fn learn_mac(&self, f: &mut Frontend, config: bool) -> Result<(), VirtioError> {
+        if self.kind == super::VuKind::Sg {
+            return Ok(()); // no MAC: an SG function has no config space
+        }
         if !config {
             let m = self.mac.known().ok_or_else(|| {
                 self.err(
