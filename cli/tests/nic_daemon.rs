@@ -4,8 +4,7 @@
 //! Frontend, memfd memory, hand-written split rings).
 
 // The nic crate's test helpers (frames, VF polling, a frontend in a child process).
-#[path = "../../nic/tests/common/mod.rs"]
-mod nic_common;
+use testutil::nic as nic_common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

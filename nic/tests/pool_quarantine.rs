@@ -3,7 +3,7 @@
 //! tenant's frames, not when the NIC is stopped or killed; and it does come back once the NIC
 //! has unmapped it.
 
-mod common;
+use testutil::nic as common;
 
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};

@@ -1,5 +1,9 @@
 //! Helpers shared by the workspace's tests. Only ever a dev-dependency.
 
+#[cfg(feature = "nic")]
+pub mod nic;
+pub mod virtio;
+
 use std::path::Path;
 use std::process::Command;
 

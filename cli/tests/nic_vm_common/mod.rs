@@ -3,9 +3,6 @@
 //! uplink tap, where the test plays the guests' server.
 #![allow(dead_code)] // each test file uses a different subset
 
-#[path = "../virtio_common/mod.rs"]
-pub mod virtio_common;
-
 use std::cell::RefCell;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -18,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use nic::control::{Counters, Request, Response, VfInfo};
 use nic::devset::VfState;
-pub use virtio_common::{
+pub use testutil::virtio::{
     ip_checksum, mac_str, stop_child, udp_reply_to, TestTap, Wire, LAZY_DMA, SERVER_MAC,
     SERVER_PORT, VANILLA_DMA,
 };

@@ -5,12 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
-// The virtio tests' tap helpers, included by path so that virtio_common stays
-// self-contained for the test files that use it alone.
-#[path = "../virtio_common/mod.rs"]
-mod virtio_common;
 #[allow(unused_imports)] // not every vmm_* test attaches a tap
-pub use virtio_common::open_tap;
+pub use testutil::virtio::open_tap;
 
 pub fn burstvm() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_burstvm"));

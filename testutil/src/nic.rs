@@ -1,7 +1,6 @@
-//! Helpers for the NIC tests: an in-process `burstvm nic` daemon on its own
-//! directory, test frames, a frontend held by a child process. Also included
-//! (by path) by cli/tests/nic_daemon.rs, so it needs nothing beyond nic, netutil and libc.
-#![allow(dead_code)]
+//! Helpers for the NIC tests (nic's own and cli's nic_daemon): an in-process `burstvm nic`
+//! daemon on its own directory, test frames, a frontend held by a child process.
+//! Behind the `nic` feature, so that crates below nic can use the rest of testutil.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};

@@ -1,10 +1,9 @@
-//! Shared by the virtio_* tests: a tap made by the test, the test's end of
-//! the wire (AF_PACKET on that tap), and the server side of the agent's
-//! request/reply exchange.
+//! The virtio tests' network side (cli's virtio_*, vmm_* and nic_vm tests): a tap made
+//! by the test, the test's end of the wire (AF_PACKET on that tap), and the server side
+//! of the agent's request/reply exchange.
 //!
 //! The test plays the server with an AF_PACKET socket, so the host's IP
 //! stack is not involved and no address is configured anywhere.
-#![allow(dead_code)] // each test file uses a different subset
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
