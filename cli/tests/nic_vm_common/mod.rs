@@ -118,9 +118,7 @@ pub struct Nic {
 
 impl Nic {
     pub fn start(tag: &str, uplink: &str, policy: &str) -> Nic {
-        let dir = PathBuf::from(format!("/tmp/nic-vm{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = testutil::fresh_dir("nic-vm", tag);
         let args = vec![
             "nic".to_string(),
             "--pf".into(),

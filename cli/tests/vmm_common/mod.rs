@@ -2,8 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
 
 #[allow(unused_imports)] // not every vmm_* test attaches a tap
 pub use testutil::virtio::open_tap;
@@ -71,26 +70,8 @@ pub fn add_tap(name: &str) -> TapGuard {
     TapGuard(name.to_string())
 }
 
-/// Kills and reaps the child when the test ends, also on failure.
-pub struct ChildGuard(pub Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
-    let t = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(t.elapsed() < limit, "VMM did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+#[allow(unused_imports)] // not every vmm_* test spawns a child
+pub use testutil::{wait_exit, ChildGuard};
 
 /// Where the tiny test kernels load by default (1 MiB, the lowest the VMM allows).
 pub const LOW_LOAD: u64 = 0x10_0000;
