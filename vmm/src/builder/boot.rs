@@ -51,11 +51,11 @@ pub(super) fn load_guest(
         Some(k) => {
             let prepare = |gpa: u64, len: u64, what: &'static str| {
                 mem.prepare_for_device_write(gpa, len)
-                    .map_err(|e| Error::GuestWrite {
+                    .map_err(|source| Error::GuestWrite {
                         sandbox: sb.to_string(),
                         gpa,
                         what,
-                        msg: e.to_string(),
+                        source,
                     })
             };
             let k = k.write(view, &prepare, &write)?;
@@ -118,12 +118,13 @@ fn writer<'a>(
     mem: &'a guestmem::GuestMemory,
 ) -> impl Fn(u64, &[u8], &'static str) -> Result<(), Error> + 'a {
     move |gpa, data, what| {
-        mem.write_instant(gpa, data).map_err(|e| Error::GuestWrite {
-            sandbox: sb.to_string(),
-            gpa,
-            what,
-            msg: e.to_string(),
-        })
+        mem.write_instant(gpa, data)
+            .map_err(|source| Error::GuestWrite {
+                sandbox: sb.to_string(),
+                gpa,
+                what,
+                source,
+            })
     }
 }
 
