@@ -4,8 +4,7 @@
 //! Frontend, memfd memory, hand-written split rings).
 
 // The nic crate's test helpers (frames, VF polling, a frontend in a child process).
-#[path = "../../nic/tests/common/mod.rs"]
-mod nic_common;
+use testutil::nic as nic_common;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -27,9 +26,7 @@ struct Daemon {
 
 impl Daemon {
     fn start(name: &str, extra: &[&str]) -> Daemon {
-        let dir = PathBuf::from(format!("/tmp/nic-d{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = testutil::fresh_dir("nic-d", name);
         let control = dir.join("ctl.sock");
         let mut args: Vec<String> = vec![
             "nic".into(),
@@ -54,14 +51,7 @@ impl Daemon {
             .args(&self.args)
             .spawn()
             .unwrap();
-        let t0 = Instant::now();
-        while Client::connect(&self.control).is_err() {
-            if let Some(st) = child.try_wait().unwrap() {
-                panic!("burstvm nic exited: {st}");
-            }
-            assert!(t0.elapsed() < T, "burstvm nic did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        nic_common::wait_control(&mut child, &self.control, T);
         self.child = Some(child);
     }
 

@@ -2,12 +2,10 @@
 //! through a tap the test created, the test answers the agent's ARP and UDP
 //! on the tap, and the guest reaches READY. Also: the tap errors.
 
-mod virtio_common;
-
 use std::path::Path;
 use std::process::Command;
 
-use virtio_common::{open_tap, serve_agent, vmm_command, TestTap, Wire};
+use testutil::virtio::{open_tap, serve_agent, vmm_command, TestTap, Wire};
 
 const BURSTVM: &str = env!("CARGO_BIN_EXE_burstvm");
 

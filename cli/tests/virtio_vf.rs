@@ -2,15 +2,13 @@
 //! `burstvm nic` (passthrough in software); its request leaves through the
 //! PF's uplink tap, where the test answers it. Sync and async VF driver init.
 
-mod virtio_common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nic::control::Client;
 use nic::devset::VfState;
-use virtio_common::{
+use testutil::virtio::{
     mac_str, serve_agent, stages, stop_child, vmm_command_mac, TestTap, Wire, GUEST_MAC, LAZY_DMA,
     VANILLA_DMA,
 };

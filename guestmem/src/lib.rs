@@ -94,6 +94,11 @@ pub enum Error {
     OutOfRange { gpa: u64, len: u64 },
     #[error("region {0:?} has dma = false and is never DMA-mapped")]
     NotDma(String),
+    #[error("vm-memory mapping of the regions: {source}")]
+    Mapping {
+        #[source]
+        source: vm_memory::mmap::FromRangesError,
+    },
     #[error("{what}: {source}")]
     Io {
         what: String,

@@ -375,12 +375,7 @@ impl GuestMemory {
                 Some(FileOffset::new(std::fs::File::from(fd), 0)),
             ));
         }
-        GuestMemoryMmap::from_ranges_with_files(ranges).map_err(|e| {
-            Error::io(
-                "vm-memory mapping of the regions",
-                std::io::Error::other(e.to_string()),
-            )
-        })
+        GuestMemoryMmap::from_ranges_with_files(ranges).map_err(|source| Error::Mapping { source })
     }
 
     /// First error of the lazy-zeroing threads, if any. The VM must stop when it is set.

@@ -27,20 +27,40 @@ pub enum MemError {
         size: u64,
         what: String,
     },
+    #[error(
+        "VF {vf}: memory region {index} (gpa {gpa:#x}, size {size:#x}): guestmem attach: {source}"
+    )]
+    Attach {
+        vf: String,
+        index: usize,
+        gpa: u64,
+        size: u64,
+        #[source]
+        source: guestmem::Error,
+    },
     #[error("VF {vf}: memory table: {what}")]
     Table { vf: String, what: String },
+    #[error("VF {vf}: memory table: {source}")]
+    Collection {
+        vf: String,
+        #[source]
+        source: vm_memory::GuestRegionCollectionError,
+    },
     #[error("VF {vf}: memory table: {source}")]
     Pool {
         vf: String,
         #[source]
         source: guestmem::pool::Error,
     },
-    #[error("VF {vf}: guest write preparation at gpa {gpa:#x}+{len}: {what}")]
+    #[error("VF {vf}: guest write preparation at gpa {gpa:#x}+{len}: outside the memory table")]
+    Outside { vf: String, gpa: u64, len: u64 },
+    #[error("VF {vf}: guest write preparation at gpa {gpa:#x}+{len}: {source}")]
     Prepare {
         vf: String,
         gpa: u64,
         len: u64,
-        what: String,
+        #[source]
+        source: guestmem::Error,
     },
 }
 
@@ -156,7 +176,13 @@ impl VfMemory {
             // guestmem maps the range (and its page-state table, if any); the
             // memory table uses that mapping.
             let dev = guestmem::DeviceMemory::attach(file.as_fd(), r.mmap_offset, r.memory_size)
-                .map_err(|e| err(format!("guestmem attach: {e}")))?;
+                .map_err(|source| MemError::Attach {
+                    vf: vf.into(),
+                    index,
+                    gpa: r.guest_phys_addr,
+                    size: r.memory_size,
+                    source,
+                })?;
             // After attach checked the range lies inside the file.
             // Resident for the device, as a DMA mapping pins pages. The pages
             // are allocated (and zeroed, if fresh) through the file, which
@@ -194,9 +220,9 @@ impl VfMemory {
                 dev,
             });
         }
-        let gm = GuestMemoryMmap::from_regions(mmaps).map_err(|e| MemError::Table {
+        let gm = GuestMemoryMmap::from_regions(mmaps).map_err(|source| MemError::Collection {
             vf: vf.into(),
-            what: e.to_string(),
+            source,
         })?;
         Ok(VfMemory {
             vf: vf.into(),
@@ -223,20 +249,23 @@ impl VfMemory {
     /// with lazy zeroing a still-dirty page is zeroed first (proactive fault),
     /// so a write is not lost and a read never sees a previous sandbox's bytes.
     pub fn prepare_for_device_write(&self, gpa: u64, len: u64) -> Result<(), MemError> {
-        let err = |what: String| MemError::Prepare {
-            vf: self.vf.clone(),
-            gpa,
-            len,
-            what,
-        };
         let r = self
             .regions
             .iter()
             .find(|r| gpa >= r.gpa && gpa - r.gpa < r.size && len <= r.size - (gpa - r.gpa))
-            .ok_or_else(|| err("outside the memory table".into()))?;
+            .ok_or_else(|| MemError::Outside {
+                vf: self.vf.clone(),
+                gpa,
+                len,
+            })?;
         r.dev
             .prepare_for_device_write(gpa - r.gpa, len)
-            .map_err(|e| err(e.to_string()))
+            .map_err(|source| MemError::Prepare {
+                vf: self.vf.clone(),
+                gpa,
+                len,
+                source,
+            })
     }
 }
 

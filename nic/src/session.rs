@@ -67,6 +67,12 @@ fn net_config(port: &Port) -> Vec<u8> {
     cfg
 }
 
+/// As [`fail`], keeping `e` as the typed cause inside the `io::Error`.
+fn fail_with(e: impl std::error::Error + Send + Sync + 'static) -> VuError {
+    tracing::warn!("{e}");
+    VuError::ReqHandlerError(io::Error::other(e))
+}
+
 pub struct VfSession {
     devset: Arc<Devset<VfHw>>,
     profile: &'static Profile,
@@ -81,9 +87,7 @@ pub struct VfSession {
 impl VfSession {
     /// VF-local operation under the devset's VF-side lock.
     fn vf<R>(&self, f: impl FnOnce(&mut VfLocal<VfHw>) -> Result<R>) -> Result<R> {
-        self.devset
-            .with_vf(self.index, f)
-            .map_err(|e| fail(e.to_string()))?
+        self.devset.with_vf(self.index, f).map_err(fail_with)?
     }
 
     fn queue_index(&self, index: u32) -> Result<usize> {
@@ -145,7 +149,7 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         let was_error = self
             .devset
             .recover(self.index, |vf| vf.dev.port.runtime().reset_device())
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(fail_with)?;
         if was_error {
             tracing::info!("VF {}: reset by its frontend, out of error", self.port.id);
         }
@@ -190,8 +194,7 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         let id = self.port.id.clone();
         // The DMA mapping: mmap + populate + mlock, under the VF-side lock.
         self.vf(|vf| {
-            let mem =
-                VfMemory::map(&id, ctx, files, &self.pools).map_err(|e| fail(e.to_string()))?;
+            let mem = VfMemory::map(&id, ctx, files, &self.pools).map_err(fail_with)?;
             vf.dev.port.runtime().mem = Some(Arc::new(mem));
             Ok(())
         })?;

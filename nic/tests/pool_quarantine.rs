@@ -3,7 +3,7 @@
 //! tenant's frames, not when the NIC is stopped or killed; and it does come back once the NIC
 //! has unmapped it.
 
-mod common;
+use testutil::nic as common;
 
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
@@ -180,9 +180,7 @@ fn late_vf_session_never_writes_into_the_next_tenant() {
 fn stopped_then_killed_nic_holds_memory_until_it_is_gone() {
     run_nic_if_child();
     let pool = pool_server("kill");
-    let dir = PathBuf::from(format!("/tmp/nic-t{}-poolkill", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = testutil::fresh_dir("nic-t", "poolkill");
     struct Cleanup(PathBuf, Option<std::process::Child>);
     impl Drop for Cleanup {
         fn drop(&mut self) {

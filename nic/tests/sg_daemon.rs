@@ -2,7 +2,7 @@
 //! control API, attach through the setup queue, an echo through warp pipes,
 //! detach on disconnect and on a SIGKILLed frontend, nothing leaked.
 
-mod common;
+use testutil::nic as common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

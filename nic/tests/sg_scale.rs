@@ -3,7 +3,7 @@
 //! other test opens fds meanwhile (daemon and frontend share this process;
 //! the frontend's fds are fixed too).
 
-mod common;
+use testutil::nic as common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The VF vhost-user backends and the dataplane, driven by test frontends
 //! (vhost crate Frontend, memfd memory, hand-written split rings).
 
-mod common;
+use testutil::nic as common;
 
 use std::time::Duration;
 

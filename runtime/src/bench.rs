@@ -152,6 +152,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                         sandbox: id.clone(),
                         stage: "?".into(),
                         error: "sandbox thread panicked".into(),
+                        cause: None,
                     })
                 })
             })

@@ -14,6 +14,18 @@ use serde::Deserialize;
 pub enum CniError {
     #[error("CNI config {path}: {reason}")]
     Config { path: PathBuf, reason: String },
+    #[error("CNI config {path}: {source}")]
+    ConfigRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("CNI config {path}: not JSON: {source}")]
+    ConfigJson {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("CNI plugin {plugin}: cannot run: {source}")]
     Exec {
         plugin: PathBuf,
@@ -37,8 +49,26 @@ pub enum CniError {
         status: std::process::ExitStatus,
         output: String,
     },
-    #[error("CNI ADD of sandbox {container}: result: {reason}")]
-    Result { container: String, reason: String },
+    #[error("CNI ADD of sandbox {container}: result: {source}: {output}")]
+    ResultJson {
+        container: String,
+        output: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("CNI ADD of sandbox {container}: result: {source}")]
+    Result {
+        container: String,
+        #[source]
+        source: NoInterface,
+    },
+}
+
+/// The CNI result has no interface of the name the sandbox asked for.
+#[derive(Debug, thiserror::Error)]
+#[error("no interface {ifname:?} in the result")]
+pub struct NoInterface {
+    pub ifname: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -81,9 +111,15 @@ impl CniNetwork {
             path: config_path.to_path_buf(),
             reason,
         };
-        let config = std::fs::read(config_path).map_err(|e| bad(e.to_string()))?;
+        let config = std::fs::read(config_path).map_err(|source| CniError::ConfigRead {
+            path: config_path.to_path_buf(),
+            source,
+        })?;
         let v: serde_json::Value =
-            serde_json::from_slice(&config).map_err(|e| bad(format!("not JSON: {e}")))?;
+            serde_json::from_slice(&config).map_err(|source| CniError::ConfigJson {
+                path: config_path.to_path_buf(),
+                source,
+            })?;
         let ty = v
             .get("type")
             .and_then(|t| t.as_str())
@@ -207,13 +243,15 @@ impl CniNetwork {
     /// CNI ADD; returns the raw result and what the VMM needs from it.
     pub fn add(&self, container: &str, netns: &Path, ifname: &str) -> Result<Attachment, CniError> {
         let out = self.exec("ADD", container, netns, ifname)?;
-        let bad = |reason: String| CniError::Result {
+        let r: CniResult = serde_json::from_slice(&out).map_err(|source| CniError::ResultJson {
             container: container.to_string(),
-            reason,
-        };
-        let r: CniResult = serde_json::from_slice(&out)
-            .map_err(|e| bad(format!("{e}: {}", String::from_utf8_lossy(&out))))?;
-        attachment(&r, ifname).map_err(bad)
+            output: String::from_utf8_lossy(&out).into_owned(),
+            source,
+        })?;
+        attachment(&r, ifname).map_err(|source| CniError::Result {
+            container: container.to_string(),
+            source,
+        })
     }
 
     /// CNI DEL (idempotent by spec).
@@ -246,7 +284,7 @@ impl CniNetwork {
 }
 
 /// Picks the sandbox interface named `ifname` and its address.
-pub fn attachment(r: &CniResult, ifname: &str) -> Result<Attachment, String> {
+pub fn attachment(r: &CniResult, ifname: &str) -> Result<Attachment, NoInterface> {
     let (idx, iface) = r
         .interfaces
         .iter()
@@ -258,7 +296,9 @@ pub fn attachment(r: &CniResult, ifname: &str) -> Result<Attachment, String> {
                 .enumerate()
                 .find(|(_, i)| i.name == ifname)
         })
-        .ok_or_else(|| format!("no interface {ifname:?} in the result"))?;
+        .ok_or_else(|| NoInterface {
+            ifname: ifname.to_string(),
+        })?;
     let ip = r
         .ips
         .iter()

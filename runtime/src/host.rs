@@ -40,16 +40,16 @@ pub trait SandboxHost: Sync {
     fn cni(&self) -> Option<&CniNetwork>;
     fn pool_socket(&self) -> Option<&Path>;
     /// The VF's vhost-user socket, asked from the NIC daemon.
-    fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, String>;
+    fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, HostCallError>;
     /// The server side of the sandbox network (the guest's request goes there).
     fn addressing(&self) -> Addressing;
     /// A permanent neighbour entry for the guest on the server side (so no ARP).
-    fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), String>;
-    fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), String>;
+    fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), HostCallError>;
+    fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), HostCallError>;
     /// The `tap` variant's software CNI (the reference `bridge` plugin),
     /// run by the self-hosted runtime as an engine runs it.
-    fn tap_cni(&self) -> Result<&CniNetwork, String> {
-        Err("the tap variant needs the self-hosted runtime (burstvm run / bench startup)".into())
+    fn tap_cni(&self) -> Result<&CniNetwork, HostCallError> {
+        Err(HostCallError::TapNeedsRuntime)
     }
     /// RunD's writable layers (the `rootfs` stage); None: no rootfs stage possible.
     fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
@@ -87,21 +87,19 @@ impl SandboxHost for Runtime {
     fn pool_socket(&self) -> Option<&Path> {
         Runtime::pool_socket(self)
     }
-    fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, String> {
+    fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, HostCallError> {
         Runtime::vf_socket(self, vf_id)
     }
     fn addressing(&self) -> Addressing {
         self.server().addressing()
     }
-    fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), String> {
-        self.server()
-            .add_neighbor(ip, mac)
-            .map_err(|e| e.to_string())
+    fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), HostCallError> {
+        Ok(self.server().add_neighbor(ip, mac)?)
     }
-    fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), String> {
-        self.server().del_neighbor(ip).map_err(|e| e.to_string())
+    fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), HostCallError> {
+        Ok(self.server().del_neighbor(ip)?)
     }
-    fn tap_cni(&self) -> Result<&CniNetwork, String> {
+    fn tap_cni(&self) -> Result<&CniNetwork, HostCallError> {
         Runtime::tap_cni(self)
     }
     fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
@@ -113,6 +111,26 @@ impl SandboxHost for Runtime {
     fn net_pool_busy(&self) -> Option<crate::netpool::Busy> {
         Runtime::net_pool_busy(self)
     }
+}
+
+/// A sandbox's call to its host's services (NIC daemon, server neighbours, tap network).
+#[derive(Debug, thiserror::Error)]
+pub enum HostCallError {
+    #[error(transparent)]
+    Nic(#[from] nic::control::ClientError),
+    #[error(transparent)]
+    Neighbor(#[from] uplink::UplinkError),
+    #[error(
+        "tap network: {source} (scripts/setup.sh installs the reference plugins in /opt/cni/bin)"
+    )]
+    TapNetwork {
+        #[source]
+        source: std::sync::Arc<crate::cni::CniError>,
+    },
+    #[error("tap network: this runtime was created without a network")]
+    NoTapNetwork,
+    #[error("the tap variant needs the self-hosted runtime (burstvm run / bench startup)")]
+    TapNeedsRuntime,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -356,30 +374,28 @@ impl SandboxHost for HostServices {
     fn pool_socket(&self) -> Option<&Path> {
         self.info.pool_socket.as_deref()
     }
-    fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, String> {
-        let mut c =
-            nic::control::Client::connect(&self.info.nic_socket).map_err(|e| e.to_string())?;
-        Ok(c.get_by_id(vf_id).map_err(|e| e.to_string())?.socket)
+    fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, HostCallError> {
+        let mut c = nic::control::Client::connect(&self.info.nic_socket)?;
+        Ok(c.get_by_id(vf_id)?.socket)
     }
     fn addressing(&self) -> Addressing {
         self.info.addressing()
     }
     // Without the entry the server ARPs for each guest; the NIC floods every
     // broadcast to every VF, and at 200 guests replies were lost (docs/shim.md).
-    fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), String> {
+    fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), HostCallError> {
         let t = match self.neighbors.get() {
             Some(t) => t,
             None => {
-                let t = uplink::NeighborTable::open(&self.info.server_netns)
-                    .map_err(|e| e.to_string())?;
+                let t = uplink::NeighborTable::open(&self.info.server_netns)?;
                 self.neighbors.get_or_init(|| t)
             }
         };
-        t.add(ip, mac).map_err(|e| e.to_string())
+        Ok(t.add(ip, mac)?)
     }
-    fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), String> {
+    fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), HostCallError> {
         match self.neighbors.get() {
-            Some(t) => t.del(ip).map_err(|e| e.to_string()),
+            Some(t) => Ok(t.del(ip)?),
             None => Ok(()),
         }
     }

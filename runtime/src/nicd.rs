@@ -26,7 +26,10 @@ impl NicDaemon {
             .create(true)
             .append(true)
             .open(rt.state_dir().join("nic.log"))
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|source| RuntimeError::NicLog {
+                bin: rt.bin().to_path_buf(),
+                source,
+            })?;
         let mut cmd = Command::new(rt.bin());
         cmd.arg("nic")
             .args(["--pf", PF])
@@ -62,7 +65,10 @@ impl NicDaemon {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|e| err(format!("spawn: {e}")))?;
+        let mut child = cmd.spawn().map_err(|source| RuntimeError::NicSpawn {
+            bin: rt.bin().to_path_buf(),
+            source,
+        })?;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if nic::control::Client::connect(&sock).is_ok() {

@@ -45,6 +45,18 @@ pub enum RuntimeError {
     Pool(#[from] guestmem::pool::Error),
     #[error("NIC daemon ({bin} nic): {reason}")]
     Nic { bin: PathBuf, reason: String },
+    #[error("NIC daemon ({bin} nic): {source}")]
+    NicLog {
+        bin: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("NIC daemon ({bin} nic): spawn: {source}")]
+    NicSpawn {
+        bin: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("CNI plugin burstvm-cni not found next to {bin} nor in {path:?}")]
     NoCniPlugin { bin: PathBuf, path: Vec<PathBuf> },
     #[error(transparent)]
@@ -88,7 +100,7 @@ pub struct Runtime {
     server: Option<ServerNet>,
     /// The `tap` variant's network: the reference `bridge` plugin, run in
     /// the server netns (Err: the plugin is not installed).
-    tap_cni: Option<Result<CniNetwork, String>>,
+    tap_cni: Option<Result<CniNetwork, Arc<crate::cni::CniError>>>,
     interrupted: Arc<AtomicBool>,
     /// The managed filesystem of writable layers, and its template's digest.
     layers: Option<(::rootfs::WritableLayers, String)>,
@@ -315,9 +327,7 @@ impl Runtime {
         self.tap_cni = Some(
             CniNetwork::load(&path, cni_path(&self.cfg.bin))
                 .map(|n| n.in_netns(&srv))
-                .map_err(|e| {
-                    format!("{e} (scripts/setup.sh installs the reference plugins in /opt/cni/bin)")
-                }),
+                .map_err(Arc::new),
         );
         Ok(())
     }
@@ -492,9 +502,9 @@ impl Runtime {
     }
 
     /// The VF's vhost-user socket, asked from the NIC daemon.
-    pub fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, String> {
-        let mut c = nic::control::Client::connect(&self.nic_socket()).map_err(|e| e.to_string())?;
-        Ok(c.get_by_id(vf_id).map_err(|e| e.to_string())?.socket)
+    pub fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, crate::host::HostCallError> {
+        let mut c = nic::control::Client::connect(&self.nic_socket())?;
+        Ok(c.get_by_id(vf_id)?.socket)
     }
 
     /// VFs the NIC daemon still has assigned, with their sandbox (leak check).
@@ -533,11 +543,11 @@ impl Runtime {
     }
 
     /// The `tap` variant's CNI network (the reference `bridge` plugin).
-    pub fn tap_cni(&self) -> Result<&CniNetwork, String> {
+    pub fn tap_cni(&self) -> Result<&CniNetwork, crate::host::HostCallError> {
         match &self.tap_cni {
             Some(Ok(n)) => Ok(n),
-            Some(Err(e)) => Err(format!("tap network: {e}")),
-            None => Err("tap network: this runtime was created without a network".into()),
+            Some(Err(e)) => Err(crate::host::HostCallError::TapNetwork { source: e.clone() }),
+            None => Err(crate::host::HostCallError::NoTapNetwork),
         }
     }
 }

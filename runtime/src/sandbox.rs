@@ -83,13 +83,77 @@ pub struct Attach {
     pub cancel: Option<Arc<AtomicBool>>,
 }
 
+/// Why a stage failed: the typed error of the step that failed (a `CniError`,
+/// `HostCallError`, `CgroupError`, `VmmSpawnError`, ...), or a message where
+/// the failure is a condition and not an error value.
+pub type StageError = Box<dyn std::error::Error + Send + Sync>;
+
 /// A sandbox that failed: in which stage, and why.
-#[derive(Debug, Clone, thiserror::Error, serde::Serialize)]
-#[error("sandbox {sandbox}: stage {stage}: {error}")]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct SandboxFailure {
     pub sandbox: String,
     pub stage: String,
+    /// The failure's message (what the wire and the reports show).
     pub error: String,
+    /// The typed cause `error` was made from (downcast it to match on it); None for a
+    /// condition (no READY in time, interrupted, the VMM exited).
+    #[serde(skip)]
+    pub cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl SandboxFailure {
+    /// A failure of `stage` caused by `error`, kept as its source.
+    pub fn caused(sandbox: &str, stage: &str, error: StageError) -> SandboxFailure {
+        SandboxFailure {
+            sandbox: sandbox.to_string(),
+            stage: stage.to_string(),
+            error: error.to_string(),
+            cause: Some(Arc::from(error)),
+        }
+    }
+}
+
+impl std::fmt::Display for SandboxFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "sandbox {}: stage {}: {}",
+            self.sandbox, self.stage, self.error
+        )
+    }
+}
+
+impl std::error::Error for SandboxFailure {
+    // The cause itself (not the Arc), so that `downcast_ref` finds its type.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Starting the VMM process: the file or program it is about, and the cause.
+#[derive(Debug, thiserror::Error)]
+pub enum VmmSpawnError {
+    #[error("{}: {source}", .path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("spawn VMM {}: {source}", .program.display())]
+    Spawn {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn file_err(path: &Path) -> impl FnOnce(std::io::Error) -> VmmSpawnError + '_ {
+    move |source| VmmSpawnError::File {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// A live sandbox. Dropping it tears it down.
@@ -136,11 +200,7 @@ impl<'rt> Sandbox<'rt> {
         attach: Attach,
     ) -> Result<Sandbox<'rt>, SandboxFailure> {
         let id = spec.id.clone();
-        let fail = move |stage: &str, error: String| SandboxFailure {
-            sandbox: id.clone(),
-            stage: stage.to_string(),
-            error,
-        };
+        let fail = move |stage: &str, error: StageError| SandboxFailure::caused(&id, stage, error);
         // Until READY (or failure) the host is not idle: no pool refill.
         let _busy = rt.net_pool_busy();
         let (cpu0, children0) = (
@@ -148,7 +208,7 @@ impl<'rt> Sandbox<'rt> {
             crate::cpuacct::thread_children_ns(),
         );
         let trace = TraceWriter::new(spec.id.clone(), Some(rt.trace_path()))
-            .map_err(|e| fail("cgroup", e.to_string()))?;
+            .map_err(|e| fail("cgroup", e.into()))?;
         let mut sb = Sandbox {
             rt,
             stderr_path: rt.state_dir().join(format!("{}.stderr", spec.id)),
@@ -183,11 +243,7 @@ impl<'rt> Sandbox<'rt> {
                         .next_multiple_of(2 << 20),
                 cpus: sb.spec.cpus,
             };
-            sb.cgroup = Some(
-                sb.rt
-                    .cgroup_for(&sb.spec.id, limits)
-                    .map_err(|e| e.to_string())?,
-            );
+            sb.cgroup = Some(sb.rt.cgroup_for(&sb.spec.id, limits)?);
             Ok(())
         })?;
         // A pooled cgroup has run other sandboxes: count from here.
@@ -197,17 +253,15 @@ impl<'rt> Sandbox<'rt> {
         if policy.net == NetKind::Vf && sb.spec.net_pool && sb.attach.netns.is_none() {
             let start = trace::monotonic_ns();
             if let Some(p) = sb.rt.claim_net() {
-                net_args = sb
-                    .attach_pooled(p)
-                    .map_err(|e| sb.failure("net-claim", e))?;
+                net_args = sb.attach_pooled(p).map_err(|e| sb.failed("net-claim", e))?;
                 sb.trace
                     .record(Stage::NetClaim, start, trace::monotonic_ns())
-                    .map_err(|e| sb.failure("net-claim", e.to_string()))?;
+                    .map_err(|e| sb.failed("net-claim", e.into()))?;
             }
         }
         if sb.attach.netns.is_none() && sb.pooled_id.is_none() {
             sb.stage(Stage::Netns, |sb| {
-                sb.netns = Some(NamedNetns::create(&sb.spec.id).map_err(|e| e.to_string())?);
+                sb.netns = Some(NamedNetns::create(&sb.spec.id)?);
                 Ok(())
             })?;
         }
@@ -216,7 +270,7 @@ impl<'rt> Sandbox<'rt> {
             NetKind::Vf if sb.pooled_id.is_some() => {}
             // The engine ran CNI ADD: only the VF attach is ours (no stage of its own).
             NetKind::Vf if sb.attach.netns.is_some() => {
-                net_args = sb.attach_given_vf().map_err(|e| sb.failure("cni-add", e))?
+                net_args = sb.attach_given_vf().map_err(|e| sb.failed("cni-add", e))?
             }
             NetKind::Vf => sb.stage(Stage::CniAdd, |sb| {
                 net_args = sb.cni_add_vf()?;
@@ -245,11 +299,11 @@ impl<'rt> Sandbox<'rt> {
             })?;
         }
         let (ready_r, ready_w) =
-            pipe().map_err(|e| fail("vmm-spawn", format!("ready pipe: {e}")))?;
+            pipe().map_err(|e| fail("vmm-spawn", format!("ready pipe: {e}").into()))?;
         // `vmm-spawn` is recorded by the VMM itself, from the instant passed in
         // BURSTVM_SPAWN_NS to its memory being set up.
         sb.spawn_vmm(&net_args, ready_w)
-            .map_err(|e| sb.failure("vmm-spawn", e))?;
+            .map_err(|e| sb.failed("vmm-spawn", e))?;
         sb.wait_ready(ready_r)?;
         let vmm1 = sb.cgroup.as_ref().and_then(|c| c.cpu_usage_ns());
         sb.start_cpu = Some(crate::cpuacct::StartCpu {
@@ -271,7 +325,7 @@ impl<'rt> Sandbox<'rt> {
     fn stage(
         &mut self,
         stage: Stage,
-        f: impl FnOnce(&mut Self) -> Result<(), String>,
+        f: impl FnOnce(&mut Self) -> Result<(), StageError>,
     ) -> Result<(), SandboxFailure> {
         let start = trace::monotonic_ns();
         let r = f(self);
@@ -280,19 +334,26 @@ impl<'rt> Sandbox<'rt> {
             Ok(()) => {
                 self.trace
                     .record(stage, start, end)
-                    .map_err(|e| self.failure(stage.name(), e.to_string()))?;
+                    .map_err(|e| self.failed(stage.name(), e.into()))?;
                 Ok(())
             }
-            Err(e) => Err(self.failure(stage.name(), e)),
+            Err(e) => Err(self.failed(stage.name(), e)),
         }
     }
 
+    /// A failure that is a condition (no cause to keep).
     fn failure(&self, stage: &str, error: String) -> SandboxFailure {
         SandboxFailure {
             sandbox: self.spec.id.clone(),
             stage: stage.to_string(),
             error,
+            cause: None,
         }
+    }
+
+    /// A failure caused by `error`, kept as its source.
+    fn failed(&self, stage: &str, error: StageError) -> SandboxFailure {
+        SandboxFailure::caused(&self.spec.id, stage, error)
     }
 
     /// The netns the sandbox runs in: the engine's or its own.
@@ -304,7 +365,7 @@ impl<'rt> Sandbox<'rt> {
     }
 
     /// After the engine's CNI ADD: the placeholder link in its netns names the VF.
-    fn attach_given_vf(&mut self) -> Result<Vec<String>, String> {
+    fn attach_given_vf(&mut self) -> Result<Vec<String>, StageError> {
         let ns = self.netns_path().to_path_buf();
         let att = crate::cni::Attachment {
             ifname: IFNAME.to_string(),
@@ -314,7 +375,7 @@ impl<'rt> Sandbox<'rt> {
             vf_id: None,
             vf_socket: None,
         };
-        let link = crate::guestnet::read_link(&ns, IFNAME, &att).map_err(|e| e.to_string())?;
+        let link = crate::guestnet::read_link(&ns, IFNAME, &att)?;
         let socket = self.rt.vf_socket(&link.vf_id)?;
         self.guest_ip = Some(link.ip);
         self.rt.add_neighbor(link.ip, link.mac)?;
@@ -324,7 +385,7 @@ impl<'rt> Sandbox<'rt> {
 
     /// A pooled attachment (CNI ADD done while idle): the sandbox owns its
     /// netns and DELs it at teardown like its own.
-    fn attach_pooled(&mut self, p: crate::netpool::Pooled) -> Result<Vec<String>, String> {
+    fn attach_pooled(&mut self, p: crate::netpool::Pooled) -> Result<Vec<String>, StageError> {
         self.netns = Some(p.netns);
         self.pooled_id = Some(p.id);
         self.cni_added = true;
@@ -339,7 +400,7 @@ impl<'rt> Sandbox<'rt> {
     }
 
     /// CNI ADD through burstvm-cni; the placeholder link gives VF, MAC and IP.
-    fn cni_add_vf(&mut self) -> Result<Vec<String>, String> {
+    fn cni_add_vf(&mut self) -> Result<Vec<String>, StageError> {
         let ns = self
             .netns
             .as_ref()
@@ -349,10 +410,8 @@ impl<'rt> Sandbox<'rt> {
         let cni = self.rt.cni().ok_or("no CNI network configured")?;
         // Marked before the call: a half-done ADD is undone by DEL too.
         self.cni_added = true;
-        let att = cni
-            .add(&self.spec.id, &ns, IFNAME)
-            .map_err(|e| e.to_string())?;
-        let link = crate::guestnet::read_link(&ns, IFNAME, &att).map_err(|e| e.to_string())?;
+        let att = cni.add(&self.spec.id, &ns, IFNAME)?;
+        let link = crate::guestnet::read_link(&ns, IFNAME, &att)?;
         let socket = match att.vf_socket.clone() {
             Some(s) => s,
             None => self.rt.vf_socket(&link.vf_id)?,
@@ -366,16 +425,13 @@ impl<'rt> Sandbox<'rt> {
     /// Software CNI baseline, as Kata runs it: CNI ADD of the reference
     /// `bridge` plugin (executed as an engine executes it), then the VMM's
     /// tap joined to its veth by tc (`guestnet::tap_join`).
-    fn tap_add(&mut self) -> Result<Vec<String>, String> {
+    fn tap_add(&mut self) -> Result<Vec<String>, StageError> {
         let cni = self.rt.tap_cni()?;
         let ns = self.netns.as_ref().expect("netns stage ran");
         // Marked before the call: a half-done ADD is undone by DEL too.
         self.tap_added = true;
-        let att = cni
-            .add(&self.spec.id, ns.path(), IFNAME)
-            .map_err(|e| e.to_string())?;
-        let link = crate::guestnet::tap_join(&self.spec.id, ns.netns(), &att)
-            .map_err(|e| e.to_string())?;
+        let att = cni.add(&self.spec.id, ns.path(), IFNAME)?;
+        let link = crate::guestnet::tap_join(&self.spec.id, ns.netns(), &att)?;
         self.guest_ip = Some(link.ip);
         self.rt.add_neighbor(link.ip, link.mac)?;
         self.neighbor = Some(link.ip);
@@ -407,18 +463,16 @@ impl<'rt> Sandbox<'rt> {
             .join(format!("{}.console", self.spec.id))
     }
 
-    fn spawn_vmm(&mut self, net_args: &[String], ready_w: OwnedFd) -> Result<(), String> {
+    fn spawn_vmm(&mut self, net_args: &[String], ready_w: OwnedFd) -> Result<(), StageError> {
         let policy = self.spec.variant.policy();
         let ns = self.netns_path();
-        let ns_file = File::open(ns).map_err(|e| format!("{}: {e}", ns.display()))?;
+        let ns_file = File::open(ns).map_err(file_err(ns))?;
         let procs = self
             .cgroup
             .as_ref()
             .expect("cgroup stage ran")
-            .open_procs()
-            .map_err(|e| e.to_string())?;
-        let stderr = File::create(&self.stderr_path)
-            .map_err(|e| format!("{}: {e}", self.stderr_path.display()))?;
+            .open_procs()?;
+        let stderr = File::create(&self.stderr_path).map_err(file_err(&self.stderr_path))?;
         let mut cmd = crate::vmmproc::command(self.rt.bin());
         cmd.args(["--sandbox", &self.spec.id])
             .args(["--memory", &format!("{}K", self.spec.memory_bytes >> 10)])
@@ -458,7 +512,7 @@ impl<'rt> Sandbox<'rt> {
             (None, Some(p)) => {
                 let list: Vec<String> = self.spec.probe.iter().map(|a| format!("{a:#x}")).collect();
                 cmd.args(["--probe", &list.join(",")]);
-                Stdio::from(File::create(p).map_err(|e| format!("{}: {e}", p.display()))?)
+                Stdio::from(File::create(p).map_err(file_err(p))?)
             }
             (None, None) => Stdio::null(),
         };
@@ -479,9 +533,9 @@ impl<'rt> Sandbox<'rt> {
         unsafe {
             cmd.pre_exec(move || child_setup(ns_fd, w_fd, &cg_fds));
         }
-        let child = cmd.spawn().map_err(|e| {
-            let prog = std::path::Path::new(cmd.get_program());
-            format!("spawn VMM {}: {e}", prog.display())
+        let child = cmd.spawn().map_err(|source| VmmSpawnError::Spawn {
+            program: PathBuf::from(cmd.get_program()),
+            source,
         })?;
         self.vmm = Some(child);
         drop(ready_w); // the VMM holds the only write end now
@@ -702,7 +756,7 @@ impl<'rt> Sandbox<'rt> {
         self.read_probe_values();
         if let Some(ip) = self.neighbor.take() {
             if let Err(e) = self.rt.del_neighbor(ip) {
-                errs.push(e);
+                errs.push(e.to_string());
             }
         }
         if self.cni_added {
@@ -859,6 +913,31 @@ fn poll_in(fd: BorrowedFd<'_>, timeout: Duration) -> std::io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_keeps_its_typed_cause() {
+        let cause = VmmSpawnError::File {
+            path: "/nowhere/sb.stderr".into(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        let f = SandboxFailure::caused("sb1", "vmm-spawn", cause.into());
+        assert!(
+            f.to_string()
+                .starts_with("sandbox sb1: stage vmm-spawn: /nowhere/sb.stderr: "),
+            "{f}"
+        );
+        let src = std::error::Error::source(&f).expect("cause kept");
+        assert!(
+            matches!(
+                src.downcast_ref::<VmmSpawnError>(),
+                Some(VmmSpawnError::File { path, .. }) if path == Path::new("/nowhere/sb.stderr")
+            ),
+            "{src:?}"
+        );
+        let wire = serde_json::to_value(&f).unwrap();
+        assert_eq!(wire["error"], f.error.as_str());
+        assert!(wire.get("cause").is_none(), "{wire}");
+    }
 
     #[test]
     fn vf_reports_of_the_vmm_are_found() {

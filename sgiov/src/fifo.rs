@@ -108,11 +108,11 @@ impl Fifo {
     }
 }
 
-fn out_of_range(label: &str, e: vm_memory::VolatileMemoryError) -> MemError {
-    MemError::Setup {
+fn out_of_range(label: &str, source: vm_memory::VolatileMemoryError) -> MemError {
+    MemError::Field {
         mem: label.to_string(),
         what: "misaligned FIFO field",
-        source: std::io::Error::other(e.to_string()),
+        source,
     }
 }
 

@@ -44,6 +44,27 @@ pub enum MemError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{mem}: {what}")]
+    Map {
+        mem: String,
+        what: &'static str,
+        #[source]
+        source: vm_memory::mmap::FromRangesError,
+    },
+    #[error("{mem}: {what}")]
+    Region {
+        mem: String,
+        what: &'static str,
+        #[source]
+        source: vm_memory::mmap::MmapRegionError,
+    },
+    #[error("{mem}: {what}")]
+    Field {
+        mem: String,
+        what: &'static str,
+        #[source]
+        source: vm_memory::VolatileMemoryError,
+    },
 }
 
 /// One address space the device can access.
@@ -136,7 +157,11 @@ impl GuestMem {
             size,
             Some(FileOffset::new(f, 0)),
         )])
-        .map_err(|e| setup("mmap", std::io::Error::other(e.to_string())))
+        .map_err(|source| MemError::Map {
+            mem: name.to_string(),
+            what: "mmap",
+            source,
+        })
     }
 
     pub fn inner(&self) -> &GuestMemoryMmap {
@@ -311,11 +336,11 @@ impl StagingMemory {
             what: "dup memfd",
             source: e,
         })?;
-        let map = MmapRegion::from_file(FileOffset::new(f, 0), capacity).map_err(|e| {
-            MemError::Setup {
+        let map = MmapRegion::from_file(FileOffset::new(f, 0), capacity).map_err(|source| {
+            MemError::Region {
                 mem: name.to_string(),
                 what: "mmap",
-                source: std::io::Error::other(e.to_string()),
+                source,
             }
         })?;
         Ok(StagingMemory {

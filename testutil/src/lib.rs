@@ -1,7 +1,55 @@
 //! Helpers shared by the workspace's tests. Only ever a dev-dependency.
 
-use std::path::Path;
-use std::process::Command;
+#[cfg(feature = "nic")]
+pub mod nic;
+pub mod virtio;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// `/tmp/<prefix><pid>-<name>`, emptied and created: a test's own directory (pid and name
+/// keep it apart from every other test and run).
+pub fn fresh_dir(prefix: &str, name: &str) -> PathBuf {
+    let dir = PathBuf::from(format!("/tmp/{prefix}{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    dir
+}
+
+/// Kills and reaps the child when the test ends, also on failure.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits (bounded by `limit`) for the child to exit.
+pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(t.elapsed() < limit, "child {} did not exit", child.id());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Stops a daemon the test started: SIGTERM, up to 10 s to exit, then SIGKILL.
+pub fn stop_child(child: &mut Child) {
+    // SAFETY: signalling our own child by its pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let end = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().ok().flatten().is_none() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
 
 /// Writes `contents` (a script with its `#!` line) at `path`, mode 0755.
 ///

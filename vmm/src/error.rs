@@ -202,17 +202,37 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    #[error("sandbox {sandbox}: guest memory write at {gpa:#x} ({what}): {msg}")]
+    #[error("sandbox {sandbox}: guest memory write at {gpa:#x} ({what}): {source}")]
     GuestWrite {
         sandbox: String,
         gpa: u64,
         what: &'static str,
-        msg: String,
+        #[source]
+        source: guestmem::Error,
+    },
+    #[error("--cmdline: {source}")]
+    Cmdline {
+        #[source]
+        source: linux_loader::cmdline::Error,
     },
     #[error("kernel {path}: {msg}")]
     Kernel { path: PathBuf, msg: String },
+    /// A step of loading the kernel failed: the I/O or linux-loader error of `what`.
+    #[error("kernel {path}: {what}: {source}")]
+    KernelStep {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("initrd {path}: {msg}")]
     Initrd { path: PathBuf, msg: String },
+    #[error("initrd {path}: cannot read: {source}")]
+    InitrdRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("sandbox {sandbox}: network device {device}: {msg}")]
     Net {
         sandbox: String,

@@ -68,6 +68,18 @@ fn kerr(path: &Path, msg: impl Into<String>) -> Error {
     }
 }
 
+/// The failed step `what` of loading `path`, with its typed cause.
+fn kstep<'a, E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+    path: &'a Path,
+    what: &'static str,
+) -> impl FnOnce(E) -> Error + 'a {
+    move |e| Error::KernelStep {
+        path: path.to_path_buf(),
+        what,
+        source: e.into(),
+    }
+}
+
 /// The command line when the user gives none.
 pub const DEFAULT_CMDLINE: &str =
     "reboot=k panic=1 pci=off nomodules i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd";
@@ -89,7 +101,10 @@ pub fn host_is_kvm_pvm() -> bool {
 
 /// The command line: the user's (or a default), plus console, devices and
 /// what a kvm_pvm host needs.
-pub fn build_cmdline(user: Option<&str>, devices: &[(u64, u32)]) -> Result<Cmdline, String> {
+pub fn build_cmdline(
+    user: Option<&str>,
+    devices: &[(u64, u32)],
+) -> Result<Cmdline, linux_loader::cmdline::Error> {
     let mut s = user.unwrap_or(DEFAULT_CMDLINE).to_string();
     if !s.split_whitespace().any(|w| w.starts_with("console=")) {
         s.push_str(" console=ttyS0");
@@ -105,8 +120,8 @@ pub fn build_cmdline(user: Option<&str>, devices: &[(u64, u32)]) -> Result<Cmdli
         s.push(' ');
         s.push_str(KVM_PVM_CMDLINE);
     }
-    let mut c = Cmdline::new(CMDLINE_MAX).map_err(|e| e.to_string())?;
-    c.insert_str(s.trim()).map_err(|e| format!("{e}"))?;
+    let mut c = Cmdline::new(CMDLINE_MAX)?;
+    c.insert_str(s.trim())?;
     Ok(c)
 }
 
@@ -183,7 +198,7 @@ pub fn probe(
     cmdline: &Cmdline,
     ram_size: u64,
 ) -> Result<LoadedKernel, Error> {
-    let mut file = File::open(kernel).map_err(|e| kerr(kernel, format!("cannot open: {e}")))?;
+    let mut file = File::open(kernel).map_err(kstep(kernel, "cannot open"))?;
     let (start, end) = segment_span(kernel, &mut file)?;
     if start < HIMEM_START || end > ram_size {
         return Err(kerr(
@@ -197,9 +212,9 @@ pub fn probe(
     let initrd = match initrd {
         None => None,
         Some(p) => {
-            let data = std::fs::read(p).map_err(|e| Error::Initrd {
+            let data = std::fs::read(p).map_err(|source| Error::InitrdRead {
                 path: p.to_path_buf(),
-                msg: format!("cannot read: {e}"),
+                source,
             })?;
             let len = data.len() as u64;
             let addr = ram_size
@@ -237,7 +252,7 @@ impl LoadedKernel {
         let ram_size = self.ram_size;
         prepare(self.span.0, self.span.1 - self.span.0, "kernel")?;
         let res = Elf::load(view, None, &mut self.file, Some(GuestAddress(HIMEM_START)))
-            .map_err(|e| kerr(kernel, format!("not a bootable vmlinux ELF: {e}")))?;
+            .map_err(kstep(kernel, "not a bootable vmlinux ELF"))?;
         for (gpa, len) in BOOT_PAGES {
             prepare(gpa, len, "boot parameters")?;
         }
@@ -248,7 +263,7 @@ impl LoadedKernel {
         }
         let cmdline = &self.cmdline;
         load_cmdline(view, GuestAddress(CMDLINE_ADDR), cmdline)
-            .map_err(|e| kerr(kernel, format!("cmdline: {e}")))?;
+            .map_err(kstep(kernel, "cmdline"))?;
         let cmdline_len = cmdline
             .as_cstring()
             .map(|c| c.as_bytes_with_nul().len())
@@ -289,7 +304,7 @@ impl LoadedKernel {
                     );
                 }
                 PvhBootConfigurator::write_bootparams::<GuestMemoryMmap>(&params, view)
-                    .map_err(|e| kerr(kernel, format!("PVH start info: {e}")))?;
+                    .map_err(kstep(kernel, "PVH start info"))?;
                 (
                     EntryMode::Pvh32 {
                         rip: addr.0,
@@ -325,7 +340,7 @@ impl LoadedKernel {
                     &BootParams::new(&bp, GuestAddress(BOOT_INFO_ADDR)),
                     view,
                 )
-                .map_err(|e| kerr(kernel, format!("boot_params: {e}")))?;
+                .map_err(kstep(kernel, "boot_params"))?;
                 (
                     EntryMode::Long64 {
                         rip: res.kernel_load.0,

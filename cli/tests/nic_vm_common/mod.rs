@@ -3,9 +3,6 @@
 //! uplink tap, where the test plays the guests' server.
 #![allow(dead_code, unused_imports)] // each test file uses a different subset
 
-#[path = "../virtio_common/mod.rs"]
-pub mod virtio_common;
-
 use std::cell::RefCell;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -18,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use nic::control::{Counters, Request, Response, VfInfo};
 use nic::devset::VfState;
-pub use virtio_common::{
+pub use testutil::virtio::{
     ip_checksum, mac_str, stop_child, udp_reply_to, TestTap, Wire, LAZY_DMA, SERVER_MAC,
     SERVER_PORT, VANILLA_DMA,
 };
@@ -135,9 +132,7 @@ impl Nic {
 
     /// `burstvm nic --pf pf0 PF_ARGS` with its control socket and state in a fresh directory.
     fn start_with(tag: &str, pf_args: &[&str]) -> Nic {
-        let dir = PathBuf::from(format!("/tmp/nic-vm{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = testutil::fresh_dir("nic-vm", tag);
         let mut args: Vec<String> = ["nic", "--pf", "pf0"].map(String::from).to_vec();
         args.extend(pf_args.iter().map(|s| s.to_string()));
         args.extend([

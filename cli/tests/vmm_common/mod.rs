@@ -2,15 +2,10 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
 
-// The virtio tests' tap helpers, included by path so that virtio_common stays
-// self-contained for the test files that use it alone.
-#[path = "../virtio_common/mod.rs"]
-mod virtio_common;
 #[allow(unused_imports)] // not every vmm_* test attaches a tap
-pub use virtio_common::open_tap;
+pub use testutil::virtio::open_tap;
 
 pub fn burstvm() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_burstvm"));
@@ -75,26 +70,8 @@ pub fn add_tap(name: &str) -> TapGuard {
     TapGuard(name.to_string())
 }
 
-/// Kills and reaps the child when the test ends, also on failure.
-pub struct ChildGuard(pub Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
-    let t = Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(t.elapsed() < limit, "VMM did not exit");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+#[allow(unused_imports)] // not every vmm_* test spawns a child
+pub use testutil::{wait_exit, ChildGuard};
 
 /// Where the tiny test kernels load by default (1 MiB, the lowest the VMM allows).
 pub const LOW_LOAD: u64 = 0x10_0000;

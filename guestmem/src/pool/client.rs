@@ -61,10 +61,7 @@ impl PoolClient {
                 ),
             });
         }
-        let body = serde_json::to_vec(req).map_err(|e| Error::Protocol {
-            path: p(),
-            reason: e.to_string(),
-        })?;
+        let body = serde_json::to_vec(req).map_err(|source| Error::Encode { path: p(), source })?;
         let timed_out = |e: nix::Error| {
             if e == nix::errno::Errno::EAGAIN {
                 Error::Protocol {
@@ -90,10 +87,8 @@ impl PoolClient {
                 path: p(),
                 reason: "server closed the connection".into(),
             })?;
-        let resp: Response = serde_json::from_slice(&body).map_err(|e| Error::Protocol {
-            path: p(),
-            reason: format!("bad response: {e}"),
-        })?;
+        let resp: Response =
+            serde_json::from_slice(&body).map_err(|source| Error::Decode { path: p(), source })?;
         if !resp.ok {
             return Err(Error::Refused {
                 path: p(),

@@ -38,6 +38,18 @@ pub enum Error {
     },
     #[error("pool socket {path}: protocol error: {reason}")]
     Protocol { path: String, reason: String },
+    #[error("pool socket {path}: protocol error: {source}")]
+    Encode {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("pool socket {path}: protocol error: bad response: {source}")]
+    Decode {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("pool server {path} refused: {reason}")]
     Refused { path: String, reason: String },
     #[error("pool: vanilla memory is never taken from the pool (it must be fresh)")]
@@ -52,6 +64,19 @@ pub enum Error {
     },
     #[error("pool: bad argument {arg}: {reason}")]
     BadArg { arg: String, reason: String },
+    #[error("pool: bad argument policy: {source}")]
+    BadPolicy {
+        #[source]
+        source: Box<crate::Error>,
+    },
+    #[error("pool size class {size} bytes{}: {what}: {source}", if *.hugepages { " (hugepages)" } else { "" })]
+    Table {
+        size: u64,
+        hugepages: bool,
+        what: String,
+        #[source]
+        source: Box<crate::Error>,
+    },
     #[error("pool lease: {what}: {source}")]
     Lease {
         what: String,

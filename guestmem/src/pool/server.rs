@@ -313,9 +313,8 @@ fn handle(leases: &Leases, conn: u64, req: Request) -> Result<(Response, Option<
             hugepages,
             policy,
         } => {
-            let policy: MemoryPolicy = policy.parse().map_err(|e: crate::Error| Error::BadArg {
-                arg: "policy".into(),
-                reason: e.to_string(),
+            let policy: MemoryPolicy = policy.parse().map_err(|e| Error::BadPolicy {
+                source: Box::new(e),
             })?;
             let lent = pool.take(SizeClass { size, hugepages }, policy)?;
             let resp = Response {

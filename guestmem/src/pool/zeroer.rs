@@ -40,11 +40,11 @@ impl Pool {
         let (_m, t) = e.class.map(&e.memfd)?;
         let end = target.min(e.zeroed_ahead + (max_bytes / ps).max(1));
         for p in e.zeroed_ahead..end {
-            t.ensure_zeroed(p).map_err(|err| Error::Memory {
+            t.ensure_zeroed(p).map_err(|err| Error::Table {
                 size: e.class.size,
                 hugepages: e.class.hugepages,
                 what: "pre-zeroing".into(),
-                source: std::io::Error::other(err.to_string()),
+                source: Box::new(err),
             })?;
         }
         e.zeroed_ahead = end;

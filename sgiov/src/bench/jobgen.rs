@@ -679,7 +679,7 @@ pub fn run_cli(a: &JobgenArgs) -> Result<(), JobgenBenchError> {
         bytes >> 20,
         a.repeat.max(1),
         RING >> 20,
-        super::fmt_size(max_job as u64)
+        guestmem::format_size(max_job as u64)
     );
     println!("| xf | msg | strategy | MiB/s | ratio to raw | jobs/msg | extra bytes copied/msg |");
     println!("|---|---|---|---|---|---|---|");
@@ -699,7 +699,7 @@ pub fn run_cli(a: &JobgenArgs) -> Result<(), JobgenBenchError> {
                 println!(
                     "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} |",
                     xf.name(),
-                    super::fmt_size(m),
+                    guestmem::format_size(m),
                     r.strategy.name(),
                     r.mib_s,
                     r.mib_s / raw,
@@ -718,9 +718,10 @@ pub fn run_cli(a: &JobgenArgs) -> Result<(), JobgenBenchError> {
             let r = latency(mj, a.pings)?;
             println!(
                 "| {} | {:.0} | {:.0} | {:.0} |",
-                mj.map_or("none (ring-limited)".to_string(), |m| super::fmt_size(
-                    m as u64
-                )),
+                mj.map_or(
+                    "none (ring-limited)".to_string(),
+                    |m| guestmem::format_size(m as u64)
+                ),
                 r.p50_us,
                 r.p99_us,
                 r.low_mib_s

@@ -38,17 +38,6 @@ pub fn parse_sizes(s: &str) -> Result<Vec<u64>, String> {
     s.split(',').map(parse_size).collect()
 }
 
-/// Formats a byte count as the shortest of `N`, `NK`, `NM`.
-pub fn fmt_size(n: u64) -> String {
-    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
-        format!("{}M", n >> 20)
-    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
-        format!("{}K", n >> 10)
-    } else {
-        n.to_string()
-    }
-}
-
 /// CPU time (user + system) this process used so far.
 pub fn cpu_time() -> Duration {
     let ru = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF);
@@ -86,7 +75,7 @@ mod tests {
         assert_eq!(parse_sizes("1K,3K").unwrap(), vec![1024, 3072]);
         assert!(parse_size("0").is_err());
         assert!(parse_size("x").is_err());
-        assert_eq!(fmt_size(65536), "64K");
+        assert_eq!(guestmem::format_size(65536), "64K");
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 50.0), 2.0);
         assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 99.0), 4.0);
     }

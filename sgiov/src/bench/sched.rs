@@ -327,7 +327,7 @@ pub fn run_cli(a: &SchedArgs) -> Result<(), SchedBenchError> {
                     r.policy,
                     r.tenant,
                     r.classes,
-                    super::fmt_size(ts[r.tenant - 1].job as u64),
+                    guestmem::format_size(ts[r.tenant - 1].job as u64),
                     r.measured / MIB,
                     r.expected.map_or("-".into(), |e| format!("{:.1}", e / MIB)),
                     r.error_pct.map_or("-".into(), |e| format!("{e:+.1}")),

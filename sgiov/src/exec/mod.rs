@@ -37,6 +37,13 @@ pub enum ExecError {
     },
     #[error("{op} job: {what}")]
     Malformed { op: &'static str, what: String },
+    /// A record field outside the job's destination (its length does not fit the record).
+    #[error("{op} job: {source}")]
+    Record {
+        op: &'static str,
+        #[source]
+        source: vm_memory::VolatileMemoryError,
+    },
 }
 
 impl ExecError {
@@ -44,7 +51,7 @@ impl ExecError {
         match self {
             ExecError::Memory { .. } => ErrorCode::Memory,
             ExecError::Crypto { .. } => ErrorCode::Auth,
-            ExecError::Malformed { .. } => ErrorCode::Record,
+            ExecError::Malformed { .. } | ExecError::Record { .. } => ErrorCode::Record,
         }
     }
 }
@@ -61,6 +68,7 @@ pub fn execute(job: &JobDesc, keys: &KeyStore) -> Result<(), ExecError> {
     let op = job.op.name();
     let mem = |source| ExecError::Memory { op, source };
     let bad = |what: String| ExecError::Malformed { op, what };
+    let record = |source| ExecError::Record { op, source };
     let need = |b, which| need(b, op, which);
     match job.op {
         Op::Skip => Ok(()),
@@ -84,7 +92,7 @@ pub fn execute(job: &JobDesc, keys: &KeyStore) -> Result<(), ExecError> {
             }
             let dst = d.mem.for_write(d.addr, d.len as usize).map_err(mem)?;
             dst.write_slice(&RecordHeader::pad(d.len - HDR).encode(), 0)
-                .map_err(|e| bad(e.to_string()))?;
+                .map_err(record)?;
             Ok(())
         }
         Op::Encrypt => {
@@ -102,9 +110,7 @@ pub fn execute(job: &JobDesc, keys: &KeyStore) -> Result<(), ExecError> {
             let src = s.mem.get(s.addr, n as usize).map_err(mem)?;
             let dst = d.mem.for_write(d.addr, d.len as usize).map_err(mem)?;
             let hdr = RecordHeader::data(n, job.seq).encode();
-            let body = dst
-                .subslice(HDR as usize, n as usize)
-                .map_err(|e| bad(e.to_string()))?;
+            let body = dst.subslice(HDR as usize, n as usize).map_err(record)?;
             src.copy_to_volatile_slice(body);
             // SAFETY: see `bytes_mut`; the destination range belongs to this job.
             let tag = crypto::seal(&cipher, job.key_slot, job.seq, &hdr, unsafe {
@@ -113,9 +119,8 @@ pub fn execute(job: &JobDesc, keys: &KeyStore) -> Result<(), ExecError> {
             .map_err(|source| ExecError::Crypto { op, source })?;
             let mut tail = vec![0u8; (d.len - HDR - n) as usize];
             tail[..TAG as usize].copy_from_slice(&tag);
-            dst.write_slice(&hdr, 0).map_err(|e| bad(e.to_string()))?;
-            dst.write_slice(&tail, (HDR + n) as usize)
-                .map_err(|e| bad(e.to_string()))?;
+            dst.write_slice(&hdr, 0).map_err(record)?;
+            dst.write_slice(&tail, (HDR + n) as usize).map_err(record)?;
             Ok(())
         }
         Op::Decrypt => {
@@ -132,8 +137,7 @@ pub fn execute(job: &JobDesc, keys: &KeyStore) -> Result<(), ExecError> {
                 .map_err(|source| ExecError::Crypto { op, source })?;
             let src = s.mem.get(s.addr, s.len as usize).map_err(mem)?;
             let mut hdr = [0u8; 16];
-            src.read_slice(&mut hdr, 0)
-                .map_err(|e| bad(e.to_string()))?;
+            src.read_slice(&mut hdr, 0).map_err(record)?;
             // The header was read (once) by the job generator to size this
             // job; this read is the one the tag authenticates, and it must
             // agree with the descriptor.
@@ -149,15 +153,13 @@ pub fn execute(job: &JobDesc, keys: &KeyStore) -> Result<(), ExecError> {
             }
             let mut tag = [0u8; 16];
             src.read_slice(&mut tag, (HDR + n) as usize)
-                .map_err(|e| bad(e.to_string()))?;
+                .map_err(record)?;
             let in_place = s.same_place(d, HDR as u64);
             let dst = if in_place {
                 d.mem.for_write(d.addr, n as usize).map_err(mem)?
             } else {
                 let dst = d.mem.for_write(d.addr, n as usize).map_err(mem)?;
-                let ct = src
-                    .subslice(HDR as usize, n as usize)
-                    .map_err(|e| bad(e.to_string()))?;
+                let ct = src.subslice(HDR as usize, n as usize).map_err(record)?;
                 ct.copy_to_volatile_slice(dst);
                 dst
             };
@@ -173,8 +175,7 @@ pub fn execute(job: &JobDesc, keys: &KeyStore) -> Result<(), ExecError> {
             if let Err(source) = r {
                 if !in_place {
                     // Nothing of a forged record stays in the receiver's ring.
-                    dst.write_slice(&vec![0u8; n as usize], 0)
-                        .map_err(|e| bad(e.to_string()))?;
+                    dst.write_slice(&vec![0u8; n as usize], 0).map_err(record)?;
                 }
                 return Err(ExecError::Crypto { op, source });
             }

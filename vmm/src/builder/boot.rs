@@ -51,12 +51,7 @@ pub(super) fn load_guest(
         Some(k) => {
             let prepare = |gpa: u64, len: u64, what: &'static str| {
                 mem.prepare_for_device_write(gpa, len)
-                    .map_err(|e| Error::GuestWrite {
-                        sandbox: sb.to_string(),
-                        gpa,
-                        what,
-                        msg: e.to_string(),
-                    })
+                    .map_err(guest_write_err(sb, gpa, what))
             };
             let k = k.write(view, &prepare, &write)?;
             let gdt: &[u64] = if k.pvh { &x86::GDT_32 } else { &x86::GDT_64 };
@@ -118,12 +113,22 @@ fn writer<'a>(
     mem: &'a guestmem::GuestMemory,
 ) -> impl Fn(u64, &[u8], &'static str) -> Result<(), Error> + 'a {
     move |gpa, data, what| {
-        mem.write_instant(gpa, data).map_err(|e| Error::GuestWrite {
-            sandbox: sb.to_string(),
-            gpa,
-            what,
-            msg: e.to_string(),
-        })
+        mem.write_instant(gpa, data)
+            .map_err(guest_write_err(sb, gpa, what))
+    }
+}
+
+/// A guest memory write at `gpa` (`what`) of sandbox `sb` failed.
+fn guest_write_err<'a>(
+    sb: &'a str,
+    gpa: u64,
+    what: &'static str,
+) -> impl FnOnce(guestmem::Error) -> Error + 'a {
+    move |source| Error::GuestWrite {
+        sandbox: sb.to_string(),
+        gpa,
+        what,
+        source,
     }
 }
 

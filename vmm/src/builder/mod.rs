@@ -177,12 +177,8 @@ fn read_inputs(cfg: &VmConfig, devs: &[DevEntry]) -> Result<Inputs, Error> {
                 )),
                 (None, c) => c.clone(),
             };
-            let cl = crate::linux::build_cmdline(cmdline.as_deref(), &slots).map_err(|msg| {
-                Error::InvalidArg {
-                    field: "--cmdline",
-                    msg,
-                }
-            })?;
+            let cl = crate::linux::build_cmdline(cmdline.as_deref(), &slots)
+                .map_err(|source| Error::Cmdline { source })?;
             Some(crate::linux::probe(
                 kernel,
                 initrd.as_deref(),

@@ -85,10 +85,10 @@ impl Disk {
         let name = spec.path.display().to_string();
         let err = |what: &'static str| {
             let name = name.clone();
-            move |e: std::io::Error| VirtioError::Disk {
+            move |source: std::io::Error| VirtioError::Disk {
                 path: name,
                 what,
-                reason: e.to_string(),
+                source,
             }
         };
         let file = std::fs::OpenOptions::new()
@@ -373,14 +373,8 @@ impl VirtioDevice for Blk {
         };
         let fds = [(evt.as_raw_fd(), TOKEN_QUEUE)];
         let thread = format!("virtio-blk-{}", self.thread_tag());
-        let worker =
-            Worker::spawn(thread, &fds, move |epoll| state.run(epoll, evt)).map_err(|reason| {
-                VirtioError::Disk {
-                    path: name,
-                    what: "worker",
-                    reason,
-                }
-            })?;
+        let worker = Worker::spawn(thread, &fds, move |epoll| state.run(epoll, evt))
+            .map_err(|source| VirtioError::DiskWorker { path: name, source })?;
         self.worker = Some(worker);
         Ok(())
     }

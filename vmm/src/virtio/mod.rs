@@ -13,6 +13,7 @@ pub(crate) mod mmio;
 pub(crate) mod net;
 mod vhost_user;
 mod worker;
+pub use worker::WorkerError;
 
 pub use mmio::MmioTransport;
 
@@ -32,15 +33,24 @@ pub const QUEUE_MAX_SIZE: u16 = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VirtioError {
-    #[error("tap device {name}: {reason}")]
-    Tap { name: String, reason: String },
+    #[error("tap device {name}: no guest MAC given")]
+    TapNoMac { name: String },
+    #[error("tap device {name}: {source}")]
+    TapWorker {
+        name: String,
+        #[source]
+        source: WorkerError,
+    },
     #[error(transparent)]
     TapOpen(#[from] netutil::TapError),
-    #[error("vhost-user socket {socket}: {what}: {reason}")]
+    /// `source` is the vhost, I/O or protocol error of the step `what` (a message where the
+    /// backend's answer itself is wrong).
+    #[error("vhost-user socket {socket}: {what}: {source}")]
     VhostUser {
         socket: String,
         what: &'static str,
-        reason: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("virtio device at {base:#x}: {what}: {source}")]
     Io {
@@ -56,11 +66,18 @@ pub enum VirtioError {
     },
     #[error("virtio device: {0}")]
     Activate(String),
-    #[error("disk {path}: {what}: {reason}")]
+    #[error("disk {path}: {what}: {source}")]
     Disk {
         path: String,
         what: &'static str,
-        reason: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("disk {path}: worker: {source}")]
+    DiskWorker {
+        path: String,
+        #[source]
+        source: WorkerError,
     },
 }
 
@@ -240,9 +257,8 @@ pub fn create_net_device(
     Ok(match backend {
         NetBackend::Tap(_) => {
             let tap = tap.expect("opened above");
-            let mac = mac.ok_or_else(|| VirtioError::Tap {
+            let mac = mac.ok_or_else(|| VirtioError::TapNoMac {
                 name: tap.name().to_string(),
-                reason: "no guest MAC given".into(),
             })?;
             let dev = net::TapNet::new(tap, mac, ctx, evts, interrupt.clone());
             wire(dev, ctx, interrupt, wiring)

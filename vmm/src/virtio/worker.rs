@@ -12,6 +12,21 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 /// The epoll token of the stop eventfd; the body returns when it sees it.
 pub const STOP_TOKEN: u64 = u64::MAX;
 
+/// A worker thread that could not be set up: the step and its cause.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct WorkerError {
+    pub what: &'static str,
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl WorkerError {
+    fn at(what: &'static str) -> impl FnOnce(std::io::Error) -> WorkerError {
+        move |source| WorkerError { what, source }
+    }
+}
+
 pub struct Worker {
     stop: EventFd,
     handle: Option<JoinHandle<()>>,
@@ -19,15 +34,15 @@ pub struct Worker {
 
 impl Worker {
     /// Spawns thread `name` running `body(epoll)`; `fds` (fd, token) and the
-    /// stop eventfd ([`STOP_TOKEN`]) are registered for input. Errors are
-    /// plain strings; the caller wraps them with the device's name.
-    pub fn spawn<F>(name: String, fds: &[(RawFd, u64)], body: F) -> Result<Worker, String>
+    /// stop eventfd ([`STOP_TOKEN`]) are registered for input. The caller wraps
+    /// an error with the device's name.
+    pub fn spawn<F>(name: String, fds: &[(RawFd, u64)], body: F) -> Result<Worker, WorkerError>
     where
         F: FnOnce(Epoll) + Send + 'static,
     {
-        let stop = EventFd::new(EFD_NONBLOCK).map_err(|e| format!("eventfd: {e}"))?;
-        let stop2 = stop.try_clone().map_err(|e| format!("eventfd: {e}"))?;
-        let epoll = Epoll::new().map_err(|e| format!("epoll: {e}"))?;
+        let stop = EventFd::new(EFD_NONBLOCK).map_err(WorkerError::at("eventfd"))?;
+        let stop2 = stop.try_clone().map_err(WorkerError::at("eventfd"))?;
+        let epoll = Epoll::new().map_err(WorkerError::at("epoll"))?;
         for &(fd, token) in fds.iter().chain([&(stop2.as_raw_fd(), STOP_TOKEN)]) {
             epoll
                 .ctl(
@@ -35,7 +50,7 @@ impl Worker {
                     fd,
                     EpollEvent::new(EventSet::IN, token),
                 )
-                .map_err(|e| format!("epoll add: {e}"))?;
+                .map_err(WorkerError::at("epoll add"))?;
         }
         let handle = std::thread::Builder::new()
             .name(name)
@@ -44,7 +59,7 @@ impl Worker {
                 let _stop = stop2;
                 body(epoll)
             })
-            .map_err(|e| format!("spawn worker: {e}"))?;
+            .map_err(WorkerError::at("spawn worker"))?;
         Ok(Worker {
             stop,
             handle: Some(handle),

@@ -234,7 +234,7 @@ impl VirtioDevice for TapNet {
         let worker = Worker::spawn(format!("virtio-net-{name}"), &fds, move |epoll| {
             state.run(epoll, evts)
         })
-        .map_err(|reason| VirtioError::Tap { name, reason })?;
+        .map_err(|source| VirtioError::TapWorker { name, source })?;
         self.worker = Some(worker);
         Ok(())
     }

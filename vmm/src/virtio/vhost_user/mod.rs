@@ -199,11 +199,15 @@ impl MacSlot {
     }
 }
 
-fn vu_err(socket: &Path, what: &'static str, reason: impl ToString) -> VirtioError {
+fn vu_err(
+    socket: &Path,
+    what: &'static str,
+    source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> VirtioError {
     VirtioError::VhostUser {
         socket: socket.display().to_string(),
         what,
-        reason: reason.to_string(),
+        source: source.into(),
     }
 }
 

@@ -22,8 +22,12 @@ impl Vf {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn err(&self, what: &'static str, reason: impl ToString) -> VirtioError {
-        vu_err(&self.socket, what, reason)
+    pub(super) fn err(
+        &self,
+        what: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> VirtioError {
+        vu_err(&self.socket, what, source)
     }
 
     /// A line on stderr that names the sandbox and the VF socket (the runtime reads it).

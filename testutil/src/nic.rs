@@ -1,7 +1,6 @@
-//! Helpers for the NIC tests: an in-process `burstvm nic` daemon on its own
-//! directory, test frames, a frontend held by a child process. Also included
-//! (by path) by cli/tests/nic_daemon.rs, so it needs nothing beyond nic, netutil and libc.
-#![allow(dead_code)]
+//! Helpers for the NIC tests (nic's own and cli's nic_daemon): an in-process `burstvm nic`
+//! daemon on its own directory, test frames, a frontend held by a child process.
+//! Behind the `nic` feature, so that crates below nic can use the rest of testutil.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -60,9 +59,7 @@ impl TestNic {
         pools: Vec<PathBuf>,
         sg: nic::sg::SgArgs,
     ) -> TestNic {
-        let dir = PathBuf::from(format!("/tmp/nic-t{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::fresh_dir("nic-t", name);
         let control = dir.join("ctl.sock");
         let args = NicArgs {
             pf: vec!["pf0".into()],
@@ -318,16 +315,19 @@ pub fn spawn_nic_child(test: &str, dir: &Path, pool: &Path) -> Child {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    wait_control(&mut child, &dir.join("ctl.sock"), Duration::from_secs(10));
+    child
+}
+
+/// Waits (bounded by `limit`) until the NIC daemon `child` answers on its control socket;
+/// panics if it exits first.
+pub fn wait_control(child: &mut Child, control: &Path, limit: Duration) {
     let t0 = Instant::now();
-    while Client::connect(&dir.join("ctl.sock")).is_err() {
+    while Client::connect(control).is_err() {
         if let Some(st) = child.try_wait().unwrap() {
-            panic!("child NIC exited: {st}");
+            panic!("burstvm nic exited: {st}");
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "child NIC did not come up"
-        );
+        assert!(t0.elapsed() < limit, "burstvm nic did not come up");
         std::thread::sleep(Duration::from_millis(10));
     }
-    child
 }

@@ -1,10 +1,9 @@
-//! Shared by the virtio_* tests: a tap made by the test, the test's end of
-//! the wire (AF_PACKET on that tap), and the server side of the agent's
-//! request/reply exchange.
+//! The virtio tests' network side (cli's virtio_*, vmm_* and nic_vm tests): a tap made
+//! by the test, the test's end of the wire (AF_PACKET on that tap), and the server side
+//! of the agent's request/reply exchange.
 //!
 //! The test plays the server with an AF_PACKET socket, so the host's IP
 //! stack is not involved and no address is configured anywhere.
-#![allow(dead_code)] // each test file uses a different subset
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -209,17 +208,7 @@ impl AsRawFd for Wire {
     }
 }
 
-/// Stops a daemon the test started: SIGTERM, up to 10 s to exit, then SIGKILL.
-pub fn stop_child(child: &mut Child) {
-    // SAFETY: signalling our own child by its pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let end = Instant::now() + Duration::from_secs(10);
-    while child.try_wait().ok().flatten().is_none() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-}
+pub use crate::stop_child;
 
 pub fn is_udp_request(f: &[u8]) -> bool {
     f.len() >= 42 && f[12..14] == [8, 0] && f[23] == 17 && f[36..38] == SERVER_PORT.to_be_bytes()
