@@ -54,6 +54,10 @@ pub struct PeerSample {
     pub frames: u64,
     pub seconds: f64,
     pub cpu_seconds: f64,
+    /// DPDK only: testpmd's own count (`--record-core-cycles`) of TSC cycles
+    /// per frame spent in polls that moved frames, over the whole run: the
+    /// backend's cost without its empty polls.
+    pub busy_cycles_per_frame: Option<f64>,
 }
 
 impl From<crate::testpmd::TestpmdError> for BenchDpError {
@@ -100,7 +104,7 @@ fn start_backend(
             let vdevs: Vec<String> = (0..2)
                 .map(|i| format!("net_vhost{i},iface={},queues=1", s[i]))
                 .collect();
-            let mut t = Testpmd::spawn("backend", BACKEND_CPU, &vdevs, &[])?;
+            let mut t = Testpmd::spawn("backend", BACKEND_CPU, &vdevs, &["--record-core-cycles"])?;
             t.cmd("set fwd io")?;
             t.cmd("start")?;
             // The io engine forwards by port, not by MAC: any unicast MACs do.
@@ -149,13 +153,22 @@ pub fn run_once(
     }
     fe.cmd("stop")?;
     fe.quit()?;
-    if let Running::Dpdk(t) = running {
+    let mut busy_cycles_per_frame = None;
+    if let Running::Dpdk(mut t) = running {
+        // "CPU cycles/packet=172.53 (busy cycles=... / total io packets=...)"
+        let out = t.cmd("stop")?;
+        busy_cycles_per_frame = out
+            .split("CPU cycles/packet=")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.parse().ok());
         t.quit()?;
     }
     Ok(PeerSample {
         frames: f1 - f0,
         seconds,
         cpu_seconds: (c1 - c0) as f64 / 1e9,
+        busy_cycles_per_frame,
     })
 }
 
@@ -176,7 +189,7 @@ pub fn run(args: &BenchDataplaneArgs, dir: &Path) -> Result<(), BenchDpError> {
         args.duration,
         args.reps
     );
-    println!("rep  size  backend      Mpps   cpu_s  cycles/pkt");
+    println!("rep  size  backend      Mpps   cpu_s  cycles/pkt  busy_cycles/pkt");
     let dur = Duration::from_secs_f64(args.duration);
     let backends = [Backend::Burstvm, Backend::Dpdk];
     // samples[size][backend]
@@ -186,11 +199,13 @@ pub fn run(args: &BenchDataplaneArgs, dir: &Path) -> Result<(), BenchDpError> {
             for (bi, &b) in backends.iter().enumerate() {
                 let s = run_once(b, dir, size, dur)?;
                 println!(
-                    "{rep:>3} {size:>5}  {:<8} {:>9.3} {:>7.3} {:>11.0}",
+                    "{rep:>3} {size:>5}  {:<8} {:>9.3} {:>7.3} {:>11.0}  {}",
                     b.name(),
                     s.frames as f64 / s.seconds / 1e6,
                     s.cpu_seconds,
-                    s.cpu_seconds * hz / s.frames as f64
+                    s.cpu_seconds * hz / s.frames as f64,
+                    s.busy_cycles_per_frame
+                        .map_or("-".into(), |c| format!("{c:.0}"))
                 );
                 samples[si][bi].push(s);
             }

@@ -144,7 +144,8 @@ impl Testpmd {
         // line with write(2): unbuffered stdout keeps them in order on a pipe
         // (stdbuf execs testpmd, so the child's pid is testpmd's).
         let mut cmd = Command::new("stdbuf");
-        cmd.args(["-o0", TESTPMD]).arg(format!("--lcores=0@{cpu},1@{cpu}"))
+        cmd.args(["-o0", TESTPMD])
+            .arg(format!("--lcores=0@{cpu},1@{cpu}"))
             .args(["--no-pci", "--in-memory", "--single-file-segments"])
             .arg(format!(
                 "--file-prefix=burstvm-{name}-{}",

@@ -10,24 +10,36 @@ mod common;
 use std::time::Duration;
 
 use common::{frame, TestNic};
+use nic::bench_dpdk::Backend;
 use nic::devset::VfState;
 use nic::frontend::{SimFrontend, MIN_MEM};
 use nic::testpmd::{Hugepages, Testpmd, PAGES_PER_TESTPMD};
 use nic::LockPolicy;
 
 const T: Duration = Duration::from_secs(5);
+/// The tests of this file take hugepages in turn: each gives back what it
+/// added, which is only right if no other holds pages meanwhile.
+static HUGEPAGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn testpmd_missing() -> bool {
+    let missing = nic::testpmd::find().is_none();
+    if missing {
+        println!(
+            "SKIPPED: {} is not on PATH (Debian package dpdk-dev; scripts/setup.sh installs it)",
+            nic::testpmd::TESTPMD
+        );
+    }
+    missing
+}
 /// testpmd's txonly frames: 64 bytes, IPv4/UDP 198.18.0.1:9 -> 198.18.0.2:9.
 const TXONLY_LEN: usize = 64;
 
 #[test]
 fn dpdk_virtio_user_frames_cross_the_switch_byte_exact_with_exact_counters() {
-    if nic::testpmd::find().is_none() {
-        println!(
-            "SKIPPED: {} is not on PATH (Debian package dpdk-dev; scripts/setup.sh installs it)",
-            nic::testpmd::TESTPMD
-        );
+    if testpmd_missing() {
         return;
     }
+    let _turn = HUGEPAGES.lock().unwrap_or_else(|e| e.into_inner());
     let nr = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
     let pages_before = std::fs::read_to_string(nr).unwrap();
     let pages = Hugepages::reserve(PAGES_PER_TESTPMD).unwrap();
@@ -128,4 +140,30 @@ fn dpdk_virtio_user_frames_cross_the_switch_byte_exact_with_exact_counters() {
         pages_before,
         "hugepages given back"
     );
+}
+
+/// `bench dataplane --peer dpdk` in short: the same testpmd frontend moves
+/// frames through burstvm's NIC and through DPDK's vhost backend, and both
+/// backends' CPU time is counted.
+#[test]
+fn bench_peer_dpdk_moves_frames_through_both_backends() {
+    if testpmd_missing() {
+        return;
+    }
+    let _turn = HUGEPAGES.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::path::PathBuf::from(format!("/tmp/nic-t{}-bench-dpdk", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pages = Hugepages::reserve(2 * PAGES_PER_TESTPMD).unwrap();
+    for backend in [Backend::Burstvm, Backend::Dpdk] {
+        let s = nic::bench_dpdk::run_once(backend, &dir, 64, Duration::from_millis(300)).unwrap();
+        assert!(s.frames > 1000, "{backend:?}: {s:?}");
+        assert!(s.cpu_seconds > 0.0, "{backend:?}: {s:?}");
+        assert_eq!(
+            s.busy_cycles_per_frame.is_some(),
+            backend == Backend::Dpdk,
+            "{s:?}"
+        );
+    }
+    drop(pages);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
