@@ -10,7 +10,10 @@ pkgs=(gcc binutils libclang-dev iproute2 fonts-dejavu-core linux-image-amd64 zst
   # the condensed guest kernel (scripts/build-guest-kernel.sh)
   linux-source-6.1 bc flex bison libelf-dev make
   # containerd (1.6, runs without systemd) for the shim; protobuf-compiler for the CRI bindings
-  containerd protobuf-compiler)
+  containerd protobuf-compiler
+  # dpdk-testpmd (virtio-user and vhost PMDs): the NIC's interop test and
+  # `burstvm bench dataplane --peer dpdk` (docs/nic.md)
+  dpdk-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -26,8 +26,21 @@ pub enum Topology {
     OneWay,
 }
 
+/// The peer measured side by side with burstvm's NIC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Peer {
+    /// `dpdk-testpmd` frontends against burstvm's NIC and against DPDK's
+    /// `net_vhost` backend (nic::bench_dpdk).
+    Dpdk,
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchDataplaneArgs {
+    /// Instead of the built-in frontend: DPDK's testpmd as the frontend of
+    /// both burstvm's NIC and DPDK's vhost backend, interleaved, with the
+    /// ratio (uses --sizes, --duration, --reps, --dir).
+    #[arg(long, value_enum)]
+    pub peer: Option<Peer>,
     /// VFs driven (at least 2; one-way uses them in pairs).
     #[arg(long, default_value_t = 2)]
     pub vfs: usize,
@@ -75,6 +88,8 @@ pub enum BenchDpError {
     },
     #[error("bench dataplane: {0}")]
     Run(String),
+    #[error("bench dataplane --peer dpdk: {0}")]
+    Peer(#[source] crate::testpmd::TestpmdError),
 }
 
 /// One run's result.
@@ -139,6 +154,104 @@ fn frame(dst: [u8; 6], src: [u8; 6], len: usize) -> Vec<u8> {
     f
 }
 
+/// An in-process NIC with one PF of `vfs` assigned VFs, serving their
+/// sockets, and its dataplane thread as the daemon runs it; stopped on drop.
+pub struct BenchNic {
+    pub nic: Arc<Nic>,
+    server: Option<BackgroundServer>,
+    stop: Arc<AtomicBool>,
+    dp_thread: Option<std::thread::JoinHandle<()>>,
+    /// The dataplane thread's id (for its schedstat).
+    pub dp_tid: i32,
+}
+
+impl BenchNic {
+    /// `pin`: the CPU the dataplane thread runs on (sched_setaffinity), if any.
+    pub fn start(
+        dir: &Path,
+        vfs: usize,
+        batch: usize,
+        pin: Option<usize>,
+    ) -> Result<BenchNic, BenchDpError> {
+        let nic_err = |what| move |source| BenchDpError::Nic { what, source };
+        let nic = Arc::new(
+            Nic::new(
+                &[("pf0".into(), vfs)],
+                LockPolicy::Hierarchical,
+                dir,
+                dir.join("state.json"),
+                &crate::sg::SgArgs::default(),
+            )
+            .map_err(nic_err("start"))?,
+        );
+        let pf = &nic.pfs[0];
+        for i in 0..vfs {
+            pf.devset
+                .assign(i, &format!("bench-dp-{i}"))
+                .map_err(|e| BenchDpError::Run(e.to_string()))?;
+        }
+        let server = BackgroundServer::start(nic.clone()).map_err(nic_err("serve VF sockets"))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let dp = Dataplane::new(
+            pf.devset.clone(),
+            pf.ports.clone(),
+            None,
+            pf.wake.clone(),
+            batch,
+        );
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let st = stop.clone();
+        let dp_thread = std::thread::Builder::new()
+            .name("dp-bench".into())
+            .spawn(move || {
+                let pinned = pin.map(|cpu| {
+                    let mut set = nix::sched::CpuSet::new();
+                    set.set(cpu)
+                        .and_then(|_| {
+                            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+                        })
+                        .map_err(|e| format!("pin the dataplane thread to CPU {cpu}: {e}"))
+                });
+                let _ = tid_tx.send((nix::unistd::gettid().as_raw(), pinned));
+                dp.run(&st);
+            })
+            .map_err(|source| BenchDpError::Io {
+                what: "spawn the dataplane thread".into(),
+                source,
+            })?;
+        let mut b = BenchNic {
+            nic,
+            server: Some(server),
+            stop,
+            dp_thread: Some(dp_thread),
+            dp_tid: 0,
+        };
+        match tid_rx.recv_timeout(Duration::from_secs(5)) {
+            Ok((tid, None | Some(Ok(())))) => b.dp_tid = tid,
+            Ok((_, Some(Err(e)))) => return Err(BenchDpError::Run(e)),
+            Err(_) => {
+                return Err(BenchDpError::Run(
+                    "the dataplane thread did not start".into(),
+                ))
+            }
+        }
+        Ok(b)
+    }
+}
+
+impl Drop for BenchNic {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = self.nic.pfs[0].wake.write(1);
+        if let Some(t) = self.dp_thread.take() {
+            let _ = t.join();
+        }
+        if let Some(s) = self.server.take() {
+            s.stop();
+        }
+    }
+}
+
 /// One run: a fresh in-process NIC with `vfs` VFs and its dataplane thread,
 /// one frontend per VF, traffic for `duration`.
 pub fn run_once(
@@ -149,64 +262,19 @@ pub fn run_once(
     batch: usize,
     duration: Duration,
 ) -> Result<Sample, BenchDpError> {
-    let nic_err = |what| move |source| BenchDpError::Nic { what, source };
-    let nic = Arc::new(
-        Nic::new(
-            &[("pf0".into(), vfs)],
-            LockPolicy::Hierarchical,
-            dir,
-            dir.join("state.json"),
-            &crate::sg::SgArgs::default(),
-        )
-        .map_err(nic_err("start"))?,
-    );
-    let pf = &nic.pfs[0];
-    for i in 0..vfs {
-        pf.devset
-            .assign(i, &format!("bench-dp-{i}"))
-            .map_err(|e| BenchDpError::Run(e.to_string()))?;
-    }
-    let server = BackgroundServer::start(nic.clone()).map_err(nic_err("serve VF sockets"))?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let dp = Dataplane::new(
-        pf.devset.clone(),
-        pf.ports.clone(),
-        None,
-        pf.wake.clone(),
-        batch,
-    );
-    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    let st = stop.clone();
-    let dp_thread = std::thread::Builder::new()
-        .name("dp-bench".into())
-        .spawn(move || {
-            let _ = tid_tx.send(nix::unistd::gettid().as_raw());
-            dp.run(&st);
-        })
-        .map_err(|source| BenchDpError::Io {
-            what: "spawn the dataplane thread".into(),
-            source,
-        })?;
-    let r = drive(&nic, &tid_rx, vfs, topology, size, batch, duration);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = pf.wake.write(1);
-    let _ = dp_thread.join();
-    server.stop();
-    r
+    let b = BenchNic::start(dir, vfs, batch, None)?;
+    drive(&b.nic, b.dp_tid, vfs, topology, size, batch, duration)
 }
 
 fn drive(
     nic: &Nic,
-    tid: &std::sync::mpsc::Receiver<i32>,
+    tid: i32,
     vfs: usize,
     topology: Topology,
     size: usize,
     batch: usize,
     duration: Duration,
 ) -> Result<Sample, BenchDpError> {
-    let tid = tid
-        .recv_timeout(Duration::from_secs(5))
-        .map_err(|_| BenchDpError::Run("the dataplane thread did not start".into()))?;
     let ports = &nic.pfs[0].ports;
     let mut fes = ports
         .iter()
@@ -260,7 +328,7 @@ fn pump(fes: &mut [SimFrontend], sends: &dyn Fn(usize) -> Option<usize>, batch: 
     got
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
@@ -293,6 +361,13 @@ pub fn run_cli(args: &BenchDataplaneArgs) -> Result<(), BenchDpError> {
         what: dir.display().to_string(),
         source,
     })?;
+    if args.peer == Some(Peer::Dpdk) {
+        let r = crate::bench_dpdk::run(args, &dir);
+        if args.dir.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        return r;
+    }
     let (hz, source) = nominal_hz();
     println!(
         "# nominal {:.3} GHz ({source}); {} VFs, {} s x {} runs, median",

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod bench_dataplane;
+pub mod bench_dpdk;
 pub mod control;
 pub mod daemon;
 pub mod dataplane;
@@ -18,6 +19,7 @@ pub mod port;
 pub mod session;
 pub mod sg;
 pub mod state;
+pub mod testpmd;
 
 use std::path::PathBuf;
 
