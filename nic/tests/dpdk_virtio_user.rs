@@ -5,7 +5,7 @@
 //! test's own counts. Needs root (hugepages) and `dpdk-testpmd` (package
 //! dpdk-dev, installed by scripts/setup.sh).
 
-mod common;
+use testutil::nic as common;
 
 use std::time::Duration;
 
