@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::TestNic;
 use nic::control::{Client, DevKind, VfInfo};
+use nic::devset::VfState;
 use nic::sg::frontend::SgFrontend;
 use nic::sg::SgArgs;
 use nic::LockPolicy;
@@ -128,6 +129,9 @@ fn sg_function_alloc_attach_echo_and_detach_on_disconnect() {
     fe.detach().unwrap();
     wait_sg(&mut c, "sb-a", "detached", no_leak);
     drop(fe);
+    // The daemon refuses a second open while it still serves the first
+    // session; reconnect once it has seen the hang-up (a VMM retries too).
+    wait_sg(&mut c, "sb-a", "closed", |v| v.state != VfState::Open);
     let mut fe = SgFrontend::connect(&info.socket, MEM, DriverConfig::default()).unwrap();
     echo(&mut fe, 2, |i| vec![i as u8; 3000]);
     drop(fe);
