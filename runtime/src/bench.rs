@@ -94,19 +94,13 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
             .map(|id| {
                 let (barrier, issue, done, nicd1) = (&barrier, &issue, &done, &nicd1);
                 let sspec = SandboxSpec {
-                    id: id.clone(),
-                    variant,
-                    memory_bytes: spec.memory_bytes,
                     cpus: spec.cpus,
                     app_size: spec.app_size,
                     keep_running: true,
-                    timeout_secs: spec.timeout_secs,
                     rootfs: spec.rootfs.clone(),
-                    kernel: None,
-                    echo: false,
-                    probe: Vec::new(),
                     template: spec.template.clone(),
                     net_pool: spec.net_pool,
+                    ..SandboxSpec::new(id.clone(), variant, spec.memory_bytes, spec.timeout_secs)
                 };
                 std::thread::Builder::new()
                     .name(format!("sb-{id}"))

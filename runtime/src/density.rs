@@ -206,19 +206,11 @@ fn run_level(
     };
     let prefix = format!("{}d{n}{}-", rt.sandbox_prefix(), &mode[..1]);
     let spec = |i: usize| SandboxSpec {
-        id: format!("{prefix}{i}"),
-        variant: a.variant,
-        memory_bytes: memory,
         cpus: a.sandbox.cpus,
         app_size,
         keep_running: true,
-        timeout_secs: a.timeout,
-        rootfs: None,
-        kernel: None,
-        echo: false,
-        probe: Vec::new(),
         template: template.clone(),
-        net_pool: false,
+        ..SandboxSpec::new(format!("{prefix}{i}"), a.variant, memory, a.timeout)
     };
     let sh = Shared {
         pids: Mutex::default(),

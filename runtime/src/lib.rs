@@ -339,19 +339,14 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
         a.variant.name().to_lowercase()
     );
     let spec = SandboxSpec {
-        id: id.clone(),
-        variant: a.variant,
-        memory_bytes: memory,
         cpus: a.sandbox.cpus,
         app_size,
         keep_running: a.keep_running,
-        timeout_secs: a.timeout,
         rootfs,
         kernel: a.kernel.clone(),
-        echo: false,
-        probe: Vec::new(),
         template: a.template.resolve()?,
         net_pool: a.net_pool > 0,
+        ..SandboxSpec::new(id.clone(), a.variant, memory, a.timeout)
     };
     let start = trace::monotonic_ns();
     let result = (|| -> Result<(), Error> {

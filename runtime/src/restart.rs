@@ -165,20 +165,13 @@ pub fn run_cli(a: &BenchNicRestartArgs) -> Result<(), Error> {
     let result = (|| -> Result<Vec<Outage>, Error> {
         let mut sandboxes = Vec::new();
         for i in 0..a.guests {
+            let id = format!("{}restart-{i}", rt.sandbox_prefix());
             let spec = SandboxSpec {
-                id: format!("{}restart-{i}", rt.sandbox_prefix()),
-                variant: a.variant,
-                memory_bytes: memory,
                 cpus: a.sandbox.cpus,
                 app_size,
                 keep_running: true,
-                timeout_secs: a.timeout,
-                rootfs: None,
-                kernel: None,
                 echo: true,
-                probe: Vec::new(),
-                template: None,
-                net_pool: false,
+                ..SandboxSpec::new(id, a.variant, memory, a.timeout)
             };
             sandboxes.push(Sandbox::start(&rt, spec)?);
         }

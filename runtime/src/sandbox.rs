@@ -56,6 +56,29 @@ pub struct SandboxSpec {
     pub net_pool: bool,
 }
 
+impl SandboxSpec {
+    /// An idle sandbox of one vCPU running the built-in agent without an app
+    /// payload, root filesystem, probe or template; that exits after READY
+    /// (callers set what they need with `..SandboxSpec::new(..)`).
+    pub fn new(id: String, variant: Variant, memory_bytes: u64, timeout_secs: u64) -> Self {
+        SandboxSpec {
+            id,
+            variant,
+            memory_bytes,
+            cpus: 1.0,
+            app_size: 0,
+            keep_running: false,
+            timeout_secs,
+            rootfs: None,
+            kernel: None,
+            echo: false,
+            probe: Vec::new(),
+            template: None,
+            net_pool: false,
+        }
+    }
+}
+
 /// What the `rootfs` stage cost this sandbox (bench statistics).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RootfsCost {

@@ -307,22 +307,12 @@ impl TaskService {
             bundle: bundle.clone(),
             stdout: req.stdout.clone(),
             stderr: req.stderr.clone(),
+            // No rootfs: the RunD split from the snapshot is the seam of
+            // rootfs.rs; today the entrypoint is the agent's app payload.
             spec: SandboxSpec {
-                id: sandbox,
-                variant,
-                memory_bytes: cfg.memory_bytes(),
                 cpus: cfg.cpus,
-                app_size: 0,
                 keep_running: true,
-                timeout_secs: cfg.timeout_secs,
-                // The RunD split from the snapshot is the seam of rootfs.rs;
-                // today the entrypoint is the agent's app payload.
-                rootfs: None,
-                kernel: None,
-                echo: false,
-                probe: Vec::new(),
-                template: None,
-                net_pool: false,
+                ..SandboxSpec::new(sandbox, variant, cfg.memory_bytes(), cfg.timeout_secs)
             },
             netns,
             until_exit,

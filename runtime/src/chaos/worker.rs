@@ -138,19 +138,9 @@ fn run_round(
     let n = a.concurrency;
     let generator = canary::Generator::start(&rt.server().netns_path(), rt.ipam_lease_dir());
     let spec = |id: String| SandboxSpec {
-        id,
-        variant: a.variant,
-        memory_bytes: a.memory_bytes,
-        cpus: 1.0,
-        app_size: 0,
         keep_running: true,
-        timeout_secs: a.timeout,
-        rootfs: None,
-        kernel: None,
-        echo: false,
         probe: canary::probe_addresses(),
-        template: None,
-        net_pool: false,
+        ..SandboxSpec::new(id, a.variant, a.memory_bytes, a.timeout)
     };
     let start = Barrier::new(n);
     let mut nic_restarts = 0;
