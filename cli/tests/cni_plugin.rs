@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use nic::control::{Client, VfInfo};
+use nic::control::{Client, DevKind, VfInfo};
 use serde_json::{json, Value};
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_burstvm-cni");
@@ -110,16 +110,23 @@ struct NicDaemon {
     child: Option<Child>,
     socket: PathBuf,
     vfs: usize,
+    /// SG functions of pf0 (`--sgfs`).
+    sgfs: usize,
     dir: tempfile::TempDir,
 }
 
 impl NicDaemon {
     fn start(vfs: usize) -> NicDaemon {
+        Self::start_with_sgfs(vfs, 0)
+    }
+
+    fn start_with_sgfs(vfs: usize, sgfs: usize) -> NicDaemon {
         let dir = tempfile::tempdir().unwrap();
         let mut d = NicDaemon {
             child: None,
             socket: dir.path().join("nic.sock"),
             vfs,
+            sgfs,
             dir,
         };
         d.spawn();
@@ -136,6 +143,7 @@ impl NicDaemon {
         assert!(self.child.is_none(), "the daemon is still running");
         let child = Command::new(BURSTVM)
             .args(["nic", "--pf", "pf0", "--vfs", &self.vfs.to_string()])
+            .args(["--sgfs", &self.sgfs.to_string()])
             .arg("--control")
             .arg(&self.socket)
             .arg("--state-dir")
@@ -986,4 +994,74 @@ fn cni_nic_killed_mid_call_then_del_against_the_restarted_daemon_frees_every_vf(
     let state = std::fs::read_to_string(nic.state_dir().join("nic-state.json")).unwrap();
     let state: Value = serde_json::from_str(&state).unwrap();
     assert_eq!(state["assignments"], json!([]), "{state}");
+}
+
+#[test]
+fn cni_kind_sg_adds_an_sg_function_without_link_or_address_and_del_releases_it() {
+    let nic = NicDaemon::start_with_sgfs(1, 2);
+    let net = Network::new(&nic, "10.79.0.0/16", json!({"kind": "sg", "ipam": null}));
+    let ns = Netns::new();
+    let cid = unique("sgcni");
+    let conf = net.config().to_string();
+
+    let (st, r) = net.plugin(&env("ADD", &cid, &ns.path()), &conf);
+    assert_eq!(st, 0, "ADD: {r}");
+    let held = nic.assigned();
+    assert_eq!(held.len(), 1, "one device assigned: {held:?}");
+    let sgf = &held[0];
+    assert_eq!(sgf.kind, DevKind::Sg, "{sgf:?}");
+    assert_eq!(sgf.sandbox.as_deref(), Some(cid.as_str()));
+    assert!(sgf.socket.exists(), "{sgf:?}");
+    // The result names the SGF's socket and nothing a link would have.
+    let iface = &r["interfaces"][0];
+    assert_eq!(r["interfaces"].as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(iface["name"], "eth0");
+    assert_eq!(iface["kind"], "sg");
+    assert_eq!(iface["sandbox"], ns.path());
+    assert_eq!(iface["socketPath"], sgf.socket.to_str().unwrap());
+    assert_eq!(iface["pciID"], sgf.id.as_str());
+    assert!(
+        iface.get("mac").is_none() && iface.get("mtu").is_none(),
+        "{r}"
+    );
+    assert!(
+        r.get("ips")
+            .is_none_or(|i| i.as_array().unwrap().is_empty()),
+        "{r}"
+    );
+    assert!(ns.links().is_empty(), "no placeholder: {:?}", ns.links());
+
+    // CHECK against the ADD result; a socket the NIC does not have fails it.
+    let mut with_prev = net.config();
+    with_prev["prevResult"] = r.clone();
+    let (st, out) = net.plugin(&env("CHECK", &cid, &ns.path()), &with_prev.to_string());
+    assert_eq!(st, 0, "CHECK: {out}");
+    with_prev["prevResult"]["interfaces"][0]["socketPath"] = json!("/elsewhere.sock");
+    let (st, out) = net.plugin(&env("CHECK", &cid, &ns.path()), &with_prev.to_string());
+    assert_eq!(
+        error_code(st, &out),
+        cni::code::CHECK_FAILED as u64,
+        "{out}"
+    );
+
+    // DEL gives it back, and again (idempotent), also with the netns gone.
+    for _ in 0..2 {
+        let (st, out) = net.plugin(&env("DEL", &cid, &ns.path()), &conf);
+        assert_eq!(st, 0, "DEL: {out}");
+        assert!(nic.assigned().is_empty(), "{:?}", nic.assigned());
+    }
+    let (st, out) = net.plugin(&env("DEL", &cid, "/run/netns/gone-sgcni"), &conf);
+    assert_eq!(st, 0, "DEL without netns: {out}");
+
+    // An SG network with IPAM is a config error, before the NIC is asked.
+    let mut bad = net.config();
+    bad["ipam"] = json!({"type": "host-local", "subnet": "10.79.0.0/16"});
+    let (st, out) = net.plugin(&env("ADD", &cid, &ns.path()), &bad.to_string());
+    assert_eq!(
+        error_code(st, &out),
+        cni::code::INVALID_CONFIG as u64,
+        "{out}"
+    );
+    assert!(out["msg"].as_str().unwrap().contains("ipam"), "{out}");
+    assert!(nic.assigned().is_empty(), "{:?}", nic.assigned());
 }

@@ -8,6 +8,7 @@ use serde_json::Value;
 use crate::error::{code, PluginError};
 use crate::version::{self, Version};
 use netutil::cni::CniResult;
+use nic::control::DevKind;
 
 pub const DEFAULT_NIC_SOCKET: &str = "/run/burstvm/nic.sock";
 /// Most seconds `nicTimeout` may ask for: ADD must not hang a runtime for longer.
@@ -29,6 +30,8 @@ pub struct NetConf {
     /// Bound on every exchange with the NIC daemon (`nicTimeout`, seconds).
     pub nic_timeout: Duration,
     pub pf: String,
+    /// `kind`: a VF (default) or an SG function (SG-IOV, docs/sgiov.md).
+    pub kind: DevKind,
     pub mac: Option<String>,
     pub vlan: Option<u16>,
     /// `ipam.type`, when the config delegates address management.
@@ -172,12 +175,48 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
             ))
         }
     };
+    let kind = match string("kind")?.as_deref() {
+        None | Some("vf") => DevKind::Vf,
+        Some("sg") => DevKind::Sg,
+        Some(k) => {
+            return Err(PluginError::invalid_config(
+                "kind",
+                format!("{k:?} is neither \"vf\" nor \"sg\""),
+            ))
+        }
+    };
+    if kind == DevKind::Sg {
+        // An SG function carries sockets, not frames: nothing to address.
+        for (field, set) in [
+            ("mac", mac.is_some()),
+            ("vlan", vlan.is_some()),
+            ("ipam", ipam.is_some()),
+        ] {
+            if set {
+                return Err(PluginError::invalid_config(
+                    field,
+                    "an SG function (\"kind\":\"sg\") has no MAC, VLAN or IP address",
+                ));
+            }
+        }
+        // Its only handle is the vhost-user socket, a 1.1.0 result field.
+        if !version.has_1_1_fields() {
+            return Err(PluginError::invalid_config(
+                "kind",
+                format!(
+                    "\"sg\" needs cniVersion 1.1.0 (the result's socketPath), not {}",
+                    version.as_str()
+                ),
+            ));
+        }
+    }
     Ok(NetConf {
         raw: raw.to_vec(),
         version,
         nic_socket,
         nic_timeout,
         pf,
+        kind,
         mac,
         vlan,
         ipam,
@@ -215,6 +254,9 @@ mod tests {
         assert_eq!(c.nic_socket, PathBuf::from(DEFAULT_NIC_SOCKET));
         assert_eq!(c.nic_timeout, nic::control::DEFAULT_TIMEOUT);
         assert!(c.ipam.is_none() && c.mac.is_none() && c.vlan.is_none());
+        assert_eq!(c.kind, DevKind::Vf);
+        assert_eq!(conf(r#","kind":"vf""#).unwrap().kind, DevKind::Vf);
+        assert_eq!(conf(r#","kind":"sg""#).unwrap().kind, DevKind::Sg);
         assert_eq!(
             conf(r#","nicTimeout":0.5"#).unwrap().nic_timeout,
             Duration::from_millis(500)
@@ -259,6 +301,11 @@ mod tests {
             r#","nicTimeout":1e9"#,
             r#","nicTimeout":"5""#,
             r#","cni.dev/valid-attachments":[{"containerID":"a"}]"#,
+            r#","kind":"pf""#,
+            r#","kind":1"#,
+            r#","kind":"sg","mac":"02:00:00:00:00:01""#,
+            r#","kind":"sg","vlan":12"#,
+            r#","kind":"sg","ipam":{"type":"host-local"}"#,
         ] {
             let e = conf(bad).unwrap_err();
             assert_eq!(e.code, code::INVALID_CONFIG, "{bad}: {e}");
@@ -268,6 +315,16 @@ mod tests {
                 .unwrap_err()
                 .code,
             code::DECODE_FAILURE
+        );
+    }
+
+    #[test]
+    fn sg_needs_the_1_1_result() {
+        let old = br#"{"cniVersion":"1.0.0","name":"n","pf":"pf0","kind":"sg"}"#;
+        let e = parse(old).unwrap_err();
+        assert!(
+            e.code == code::INVALID_CONFIG && e.details.contains("1.1.0"),
+            "{e}"
         );
     }
 

@@ -14,7 +14,7 @@ use crate::placeholder::{self, PlaceholderError};
 use crate::version::{Version, SUPPORTED};
 use netutil::cni::{CniResult, Interface};
 use netutil::{MacAddr, Netns, NetnsError, RouteSpec};
-use nic::control::{Client, ClientError, ErrorCode, VfInfo as Vf};
+use nic::control::{Client, ClientError, DevKind, ErrorCode, VfInfo as Vf};
 use nic::devset::VfState;
 
 /// Reads env and stdin, runs the command, prints its result or error
@@ -179,20 +179,27 @@ fn add(env: &Env, conf: &NetConf) -> Result<Value, PluginError> {
         ));
     }
     let mut nic = connect(conf)?;
-    let vf = match nic.alloc(&conf.pf, cid, conf.mac.as_deref(), conf.vlan) {
+    let alloc = match conf.kind {
+        DevKind::Vf => nic.alloc(&conf.pf, cid, conf.mac.as_deref(), conf.vlan),
+        DevKind::Sg => nic.alloc_sg(&conf.pf, cid),
+    };
+    let vf = match alloc {
         Ok(vf) => vf,
         Err(e) => {
             if e.is_lost() {
                 // The daemon may have stored the alloc before it died; a
                 // daemon already back releases it now, else the runtime's DEL does.
                 if let Err(r) = connect(conf).and_then(|mut n| n.release(cid).map_err(nic_error)) {
-                    eprintln!("burstvm-cni ADD cleanup: releasing the VF of {cid}: {r}");
+                    eprintln!("burstvm-cni ADD cleanup: releasing the device of {cid}: {r}");
                 }
             }
             return Err(nic_error(e));
         }
     };
-    let result = add_with_vf(conf, &ns, ifname, &vf, ipam.as_deref());
+    let result = match conf.kind {
+        DevKind::Vf => add_with_vf(conf, &ns, ifname, &vf, ipam.as_deref()),
+        DevKind::Sg => Ok(sg_result(conf, &ns, ifname, &vf)),
+    };
     if result.is_err() {
         // Leave nothing behind: IPAM DEL (spec §4), then give the VF back.
         if let Some(p) = &ipam {
@@ -201,7 +208,7 @@ fn add(env: &Env, conf: &NetConf) -> Result<Value, PluginError> {
             }
         }
         if let Err(e) = nic.release(cid) {
-            eprintln!("burstvm-cni ADD cleanup: releasing the VF of {cid}: {e}");
+            eprintln!("burstvm-cni ADD cleanup: releasing the device of {cid}: {e}");
         }
     }
     result
@@ -272,6 +279,7 @@ fn add_with_vf(
         sandbox: Some(ns.path().display().to_string()),
         socket_path: Some(vf.socket.display().to_string()),
         pci_id: Some(vf.id.clone()),
+        kind: None,
     });
     result.ips.extend(ipam_result.ips.into_iter().map(|mut ip| {
         ip.interface = Some(index);
@@ -286,6 +294,22 @@ fn add_with_vf(
         result.dns = ipam_result.dns;
     }
     Ok(result.to_json(conf.version))
+}
+
+/// An SG function has no link, MAC or address (config.rs refuses `ipam`
+/// with it): the interface names its vhost-user socket and the SGF's id.
+fn sg_result(conf: &NetConf, ns: &Netns, ifname: &str, sgf: &Vf) -> Value {
+    let mut result = conf.prev_result.clone().unwrap_or_default();
+    result.interfaces.push(Interface {
+        name: ifname.into(),
+        mac: None,
+        mtu: None,
+        sandbox: Some(ns.path().display().to_string()),
+        socket_path: Some(sgf.socket.display().to_string()),
+        pci_id: Some(sgf.id.clone()),
+        kind: Some("sg".into()),
+    });
+    result.to_json(conf.version)
 }
 
 /// Best effort and idempotent: every step runs, the first error is returned.
@@ -359,6 +383,26 @@ fn check(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
             "the NIC says VF {} is {:?} for {:?}, not assigned to {cid}",
             vf.id, vf.state, vf.sandbox
         )));
+    }
+    if vf.kind != conf.kind {
+        return Err(check_failed(format!(
+            "the NIC assigned {} of kind {:?} to {cid}, the config asks for {:?}",
+            vf.id, vf.kind, conf.kind
+        )));
+    }
+    if conf.kind == DevKind::Sg {
+        // No link and no address to compare: the socket is the attachment.
+        return match iface.socket_path.as_deref() {
+            Some(s) if Path::new(s) == vf.socket && iface.pci_id.as_deref() == Some(&vf.id) => {
+                Ok(())
+            }
+            s => Err(check_failed(format!(
+                "prevResult has socketPath {s:?} and pciID {:?}, the NIC has {} for SG function {}",
+                iface.pci_id,
+                vf.socket.display(),
+                vf.id
+            ))),
+        };
     }
     let vf_mac = parse_mac(&vf.mac).ok_or_else(|| {
         check_failed(format!("the NIC reports MAC {:?} for VF {}", vf.mac, vf.id))
@@ -434,12 +478,16 @@ fn status(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
     let vfs = Client::connect_with_timeout(&conf.nic_socket, conf.nic_timeout)
         .and_then(|mut n| n.list())
         .map_err(|e| PluginError::caused(code::NOT_AVAILABLE, UNAVAILABLE, e))?;
-    let of_pf: Vec<&Vf> = vfs.iter().filter(|v| v.pf == conf.pf).collect();
+    let of_pf: Vec<&Vf> = vfs
+        .iter()
+        .filter(|v| v.pf == conf.pf && v.kind == conf.kind)
+        .collect();
     if of_pf.is_empty() {
         return Err(unavailable(format!(
-            "the NIC at {} has no PF {:?}",
+            "the NIC at {} has no PF {:?} with {:?} devices",
             conf.nic_socket.display(),
-            conf.pf
+            conf.pf,
+            conf.kind
         )));
     }
     if !of_pf.iter().any(|v| v.state == VfState::Free) {

@@ -79,6 +79,10 @@ pub struct Interface {
     pub socket_path: Option<String>,
     #[serde(default, rename = "pciID")]
     pub pci_id: Option<String>,
+    /// burstvm's own field: `"sg"` for an SG function (no MAC, no address;
+    /// `socketPath` is its vhost-user socket), absent for a VF.
+    #[serde(default)]
+    pub kind: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -148,6 +152,7 @@ impl CniResult {
                         i.socket_path.as_ref().map(|s| json!(s)),
                     );
                     put(&mut o, "pciID", i.pci_id.as_ref().map(|s| json!(s)));
+                    put(&mut o, "kind", i.kind.as_ref().map(|s| json!(s)));
                 }
                 Value::Object(o)
             })

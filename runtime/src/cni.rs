@@ -101,7 +101,10 @@ pub struct Attachment {
     pub ip_cidr: Option<String>,
     pub gateway: Option<String>,
     pub vf_id: Option<String>,
+    /// The VF's (or SG function's) vhost-user socket.
     pub vf_socket: Option<PathBuf>,
+    /// A VF, or an SG function (`"kind":"sg"` in the result: no link or address).
+    pub kind: nic::control::DevKind,
 }
 
 impl CniNetwork {
@@ -311,6 +314,10 @@ pub fn attachment(r: &CniResult, ifname: &str) -> Result<Attachment, NoInterface
         gateway: ip.and_then(|i| i.gateway).map(|g| g.to_string()),
         vf_id: iface.pci_id.clone(),
         vf_socket: iface.socket_path.as_ref().map(PathBuf::from),
+        kind: match iface.kind.as_deref() {
+            Some("sg") => nic::control::DevKind::Sg,
+            _ => nic::control::DevKind::Vf,
+        },
     })
 }
 
@@ -335,6 +342,22 @@ mod tests {
             PathBuf::from("/run/burstvm/nic/pf0-vf3.sock")
         );
         assert!(attachment(&r, "eth1").is_err());
+        assert_eq!(a.kind, nic::control::DevKind::Vf);
+    }
+
+    #[test]
+    fn an_sg_function_result_is_an_sg_attachment() {
+        let json = r#"{"cniVersion":"1.1.0",
+            "interfaces":[{"name":"eth0","sandbox":"/run/netns/x","kind":"sg",
+                           "pciID":"pf0-sg1","socketPath":"/run/burstvm/nic/pf0-sg1.sock"}]}"#;
+        let r: CniResult = serde_json::from_str(json).unwrap();
+        let a = attachment(&r, "eth0").unwrap();
+        assert_eq!(a.kind, nic::control::DevKind::Sg);
+        assert!(a.mac.is_none() && a.ip_cidr.is_none());
+        assert_eq!(
+            a.vf_socket.unwrap(),
+            PathBuf::from("/run/burstvm/nic/pf0-sg1.sock")
+        );
     }
 
     #[test]

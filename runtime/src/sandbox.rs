@@ -188,6 +188,8 @@ pub struct Sandbox<'rt> {
     cgroup: Option<Cgroup>,
     netns: Option<NamedNetns>,
     cni_added: bool,
+    /// The CNI attachment is an SG function: the agent runs its warp pipes.
+    sg: bool,
     /// The CNI container id of a pooled attachment (else the sandbox id).
     pooled_id: Option<String>,
     tap_added: bool,
@@ -244,6 +246,7 @@ impl<'rt> Sandbox<'rt> {
             cgroup: None,
             netns: None,
             cni_added: false,
+            sg: false,
             pooled_id: None,
             tap_added: false,
             neighbor: None,
@@ -397,6 +400,7 @@ impl<'rt> Sandbox<'rt> {
             gateway: None,
             vf_id: None,
             vf_socket: None,
+            kind: nic::control::DevKind::Vf,
         };
         let link = crate::guestnet::read_link(&ns, IFNAME, &att)?;
         let socket = self.rt.vf_socket(&link.vf_id)?;
@@ -434,6 +438,14 @@ impl<'rt> Sandbox<'rt> {
         // Marked before the call: a half-done ADD is undone by DEL too.
         self.cni_added = true;
         let att = cni.add(&self.spec.id, &ns, IFNAME)?;
+        if att.kind == nic::control::DevKind::Sg {
+            // No link, MAC or address: the SG function's socket is all there is.
+            let socket = att
+                .vf_socket
+                .ok_or("the CNI result's SG function has no socketPath")?;
+            self.sg = true;
+            return Ok(vec!["--net".into(), format!("sg:{}", socket.display())]);
+        }
         let link = crate::guestnet::read_link(&ns, IFNAME, &att)?;
         let socket = match att.vf_socket.clone() {
             Some(s) => s,
@@ -539,7 +551,9 @@ impl<'rt> Sandbox<'rt> {
             }
             (None, None) => Stdio::null(),
         };
-        if self.spec.echo {
+        if self.sg {
+            cmd.args(["--agent-mode", "sg"]);
+        } else if self.spec.echo {
             cmd.args(["--agent-mode", "echo"]);
         }
         cmd.env("RUST_BACKTRACE", "0")
