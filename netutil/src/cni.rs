@@ -245,6 +245,7 @@ mod tests {
             sandbox: Some("/run/netns/x".into()),
             socket_path: Some("/run/burstvm/nic/pf0-vf3.sock".into()),
             pci_id: Some("0000:b1:00.3".into()),
+            kind: Some("sg".into()),
         });
         r.ips[0].interface = Some(0);
         let v11 = r.to_json(Version::V1_1_0);
@@ -254,6 +255,7 @@ mod tests {
             v11["interfaces"][0]["socketPath"],
             "/run/burstvm/nic/pf0-vf3.sock"
         );
+        assert_eq!(v11["interfaces"][0]["kind"], "sg");
         assert!(v11["ips"][0].get("version").is_none());
         assert_eq!(v11["ips"][0]["interface"], 0);
         let v04 = r.to_json(Version::V0_4_0);
