@@ -93,6 +93,8 @@ enum SgiovBench {
     Sched(sgiov::bench::sched::SchedArgs),
     /// Recursive splitting against bounce buffers and the raw executor.
     Jobgen(sgiov::bench::jobgen::JobgenArgs),
+    /// Guest → staging → guest against direct guest → guest, by message size.
+    Path(sgiov::bench::path::PathArgs),
     /// A priority ping-pong on one pipe while every other pipe is backlogged (NIC daemon).
     Latency(nic::sg::bench::latency::LatencyArgs),
     /// Every pipe backlogged: aggregate MB/s, per-pipe spread, Jain's index (NIC daemon).
@@ -150,6 +152,9 @@ fn main() -> std::process::ExitCode {
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Jobgen(a))) => {
             sgiov::bench::jobgen::run_cli(&a).context("burstvm bench sgiov jobgen")
+        }
+        Command::Bench(BenchCommand::Sgiov(SgiovBench::Path(a))) => {
+            sgiov::bench::path::run_cli(&a).context("burstvm bench sgiov path")
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Latency(a))) => {
             nic::sg::bench::latency::run_cli(&a).context("burstvm bench sgiov latency")

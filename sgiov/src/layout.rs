@@ -382,6 +382,24 @@ impl PathKind {
             _ => None,
         }
     }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PathKind::Staged => "staged",
+            PathKind::Direct => "direct",
+        }
+    }
+}
+
+impl std::str::FromStr for PathKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "staged" => Ok(PathKind::Staged),
+            "direct" => Ok(PathKind::Direct),
+            _ => Err(format!("unknown path {s:?} (staged, direct)")),
+        }
+    }
 }
 
 /// The SG function's virtio-mmio device id (burstvm-private: no standard

@@ -1,16 +1,19 @@
-//! The SG-IOV benchmarks that need no device transport (stage 2 adds
-//! `latency`, `throughput`, `open` and `path`, which need vhost-user):
+//! The SG-IOV benchmarks that need no device transport (the NIC crate adds
+//! `latency`, `throughput` and `open`, which need the daemon):
 //!
 //! - `sched`: the three scheduling scenarios of issue 14, measured with real
 //!   executors under capacity limits, against the formulas of [`crate::sched::drf`];
 //! - `jobgen`: the job generator's recursive splitting against a
 //!   bounce-buffer strategy and against the raw executor on one contiguous
-//!   buffer, and the head-of-line blocking a maximum job size bounds.
+//!   buffer, and the head-of-line blocking a maximum job size bounds;
+//! - `path`: guest → staging → guest against direct guest → guest (two
+//!   copies against one) through the engine over memfd guest memory.
 //!
-//! Both are library functions returning rows (for tests and plots) plus a
+//! All are library functions returning rows (for tests and plots) plus a
 //! `run_cli` printing the tables; the `burstvm` binary only dispatches.
 
 pub mod jobgen;
+pub mod path;
 pub mod sched;
 
 use std::time::Duration;
