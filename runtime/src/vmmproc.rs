@@ -57,25 +57,34 @@ pub fn sandbox_of<S: AsRef<[u8]>>(argv: &[S]) -> Option<&[u8]> {
         .map(|w| w[1].as_ref())
 }
 
-/// Pids of the VMM processes whose sandbox id satisfies `want`.
-pub fn processes(want: impl Fn(&[u8]) -> bool) -> Vec<u32> {
+/// Pid and argv of every process (the one /proc walker of the workspace);
+/// processes that exit while it reads are skipped.
+pub fn all_argv() -> Vec<(u32, Vec<String>)> {
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut out = Vec::new();
-    for e in rd.filter_map(|e| e.ok()) {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
-        if sandbox_of(&args).is_some_and(&want) {
-            out.push(pid);
-        }
-    }
-    out
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            // cmdline ends with a NUL: no empty last argument.
+            let cmd = cmd.strip_suffix(&[0]).unwrap_or(&cmd);
+            let args = cmd
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            Some((pid, args))
+        })
+        .collect()
+}
+
+/// Pids of the VMM processes whose sandbox id satisfies `want`.
+pub fn processes(want: impl Fn(&[u8]) -> bool) -> Vec<u32> {
+    all_argv()
+        .into_iter()
+        .filter(|(_, args)| sandbox_of(args).is_some_and(&want))
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 #[cfg(test)]

@@ -268,20 +268,10 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
 
 /// Pids of processes whose argv matches.
 pub fn processes(matches: impl Fn(&[String]) -> bool) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-            let args: Vec<String> = cmd
-                .split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            matches(&args).then_some(pid)
-        })
+    runtime::vmmproc::all_argv()
+        .into_iter()
+        .filter(|(_, args)| matches(args))
+        .map(|(pid, _)| pid)
         .collect()
 }
 

@@ -201,38 +201,23 @@ impl Worker {
 /// `(pid, sandbox)` of the running `burstvm <sub>` processes whose argument
 /// after `flag` starts with `prefix`.
 fn processes(sub: &str, flag: &str, prefix: &str) -> Vec<(u32, String)> {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for e in rd.filter_map(|e| e.ok()) {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = cmd
-            .split(|&b| b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        // A VMM runs as `burstvm-vmm ...` or `burstvm vmm ...` (vmmproc decides).
-        let matches = if sub == "vmm" {
-            crate::vmmproc::is_vmm(&args)
-        } else {
-            args.get(1).map(String::as_str) == Some(sub)
-        };
-        if !matches {
-            continue;
-        }
-        if let Some(w) = args
-            .windows(2)
-            .find(|w| w[0] == flag && w[1].starts_with(prefix))
-        {
-            out.push((pid, w[1].clone()));
-        }
-    }
-    out
+    crate::vmmproc::all_argv()
+        .into_iter()
+        .filter(|(_, args)| {
+            // A VMM runs as `burstvm-vmm ...` or `burstvm vmm ...` (vmmproc decides).
+            if sub == "vmm" {
+                crate::vmmproc::is_vmm(args)
+            } else {
+                args.get(1).map(String::as_str) == Some(sub)
+            }
+        })
+        .filter_map(|(pid, args)| {
+            let w = args
+                .windows(2)
+                .find(|w| w[0] == flag && w[1].starts_with(prefix))?;
+            Some((pid, w[1].clone()))
+        })
+        .collect()
 }
 
 fn nic_pid(tag: &str) -> Option<u32> {
