@@ -51,8 +51,12 @@ fn run_to_exit(nic: &Nic, sgf: &VfInfo, sandbox: &str) {
     );
     let v = nic.wait_vf(sgf, "detached after the VMM's exit", detached);
     let c = v.sg.unwrap();
-    assert_eq!(c.ring_errors + c.bad_signals + c.unknown_ring, 0, "{c:?}");
-    assert_eq!(c.ctrl_errors + c.setup_errors, 0, "{c:?}");
+    assert_eq!(
+        c.sgf.ring_errors + c.sgf.bad_signals + c.sgf.unknown_ring,
+        0,
+        "{c:?}"
+    );
+    assert_eq!(c.sgf.ctrl_errors + c.setup_errors, 0, "{c:?}");
 }
 
 #[test]
@@ -83,9 +87,9 @@ fn agent_moves_data_over_64_warp_pipes_and_a_killed_vmm_leaks_nothing() {
     let busy = nic.wait_vf(&sgf, "64 sockets with traffic", |v| {
         v.sg.is_some_and(|c| c.attached && c.sockets == 64 && c.pf_pipes == 64)
     });
-    let kicks = busy.sg.unwrap().kicks;
+    let kicks = busy.sg.unwrap().sgf.kicks;
     nic.wait_vf(&sgf, "more doorbells (pipes still moving)", |v| {
-        v.sg.is_some_and(|c| c.kicks > kicks)
+        v.sg.is_some_and(|c| c.sgf.kicks > kicks)
     });
     vmm.signal(libc::SIGKILL);
     assert_eq!(vmm.wait_exit().signal(), Some(libc::SIGKILL));

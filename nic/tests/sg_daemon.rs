@@ -120,7 +120,7 @@ fn sg_function_alloc_attach_echo_and_detach_on_disconnect() {
     });
     let st = v.sg.unwrap();
     assert!(
-        st.signals_in > st.kicks,
+        st.sgf.signals_in > st.sgf.kicks,
         "several signals per doorbell: {st:?}"
     );
     // A second frontend on an open SGF is refused (the devset's open).

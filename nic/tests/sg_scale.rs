@@ -84,14 +84,17 @@ fn four_thousand_pipes_with_a_constant_daemon_fd_count() {
     let st = loop {
         let v = c.get_by_sandbox("sb-4096").unwrap().sg.unwrap();
         // HEAD in, TAIL in, TAIL of the receive side: three per pipe.
-        if v.pf_pipes == 4096 && v.signals_in >= 3 * 4096 {
+        if v.pf_pipes == 4096 && v.sgf.signals_in >= 3 * 4096 {
             break v;
         }
         assert!(t0.elapsed() < t, "counters: {v:?}");
         fe.pump(Duration::from_millis(20)).unwrap();
     };
     assert_eq!(st.sockets, 4096);
-    assert!(st.kicks * 8 < st.signals_in, "signals per doorbell: {st:?}");
+    assert!(
+        st.sgf.kicks * 8 < st.sgf.signals_in,
+        "signals per doorbell: {st:?}"
+    );
     drop(fe);
     nic.stop();
 }

@@ -65,8 +65,8 @@ impl SgfError {
     }
 }
 
-/// Counters of one SGF.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// Counters of one SGF (the NIC's control API shows them as they are).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SgfStats {
     pub kicks: u64,
     pub signals_in: u64,

@@ -109,16 +109,10 @@ pub struct SgCounters {
     /// The guest's area is attached (setup queue ATTACH succeeded).
     pub attached: bool,
     pub sockets: u64,
-    pub kicks: u64,
-    pub signals_in: u64,
-    pub signals_out: u64,
-    pub interrupts: u64,
-    pub bad_signals: u64,
-    pub unknown_ring: u64,
-    pub ring_errors: u64,
-    pub ctrl_requests: u64,
-    pub ctrl_errors: u64,
-    pub d2g_full: u64,
+    /// The SGF's device counters (flattened: the wire format lists them
+    /// beside the others).
+    #[serde(flatten)]
+    pub sgf: sgiov::sgf::SgfStats,
     /// Setup commands refused (bad magic or op, area refused).
     pub setup_errors: u64,
     /// The whole PF's device: SGFs attached, sockets, pipes, rings, staging

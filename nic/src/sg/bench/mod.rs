@@ -588,8 +588,8 @@ pub fn signals_and_kicks(c: &mut Client) -> Result<(u64, u64), BenchSgError> {
     let (mut sig, mut kicks) = (0, 0);
     for v in list_sg(c)? {
         let s = v.sg.unwrap_or_default();
-        sig += s.signals_in;
-        kicks += s.kicks;
+        sig += s.sgf.signals_in;
+        kicks += s.sgf.kicks;
     }
     Ok((sig, kicks))
 }
