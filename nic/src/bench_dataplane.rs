@@ -262,19 +262,9 @@ pub fn run_once(
     batch: usize,
     duration: Duration,
 ) -> Result<Sample, BenchDpError> {
+    // Kept until the run ends: it owns the NIC and its dataplane thread.
     let b = BenchNic::start(dir, vfs, batch, None)?;
-    drive(&b.nic, b.dp_tid, vfs, topology, size, batch, duration)
-}
-
-fn drive(
-    nic: &Nic,
-    tid: i32,
-    vfs: usize,
-    topology: Topology,
-    size: usize,
-    batch: usize,
-    duration: Duration,
-) -> Result<Sample, BenchDpError> {
+    let (nic, tid) = (&b.nic, b.dp_tid);
     let ports = &nic.pfs[0].ports;
     let mut fes = ports
         .iter()
