@@ -106,7 +106,10 @@ impl Drop for Hugepages {
 /// Everything the child printed, shared with the thread that reads it.
 #[derive(Default)]
 struct Output {
+    /// stdout: prompts and command output, in order.
     text: Mutex<String>,
+    /// stderr, apart: written concurrently, it could split a prompt.
+    err: Mutex<String>,
     grew: Condvar,
 }
 
@@ -178,7 +181,7 @@ impl Testpmd {
             Box::new(child.stdout.take().expect("piped")),
             Box::new(child.stderr.take().expect("piped")),
         ];
-        for mut pipe in pipes {
+        for (is_stdout, mut pipe) in [true, false].into_iter().zip(pipes) {
             let out = out.clone();
             readers.push(std::thread::spawn(move || {
                 let mut buf = [0u8; 4096];
@@ -186,8 +189,8 @@ impl Testpmd {
                     if n == 0 {
                         break;
                     }
-                    out.text
-                        .lock()
+                    let into = if is_stdout { &out.text } else { &out.err };
+                    into.lock()
                         .unwrap()
                         .push_str(&String::from_utf8_lossy(&buf[..n]));
                     out.grew.notify_all();
@@ -211,7 +214,11 @@ impl Testpmd {
     }
 
     fn fail(&self, reason: String) -> TestpmdError {
-        let text = self.out.text.lock().unwrap();
+        let text = format!(
+            "{}\n[stderr]\n{}",
+            self.out.text.lock().unwrap(),
+            self.out.err.lock().unwrap()
+        );
         let tail: String = text
             .lines()
             .rev()
