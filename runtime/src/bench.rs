@@ -128,7 +128,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                             .map(|ip| rt.server().replies().get(&ip).copied().unwrap_or(0) > 0);
                         drop(done_guard);
                         let r = sb.check_alive();
-                        let td = sb.teardown().err();
+                        let td = sb.teardown().err().map(|e| e.to_string());
                         r.map(|_| (td, answered, sb.rootfs_cost, sb.start_cpu))
                     })
                     .expect("spawn sandbox thread")
@@ -416,9 +416,9 @@ pub fn run(
     plan: &BenchPlan,
     log: &mut dyn FnMut(&str),
 ) -> Result<BenchOutput, crate::Error> {
-    std::fs::create_dir_all(&plan.out).map_err(|e| crate::Error::Output {
+    std::fs::create_dir_all(&plan.out).map_err(|source| crate::Error::Output {
         path: plan.out.clone(),
-        reason: e.to_string(),
+        source,
     })?;
     let mut measured: Vec<(Round, String, Vec<TraceEvent>)> = Vec::new();
     let mut leak_checks = Vec::new();
@@ -526,10 +526,7 @@ pub fn run(
                 clean: lc.is_clean(),
                 report: lc,
             });
-            let all = trace::read_trace(rt.trace_path()).map_err(|e| crate::Error::Output {
-                path: rt.trace_path().to_path_buf(),
-                reason: e.to_string(),
-            })?;
+            let all = trace::read_trace(rt.trace_path())?;
             let evs = round_events(&all, &r.ids);
             measured.push((r, label, evs));
         }
@@ -600,9 +597,9 @@ pub fn run(
 }
 
 fn write(path: &Path, data: &[u8]) -> Result<(), crate::Error> {
-    std::fs::write(path, data).map_err(|e| crate::Error::Output {
+    std::fs::write(path, data).map_err(|source| crate::Error::Output {
         path: path.to_path_buf(),
-        reason: e.to_string(),
+        source,
     })
 }
 

@@ -184,7 +184,7 @@ fn spawn_starters<'s, 'e: 's>(
                 if let Err(e) = sb.check_alive() {
                     errs.push(format!("{}: died while idle: {}", e.sandbox, e.error));
                 }
-                errs.extend(sb.teardown().err());
+                errs.extend(sb.teardown().err().map(|e| e.to_string()));
             }
             sh.teardown_errors.lock().unwrap().extend(errs);
         });
@@ -377,9 +377,9 @@ pub fn bench_density_cli(a: &BenchDensityArgs) -> Result<(), Error> {
     print!("{}", table(&levels));
     if let Some(p) = &a.json {
         let s = serde_json::to_string_pretty(&levels).expect("levels serialize");
-        std::fs::write(p, s).map_err(|e| Error::Output {
+        std::fs::write(p, s).map_err(|source| Error::Output {
             path: p.clone(),
-            reason: e.to_string(),
+            source,
         })?;
     }
     let unclean: Vec<_> = levels

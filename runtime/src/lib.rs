@@ -9,6 +9,7 @@ pub mod cni;
 pub mod cpuacct;
 pub mod critpath;
 pub mod density;
+pub mod failures;
 pub mod guestnet;
 pub mod host;
 pub mod leaks;
@@ -52,14 +53,22 @@ pub enum Error {
     Plot(#[from] plot::PlotError),
     #[error(transparent)]
     Host(#[from] host::HostError),
-    #[error("output {path}: {reason}")]
-    Output { path: PathBuf, reason: String },
+    #[error("output {}: {source}", .path.display())]
+    Output {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Trace(#[from] trace::TraceError),
     #[error("{0}")]
     Leaks(String),
+    #[error(transparent)]
+    Teardown(#[from] sandbox::TeardownError),
     #[error("interrupted (SIGINT); everything was torn down")]
     Interrupted,
     #[error("cannot find the burstvm binary: {0}")]
-    Bin(std::io::Error),
+    Bin(#[source] std::io::Error),
     #[error(transparent)]
     Rootfs(#[from] ::rootfs::Error),
 }
@@ -181,7 +190,7 @@ impl RootfsArgs {
             self.rootfs_image,
             layer,
         )
-        .map_err(|e| bad("--rootfs-file", e))
+        .map_err(|e| bad("--rootfs-file", e.to_string()))
     }
 }
 
@@ -351,11 +360,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
     let start = trace::monotonic_ns();
     let result = (|| -> Result<(), Error> {
         let mut sb = Sandbox::start(&rt, spec)?;
-        let evs: Vec<_> = trace::read_trace(rt.trace_path())
-            .map_err(|e| Error::Output {
-                path: rt.trace_path().to_path_buf(),
-                reason: e.to_string(),
-            })?
+        let evs: Vec<_> = trace::read_trace(rt.trace_path())?
             .into_iter()
             .filter(|e| e.sandbox == id)
             .collect();
@@ -385,11 +390,11 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
-            sb.teardown().map_err(Error::Leaks)?;
+            sb.teardown()?;
             alive?;
         } else {
             sb.wait_exit()?;
-            sb.teardown().map_err(Error::Leaks)?;
+            sb.teardown()?;
         }
         Ok(())
     })();

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use netutil::NamedNetns;
 
-use crate::cni::CniNetwork;
-use crate::guestnet::GuestLink;
+use crate::cni::{CniError, CniNetwork};
+use crate::failures::Failures;
+use crate::guestnet::{GuestLink, GuestNetError};
 use crate::sandbox::IFNAME;
 
 /// The refill waits until no sandbox is starting and none finished starting
@@ -32,6 +33,36 @@ const QUIET: Duration = Duration::from_millis(100);
 const RETRY: Duration = Duration::from_millis(500);
 /// How long stopping the pool keeps retrying a DEL answered "try again later".
 const DEL_PATIENCE: Duration = Duration::from_secs(20);
+
+/// Making or releasing one pooled attachment failed: which one, which step.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("pooled attachment {id}: {source}")]
+    Netns {
+        id: String,
+        #[source]
+        source: netutil::NetnsError,
+    },
+    #[error("pooled attachment {id}: {source}")]
+    Cni {
+        id: String,
+        #[source]
+        source: Box<CniError>,
+    },
+    #[error("pooled attachment {id}: {source}")]
+    Link {
+        id: String,
+        #[source]
+        source: GuestNetError,
+    },
+    /// A failed make and what its undo could not remove.
+    #[error("{cause}; undo: {undo}")]
+    Undone {
+        #[source]
+        cause: Box<PoolError>,
+        undo: Failures<PoolError>,
+    },
+}
 
 /// A ready attachment: its netns (with the placeholder link `IFNAME`), the
 /// CNI container id it was added under, and the link the guest gets.
@@ -52,7 +83,7 @@ struct State {
     last_activity: Option<Instant>,
     /// Sandbox starts in progress (`NetPool::busy`).
     busy: usize,
-    last_error: Option<String>,
+    last_error: Option<Arc<PoolError>>,
     stop: bool,
 }
 
@@ -137,7 +168,7 @@ impl NetPool {
 
     /// Waits until the pool is full, for at most `bound`; returns how many
     /// are ready and the last refill error, if any.
-    pub fn wait_full(&self, bound: Duration) -> (usize, Option<String>) {
+    pub fn wait_full(&self, bound: Duration) -> (usize, Option<Arc<PoolError>>) {
         let end = Instant::now() + bound;
         let mut st = self.shared.lock();
         while st.ready.len() < self.shared.target {
@@ -156,7 +187,7 @@ impl NetPool {
     }
 
     /// Stops the refill thread and DELs every attachment still pooled.
-    pub fn stop(&mut self) -> Result<(), String> {
+    pub fn stop(&mut self) -> Result<(), Failures<PoolError>> {
         if std::mem::replace(&mut self.stopped, true) {
             return Ok(());
         }
@@ -167,17 +198,11 @@ impl NetPool {
         }
         let left: Vec<Pooled> = self.shared.lock().ready.drain(..).collect();
         let mut errs = Vec::new();
-        for p in left {
-            if let Err(e) = release(&self.cni, p) {
-                errs.push(e);
-            }
+        for mut p in left {
+            errs.extend(release(&self.cni, &p.id, &mut p.netns));
         }
         self.shared.lock().owned.clear();
-        if errs.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("network pool: {}", errs.join("; ")))
-        }
+        Failures::check(|| "network pool".to_string(), errs)
     }
 }
 
@@ -243,7 +268,7 @@ fn refill(shared: &Shared, cni: &CniNetwork, prefix: &str) {
             Err(e) => {
                 st.owned.remove(&id);
                 tracing::warn!("network pool: {e}");
-                st.last_error = Some(e);
+                st.last_error = Some(Arc::new(e));
                 shared.changed.notify_all();
                 st = shared
                     .wake
@@ -257,15 +282,24 @@ fn refill(shared: &Shared, cni: &CniNetwork, prefix: &str) {
 
 /// One attachment: a netns, CNI ADD in it, the placeholder read back. A
 /// failure undoes what was done (DEL is idempotent).
-fn make(cni: &CniNetwork, id: &str) -> Result<Pooled, String> {
-    let mut netns = NamedNetns::create(id).map_err(|e| e.to_string())?;
+fn make(cni: &CniNetwork, id: &str) -> Result<Pooled, PoolError> {
+    let mut netns = NamedNetns::create(id).map_err(|source| PoolError::Netns {
+        id: id.into(),
+        source,
+    })?;
     let added = cni
         .add(id, netns.path(), IFNAME)
-        .map_err(|e| e.to_string())
+        .map_err(|e| PoolError::Cni {
+            id: id.into(),
+            source: Box::new(e),
+        })
         .and_then(|att| {
             crate::guestnet::read_link(netns.path(), IFNAME, &att)
                 .map(|link| (link, att.vf_socket))
-                .map_err(|e| e.to_string())
+                .map_err(|source| PoolError::Link {
+                    id: id.into(),
+                    source,
+                })
         });
     match added {
         Ok((link, vf_socket)) => Ok(Pooled {
@@ -274,36 +308,34 @@ fn make(cni: &CniNetwork, id: &str) -> Result<Pooled, String> {
             link,
             vf_socket,
         }),
-        Err(e) => {
-            let mut errs = vec![format!("pooled attachment {id}: {e}")];
-            if let Err(d) = cni.del_retrying(id, netns.path(), IFNAME, DEL_PATIENCE) {
-                errs.push(d.to_string());
+        Err(cause) => {
+            let undo = release(cni, id, &mut netns);
+            match Failures::check(|| format!("pooled attachment {id}"), undo) {
+                Ok(()) => Err(cause),
+                Err(undo) => Err(PoolError::Undone {
+                    cause: Box::new(cause),
+                    undo,
+                }),
             }
-            if let Err(d) = netns.delete() {
-                errs.push(d.to_string());
-            }
-            Err(errs.join("; undo: "))
         }
     }
 }
 
-/// CNI DEL of a pooled attachment and its netns.
-fn release(cni: &CniNetwork, mut p: Pooled) -> Result<(), String> {
-    let del = cni.del_retrying(&p.id, p.netns.path(), IFNAME, DEL_PATIENCE);
-    let rm = p.netns.delete();
-    match (del, rm) {
-        (Ok(()), Ok(())) => Ok(()),
-        (d, r) => Err(format!(
-            "release {}: {}",
-            p.id,
-            [
-                d.err().map(|e| e.to_string()),
-                r.err().map(|e| e.to_string())
-            ]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>()
-            .join("; ")
-        )),
+/// CNI DEL of a pooled attachment and removal of its netns: what failed
+/// (both are tried).
+fn release(cni: &CniNetwork, id: &str, netns: &mut NamedNetns) -> Vec<PoolError> {
+    let mut errs = Vec::new();
+    if let Err(e) = cni.del_retrying(id, netns.path(), IFNAME, DEL_PATIENCE) {
+        errs.push(PoolError::Cni {
+            id: id.into(),
+            source: Box::new(e),
+        });
     }
+    if let Err(source) = netns.delete() {
+        errs.push(PoolError::Netns {
+            id: id.into(),
+            source,
+        });
+    }
+    errs
 }

@@ -199,7 +199,7 @@ pub fn run_cli(a: &BenchNicRestartArgs) -> Result<(), Error> {
             }
         }
         for mut sb in sandboxes {
-            sb.teardown().map_err(Error::Leaks)?;
+            sb.teardown()?;
         }
         Ok(outages)
     })();

@@ -4,7 +4,7 @@
 //! template, or a full copy for comparison — handed to the VMM, which opens
 //! and unlinks it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ::rootfs::{Image, Layer, WritableLayers};
@@ -40,6 +40,14 @@ impl LayerMode {
     }
 }
 
+/// `--rootfs-file` names no regular file of the image.
+#[derive(Debug, thiserror::Error)]
+#[error("{file} is not a regular file of {}", .image.display())]
+pub struct NotAFile {
+    pub file: String,
+    pub image: PathBuf,
+}
+
 /// The rootfs part of a sandbox's spec.
 #[derive(Debug, Clone)]
 pub struct RootfsSpec {
@@ -58,14 +66,15 @@ impl RootfsSpec {
         file: Option<&str>,
         image_mode: ImageMode,
         layer_mode: LayerMode,
-    ) -> Result<RootfsSpec, String> {
+    ) -> Result<RootfsSpec, NotAFile> {
         let file = file
             .map(str::to_string)
             .or_else(|| image.default_check_file());
         let check = match file {
             Some(f) => {
-                let sum = image.file(&f).ok_or_else(|| {
-                    format!("{f} is not a regular file of {}", image.path.display())
+                let sum = image.file(&f).ok_or_else(|| NotAFile {
+                    file: f.clone(),
+                    image: image.path.clone(),
                 })?;
                 Some((f, sum.checksum))
             }
@@ -105,13 +114,16 @@ pub fn thread_cpu_ns() -> u64 {
 }
 
 /// The `rootfs` stage: the sandbox's writable layer.
-pub fn prepare(layers: &WritableLayers, id: &str, mode: LayerMode) -> Result<Prepared, String> {
+pub fn prepare(
+    layers: &WritableLayers,
+    id: &str,
+    mode: LayerMode,
+) -> Result<Prepared, ::rootfs::Error> {
     let (t0, c0) = (trace::monotonic_ns(), thread_cpu_ns());
     let layer = match mode {
         LayerMode::Reflink => layers.clone_for(id),
         LayerMode::Copy => layers.copy_for(id),
-    }
-    .map_err(|e| e.to_string())?;
+    }?;
     Ok(Prepared {
         layer,
         wall_ns: trace::monotonic_ns() - t0,
@@ -201,6 +213,7 @@ mod tests {
         );
         let e =
             RootfsSpec::new(image(), Some("/nope"), ImageMode::Blk, LayerMode::Copy).unwrap_err();
-        assert!(e.contains("/nope"), "{e}");
+        assert_eq!(e.file, "/nope");
+        assert!(e.to_string().contains("/nope"), "{e}");
     }
 }

@@ -15,6 +15,8 @@ use trace::Stage;
 
 use crate::cgroup::{Cgroup, CgroupError, CgroupPool, Layout, Limits};
 use crate::cni::CniNetwork;
+use crate::failures::Failures;
+use crate::netpool::PoolError;
 use crate::nicd::NicDaemon;
 use crate::uplink::{self, Addressing, ServerNet};
 use crate::variant::{NetKind, Variant};
@@ -419,7 +421,7 @@ impl Runtime {
     pub fn wait_net_pool(
         &self,
         bound: std::time::Duration,
-    ) -> Option<(usize, usize, Option<String>)> {
+    ) -> Option<(usize, usize, Option<Arc<PoolError>>)> {
         let pool = self.net_pool.lock().unwrap_or_else(|e| e.into_inner());
         let p = pool.as_ref()?;
         let (ready, err) = p.wait_full(bound);
@@ -433,7 +435,7 @@ impl Runtime {
     }
 
     /// Stops the network pool and DELs what it holds (before a final leak check).
-    pub fn stop_net_pool(&self) -> Result<(), String> {
+    pub fn stop_net_pool(&self) -> Result<(), Failures<PoolError>> {
         let pool = self
             .net_pool
             .lock()

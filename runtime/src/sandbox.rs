@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use trace::{Stage, TraceWriter};
 
 use crate::cgroup::{self, Cgroup, Limits};
+use crate::failures::Failures;
 use crate::host::SandboxHost;
 use crate::rootfs::RootfsSpec;
 use crate::variant::{NetKind, Variant};
@@ -170,6 +171,26 @@ pub enum VmmSpawnError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// A sandbox's teardown: every step that failed (the others still ran).
+pub type TeardownError = Failures<TeardownStep>;
+
+/// One teardown step that failed, with its typed cause.
+#[derive(Debug, thiserror::Error)]
+pub enum TeardownStep {
+    #[error("neighbour entry {ip}: {source}")]
+    Neighbor {
+        ip: Ipv4Addr,
+        #[source]
+        source: crate::host::HostCallError,
+    },
+    #[error(transparent)]
+    CniDel(Box<crate::cni::CniError>),
+    #[error(transparent)]
+    Netns(netutil::NetnsError),
+    #[error(transparent)]
+    Cgroup(cgroup::CgroupError),
 }
 
 fn file_err(path: &Path) -> impl FnOnce(std::io::Error) -> VmmSpawnError + '_ {
@@ -724,23 +745,6 @@ impl<'rt> Sandbox<'rt> {
         Ok(())
     }
 
-    /// Sends `signal` to the VMM if it has not been reaped (a task's kill).
-    pub fn signal(&self, signal: i32) -> Result<(), String> {
-        let Some(c) = self.vmm.as_ref() else {
-            return Err(format!("sandbox {}: no VMM process", self.spec.id));
-        };
-        // SAFETY: kill(2) on our own child, which is not reaped while we hold it.
-        if unsafe { libc::kill(c.id() as i32, signal) } < 0 {
-            return Err(format!(
-                "sandbox {}: signal {signal} to VMM {}: {}",
-                self.spec.id,
-                c.id(),
-                std::io::Error::last_os_error()
-            ));
-        }
-        Ok(())
-    }
-
     /// Waits for the VMM to exit and returns its status (a task's exit);
     /// None if it was already reaped.
     pub fn wait_status(&mut self) -> Option<ExitStatus> {
@@ -777,8 +781,9 @@ impl<'rt> Sandbox<'rt> {
         }
     }
 
-    /// Tears everything down in reverse order; collects every error.
-    pub fn teardown(&mut self) -> Result<(), String> {
+    /// Tears everything down in reverse order; goes on after a failed step
+    /// and returns every failure.
+    pub fn teardown(&mut self) -> Result<(), TeardownError> {
         if self.torn_down {
             return Ok(());
         }
@@ -792,8 +797,8 @@ impl<'rt> Sandbox<'rt> {
         self.layer = None;
         self.read_probe_values();
         if let Some(ip) = self.neighbor.take() {
-            if let Err(e) = self.rt.del_neighbor(ip) {
-                errs.push(e.to_string());
+            if let Err(source) = self.rt.del_neighbor(ip) {
+                errs.push(TeardownStep::Neighbor { ip, source });
             }
         }
         if self.cni_added {
@@ -801,7 +806,7 @@ impl<'rt> Sandbox<'rt> {
             let id = self.pooled_id.as_deref().unwrap_or(&self.spec.id);
             if let (Some(cni), Some(ns)) = (self.rt.cni(), self.netns.as_ref()) {
                 if let Err(e) = cni.del_retrying(id, ns.path(), IFNAME, DEL_PATIENCE) {
-                    errs.push(e.to_string());
+                    errs.push(TeardownStep::CniDel(Box::new(e)));
                 }
             }
         }
@@ -810,18 +815,18 @@ impl<'rt> Sandbox<'rt> {
             // The plugin removes the veth pair and releases the lease.
             if let (Ok(cni), Some(ns)) = (self.rt.tap_cni(), self.netns.as_ref()) {
                 if let Err(e) = cni.del(&self.spec.id, ns.path(), IFNAME) {
-                    errs.push(e.to_string());
+                    errs.push(TeardownStep::CniDel(Box::new(e)));
                 }
             }
         }
         if let Some(mut ns) = self.netns.take() {
             if let Err(e) = ns.delete() {
-                errs.push(e.to_string());
+                errs.push(TeardownStep::Netns(e));
             }
         }
         if let Some(mut cg) = self.cgroup.take() {
             if let Err(e) = cg.delete() {
-                errs.push(e.to_string());
+                errs.push(TeardownStep::Cgroup(e));
             }
         }
         if std::env::var_os("BURSTVM_KEEP_LOGS").is_none() {
@@ -831,15 +836,7 @@ impl<'rt> Sandbox<'rt> {
                 let _ = std::fs::remove_file(p);
             }
         }
-        if errs.is_empty() {
-            Ok(())
-        } else {
-            Err(format!(
-                "sandbox {} teardown: {}",
-                self.spec.id,
-                errs.join("; ")
-            ))
-        }
+        Failures::check(|| format!("sandbox {} teardown", self.spec.id), errs)
     }
 }
 

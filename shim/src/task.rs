@@ -74,7 +74,7 @@ struct State {
 }
 
 enum Ctl {
-    Teardown(mpsc::Sender<Result<(), String>>),
+    Teardown(mpsc::Sender<Result<(), runtime::sandbox::TeardownError>>),
 }
 
 /// Why a task operation failed; each names the task (or its sandbox).
@@ -114,9 +114,9 @@ pub enum TaskError {
 /// One part of a teardown that failed (a teardown tries every part).
 #[derive(Debug, thiserror::Error)]
 pub enum TeardownError {
-    /// The runtime's teardown (its errors are strings, joined).
-    #[error("{0}")]
-    Sandbox(String),
+    /// The runtime's teardown: every step of it that failed.
+    #[error(transparent)]
+    Sandbox(runtime::sandbox::TeardownError),
     #[error("sandbox {sandbox}: teardown timed out")]
     TimedOut { sandbox: String },
     #[error(transparent)]

@@ -149,33 +149,34 @@ pub struct Generator {
 impl Generator {
     /// Runs in the server netns (where the guests' neighbour entries are);
     /// the tenants are read from the IPAM lease directory each period.
-    pub fn start(server_netns: &Path, lease_dir: PathBuf) -> Result<Generator, String> {
+    pub fn start(
+        server_netns: &Path,
+        lease_dir: PathBuf,
+    ) -> Result<Generator, netutil::NetnsError> {
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
         let (s, n) = (stop.clone(), sent.clone());
-        let ns = netutil::Netns::open(server_netns).map_err(|e| e.to_string())?;
-        let thread = ns
-            .spawn("canary", move || {
-                let sock = match UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::error!("canary generator: bind: {e}");
-                        return;
-                    }
-                };
-                let mut payloads: HashMap<String, Vec<u8>> = HashMap::new();
-                while !s.load(Ordering::Relaxed) {
-                    for (ip, id) in leases(&lease_dir) {
-                        let p = payloads.entry(id.clone()).or_insert_with(|| payload(&id));
-                        // Errors (no neighbour yet, buffer full) only lose a frame.
-                        if sock.send_to(p, (ip, CANARY_PORT)).is_ok() {
-                            n.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    std::thread::sleep(PERIOD);
+        let ns = netutil::Netns::open(server_netns)?;
+        let thread = ns.spawn("canary", move || {
+            let sock = match UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!("canary generator: bind: {e}");
+                    return;
                 }
-            })
-            .map_err(|e| e.to_string())?;
+            };
+            let mut payloads: HashMap<String, Vec<u8>> = HashMap::new();
+            while !s.load(Ordering::Relaxed) {
+                for (ip, id) in leases(&lease_dir) {
+                    let p = payloads.entry(id.clone()).or_insert_with(|| payload(&id));
+                    // Errors (no neighbour yet, buffer full) only lose a frame.
+                    if sock.send_to(p, (ip, CANARY_PORT)).is_ok() {
+                        n.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(PERIOD);
+            }
+        })?;
         Ok(Generator {
             stop,
             sent,

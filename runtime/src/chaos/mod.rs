@@ -571,10 +571,10 @@ pub fn bench_chaos_cli(a: &BenchChaosArgs) -> Result<(), Error> {
     }
     let report = summarize(seed, rounds);
     if let Some(p) = &a.report {
-        std::fs::write(p, serde_json::to_vec_pretty(&report).expect("json")).map_err(|e| {
+        std::fs::write(p, serde_json::to_vec_pretty(&report).expect("json")).map_err(|source| {
             Error::Output {
                 path: p.clone(),
-                reason: e.to_string(),
+                source,
             }
         })?;
     }

@@ -170,7 +170,7 @@ fn run_round(
                                 Ok(mut sb) => {
                                     std::thread::sleep(hold(&id));
                                     let alive = sb.check_alive();
-                                    let td = sb.teardown().err();
+                                    let td = sb.teardown().err().map(|e| e.to_string());
                                     Tenant {
                                         id,
                                         ready: true,
