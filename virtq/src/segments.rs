@@ -54,8 +54,15 @@ pub enum CopyError {
     Beyond { skip: u64, len: u64, total: u64 },
     #[error("buffer {addr:#x}+{len:#x} overflows the address space")]
     Overflow { addr: u64, len: u32 },
-    #[error("buffer {addr:#x}+{len:#x}: preparing it for the device: {what}")]
-    Prepare { addr: u64, len: usize, what: String },
+    /// The caller's preparation refused the range (its error, e.g. a guestmem
+    /// error, kept as the source).
+    #[error("buffer {addr:#x}+{len:#x}: preparing it for the device: {source}")]
+    Prepare {
+        addr: u64,
+        len: usize,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("buffer {addr:#x}+{len:#x}: {source}")]
     Access {
         addr: u64,
@@ -163,12 +170,12 @@ fn for_pieces(
 fn prepared<P, E>(prepare: &P, addr: u64, n: usize) -> Result<(), CopyError>
 where
     P: Fn(u64, u64) -> Result<(), E> + ?Sized,
-    E: std::fmt::Display,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     prepare(addr, n as u64).map_err(|e| CopyError::Prepare {
         addr,
         len: n,
-        what: e.to_string(),
+        source: e.into(),
     })
 }
 
@@ -185,7 +192,7 @@ pub fn read_bufs<M, P, E>(
 where
     M: GuestMemory + ?Sized,
     P: Fn(u64, u64) -> Result<(), E> + ?Sized,
-    E: std::fmt::Display,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     for_pieces(bufs, skip, out.len() as u64, |addr, off, n| {
         prepared(prepare, addr, n)?;
@@ -211,7 +218,7 @@ pub fn write_bufs<M, P, E>(
 where
     M: GuestMemory + ?Sized,
     P: Fn(u64, u64) -> Result<(), E> + ?Sized,
-    E: std::fmt::Display,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut skip = skip;
     for data in parts {

@@ -73,10 +73,44 @@ pub struct BlkCounters {
     pub bad_chains: AtomicU64,
 }
 
-/// Why a request failed; becomes its status byte.
+/// Why a request failed; becomes its status byte (IOERR or UNSUPP) and a
+/// log line.
+#[derive(Debug, thiserror::Error)]
 enum ReqError {
-    Io(String),
+    #[error("{what}: {source}")]
+    Guest {
+        what: &'static str,
+        #[source]
+        source: chain::CopyError,
+    },
+    #[error("{what} at byte {offset}: {source}")]
+    File {
+        what: &'static str,
+        offset: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("data length {0} is not a multiple of {SECTOR}")]
+    Unaligned(u64),
+    #[error("sectors {sector}..+{count} beyond the disk's {sectors} sectors")]
+    Beyond {
+        sector: u64,
+        count: u64,
+        sectors: u64,
+    },
+    #[error("write to a read-only disk")]
+    ReadOnly,
+    #[error("request type {0} unsupported")]
     Unsupported(u32),
+}
+
+/// A chain that could not be answered at all (no status byte to write).
+#[derive(Debug, thiserror::Error)]
+pub enum BlkChainError {
+    #[error("request without a device-writable status byte")]
+    NoStatus,
+    #[error("status byte: {0}")]
+    Status(#[source] chain::CopyError),
 }
 
 impl Disk {
@@ -151,18 +185,16 @@ impl Disk {
     /// Byte offset of `len` bytes at `sector`, if they lie on the disk.
     fn range(&self, sector: u64, len: u64) -> Result<u64, ReqError> {
         if !len.is_multiple_of(SECTOR) {
-            return Err(ReqError::Io(format!(
-                "data length {len} is not a multiple of {SECTOR}"
-            )));
+            return Err(ReqError::Unaligned(len));
         }
         match sector.checked_add(len / SECTOR) {
             // end <= sectors, so sector * SECTOR cannot overflow.
             Some(end) if end <= self.sectors => Ok(sector * SECTOR),
-            _ => Err(ReqError::Io(format!(
-                "sectors {sector}..+{} beyond the disk's {} sectors",
-                len / SECTOR,
-                self.sectors
-            ))),
+            _ => Err(ReqError::Beyond {
+                sector,
+                count: len / SECTOR,
+                sectors: self.sectors,
+            }),
         }
     }
 
@@ -175,34 +207,31 @@ impl Disk {
         c: &Split,
         bounce: &mut [u8],
         counters: &BlkCounters,
-    ) -> Result<u32, String>
+    ) -> Result<u32, BlkChainError>
     where
-        P: Fn(u64, u64) -> Result<(), String> + ?Sized,
+        P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
     {
         let wtotal = chain::total(&c.writable);
         if wtotal == 0 {
             counters.bad_chains.fetch_add(1, Ordering::Relaxed);
-            return Err("request without a device-writable status byte".into());
+            return Err(BlkChainError::NoStatus);
         }
         let status_at = wtotal - 1;
         let (status, written) = match self.execute(mem, prepare, c, status_at, bounce, counters) {
             Ok(n) => (VIRTIO_BLK_S_OK, n),
             Err(e) => {
                 counters.failed.fetch_add(1, Ordering::Relaxed);
-                match e {
-                    ReqError::Io(msg) => {
-                        tracing::warn!("disk {}: request failed: {msg}", self.name);
-                        (VIRTIO_BLK_S_IOERR, 0)
-                    }
-                    ReqError::Unsupported(t) => {
-                        tracing::debug!("disk {}: request type {t} unsupported", self.name);
-                        (VIRTIO_BLK_S_UNSUPP, 0)
-                    }
+                if let ReqError::Unsupported(_) = e {
+                    tracing::debug!("disk {}: {e}", self.name);
+                    (VIRTIO_BLK_S_UNSUPP, 0)
+                } else {
+                    tracing::warn!("disk {}: request failed: {e}", self.name);
+                    (VIRTIO_BLK_S_IOERR, 0)
                 }
             }
         };
         chain::write_bufs(mem, prepare, &c.writable, status_at, &[status as u8])
-            .map_err(|e| format!("status byte: {e}"))?;
+            .map_err(BlkChainError::Status)?;
         Ok(written + 1)
     }
 
@@ -216,16 +245,23 @@ impl Disk {
         counters: &BlkCounters,
     ) -> Result<u32, ReqError>
     where
-        P: Fn(u64, u64) -> Result<(), String> + ?Sized,
+        P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
     {
         let mut hdr = [0u8; HDR_LEN];
-        chain::read_bufs(mem, prepare, &c.readable, 0, &mut hdr)
-            .map_err(|e| ReqError::Io(format!("request header: {e}")))?;
+        chain::read_bufs(mem, prepare, &c.readable, 0, &mut hdr).map_err(|source| {
+            ReqError::Guest {
+                what: "request header",
+                source,
+            }
+        })?;
         let kind = u32::from_le_bytes(hdr[..4].try_into().expect("4 bytes"));
         let sector = u64::from_le_bytes(hdr[8..].try_into().expect("8 bytes"));
-        let io = |what: &str, off: u64, e: std::io::Error| {
-            ReqError::Io(format!("{what} at byte {off} of {}: {e}", self.name))
+        let io = |what: &'static str, offset: u64, source: std::io::Error| ReqError::File {
+            what,
+            offset,
+            source,
         };
+        let guest = |what: &'static str| move |source| ReqError::Guest { what, source };
         match kind {
             VIRTIO_BLK_T_IN => {
                 let len = data_len_in;
@@ -237,7 +273,7 @@ impl Disk {
                         .read_exact_at(&mut bounce[..n], base + done)
                         .map_err(|e| io("read", base + done, e))?;
                     chain::write_bufs(mem, prepare, &c.writable, done, &bounce[..n])
-                        .map_err(|e| ReqError::Io(format!("read data: {e}")))?;
+                        .map_err(guest("read data"))?;
                     done += n as u64;
                 }
                 counters.reads.fetch_add(1, Ordering::Relaxed);
@@ -245,7 +281,7 @@ impl Disk {
             }
             VIRTIO_BLK_T_OUT => {
                 if self.read_only {
-                    return Err(ReqError::Io("write to a read-only disk".into()));
+                    return Err(ReqError::ReadOnly);
                 }
                 let len = chain::total(&c.readable).saturating_sub(HDR_LEN as u64);
                 let base = self.range(sector, len)?;
@@ -259,7 +295,7 @@ impl Disk {
                         HDR_LEN as u64 + done,
                         &mut bounce[..n],
                     )
-                    .map_err(|e| ReqError::Io(format!("write data: {e}")))?;
+                    .map_err(guest("write data"))?;
                     self.file
                         .write_all_at(&bounce[..n], base + done)
                         .map_err(|e| io("write", base + done, e))?;
@@ -280,7 +316,7 @@ impl Disk {
             VIRTIO_BLK_T_GET_ID => {
                 let n = (data_len_in as usize).min(self.id.len());
                 chain::write_bufs(mem, prepare, &c.writable, 0, &self.id[..n])
-                    .map_err(|e| ReqError::Io(format!("id: {e}")))?;
+                    .map_err(guest("id"))?;
                 Ok(n as u32)
             }
             t => Err(ReqError::Unsupported(t)),
@@ -349,18 +385,25 @@ impl VirtioDevice for Blk {
     }
     fn activate(&mut self, features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
         let name = self.disk.name.clone();
+        let device = || format!("disk {name}");
         let Some(queue) = queues.into_iter().next().filter(|q| q.ready()) else {
-            return Err(VirtioError::Activate(format!(
-                "disk {name}: the request queue must be ready"
-            )));
+            return Err(VirtioError::QueuesNotReady {
+                device: device(),
+                need: "request queue",
+            });
         };
         let len = 6 + 8 * queue.size() as u64;
-        (self.prepare)(queue.used_ring(), len)
-            .map_err(|e| VirtioError::Activate(format!("disk {name}: used ring: {e}")))?;
+        (self.prepare)(queue.used_ring(), len).map_err(|source| VirtioError::UsedRing {
+            device: device(),
+            source,
+        })?;
         let evt = self
             .queue_evt
             .try_clone()
-            .map_err(|e| VirtioError::Activate(format!("disk {name}: dup eventfd: {e}")))?;
+            .map_err(|source| VirtioError::DupEventFd {
+                device: device(),
+                source,
+            })?;
         let mut state = WorkerState {
             disk: self.disk.clone(),
             mem: self.mem.clone(),
@@ -516,7 +559,9 @@ mod tests {
         let split = chain::split(q.pop_descriptor_chain(m).unwrap(), &ring).unwrap();
         let counters = BlkCounters::default();
         let mut bounce = vec![0u8; 1024]; // small: requests span several rounds
-        let r = d.serve(m, &|_, _| Ok(()), &split, &mut bounce, &counters);
+        let r = d
+            .serve(m, &|_, _| Ok(()), &split, &mut bounce, &counters)
+            .map_err(|e| e.to_string());
         (r, m.read_obj::<u8>(GuestAddress(STATUS)).unwrap())
     }
 

@@ -12,28 +12,23 @@ use virtio_queue::DescriptorChain;
 use vm_memory::GuestMemoryMmap;
 
 /// Called with (gpa, len) before the device reads or writes there; an error stops the access.
-pub type PrepareWrite = dyn Fn(u64, u64) -> Result<(), String> + Send + Sync;
+pub type PrepareWrite = dyn Fn(u64, u64) -> Result<(), guestmem::Error> + Send + Sync;
 
 /// The device's `PrepareWrite`: `GuestMemory::prepare_for_device_write` of its VM.
 pub fn prepare_for(ctx: &crate::bus::DeviceContext) -> std::sync::Arc<PrepareWrite> {
     let guestmem = ctx.guestmem.clone();
-    std::sync::Arc::new(move |gpa, len| {
-        guestmem
-            .prepare_for_device_write(gpa, len)
-            .map_err(|e| e.to_string())
-    })
+    std::sync::Arc::new(move |gpa, len| guestmem.prepare_for_device_write(gpa, len))
 }
 
-pub use virtq::{total, Buf, Split};
+pub use virtq::{total, Buf, CopyError, Split, SplitError};
 
 /// Splits a chain of the queue `ring` describes (`virtq::Ring::split_into`:
 /// the walk's checks, readable before writable, every buffer in memory).
-pub fn split<M>(chain: DescriptorChain<M>, ring: &virtq::Ring) -> Result<Split, String>
+pub fn split<M>(chain: DescriptorChain<M>, ring: &virtq::Ring) -> Result<Split, SplitError>
 where
     M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
 {
     ring.split(chain.memory(), chain.head_index())
-        .map_err(|e| e.to_string())
 }
 
 /// Copies bytes `skip..skip + out.len()` of the buffers into `out`
@@ -44,11 +39,11 @@ pub fn read_bufs<P>(
     bufs: &[Buf],
     skip: u64,
     out: &mut [u8],
-) -> Result<(), String>
+) -> Result<(), CopyError>
 where
-    P: Fn(u64, u64) -> Result<(), String> + ?Sized,
+    P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
 {
-    virtq::read_bufs(mem, prepare, bufs, skip, out).map_err(|e| e.to_string())
+    virtq::read_bufs(mem, prepare, bufs, skip, out)
 }
 
 /// Writes `data` at bytes `skip..` of the buffers (`virtq::write_bufs`).
@@ -58,11 +53,11 @@ pub fn write_bufs<P>(
     bufs: &[Buf],
     skip: u64,
     data: &[u8],
-) -> Result<(), String>
+) -> Result<(), CopyError>
 where
-    P: Fn(u64, u64) -> Result<(), String> + ?Sized,
+    P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
 {
-    virtq::write_bufs(mem, prepare, bufs, skip, &[data]).map_err(|e| e.to_string())
+    virtq::write_bufs(mem, prepare, bufs, skip, &[data])
 }
 
 #[cfg(test)]
@@ -140,9 +135,10 @@ pub(crate) mod tests {
         // Readable after writable: malformed.
         let mut q = queue_with(&m, &[(0x5000, 8, F_WRITE | F_NEXT, 1), (0x4000, 16, 0, 0)]);
         let ring = virtq::Ring::of(&q, 0);
-        assert!(split(q.pop_descriptor_chain(&m).unwrap(), &ring)
-            .unwrap_err()
-            .contains("after"));
+        assert!(matches!(
+            split(q.pop_descriptor_chain(&m).unwrap(), &ring),
+            Err(SplitError::ReadableAfterWritable { .. })
+        ));
 
         // Cut short (next index outside the table) or a loop: malformed,
         // not the descriptors up to the cut.
@@ -153,7 +149,15 @@ pub(crate) mod tests {
             let mut q = queue_with(&m, &descs);
             let ring = virtq::Ring::of(&q, 0);
             let e = split(q.pop_descriptor_chain(&m).unwrap(), &ring).unwrap_err();
-            assert!(e.contains("outside") || e.contains("loop"), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    SplitError::Walk(
+                        virtq::ChainError::NextOutOfRange { .. } | virtq::ChainError::Loop { .. }
+                    )
+                ),
+                "{e}"
+            );
         }
     }
 
@@ -172,7 +176,13 @@ pub(crate) mod tests {
             let mut q = queue_with(&m, &descs);
             let ring = virtq::Ring::of(&q, 0);
             let e = split(q.pop_descriptor_chain(&m).unwrap(), &ring).unwrap_err();
-            assert!(e.contains("VIRTIO_F_INDIRECT_DESC"), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    SplitError::Walk(virtq::ChainError::IndirectNotNegotiated { .. })
+                ),
+                "{e}"
+            );
             // Negotiated, the same chain is followed into its table.
             let mut q = queue_with(&m, &descs);
             let ring = virtq::Ring::of(&q, 1 << virtq::VIRTIO_F_INDIRECT_DESC);

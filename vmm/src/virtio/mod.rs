@@ -64,8 +64,21 @@ pub enum VirtioError {
         what: &'static str,
         source: kvm_ioctls::Error,
     },
-    #[error("virtio device: {0}")]
-    Activate(String),
+    #[error("{device}: activated before the {need} were ready")]
+    QueuesNotReady { device: String, need: &'static str },
+    #[error("{device}: dup queue eventfd: {source}")]
+    DupEventFd {
+        device: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Zeroing a used ring the guest never touched (lazy zeroing) failed.
+    #[error("{device}: used ring: {source}")]
+    UsedRing {
+        device: String,
+        #[source]
+        source: guestmem::Error,
+    },
     #[error("disk {path}: {what}: {source}")]
     Disk {
         path: String,

@@ -64,6 +64,24 @@ pub struct NetCounters {
     pub bad_chains: AtomicU64,
 }
 
+/// Why a guest's RX or TX chain was refused (the frame is dropped, the
+/// chain returned empty and counted).
+#[derive(Debug, thiserror::Error)]
+pub enum NetChainError {
+    #[error(transparent)]
+    Split(#[from] chain::SplitError),
+    #[error(transparent)]
+    Copy(#[from] chain::CopyError),
+    #[error("device-readable descriptor in an RX chain")]
+    ReadableInRx,
+    #[error("device-writable descriptor in a TX chain")]
+    WritableInTx,
+    #[error("RX chain holds {capacity} bytes, frame needs {need}")]
+    RxTooSmall { capacity: u64, need: usize },
+    #[error("TX chain of {len} bytes is longer than {max}")]
+    TxTooLong { len: u64, max: usize },
+}
+
 /// Write `data` (header + frame) into the device-writable chain. Returns the
 /// number of bytes written; errors name what was wrong with the chain.
 pub fn write_rx_chain<M, P>(
@@ -72,21 +90,21 @@ pub fn write_rx_chain<M, P>(
     prepare: &P,
     chain: DescriptorChain<M>,
     data: &[u8],
-) -> Result<u32, String>
+) -> Result<u32, NetChainError>
 where
     M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
-    P: Fn(u64, u64) -> Result<(), String> + ?Sized,
+    P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
 {
     let c = chain::split(chain, ring)?;
     if !c.readable.is_empty() {
-        return Err("device-readable descriptor in an RX chain".into());
+        return Err(NetChainError::ReadableInRx);
     }
     let capacity = chain::total(&c.writable);
     if capacity < data.len() as u64 {
-        return Err(format!(
-            "RX chain holds {capacity} bytes, frame needs {}",
-            data.len()
-        ));
+        return Err(NetChainError::RxTooSmall {
+            capacity,
+            need: data.len(),
+        });
     }
     chain::write_bufs(mem, prepare, &c.writable, 0, data)?;
     Ok(data.len() as u32)
@@ -99,22 +117,20 @@ pub fn read_tx_chain<M, P>(
     prepare: &P,
     chain: DescriptorChain<M>,
     buf: &mut Vec<u8>,
-) -> Result<usize, String>
+) -> Result<usize, NetChainError>
 where
     M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
-    P: Fn(u64, u64) -> Result<(), String> + ?Sized,
+    P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
 {
     buf.clear();
     let c = chain::split(chain, ring)?;
     if !c.writable.is_empty() {
-        return Err("device-writable descriptor in a TX chain".into());
+        return Err(NetChainError::WritableInTx);
     }
     let len = chain::total(&c.readable);
-    if len > (MAX_FRAME + VNET_HDR_LEN) as u64 {
-        return Err(format!(
-            "TX chain longer than {} bytes",
-            MAX_FRAME + VNET_HDR_LEN
-        ));
+    let max = MAX_FRAME + VNET_HDR_LEN;
+    if len > max as u64 {
+        return Err(NetChainError::TxTooLong { len, max });
     }
     buf.resize(len as usize, 0);
     chain::read_bufs(mem, prepare, &c.readable, 0, buf)?;
@@ -189,19 +205,21 @@ impl VirtioDevice for TapNet {
         )
     }
     fn activate(&mut self, features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
+        let device = || format!("tap {}", self.tap.name());
         if queues.len() != 2 || !queues.iter().all(|q| q.ready()) {
-            return Err(VirtioError::Activate(format!(
-                "tap {}: RX and TX queues must be ready",
-                self.tap.name()
-            )));
+            return Err(VirtioError::QueuesNotReady {
+                device: device(),
+                need: "RX and TX queues",
+            });
         }
         let evts = self
             .queue_evts
             .iter()
             .map(|e| e.try_clone())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| {
-                VirtioError::Activate(format!("tap {}: dup eventfd: {e}", self.tap.name()))
+            .map_err(|source| VirtioError::DupEventFd {
+                device: device(),
+                source,
             })?;
         let mut queues = queues.into_iter();
         let state = WorkerState {
@@ -220,8 +238,9 @@ impl VirtioDevice for TapNet {
         // Used rings the guest never touched must be zeroed before we write them.
         for q in [&state.rx, &state.tx] {
             let len = 6 + 8 * q.size() as u64;
-            (self.prepare)(q.used_ring(), len).map_err(|e| {
-                VirtioError::Activate(format!("tap {}: used ring: {e}", self.tap.name()))
+            (self.prepare)(q.used_ring(), len).map_err(|source| VirtioError::UsedRing {
+                device: device(),
+                source,
             })?;
         }
         let name = self.tap.name().to_string();
