@@ -104,13 +104,7 @@ enum SgiovBench {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BURSTVM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    burstvm::init_logging();
     let result = match Cli::parse().command {
         // The VMM's exit status is the guest's under --until-exit.
         Command::Vmm(a) => match vmm::run_cli(&a) {

@@ -35,8 +35,28 @@ pub struct BenchDevsetArgs {
 pub enum BenchError {
     #[error("bench devset: {0}")]
     Config(String),
+    #[error("bench devset: {}: {source}", .dir.display())]
+    Dir {
+        dir: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("bench devset: {what}: {source}")]
+    Nic {
+        what: &'static str,
+        #[source]
+        source: Box<crate::Error>,
+    },
+    #[error("bench devset: VF {vf}: {source}")]
+    Assign {
+        vf: usize,
+        #[source]
+        source: crate::devset::DevsetError,
+    },
     #[error("bench devset: {0}")]
-    Run(String),
+    Frontend(#[from] crate::frontend::FrontendError),
+    #[error("bench devset: a frontend thread panicked")]
+    FrontendPanicked,
 }
 
 #[derive(Debug, Clone)]
@@ -55,8 +75,16 @@ pub fn run_once(
     populated: bool,
     dir: &std::path::Path,
 ) -> Result<BenchResult, BenchError> {
-    let err = |e: String| BenchError::Run(e);
-    std::fs::create_dir_all(dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
+    let nic_err = |what| {
+        move |e| BenchError::Nic {
+            what,
+            source: Box::new(e),
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(|source| BenchError::Dir {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
     let nic = Arc::new(
         Nic::new(
             &[("pf0".into(), n)],
@@ -65,22 +93,21 @@ pub fn run_once(
             dir.join(format!("state-{policy:?}.json")),
             &crate::sg::SgArgs::default(),
         )
-        .map_err(|e| err(e.to_string()))?,
+        .map_err(nic_err("start the NIC"))?,
     );
-    let server =
-        crate::daemon::BackgroundServer::start(nic.clone()).map_err(|e| err(e.to_string()))?;
+    let server = crate::daemon::BackgroundServer::start(nic.clone())
+        .map_err(nic_err("start the control server"))?;
     for i in 0..n {
         nic.pfs[0]
             .devset
             .assign(i, &format!("bench-{i}"))
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|source| BenchError::Assign { vf: i, source })?;
     }
     let barrier = Arc::new(Barrier::new(n + 1));
     // The sandboxes' memory exists before the opens start.
     let mems = (0..n)
         .map(|_| FrontendMemory::new(mem, populated))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err(e.to_string()))?;
+        .collect::<Result<Vec<_>, _>>()?;
     let threads: Vec<_> = mems
         .into_iter()
         .enumerate()
@@ -99,10 +126,8 @@ pub fn run_once(
     let mut fes = Vec::with_capacity(n);
     let (mut first, mut last): (Option<Instant>, Option<Instant>) = (None, None);
     for t in threads {
-        let (start, end, fe) = t
-            .join()
-            .map_err(|_| err("frontend thread panicked".into()))?;
-        fes.push(fe.map_err(|e| err(e.to_string()))?);
+        let (start, end, fe) = t.join().map_err(|_| BenchError::FrontendPanicked)?;
+        fes.push(fe?);
         times.push((end - start).as_secs_f64() * 1e3);
         first = Some(first.map_or(start, |f| f.min(start)));
         last = Some(last.map_or(end, |l| l.max(end)));

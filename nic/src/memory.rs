@@ -11,6 +11,24 @@ use vhost::vhost_user::message::VhostUserMemoryRegion;
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestRegionMmap};
 
+/// What is wrong with one region of a memory table, or which step of
+/// mapping it failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionCause {
+    #[error("size too large")]
+    TooLarge,
+    #[error("empty region")]
+    Empty,
+    #[error("guest address overflows")]
+    AddressOverflow,
+    #[error("fallocate: {0}")]
+    Fallocate(#[source] std::io::Error),
+    #[error("mlock: {0}")]
+    Mlock(#[source] std::io::Error),
+    #[error("memory region: {0}")]
+    Mmap(#[source] vm_memory::mmap::MmapRegionError),
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MemError {
     #[error("VF {vf}: SET_MEM_TABLE has {regions} regions but {files} fds")]
@@ -19,13 +37,14 @@ pub enum MemError {
         regions: usize,
         files: usize,
     },
-    #[error("VF {vf}: memory region {index} (gpa {gpa:#x}, size {size:#x}): {what}")]
+    #[error("VF {vf}: memory region {index} (gpa {gpa:#x}, size {size:#x}): {cause}")]
     Region {
         vf: String,
         index: usize,
         gpa: u64,
         size: u64,
-        what: String,
+        #[source]
+        cause: RegionCause,
     },
     #[error(
         "VF {vf}: memory region {index} (gpa {gpa:#x}, size {size:#x}): guestmem attach: {source}"
@@ -38,8 +57,8 @@ pub enum MemError {
         #[source]
         source: guestmem::Error,
     },
-    #[error("VF {vf}: memory table: {what}")]
-    Table { vf: String, what: String },
+    #[error("VF {vf}: memory table larger than {max_gib} GiB")]
+    Table { vf: String, max_gib: u64 },
     #[error("VF {vf}: memory table: {source}")]
     Collection {
         vf: String,
@@ -149,7 +168,7 @@ impl VfMemory {
         if total.is_none_or(|t| t > MAX_TABLE_BYTES) {
             return Err(MemError::Table {
                 vf: vf.into(),
-                what: format!("memory table larger than {} GiB", MAX_TABLE_BYTES >> 30),
+                max_gib: MAX_TABLE_BYTES >> 30,
             });
         }
         // Before any mapping: memory whose lease already ended is never touched.
@@ -162,16 +181,16 @@ impl VfMemory {
         let mut mmaps = Vec::with_capacity(table.len());
         let mut regions = Vec::with_capacity(table.len());
         for (index, (r, file)) in table.iter().zip(files).enumerate() {
-            let err = |what: String| MemError::Region {
+            let err = |cause: RegionCause| MemError::Region {
                 vf: vf.into(),
                 index,
                 gpa: r.guest_phys_addr,
                 size: r.memory_size,
-                what,
+                cause,
             };
-            let size = usize::try_from(r.memory_size).map_err(|_| err("size too large".into()))?;
+            let size = usize::try_from(r.memory_size).map_err(|_| err(RegionCause::TooLarge))?;
             if size == 0 {
-                return Err(err("empty region".into()));
+                return Err(err(RegionCause::Empty));
             }
             // guestmem maps the range (and its page-state table, if any); the
             // memory table uses that mapping.
@@ -189,7 +208,7 @@ impl VfMemory {
             // does not hold this process's mmap lock, so opens of different
             // VFs can really run in parallel; pool pages are already there.
             allocate(&file, r.mmap_offset, r.memory_size)
-                .map_err(|e| err(format!("fallocate: {e}")))?;
+                .map_err(|e| err(RegionCause::Fallocate(e)))?;
             // Locked: a page stays in memory once the device has touched it.
             // SAFETY: the range is exactly guestmem's mapping, alive as long as `dev`.
             if unsafe {
@@ -200,7 +219,7 @@ impl VfMemory {
                 )
             } != 0
             {
-                return Err(err(format!("mlock: {}", std::io::Error::last_os_error())));
+                return Err(err(RegionCause::Mlock(std::io::Error::last_os_error())));
             }
             // SAFETY: `dev` owns the mapping of `size` bytes at this pointer and
             // outlives `gm` (field order of VfMemory).
@@ -209,9 +228,9 @@ impl VfMemory {
                     .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
                     .with_mmap_flags(libc::MAP_SHARED)
                     .build()
-                    .map_err(|e| err(format!("memory region: {e}")))?;
+                    .map_err(|e| err(RegionCause::Mmap(e)))?;
             let region = GuestRegionMmap::new(mapping, GuestAddress(r.guest_phys_addr))
-                .ok_or_else(|| err("guest address overflows".into()))?;
+                .ok_or_else(|| err(RegionCause::AddressOverflow))?;
             mmaps.push(region);
             regions.push(RegionInfo {
                 gpa: r.guest_phys_addr,

@@ -15,13 +15,7 @@ struct Cli {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("BURSTVM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    burstvm::init_logging();
     // The VMM's exit status is the guest's under --until-exit.
     match vmm::run_cli(&Cli::parse().args) {
         Ok(status) => std::process::ExitCode::from(status),
