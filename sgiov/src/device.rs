@@ -274,6 +274,13 @@ impl Device {
         !self.rekick.is_empty()
     }
 
+    /// Work is left for another [`Device::poll`] right away: SGFs with
+    /// signals left after their budget, or pipes waiting for job generation.
+    /// The transport checks its doorbells, then polls again without waiting.
+    pub fn has_more(&self) -> bool {
+        self.has_rekick() || self.engine.has_dirty()
+    }
+
     pub fn sgf_state(&self, id: SgfId) -> Option<SgfState> {
         self.sgfs.get(id as usize).map(|s| s.sgf.state)
     }
@@ -870,17 +877,20 @@ impl Device {
     /// words left consumed again, and pending words flushed. Returns the
     /// SGFs whose guests must be interrupted.
     pub fn poll(&mut self) -> Vec<SgfId> {
+        // Bounded job generation: a priority signal behind a large backlog
+        // waits for one round of `gen_budget` pipes ([`Device::has_more`]).
+        let budget = self.cfg.engine.gen_budget;
         if self.cfg.engine.workers == 0 {
             self.engine.run_inline();
         } else {
-            self.engine.poll();
+            self.engine.poll_bounded(budget);
         }
         for _ in 0..self.rekick.len() {
             if let Some(id) = self.rekick.pop_front() {
                 self.consume(id);
             }
         }
-        self.engine.poll();
+        self.engine.poll_bounded(budget);
         for ev in self.engine.take_events() {
             match ev {
                 Event::Head { tag, head: ptr, .. } | Event::Tail { tag, tail: ptr, .. } => {

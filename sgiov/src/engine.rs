@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use slab::Slab;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -29,9 +29,10 @@ use crate::exec::pool::{Dispatcher, WorkerPool};
 use crate::exec::{execute, ExecError};
 use crate::job::{Class, JobDesc, Op};
 use crate::jobgen::{self, Params, Span, Xf};
+use crate::lat::{AtomicHist, Hist};
 use crate::layout::{limits, ErrorCode};
 use crate::ring::{RingError, RingPtrs, RingView};
-use crate::sched::{PipeKey, Queued, SchedConfig, SchedStats, TenantId};
+use crate::sched::{PipeKey, Policy, Queued, SchedConfig, SchedStats, TenantId};
 
 pub type RingKey = usize;
 
@@ -45,6 +46,10 @@ pub struct EngineConfig {
     pub max_job: u32,
     /// Jobs generated but not completed, per pipe (the paper's job queue of 128).
     pub max_queued: usize,
+    /// Backlogged pipes whose jobs [`Engine::poll_bounded`] generates per
+    /// call (0: all), so that the polling thread reads its FIFOs again
+    /// before it has gone over the whole backlog.
+    pub gen_budget: usize,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +60,7 @@ impl Default for EngineConfig {
             workers: 2,
             max_job: limits::DEFAULT_MAX_JOB,
             max_queued: 128,
+            gen_budget: 32,
         }
     }
 }
@@ -131,6 +137,27 @@ pub struct PipeStats {
     pub in_place: u64,
 }
 
+/// Where a priority-0 pipe's time goes (policy `prio`): from the moment
+/// its external end published new bytes or room (its signal was read) to a
+/// worker taking its job, the jobs dispatched in between, and the jobs
+/// queued in the dispatcher when it was submitted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LatStats {
+    /// Signal read → job taken by a worker, µs.
+    pub prio_wait_us: Hist,
+    /// Jobs of other pipes dispatched between its submission and its dispatch.
+    pub prio_ahead: Hist,
+    /// Jobs queued (all pipes) when it was submitted.
+    pub prio_depth: Hist,
+}
+
+#[derive(Default)]
+struct LatCounters {
+    wait_us: AtomicHist,
+    ahead: AtomicHist,
+    depth: AtomicHist,
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineStats {
     pub jobs: u64,
@@ -165,6 +192,11 @@ struct EPipe {
     outstanding: usize,
     state: PipeState,
     dirty: bool,
+    /// On the priority lane ([`Engine::poll_bounded`] serves it first).
+    hi: bool,
+    /// When a signal of its external end was read, for a pipe on the
+    /// priority lane whose jobs are not generated yet.
+    signalled: Option<Instant>,
     stats: PipeStats,
 }
 
@@ -172,6 +204,9 @@ struct EPipe {
 pub struct JobEnv {
     pub desc: JobDesc,
     pub ord: u64,
+    /// Priority lane only: when its signal was read, and the dispatcher's
+    /// dispatched count at submission (the latency counters).
+    pub hi: Option<(Instant, u64)>,
 }
 
 struct Completion {
@@ -229,7 +264,10 @@ pub struct Engine {
     rings: Slab<ERing>,
     pipes: Slab<EPipe>,
     dirty: VecDeque<PipeKey>,
+    /// Dirty pipes of priority 0 under policy `prio`: generated first.
+    dirty_hi: VecDeque<PipeKey>,
     disp: Arc<Dispatcher<JobEnv>>,
+    lat: Arc<LatCounters>,
     keys: Arc<KeyStore>,
     done: Arc<Completions>,
     // Dropped before `disp`: joins the workers.
@@ -247,14 +285,19 @@ impl Engine {
             efd: EventFd::new(EFD_NONBLOCK)
                 .map_err(|source| EngineError::Workers { n: 0, source })?,
         });
+        let lat = Arc::new(LatCounters::default());
         let pool = if cfg.workers > 0 {
             let (k, d) = (keys.clone(), done.clone());
+            let (l, ds) = (lat.clone(), disp.clone());
             Some(
                 WorkerPool::start(
                     "sgiov-exec",
                     cfg.workers,
                     disp.clone(),
                     Arc::new(move |pipe, job: Queued<JobEnv>| {
+                        if let Some(hi) = job.payload.hi {
+                            l.taken(hi, ds.stats().dispatched);
+                        }
                         let result = execute(&job.payload.desc, &k);
                         d.push(Completion {
                             pipe,
@@ -276,7 +319,9 @@ impl Engine {
             rings: Slab::new(),
             pipes: Slab::new(),
             dirty: VecDeque::new(),
+            dirty_hi: VecDeque::new(),
             disp,
+            lat,
             keys,
             done,
             pool,
@@ -368,6 +413,8 @@ impl Engine {
             outstanding: 0,
             state: PipeState::Running,
             dirty: false,
+            hi: self.cfg.sched.policy == Policy::Priority && spec.prio == 0,
+            signalled: None,
             stats: PipeStats::default(),
         }) as PipeKey;
         self.rings[spec.src].consumer = Some(p);
@@ -388,8 +435,37 @@ impl Engine {
         if let Some(x) = self.pipes.get_mut(p as usize) {
             if !x.dirty {
                 x.dirty = true;
-                self.dirty.push_back(p);
+                if x.hi {
+                    self.dirty_hi.push_back(p);
+                } else {
+                    self.dirty.push_back(p);
+                }
             }
+        }
+    }
+
+    /// An external end of `p` moved (a signal was read): marks it, and
+    /// starts the latency clock of a priority-lane pipe.
+    fn signalled(&mut self, p: PipeKey) {
+        if let Some(x) = self.pipes.get_mut(p as usize) {
+            if x.hi && x.signalled.is_none() {
+                x.signalled = Some(Instant::now());
+            }
+        }
+        self.mark(p);
+    }
+
+    /// Whether pipes wait for job generation ([`Engine::poll_bounded`]).
+    pub fn has_dirty(&self) -> bool {
+        !self.dirty.is_empty() || !self.dirty_hi.is_empty()
+    }
+
+    /// The priority lane's latency counters so far.
+    pub fn lat_stats(&self) -> LatStats {
+        LatStats {
+            prio_wait_us: self.lat.wait_us.snapshot(),
+            prio_ahead: self.lat.ahead.snapshot(),
+            prio_depth: self.lat.depth.snapshot(),
         }
     }
 
@@ -404,7 +480,7 @@ impl Engine {
         }
         let added = ring.ptrs.publish_head(&ring.label, ptr)?;
         if let (Some(c), true) = (ring.consumer, added > 0) {
-            self.mark(c);
+            self.signalled(c);
         }
         Ok(added)
     }
@@ -420,7 +496,7 @@ impl Engine {
         }
         let freed = ring.ptrs.publish_tail(&ring.label, ptr)?;
         if let (Some(p), true) = (ring.producer, freed > 0) {
-            self.mark(p);
+            self.signalled(p);
         }
         Ok(freed)
     }
@@ -491,12 +567,34 @@ impl Engine {
     /// generates jobs for the pipes whose rings changed. Returns how much
     /// happened (completions + jobs generated).
     pub fn poll(&mut self) -> usize {
+        self.poll_bounded(0)
+    }
+
+    /// [`Engine::poll`] that generates jobs for at most `budget` pipes of
+    /// the backlog (0: all), after every pipe of the priority lane: the
+    /// caller reads its signals again before coming back for the rest
+    /// ([`Engine::has_dirty`]), so a priority-0 signal that arrives while
+    /// thousands of pipes are backlogged waits for one bounded round, not
+    /// for the whole backlog's job generation.
+    pub fn poll_bounded(&mut self, budget: usize) -> usize {
         let mut n = 0;
         for c in self.done.drain() {
             n += 1;
             self.complete(c);
         }
-        while let Some(p) = self.dirty.pop_front() {
+        let mut left = if budget == 0 { usize::MAX } else { budget };
+        loop {
+            if let Some(p) = self.dirty_hi.pop_front() {
+                n += self.generate(p);
+                continue;
+            }
+            if left == 0 {
+                break;
+            }
+            let Some(p) = self.dirty.pop_front() else {
+                break;
+            };
+            left -= 1;
             n += self.generate(p);
         }
         n
@@ -509,6 +607,9 @@ impl Engine {
         loop {
             let mut n = self.poll();
             while let Some((pipe, job)) = self.disp.try_take() {
+                if let Some(hi) = job.payload.hi {
+                    self.lat.taken(hi, self.disp.stats().dispatched);
+                }
                 let result = execute(&job.payload.desc, &self.keys);
                 self.disp.done(pipe, job.barrier);
                 self.complete(Completion {
@@ -696,6 +797,13 @@ impl Engine {
         x.stats.jobs += n as u64;
         x.stats.in_place += plan.in_place as u64;
         self.stats.jobs += n as u64;
+        // The clock runs to the dispatch of the first job the signal made.
+        let mut hi = x.signalled.take().map(|t| {
+            let s = self.disp.stats();
+            let depth = s.enqueued.saturating_sub(s.dispatched + s.cancelled);
+            self.lat.depth.add(depth);
+            (t, s.dispatched)
+        });
         let pipe_class = match x.spec.xf {
             Xf::Encrypt | Xf::Decrypt => Class::Crypto,
             Xf::Copy | Xf::Direct => Class::Copy,
@@ -717,7 +825,11 @@ impl Engine {
                 },
                 cost: desc.cost(),
                 barrier: j.barrier,
-                payload: JobEnv { desc, ord },
+                payload: JobEnv {
+                    desc,
+                    ord,
+                    hi: hi.take(),
+                },
             };
             self.disp.submit(p, x.spec.tenant, x.spec.prio, job);
         }
@@ -725,9 +837,117 @@ impl Engine {
     }
 }
 
+impl LatCounters {
+    /// A priority-lane job was taken; `dispatched` counts it.
+    fn taken(&self, (t, at): (Instant, u64), dispatched: u64) {
+        self.wait_us.add(t.elapsed().as_micros() as u64);
+        self.ahead.add(dispatched.saturating_sub(at + 1));
+    }
+}
+
 impl Drop for Engine {
     fn drop(&mut self) {
         // Join the workers before the rings' memories can go away.
         self.pool.take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::{Memory, StagingMemory};
+    use crate::ring::RingGeom;
+
+    const RING: u32 = 64 << 10;
+
+    /// `backlog` priority-7 copy pipes with 16 KiB waiting each, then one
+    /// priority-0 pipe signalled last with 4 KiB; one bounded poll.
+    fn setup(policy: Policy, backlog: usize, budget: usize) -> (Engine, Vec<PipeKey>, PipeKey) {
+        let mem = Arc::new(StagingMemory::new("engine-prio-lane", 16 << 20).unwrap());
+        let cfg = EngineConfig {
+            sched: SchedConfig {
+                policy,
+                ..Default::default()
+            },
+            workers: 0,
+            gen_budget: budget,
+            ..Default::default()
+        };
+        let mut eng = Engine::new(cfg, Arc::new(KeyStore::new(1))).unwrap();
+        let mut pipe = |eng: &mut Engine, prio: u8| {
+            let mut ring = |l: &str| {
+                let base = mem.alloc(RING).unwrap();
+                let view = RingView::new(
+                    mem.clone() as Arc<dyn Memory>,
+                    RingGeom { base, size: RING },
+                );
+                eng.add_ring(view, l.into(), 0)
+            };
+            let (src, sink) = (ring("src"), ring("sink"));
+            let p = eng
+                .add_pipe(PipeSpec {
+                    src,
+                    sink,
+                    xf: Xf::Copy,
+                    tenant: 1,
+                    prio,
+                    key_slot: 0,
+                    max_job: Some(4096),
+                    label: format!("prio {prio}"),
+                    tag: 0,
+                })
+                .unwrap();
+            (p, src)
+        };
+        let low: Vec<_> = (0..backlog).map(|_| pipe(&mut eng, 7)).collect();
+        let (hi, hi_src) = pipe(&mut eng, 0);
+        // Pipes start dirty with nothing to do.
+        assert_eq!(eng.poll(), 0);
+        for &(_, src) in &low {
+            eng.external_head(src, 16 << 10).unwrap();
+        }
+        eng.external_head(hi_src, 4096).unwrap();
+        eng.poll_bounded(budget);
+        (eng, low.into_iter().map(|x| x.0).collect(), hi)
+    }
+
+    fn jobs(eng: &Engine, p: PipeKey) -> u64 {
+        eng.pipe_stats(p).unwrap().jobs
+    }
+
+    #[test]
+    fn priority_pipe_is_dispatched_before_the_queued_backlog() {
+        let (mut eng, low, hi) = setup(Policy::Priority, 64, 4);
+        // One bounded round: the priority pipe signalled last got its job;
+        // of the backlog only `budget` pipes (4 jobs each) were generated.
+        assert_eq!(jobs(&eng, hi), 1);
+        let generated: Vec<_> = low.iter().filter(|&&p| jobs(&eng, p) > 0).collect();
+        assert_eq!(generated.len(), 4);
+        assert!(eng.has_dirty());
+        assert_eq!(eng.disp.queued(hi), 1);
+        assert_eq!(eng.stats().sched.enqueued, 1 + 4 * 4);
+        // The first job dispatched is the priority pipe's, ahead of 16.
+        let (first, job) = eng.disp.try_take().unwrap();
+        assert_eq!(first, hi);
+        let dispatched = eng.disp.stats().dispatched;
+        eng.lat.taken(job.payload.hi.unwrap(), dispatched);
+        // The rest of the backlog is generated by further rounds, every
+        // byte copied, and the counters saw one priority job with nothing
+        // dispatched ahead of it.
+        eng.run_inline();
+        assert!(!eng.has_dirty());
+        assert!(low.iter().all(|&p| jobs(&eng, p) == 4));
+        let lat = eng.lat_stats();
+        assert_eq!(lat.prio_wait_us.count(), 1);
+        assert_eq!(lat.prio_ahead.max(), 0);
+        assert_eq!(lat.prio_depth.count(), 1);
+    }
+
+    #[test]
+    fn round_robin_keeps_signal_order_and_no_priority_lane() {
+        let (eng, low, hi) = setup(Policy::RoundRobin, 64, 4);
+        assert_eq!(jobs(&eng, hi), 0);
+        assert_eq!(low.iter().filter(|&&p| jobs(&eng, p) > 0).count(), 4);
+        assert_eq!(eng.lat_stats().prio_depth.count(), 0);
     }
 }

@@ -10,6 +10,7 @@ pub mod exec;
 pub mod fifo;
 pub mod job;
 pub mod jobgen;
+pub mod lat;
 pub mod layout;
 pub mod mem;
 pub mod ring;

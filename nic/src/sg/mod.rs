@@ -123,6 +123,23 @@ pub struct SgCounters {
     pub pf_rings: u64,
     pub pf_staging_bytes: u64,
     pub pf_key_slots: u64,
+    /// The PF's SG thread and priority lane (cumulative histograms).
+    #[serde(default)]
+    pub pf_lat: SgLat,
+}
+
+/// Where a PF's signal-plane latency goes (log2 histograms, cumulative: a
+/// reader subtracts two snapshots). A signal waits in its FIFO for at most
+/// the round the SG thread is in; then `prio_wait_us` covers the rest up to
+/// a worker taking the priority job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SgLat {
+    /// SG thread rounds that had work: doorbells, completions, job generation, µs.
+    pub round_us: sgiov::lat::Hist,
+    /// Jobs queued for the executors, sampled once per such round.
+    pub queue_depth: sgiov::lat::Hist,
+    #[serde(flatten)]
+    pub prio: sgiov::engine::LatStats,
 }
 
 /// The SG functions of one PF.

@@ -18,7 +18,7 @@ use vm_memory::ByteValued;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::mem::SgMemory;
-use super::{SgCounters, SgPf};
+use super::{SgCounters, SgLat, SgPf};
 use crate::dataplane::virtio::Fault;
 use crate::devset::Devset;
 use crate::memory::VfMemory;
@@ -51,6 +51,7 @@ pub struct SgLoop {
     dev: Device,
     wake: Arc<EventFd>,
     counters: Arc<Mutex<Vec<SgCounters>>>,
+    lat: SgLat,
 }
 
 impl SgLoop {
@@ -74,17 +75,18 @@ impl SgLoop {
             dev: Device::new(sg.config)?,
             wake: sg.wake.clone(),
             counters: sg.counters.clone(),
+            lat: SgLat::default(),
         })
     }
 
     pub fn run(mut self, stop: &AtomicBool, stop_fd: &EventFd) {
         let mut published = Instant::now();
         while !stop.load(Ordering::Relaxed) {
-            let timeout = if self.dev.has_rekick() {
-                Duration::ZERO
-            } else {
-                IDLE
-            };
+            // Bounded rounds: with work left (signals past their budget,
+            // pipes waiting for job generation) the doorbells are looked at
+            // again before the rest of the backlog is served.
+            let more = self.dev.has_more();
+            let timeout = if more { Duration::ZERO } else { IDLE };
             let mut which = Vec::new();
             let ready = {
                 let mut fds = vec![
@@ -104,6 +106,8 @@ impl SgLoop {
                 }
                 wait_readable(&fds, timeout)
             };
+            let round = Instant::now();
+            let busy = more || ready.iter().any(|&r| r);
             if ready[0] {
                 let _ = self.wake.read();
             }
@@ -130,6 +134,12 @@ impl SgLoop {
                 if let Some(s) = self.slots.iter().find(|s| s.sgf == Some(id)) {
                     s.port.runtime().vrings[SIGNAL_Q].signal();
                 }
+            }
+            if busy {
+                let q = self.dev.engine().stats().sched;
+                let depth = q.enqueued.saturating_sub(q.dispatched + q.cancelled);
+                self.lat.queue_depth.add(depth);
+                self.lat.round_us.add(round.elapsed().as_micros() as u64);
             }
             if published.elapsed() >= IDLE {
                 self.publish();
@@ -334,6 +344,10 @@ impl SgLoop {
     /// Copies the counters the control API shows.
     fn publish(&self) {
         let d = self.dev.stats();
+        let lat = SgLat {
+            prio: self.dev.engine().lat_stats(),
+            ..self.lat
+        };
         let mut out = self.counters.lock().unwrap_or_else(|e| e.into_inner());
         for (c, s) in out.iter_mut().zip(&self.slots) {
             let st = s
@@ -351,6 +365,7 @@ impl SgLoop {
                 pf_rings: d.rings as u64,
                 pf_staging_bytes: d.staging_bytes,
                 pf_key_slots: d.key_slots as u64,
+                pf_lat: lat,
             };
         }
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use sgiov::signal::RingId;
 
 use super::{
-    attach, join_load, median, open_echo_pipes, settle, signals_and_kicks, start_load,
+    attach, join_load, median, open_echo_pipes, pf_lat, settle, signals_and_kicks, start_load,
     BenchSgError, CommonArgs, Daemon, Flags, T,
 };
 use crate::control::Client;
@@ -58,6 +58,15 @@ pub struct LatencyRow {
     pub pings: usize,
     /// Checked bytes the backlogged pipes moved meanwhile.
     pub backlog_bytes: u64,
+    /// The daemon's counters over the measured pings (log2 buckets: each
+    /// figure is its bucket's upper bound): SG thread round length p99 and
+    /// max (µs), priority signal read → job dispatched p99 (µs), jobs
+    /// dispatched ahead of a priority job p99, executor queue depth p99.
+    pub round_p99_us: u64,
+    pub round_max_us: u64,
+    pub prio_wait_p99_us: u64,
+    pub prio_ahead_p99: u64,
+    pub queue_depth_p99: u64,
 }
 
 pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
@@ -117,6 +126,9 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
             ping(&mut fe, sock, &pat, &mut buf)?;
         }
         flags.go.store(true, Ordering::Relaxed);
+        // The daemon publishes its counters every 100 ms.
+        std::thread::sleep(Duration::from_millis(150));
+        let lat0 = pf_lat(c)?;
         let cpu0 = d.cpu();
         let t0 = Instant::now();
         let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
@@ -134,6 +146,9 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
         // The daemon publishes its counters every 100 ms.
         std::thread::sleep(Duration::from_millis(150));
         let (sig, kicks) = signals_and_kicks(c)?;
+        let lat = pf_lat(c)?;
+        let round = lat.round_us.since(&lat0.round_us);
+        let pick = |h: &sgiov::lat::Hist, e: &sgiov::lat::Hist| h.since(e).quantile(0.99);
         Ok::<_, BenchSgError>(LatencyRow {
             pipes: n,
             mode: "xfifo",
@@ -147,6 +162,11 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
             daemon_cpu_pct: cpu * 100.0,
             pings: a.reps * a.samples,
             backlog_bytes: 0,
+            round_p99_us: round.quantile(0.99),
+            round_max_us: round.max(),
+            prio_wait_p99_us: pick(&lat.prio.prio_wait_us, &lat0.prio.prio_wait_us),
+            prio_ahead_p99: pick(&lat.prio.prio_ahead, &lat0.prio.prio_ahead),
+            queue_depth_p99: pick(&lat.queue_depth, &lat0.queue_depth),
         })
     })();
     let shards = join_load(&flags, load);
@@ -209,7 +229,7 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
         a.size, a.common.threads, a.policy, a.common.workers, a.samples, a.reps
     );
     println!(
-        "{:>6} {:>6} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>8} {:>7} {:>10}",
+        "{:>6} {:>6} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7}",
         "pipes",
         "mode",
         "p50_us",
@@ -220,12 +240,17 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
         "idle",
         "sig/kick",
         "cpu%",
-        "backlog_MB"
+        "backlog_MB",
+        "round99",
+        "roundmax",
+        "wait99",
+        "ahead99",
+        "depth99"
     );
     let rows = run(a)?;
     for r in &rows {
         println!(
-            "{:>6} {:>6} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6} {:>6} {:>8.1} {:>7.1} {:>10.1}",
+            "{:>6} {:>6} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6} {:>6} {:>8.1} {:>7.1} {:>10.1} {:>9} {:>9} {:>9} {:>7} {:>7}",
             r.pipes,
             r.mode,
             r.p50_us,
@@ -236,13 +261,24 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
             r.idle_fds,
             r.signals_per_kick,
             r.daemon_cpu_pct,
-            r.backlog_bytes as f64 / 1e6
+            r.backlog_bytes as f64 / 1e6,
+            r.round_p99_us,
+            r.round_max_us,
+            r.prio_wait_p99_us,
+            r.prio_ahead_p99,
+            r.queue_depth_p99
         );
     }
     println!(
         "x_p50/x_p99: growth against {} pipes; fds: daemon fds with every pipe open (idle: none); \
          sig/kick: guest->device signals per doorbell; cpu%: daemon CPU during the pings",
         a.pipes[0]
+    );
+    println!(
+        "round99/roundmax: the daemon's SG thread round (doorbells, completions, bounded job \
+         generation) p99/max in us; wait99: priority signal read -> its job taken by a worker, \
+         p99 us; ahead99: jobs dispatched before it, p99; depth99: executor queue depth per round, \
+         p99 (log2 buckets: each figure is its bucket's upper bound)"
     );
     Ok(())
 }

@@ -594,6 +594,16 @@ pub fn signals_and_kicks(c: &mut Client) -> Result<(u64, u64), BenchSgError> {
     Ok((sig, kicks))
 }
 
+/// The PF's signal-plane latency counters (every SG function of the PF
+/// shows the same; the daemon publishes them every 100 ms).
+pub fn pf_lat(c: &mut Client) -> Result<crate::sg::SgLat, BenchSgError> {
+    Ok(list_sg(c)?
+        .first()
+        .and_then(|v| v.sg)
+        .map(|s| s.pf_lat)
+        .unwrap_or_default())
+}
+
 fn list_sg(c: &mut Client) -> Result<Vec<VfInfo>, BenchSgError> {
     Ok(c.list()
         .map_err(|source| BenchSgError::Control {
