@@ -30,6 +30,7 @@ fn latency_pings_through_backlogged_pipes_with_a_constant_fd_count() {
         reps: 2,
         size: 4096,
         policy: "prio".into(),
+        gen_budget: vec![32],
         common: common("lat"),
     })
     .unwrap();

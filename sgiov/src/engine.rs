@@ -17,6 +17,7 @@
 //! so a consumer never sees bytes before all bytes ahead of them.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -149,6 +150,9 @@ pub struct LatStats {
     pub prio_ahead: Hist,
     /// Jobs queued (all pipes) when it was submitted.
     pub prio_depth: Hist,
+    /// Jobs the polling thread ran itself right after the priority lane.
+    #[serde(default)]
+    pub prio_inline: u64,
 }
 
 #[derive(Default)]
@@ -156,6 +160,7 @@ struct LatCounters {
     wait_us: AtomicHist,
     ahead: AtomicHist,
     depth: AtomicHist,
+    inline: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -466,6 +471,7 @@ impl Engine {
             prio_wait_us: self.lat.wait_us.snapshot(),
             prio_ahead: self.lat.ahead.snapshot(),
             prio_depth: self.lat.depth.snapshot(),
+            prio_inline: self.lat.inline.load(Ordering::Relaxed),
         }
     }
 
@@ -583,9 +589,10 @@ impl Engine {
             self.complete(c);
         }
         let mut left = if budget == 0 { usize::MAX } else { budget };
+        let mut hi_jobs = 0;
         loop {
             if let Some(p) = self.dirty_hi.pop_front() {
-                n += self.generate(p);
+                hi_jobs += self.generate(p);
                 continue;
             }
             if left == 0 {
@@ -597,7 +604,34 @@ impl Engine {
             left -= 1;
             n += self.generate(p);
         }
-        n
+        // This thread runs as many jobs as the priority lane just made,
+        // taken in the dispatcher's order (the policy still decides; under
+        // `prio` they are the lane's): no worker wake-up on the priority
+        // path, and a worker busy with one maximum-size job does not delay it.
+        if self.pool.is_some() {
+            for _ in 0..hi_jobs {
+                let Some((pipe, job)) = self.disp.try_take() else {
+                    break;
+                };
+                self.lat.inline.fetch_add(1, Ordering::Relaxed);
+                self.run_taken(pipe, job);
+            }
+        }
+        n + hi_jobs
+    }
+
+    /// Runs a job taken from the dispatcher on this thread.
+    fn run_taken(&mut self, pipe: PipeKey, job: Queued<JobEnv>) {
+        if let Some(hi) = job.payload.hi {
+            self.lat.taken(hi, self.disp.stats().dispatched);
+        }
+        let result = execute(&job.payload.desc, &self.keys);
+        self.disp.done(pipe, job.barrier);
+        self.complete(Completion {
+            pipe,
+            ord: job.payload.ord,
+            result,
+        });
     }
 
     /// Without workers: runs every job that may run now on this thread,
@@ -607,16 +641,7 @@ impl Engine {
         loop {
             let mut n = self.poll();
             while let Some((pipe, job)) = self.disp.try_take() {
-                if let Some(hi) = job.payload.hi {
-                    self.lat.taken(hi, self.disp.stats().dispatched);
-                }
-                let result = execute(&job.payload.desc, &self.keys);
-                self.disp.done(pipe, job.barrier);
-                self.complete(Completion {
-                    pipe,
-                    ord: job.payload.ord,
-                    result,
-                });
+                self.run_taken(pipe, job);
                 n += 1;
             }
             if n == 0 {

@@ -54,6 +54,11 @@ pub struct SgArgs {
     /// Executor threads per PF (0: jobs run on the PF's SG thread).
     #[arg(long = "sg-workers", default_value_t = 2)]
     pub workers: usize,
+    /// Backlogged pipes whose jobs the SG thread generates per round before
+    /// it reads the doorbells again (0: the whole backlog; priority-0 pipes
+    /// under --sg-policy prio always go first).
+    #[arg(long = "sg-gen-budget", default_value_t = 32)]
+    pub gen_budget: usize,
 }
 
 impl Default for SgArgs {
@@ -63,6 +68,7 @@ impl Default for SgArgs {
             policy: Policy::RoundRobin,
             capacity: Capacities::unlimited(),
             workers: 2,
+            gen_budget: 32,
         }
     }
 }
@@ -96,6 +102,7 @@ impl SgArgs {
                 },
                 capacity: self.capacity,
                 workers: self.workers,
+                gen_budget: self.gen_budget,
                 ..Default::default()
             },
             ..Default::default()

@@ -34,6 +34,11 @@ pub struct LatencyArgs {
     /// Scheduling policy of the daemon's SG engine (rr, prio, drf).
     #[arg(long, default_value = "prio")]
     pub policy: String,
+    /// The daemon's --sg-gen-budget, one daemon each (0: the whole backlog
+    /// per round, no bounded rounds; growth is against the first pipe count
+    /// of the same budget).
+    #[arg(long, value_delimiter = ',', default_value = "32")]
+    pub gen_budget: Vec<usize>,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -42,6 +47,8 @@ pub struct LatencyArgs {
 pub struct LatencyRow {
     pub pipes: usize,
     pub mode: &'static str,
+    /// The daemon's --sg-gen-budget.
+    pub gen_budget: usize,
     pub p50_us: f64,
     pub p99_us: f64,
     /// p50 and p99 over those of the first pipe count.
@@ -67,6 +74,8 @@ pub struct LatencyRow {
     pub prio_wait_p99_us: u64,
     pub prio_ahead_p99: u64,
     pub queue_depth_p99: u64,
+    /// Jobs the SG thread ran itself right after the priority lane.
+    pub prio_inline: u64,
 }
 
 pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
@@ -77,26 +86,31 @@ pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
             "--size 1..--ring, --samples and --reps at least 1".into(),
         ));
     }
-    let d = Daemon::spawn(
-        &a.common.bin()?,
-        &a.common.dir("latency"),
-        a.common.threads + 1,
-        &a.policy,
-        a.common.workers,
-    )?;
-    let mut c = d.client()?;
-    let idle_fds = d.idle_fds(&mut c)?;
     let mut rows: Vec<LatencyRow> = Vec::new();
-    for &n in &a.pipes {
-        let mut row = one(a, &d, &mut c, n)?;
-        settle(&d, &mut c, idle_fds)?;
-        row.idle_fds = idle_fds;
-        let (p50, p99) = rows
-            .first()
-            .map_or((row.p50_us, row.p99_us), |f| (f.p50_us, f.p99_us));
-        row.growth_p50 = row.p50_us / p50;
-        row.growth_p99 = row.p99_us / p99;
-        rows.push(row);
+    for &budget in &a.gen_budget {
+        let d = Daemon::spawn_with(
+            &a.common.bin()?,
+            &a.common.dir("latency"),
+            a.common.threads + 1,
+            &a.policy,
+            a.common.workers,
+            &["--sg-gen-budget".into(), budget.to_string()],
+        )?;
+        let mut c = d.client()?;
+        let idle_fds = d.idle_fds(&mut c)?;
+        let first = rows.len();
+        for &n in &a.pipes {
+            let mut row = one(a, &d, &mut c, n)?;
+            settle(&d, &mut c, idle_fds)?;
+            row.idle_fds = idle_fds;
+            row.gen_budget = budget;
+            let (p50, p99) = rows
+                .get(first)
+                .map_or((row.p50_us, row.p99_us), |f| (f.p50_us, f.p99_us));
+            row.growth_p50 = row.p50_us / p50;
+            row.growth_p99 = row.p99_us / p99;
+            rows.push(row);
+        }
     }
     Ok(rows)
 }
@@ -152,6 +166,7 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
         Ok::<_, BenchSgError>(LatencyRow {
             pipes: n,
             mode: "xfifo",
+            gen_budget: 0,
             p50_us: median(&mut p50s),
             p99_us: median(&mut p99s),
             growth_p50: 1.0,
@@ -167,6 +182,7 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
             prio_wait_p99_us: pick(&lat.prio.prio_wait_us, &lat0.prio.prio_wait_us),
             prio_ahead_p99: pick(&lat.prio.prio_ahead, &lat0.prio.prio_ahead),
             queue_depth_p99: pick(&lat.queue_depth, &lat0.queue_depth),
+            prio_inline: lat.prio.prio_inline - lat0.prio.prio_inline,
         })
     })();
     let shards = join_load(&flags, load);
@@ -225,13 +241,14 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
     println!(
         "bench sgiov latency: {} B ping-pong on one priority-0 pipe, every other pipe backlogged \
          (echo, priority 7, {} frontend threads), daemon --sg-policy {} --sg-workers {}; \
-         {} samples x {} reps, medians",
+         {} samples x {} reps, medians; budget: --sg-gen-budget (0 = whole backlog per round)",
         a.size, a.common.threads, a.policy, a.common.workers, a.samples, a.reps
     );
     println!(
-        "{:>6} {:>6} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7}",
+        "{:>6} {:>6} {:>6} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6}",
         "pipes",
         "mode",
+        "budget",
         "p50_us",
         "p99_us",
         "x_p50",
@@ -245,14 +262,16 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
         "roundmax",
         "wait99",
         "ahead99",
-        "depth99"
+        "depth99",
+        "inline"
     );
     let rows = run(a)?;
     for r in &rows {
         println!(
-            "{:>6} {:>6} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6} {:>6} {:>8.1} {:>7.1} {:>10.1} {:>9} {:>9} {:>9} {:>7} {:>7}",
+            "{:>6} {:>6} {:>6} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6} {:>6} {:>8.1} {:>7.1} {:>10.1} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6}",
             r.pipes,
             r.mode,
+            r.gen_budget,
             r.p50_us,
             r.p99_us,
             r.growth_p50,
@@ -266,7 +285,8 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
             r.round_max_us,
             r.prio_wait_p99_us,
             r.prio_ahead_p99,
-            r.queue_depth_p99
+            r.queue_depth_p99,
+            r.prio_inline
         );
     }
     println!(
@@ -278,7 +298,8 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
         "round99/roundmax: the daemon's SG thread round (doorbells, completions, bounded job \
          generation) p99/max in us; wait99: priority signal read -> its job taken by a worker, \
          p99 us; ahead99: jobs dispatched before it, p99; depth99: executor queue depth per round, \
-         p99 (log2 buckets: each figure is its bucket's upper bound)"
+         p99 (log2 buckets: each figure is its bucket's upper bound); inline: jobs the SG thread \
+         ran itself after the priority lane"
     );
     Ok(())
 }

@@ -158,6 +158,18 @@ impl Daemon {
         policy: &str,
         workers: usize,
     ) -> Result<Daemon, BenchSgError> {
+        Self::spawn_with(bin, dir, sgfs, policy, workers, &[])
+    }
+
+    /// [`Daemon::spawn`] with more `burstvm nic` flags.
+    pub fn spawn_with(
+        bin: &Path,
+        dir: &Path,
+        sgfs: usize,
+        policy: &str,
+        workers: usize,
+        extra: &[String],
+    ) -> Result<Daemon, BenchSgError> {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir).map_err(|source| BenchSgError::Io {
             what: format!("create {}", dir.display()),
@@ -173,6 +185,7 @@ impl Daemon {
             .arg(dir)
             .args(["--sgfs", &sgfs.to_string(), "--sg-policy", policy])
             .args(["--sg-workers", &workers.to_string()])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         // SAFETY: prctl is async-signal-safe.
