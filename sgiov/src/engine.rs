@@ -271,6 +271,8 @@ pub struct Engine {
     dirty: VecDeque<PipeKey>,
     /// Dirty pipes of priority 0 under policy `prio`: generated first.
     dirty_hi: VecDeque<PipeKey>,
+    /// Pipes on the priority lane: rounds are bounded only while there are.
+    hi_pipes: usize,
     disp: Arc<Dispatcher<JobEnv>>,
     lat: Arc<LatCounters>,
     keys: Arc<KeyStore>,
@@ -325,6 +327,7 @@ impl Engine {
             pipes: Slab::new(),
             dirty: VecDeque::new(),
             dirty_hi: VecDeque::new(),
+            hi_pipes: 0,
             disp,
             lat,
             keys,
@@ -408,6 +411,8 @@ impl Engine {
             });
         }
         let (gen_src, gen_sink) = (src.ptrs.tail, sink.ptrs.head);
+        let hi = self.cfg.sched.policy == Policy::Priority && spec.prio == 0;
+        self.hi_pipes += hi as usize;
         let p = self.pipes.insert(EPipe {
             spec: spec.clone(),
             seq: 0,
@@ -418,7 +423,7 @@ impl Engine {
             outstanding: 0,
             state: PipeState::Running,
             dirty: false,
-            hi: self.cfg.sched.policy == Policy::Priority && spec.prio == 0,
+            hi,
             signalled: None,
             stats: PipeStats::default(),
         }) as PipeKey;
@@ -551,6 +556,7 @@ impl Engine {
 
     fn remove_pipe(&mut self, p: PipeKey) {
         let x = self.pipes.remove(p as usize);
+        self.hi_pipes -= x.hi as usize;
         self.disp.cancel(p);
         if let Some(r) = self.rings.get_mut(x.spec.src) {
             r.consumer = None;
@@ -577,7 +583,9 @@ impl Engine {
     }
 
     /// [`Engine::poll`] that generates jobs for at most `budget` pipes of
-    /// the backlog (0: all), after every pipe of the priority lane: the
+    /// the backlog (0: all; all as well while no pipe is on the priority
+    /// lane: bounded rounds cost throughput, and only buy latency for a
+    /// priority pipe), after every pipe of the priority lane: the
     /// caller reads its signals again before coming back for the rest
     /// ([`Engine::has_dirty`]), so a priority-0 signal that arrives while
     /// thousands of pipes are backlogged waits for one bounded round, not
@@ -588,7 +596,11 @@ impl Engine {
             n += 1;
             self.complete(c);
         }
-        let mut left = if budget == 0 { usize::MAX } else { budget };
+        let mut left = if budget == 0 || self.hi_pipes == 0 {
+            usize::MAX
+        } else {
+            budget
+        };
         let mut hi_jobs = 0;
         loop {
             if let Some(p) = self.dirty_hi.pop_front() {
@@ -970,9 +982,19 @@ mod tests {
 
     #[test]
     fn round_robin_keeps_signal_order_and_no_priority_lane() {
+        // No priority lane under rr: rounds are not bounded either, every
+        // pipe is generated in signal order, as before.
         let (eng, low, hi) = setup(Policy::RoundRobin, 64, 4);
-        assert_eq!(jobs(&eng, hi), 0);
-        assert_eq!(low.iter().filter(|&&p| jobs(&eng, p) > 0).count(), 4);
+        assert_eq!(jobs(&eng, hi), 1);
+        assert!(low.iter().all(|&p| jobs(&eng, p) == 4));
+        assert!(!eng.has_dirty());
         assert_eq!(eng.lat_stats().prio_depth.count(), 0);
+        // One job per turn: the first turn is in signal order.
+        let order: Vec<PipeKey> = std::iter::from_fn(|| eng.disp.try_take().map(|j| j.0))
+            .take(65)
+            .collect();
+        let mut signalled = low.clone();
+        signalled.push(hi);
+        assert_eq!(order, signalled);
     }
 }

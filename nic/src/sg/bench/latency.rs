@@ -17,6 +17,9 @@ use super::{
 use crate::control::Client;
 use crate::sg::frontend::SgFrontend;
 
+/// The daemon's SG thread of the bench's PF (nic::daemon names it).
+const SG_THREAD: &str = "sg-pf0";
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct LatencyArgs {
     /// Pipe counts (the ping pipe included), comma-separated.
@@ -76,6 +79,9 @@ pub struct LatencyRow {
     pub queue_depth_p99: u64,
     /// Jobs the SG thread ran itself right after the priority lane.
     pub prio_inline: u64,
+    /// Involuntary context switches of the daemon's SG thread during the
+    /// pings (the CPU taken away from it mid-round).
+    pub sg_preempted: u64,
 }
 
 pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
@@ -144,6 +150,7 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
         std::thread::sleep(Duration::from_millis(150));
         let lat0 = pf_lat(c)?;
         let cpu0 = d.cpu();
+        let pre0 = d.preempted(SG_THREAD);
         let t0 = Instant::now();
         let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
         for _ in 0..a.reps {
@@ -157,6 +164,7 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
         }
         let cpu = (d.cpu() - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
         let fds = d.fds();
+        let sg_preempted = d.preempted(SG_THREAD) - pre0;
         // The daemon publishes its counters every 100 ms.
         std::thread::sleep(Duration::from_millis(150));
         let (sig, kicks) = signals_and_kicks(c)?;
@@ -183,6 +191,7 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
             prio_ahead_p99: pick(&lat.prio.prio_ahead, &lat0.prio.prio_ahead),
             queue_depth_p99: pick(&lat.queue_depth, &lat0.queue_depth),
             prio_inline: lat.prio.prio_inline - lat0.prio.prio_inline,
+            sg_preempted,
         })
     })();
     let shards = join_load(&flags, load);
@@ -245,7 +254,7 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
         a.size, a.common.threads, a.policy, a.common.workers, a.samples, a.reps
     );
     println!(
-        "{:>6} {:>6} {:>6} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6}",
+        "{:>6} {:>6} {:>6} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7}",
         "pipes",
         "mode",
         "budget",
@@ -263,12 +272,13 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
         "wait99",
         "ahead99",
         "depth99",
-        "inline"
+        "inline",
+        "preempt"
     );
     let rows = run(a)?;
     for r in &rows {
         println!(
-            "{:>6} {:>6} {:>6} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6} {:>6} {:>8.1} {:>7.1} {:>10.1} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6}",
+            "{:>6} {:>6} {:>6} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6} {:>6} {:>8.1} {:>7.1} {:>10.1} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7}",
             r.pipes,
             r.mode,
             r.gen_budget,
@@ -286,7 +296,8 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
             r.prio_wait_p99_us,
             r.prio_ahead_p99,
             r.queue_depth_p99,
-            r.prio_inline
+            r.prio_inline,
+            r.sg_preempted
         );
     }
     println!(
@@ -299,7 +310,8 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
          generation) p99/max in us; wait99: priority signal read -> its job taken by a worker, \
          p99 us; ahead99: jobs dispatched before it, p99; depth99: executor queue depth per round, \
          p99 (log2 buckets: each figure is its bucket's upper bound); inline: jobs the SG thread \
-         ran itself after the priority lane"
+         ran itself after the priority lane; preempt: involuntary context switches of the \
+         daemon's SG thread during the pings"
     );
     Ok(())
 }

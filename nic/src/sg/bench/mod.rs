@@ -249,6 +249,28 @@ impl Daemon {
         std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map_or(0, |d| d.count())
     }
 
+    /// Involuntary context switches so far of the daemon's threads named
+    /// `comm` (the kernel took the CPU away from them mid-work).
+    pub fn preempted(&self, comm: &str) -> u64 {
+        let dir = format!("/proc/{}/task", self.child.id());
+        let Ok(tasks) = std::fs::read_dir(&dir) else {
+            return 0;
+        };
+        tasks
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == comm)
+            })
+            .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+            .flat_map(|st| {
+                st.lines()
+                    .filter_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+                    .filter_map(|v| v.trim().parse::<u64>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    }
+
     /// CPU time (user + system) the daemon used so far.
     pub fn cpu(&self) -> Duration {
         let stat =
