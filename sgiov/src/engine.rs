@@ -911,7 +911,7 @@ mod tests {
             ..Default::default()
         };
         let mut eng = Engine::new(cfg, Arc::new(KeyStore::new(1))).unwrap();
-        let mut pipe = |eng: &mut Engine, prio: u8| {
+        let pipe = |eng: &mut Engine, prio: u8| {
             let mut ring = |l: &str| {
                 let base = mem.alloc(RING).unwrap();
                 let view = RingView::new(
