@@ -1064,4 +1064,21 @@ fn cni_kind_sg_adds_an_sg_function_without_link_or_address_and_del_releases_it()
     );
     assert!(out["msg"].as_str().unwrap().contains("ipam"), "{out}");
     assert!(nic.assigned().is_empty(), "{:?}", nic.assigned());
+
+    // Through the reference cnitool (libcni v1.3.1): libcni re-encodes the result
+    // with its own types and drops burstvm's `kind`; the SGF's socketPath and pciID
+    // survive, and the runtime still reads an SG function from them (docs/cni.md).
+    let ns2 = Netns::new();
+    let r = net.add(&ns2);
+    let iface = &r["interfaces"][0];
+    let sgf = nic.assigned().pop().expect("cnitool ADD took an SGF");
+    assert_eq!(sgf.kind, DevKind::Sg, "{sgf:?}");
+    assert_eq!(iface["socketPath"], sgf.socket.to_str().unwrap(), "{r}");
+    assert_eq!(iface["pciID"], sgf.id.as_str(), "{r}");
+    assert!(iface.get("kind").is_none(), "libcni kept kind now: {r}");
+    let parsed: netutil::cni::CniResult = serde_json::from_value(r.clone()).unwrap();
+    let att = runtime::cni::attachment(&parsed, "eth0").unwrap();
+    assert_eq!(att.kind, DevKind::Sg, "{r}");
+    net.del(&ns2.path());
+    assert!(nic.assigned().is_empty(), "{:?}", nic.assigned());
 }

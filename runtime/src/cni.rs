@@ -26,6 +26,17 @@ pub enum CniError {
         #[source]
         source: serde_json::Error,
     },
+    #[error(
+        "CNI network {name} ({}) has \"kind\":\"sg\": {what} serves VF networks only \
+         (it reads a placeholder link with the VF's MAC and address, and an SG function has \
+         none); start SG sandboxes with the runtime's own ADD (burstvm run --net-kind sg)",
+        .path.display()
+    )]
+    NotVf {
+        name: String,
+        path: PathBuf,
+        what: &'static str,
+    },
     #[error("CNI plugin {plugin}: cannot run: {source}")]
     Exec {
         plugin: PathBuf,
@@ -142,6 +153,38 @@ impl CniNetwork {
             path,
             host_netns: None,
         })
+    }
+
+    /// A config field (None: absent or not JSON).
+    fn field(&self, key: &str) -> Option<String> {
+        let v: serde_json::Value = serde_json::from_slice(&self.config).ok()?;
+        v.get(key)?.as_str().map(str::to_string)
+    }
+
+    /// The network's `name`.
+    pub fn name(&self) -> String {
+        self.field("name").unwrap_or_default()
+    }
+
+    /// burstvm-cni's `kind`: an SG function for `"sg"`, else a VF (its default).
+    pub fn kind(&self) -> nic::control::DevKind {
+        match self.field("kind").as_deref() {
+            Some("sg") => nic::control::DevKind::Sg,
+            _ => nic::control::DevKind::Vf,
+        }
+    }
+
+    /// Refuses an SG network for `what`, a path that reads the VF's placeholder link
+    /// (the network pool, an engine's ADD attached by the shim).
+    pub fn require_vf(&self, what: &'static str) -> Result<(), CniError> {
+        match self.kind() {
+            nic::control::DevKind::Vf => Ok(()),
+            nic::control::DevKind::Sg => Err(CniError::NotVf {
+                name: self.name(),
+                path: self.config_path.clone(),
+                what,
+            }),
+        }
     }
 
     /// Runs the plugin inside `netns` (where its host-side links go).
@@ -316,7 +359,11 @@ pub fn attachment(r: &CniResult, ifname: &str) -> Result<Attachment, NoInterface
         vf_socket: iface.socket_path.as_ref().map(PathBuf::from),
         kind: match iface.kind.as_deref() {
             Some("sg") => nic::control::DevKind::Sg,
-            _ => nic::control::DevKind::Vf,
+            Some(_) => nic::control::DevKind::Vf,
+            // libcni (cnitool, containerd) re-encodes results without burstvm's `kind`
+            // (docs/cni.md): a socket without a MAC is an SG function (a VF always has one).
+            None if iface.mac.is_none() && iface.socket_path.is_some() => nic::control::DevKind::Sg,
+            None => nic::control::DevKind::Vf,
         },
     })
 }
@@ -354,6 +401,13 @@ mod tests {
         let a = attachment(&r, "eth0").unwrap();
         assert_eq!(a.kind, nic::control::DevKind::Sg);
         assert!(a.mac.is_none() && a.ip_cidr.is_none());
+        // As cnitool prints it (libcni dropped `kind`): still an SG function.
+        let relayed: CniResult =
+            serde_json::from_str(&json.replace(r#""kind":"sg","#, "")).unwrap();
+        assert_eq!(
+            attachment(&relayed, "eth0").unwrap().kind,
+            nic::control::DevKind::Sg
+        );
         assert_eq!(
             a.vf_socket.unwrap(),
             PathBuf::from("/run/burstvm/nic/pf0-sg1.sock")
@@ -444,6 +498,44 @@ mod tests {
             .to_string();
         assert!(
             e.contains("missing-plugin") && e.contains("net.conf"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The network pool and the shim's attach path read a VF's placeholder link: an SG
+    /// network is refused, naming the network, its file and the reason.
+    #[test]
+    fn an_sg_network_is_refused_where_a_vf_link_is_read() {
+        let dir = std::env::temp_dir().join(format!("burstvm-cni-kind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        testutil::write_executable(&dir.join("burstvm-cni"), "#!/bin/sh\nexit 1\n");
+        let load = |file: &str, conf: &str| {
+            let p = dir.join(file);
+            std::fs::write(&p, conf).unwrap();
+            CniNetwork::load(&p, vec![dir.clone()]).unwrap()
+        };
+        let vf = load(
+            "vf.conf",
+            r#"{"cniVersion":"1.1.0","name":"vfnet","type":"burstvm-cni"}"#,
+        );
+        let sg = load(
+            "sg.conf",
+            r#"{"cniVersion":"1.1.0","name":"sgnet","type":"burstvm-cni","kind":"sg"}"#,
+        );
+        assert_eq!(vf.kind(), nic::control::DevKind::Vf);
+        assert_eq!(sg.kind(), nic::control::DevKind::Sg);
+        assert_eq!(sg.name(), "sgnet");
+        vf.require_vf("the network pool (--net-pool)").unwrap();
+        let e = sg
+            .require_vf("the network pool (--net-pool)")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("CNI network sgnet")
+                && e.contains("sg.conf")
+                && e.contains("the network pool (--net-pool) serves VF networks only")
+                && e.contains("--net-kind sg"),
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();

@@ -349,6 +349,7 @@ pub fn bench_density_cli(a: &BenchDensityArgs) -> Result<(), Error> {
         },
         rootfs_layer_bytes: None,
         net_pool: 0,
+        sgfs: 0,
     })?;
     rt.prepare_variant(a.variant)?;
     eprintln!(

@@ -51,6 +51,11 @@ pub trait SandboxHost: Sync {
     fn tap_cni(&self) -> Result<&CniNetwork, HostCallError> {
         Err(HostCallError::TapNeedsRuntime)
     }
+    /// The SG network (`"kind":"sg"`) the self-hosted runtime executes for sandboxes
+    /// with `SandboxSpec::sg`; None: the host has none (`sgfs` 0, or attached).
+    fn sg_cni(&self) -> Option<&CniNetwork> {
+        None
+    }
     /// RunD's writable layers (the `rootfs` stage); None: no rootfs stage possible.
     fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
         None
@@ -98,6 +103,9 @@ impl SandboxHost for Runtime {
     }
     fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), HostCallError> {
         Ok(self.server().del_neighbor(ip)?)
+    }
+    fn sg_cni(&self) -> Option<&CniNetwork> {
+        Runtime::sg_cni(self)
     }
     fn tap_cni(&self) -> Result<&CniNetwork, HostCallError> {
         Runtime::tap_cni(self)

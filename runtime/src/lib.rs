@@ -36,7 +36,7 @@ pub use chaos::{
 };
 pub use host::{HostServices, SandboxHost, ServicesInfo};
 pub use runtime::{Runtime, RuntimeConfig, RuntimeError};
-pub use sandbox::{Attach, Sandbox, SandboxFailure, SandboxSpec};
+pub use sandbox::{Attach, Sandbox, SandboxFailure, SandboxSpec, SgSpec};
 pub use services::{services_cli, ServicesArgs};
 
 pub use variant::{Policy, Variant};
@@ -229,6 +229,63 @@ pub struct RunArgs {
     /// the background); a VF sandbox claims one (`net-claim` stage).
     #[arg(long, default_value_t = 0)]
     pub net_pool: usize,
+    /// The sandbox's network: `vf` (burstvm-cni's VF, the variant's) or `sg` (an SG
+    /// function: the runtime's `"kind":"sg"` network; the agent moves `--sg-bytes`
+    /// through each of `--sg-pipes` warp pipes and the VMM checks the checksum).
+    #[arg(long, value_enum, default_value_t = NetKindArg::Vf)]
+    pub net_kind: NetKindArg,
+    /// SG functions the runtime's NIC daemon serves (`burstvm nic --sgfs`);
+    /// default 4 with `--net-kind sg`, else 0.
+    #[arg(long)]
+    pub sgfs: Option<usize>,
+    /// With `--net-kind sg`: warp pipes (echo sockets) the agent opens.
+    #[arg(long, default_value_t = SgSpec::default().pipes)]
+    pub sg_pipes: u32,
+    /// With `--net-kind sg`: bytes through each pipe (a multiple of 8, at most 4096).
+    #[arg(long, default_value_t = SgSpec::default().bytes)]
+    pub sg_bytes: u32,
+}
+
+/// `burstvm run --net-kind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetKindArg {
+    Vf,
+    Sg,
+}
+
+impl RunArgs {
+    /// The SG network's sandbox spec and the NIC daemon's SG function count.
+    fn sg(&self) -> Result<(Option<SgSpec>, usize), Error> {
+        if self.net_kind == NetKindArg::Vf {
+            return Ok((None, self.sgfs.unwrap_or(0)));
+        }
+        if self.variant.policy().net != variant::NetKind::Vf {
+            return Err(bad(
+                "--net-kind",
+                format!(
+                    "sg replaces the VF of a VF variant; {} has none",
+                    self.variant
+                ),
+            ));
+        }
+        if self.net_pool > 0 {
+            return Err(bad(
+                "--net-pool",
+                "the network pool holds VF attachments; an SG sandbox cannot claim one",
+            ));
+        }
+        let sgfs = self.sgfs.unwrap_or(runtime::DEFAULT_SGFS);
+        if sgfs == 0 {
+            return Err(bad("--sgfs", "--net-kind sg needs at least 1"));
+        }
+        Ok((
+            Some(SgSpec {
+                pipes: self.sg_pipes,
+                bytes: self.sg_bytes,
+            }),
+            sgfs,
+        ))
+    }
 }
 
 /// `burstvm bench startup`: concurrent startup per variant.
@@ -311,6 +368,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
             "pmem is for the built-in agent; a Linux guest reads the image from virtio-blk",
         ));
     }
+    let (sg, sgfs) = a.sg()?;
     let image = a.rootfs.image(a.kernel.is_some())?;
     let layer_mode = if a.rootfs_copy {
         rootfs::LayerMode::Copy
@@ -333,6 +391,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
         },
         rootfs_layer_bytes: image.as_ref().map(|(_, b)| *b),
         net_pool: a.net_pool,
+        sgfs,
     })?;
     rt.prepare_variant(a.variant)?;
     if let Some((ready, target, err)) = rt.wait_net_pool(NET_POOL_FILL_BOUND) {
@@ -355,6 +414,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
         kernel: a.kernel.clone(),
         template: a.template.resolve()?,
         net_pool: a.net_pool > 0,
+        sg,
         ..SandboxSpec::new(id.clone(), a.variant, memory, a.timeout)
     };
     let start = trace::monotonic_ns();
@@ -365,6 +425,13 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
             .filter(|e| e.sandbox == id)
             .collect();
         println!("sandbox {id} ({}) ready", a.variant);
+        if let Some(sg) = sg {
+            // READY came after the VMM checked the agent's count and checksum.
+            println!(
+                "  SG function: {} warp pipes x {} bytes echoed, checksum verified by the VMM",
+                sg.pipes, sg.bytes
+            );
+        }
         for e in &evs {
             println!(
                 "  {:<11} {:>10.3} ms  (+{:.3} ms)",
@@ -491,6 +558,7 @@ pub fn bench_setup(a: &BenchStartupArgs) -> Result<(Runtime, bench::BenchPlan), 
         },
         rootfs_layer_bytes: image.as_ref().map(|(_, b)| *b),
         net_pool: a.net_pool,
+        sgfs: 0,
     })?;
     let plan = bench::BenchPlan {
         variants: a.variants.clone(),

@@ -35,6 +35,7 @@ impl NicDaemon {
             .args(["--pf", PF])
             .args(["--vfs", &rt.config().vfs.clamp(1, nic::MAX_VFS).to_string()])
             .args(["--devset-lock", lock.as_arg()])
+            .args(["--sgfs", &rt.config().sgfs.to_string()])
             .arg("--control")
             .arg(&sock)
             .arg("--state-dir")

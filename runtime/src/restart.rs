@@ -156,6 +156,7 @@ pub fn run_cli(a: &BenchNicRestartArgs) -> Result<(), Error> {
         cgroup_pool: 0,
         rootfs_layer_bytes: None,
         net_pool: 0,
+        sgfs: 0,
         cgroup_limits: cgroup::Limits {
             memory_bytes: memory + (app_size + (4 << 20)).next_multiple_of(2 << 20),
             cpus: a.sandbox.cpus,

@@ -85,7 +85,15 @@ pub struct RuntimeConfig {
     /// Keep this many VF network attachments ready (`--net-pool`, see
     /// `netpool`); 0: every sandbox makes its own. Started with the NIC daemon.
     pub net_pool: usize,
+    /// SG functions the NIC daemon serves (`burstvm nic --sgfs`, docs/sgiov.md); with
+    /// more than 0 the runtime also writes its SG network (`sg.conf`, `"kind":"sg"`),
+    /// which sandboxes with `SandboxSpec::sg` are attached to. One per live SG sandbox.
+    pub sgfs: usize,
 }
+
+/// `burstvm run --sgfs` when the sandbox runs on the SG network: the sandbox's own
+/// SGF and a spare (the same margin `run` gives VFs).
+pub const DEFAULT_SGFS: usize = 4;
 
 /// One runtime instance; everything it created is removed on drop.
 pub struct Runtime {
@@ -99,6 +107,8 @@ pub struct Runtime {
     pool: Option<PoolServer>,
     nic: Mutex<Option<NicDaemon>>,
     cni: Option<CniNetwork>,
+    /// The SG network (`"kind":"sg"`), when the NIC daemon serves SG functions.
+    sg_cni: Option<CniNetwork>,
     server: Option<ServerNet>,
     /// The `tap` variant's network: the reference `bridge` plugin, run in
     /// the server netns (Err: the plugin is not installed).
@@ -153,6 +163,7 @@ impl Runtime {
             pool: None,
             nic: Mutex::new(None),
             cni: None,
+            sg_cni: None,
             server: None,
             tap_cni: None,
             interrupted: Arc::new(AtomicBool::new(false)),
@@ -260,6 +271,11 @@ impl Runtime {
         self.cni.as_ref()
     }
 
+    /// The SG network (None: the runtime was made with `sgfs` 0, or without network).
+    pub fn sg_cni(&self) -> Option<&CniNetwork> {
+        self.sg_cni.as_ref()
+    }
+
     pub fn server(&self) -> &ServerNet {
         self.server
             .as_ref()
@@ -351,7 +367,20 @@ impl Runtime {
                 path: cni_path,
             });
         }
-        self.cni = Some(CniNetwork::load(&path, cni_path)?);
+        self.cni = Some(CniNetwork::load(&path, cni_path.clone())?);
+        if self.cfg.sgfs > 0 {
+            // An SG function has no MAC, VLAN or address: no IPAM (docs/cni.md).
+            let conf = serde_json::json!({
+                "cniVersion": "1.1.0",
+                "name": format!("burstvm-sg-{}", self.tag),
+                "type": "burstvm-cni",
+                "kind": "sg",
+                "nicSocket": self.nic_socket(),
+                "pf": PF,
+            });
+            let path = self.write_conf("sg.conf", &conf)?;
+            self.sg_cni = Some(CniNetwork::load(&path, cni_path)?);
+        }
         Ok(())
     }
 
@@ -392,6 +421,7 @@ impl Runtime {
         let Some(cni) = self.cni.clone() else {
             return Ok(());
         };
+        cni.require_vf("the network pool (--net-pool)")?;
         *pool = Some(
             crate::netpool::NetPool::start(cni, self.sandbox_prefix(), self.cfg.net_pool).map_err(
                 |source| RuntimeError::StateDir {
@@ -564,6 +594,7 @@ impl Drop for Runtime {
             n.stop();
         }
         self.cni = None;
+        self.sg_cni = None;
         self.tap_cni = None;
         self.server = None;
         if let Some(p) = self.pool.take() {

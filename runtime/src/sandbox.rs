@@ -55,6 +55,28 @@ pub struct SandboxSpec {
     /// A VF variant claims its network from the runtime's network pool
     /// when one is ready (`net-claim` instead of `netns` + `cni-add`).
     pub net_pool: bool,
+    /// Attach to the host's SG network (`SandboxHost::sg_cni`, an SG function instead
+    /// of a VF) and run the agent's warp pipes (VF variants only).
+    pub sg: Option<SgSpec>,
+}
+
+/// What the agent does on an SG function (`burstvm vmm --sg-pipes/--sg-bytes`): open
+/// `pipes` echo sockets and send `bytes` through each; the VMM checks the checksum
+/// before READY (docs/sgiov.md, "The agent's SG mode").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SgSpec {
+    pub pipes: u32,
+    pub bytes: u32,
+}
+
+impl Default for SgSpec {
+    /// The VMM's defaults.
+    fn default() -> Self {
+        SgSpec {
+            pipes: 64,
+            bytes: 1024,
+        }
+    }
 }
 
 impl SandboxSpec {
@@ -76,6 +98,7 @@ impl SandboxSpec {
             probe: Vec::new(),
             template: None,
             net_pool: false,
+            sg: None,
         }
     }
 }
@@ -297,7 +320,12 @@ impl<'rt> Sandbox<'rt> {
         let vmm0 = sb.cgroup.as_ref().and_then(|c| c.cpu_usage_ns());
         let policy = sb.spec.variant.policy();
         let mut net_args: Vec<String> = Vec::new();
-        if policy.net == NetKind::Vf && sb.spec.net_pool && sb.attach.netns.is_none() {
+        // The network pool holds VF attachments only (docs/runtime.md).
+        if policy.net == NetKind::Vf
+            && sb.spec.net_pool
+            && sb.spec.sg.is_none()
+            && sb.attach.netns.is_none()
+        {
             let start = trace::monotonic_ns();
             if let Some(p) = sb.rt.claim_net() {
                 net_args = sb.attach_pooled(p).map_err(|e| sb.failed("net-claim", e))?;
@@ -413,6 +441,9 @@ impl<'rt> Sandbox<'rt> {
 
     /// After the engine's CNI ADD: the placeholder link in its netns names the VF.
     fn attach_given_vf(&mut self) -> Result<Vec<String>, StageError> {
+        if let Some(cni) = self.rt.cni() {
+            cni.require_vf("an engine-made attachment (the shim's attach path)")?;
+        }
         let ns = self.netns_path().to_path_buf();
         let att = crate::cni::Attachment {
             ifname: IFNAME.to_string(),
@@ -455,7 +486,13 @@ impl<'rt> Sandbox<'rt> {
             .expect("netns stage ran")
             .path()
             .to_path_buf();
-        let cni = self.rt.cni().ok_or("no CNI network configured")?;
+        let cni = match self.spec.sg {
+            Some(_) => self
+                .rt
+                .sg_cni()
+                .ok_or("no SG network configured (the runtime serves no SG functions: sgfs 0)")?,
+            None => self.rt.cni().ok_or("no CNI network configured")?,
+        };
         // Marked before the call: a half-done ADD is undone by DEL too.
         self.cni_added = true;
         let att = cni.add(&self.spec.id, &ns, IFNAME)?;
@@ -573,7 +610,11 @@ impl<'rt> Sandbox<'rt> {
             (None, None) => Stdio::null(),
         };
         if self.sg {
-            cmd.args(["--agent-mode", "sg"]);
+            let sg = self.spec.sg.unwrap_or_default();
+            let mode = if self.spec.echo { "sg-echo" } else { "sg" };
+            cmd.args(["--agent-mode", mode])
+                .args(["--sg-pipes", &sg.pipes.to_string()])
+                .args(["--sg-bytes", &sg.bytes.to_string()]);
         } else if self.spec.echo {
             cmd.args(["--agent-mode", "echo"]);
         }
@@ -804,7 +845,12 @@ impl<'rt> Sandbox<'rt> {
         if self.cni_added {
             self.cni_added = false;
             let id = self.pooled_id.as_deref().unwrap_or(&self.spec.id);
-            if let (Some(cni), Some(ns)) = (self.rt.cni(), self.netns.as_ref()) {
+            // DEL on the network the ADD ran on.
+            let cni = match self.spec.sg {
+                Some(_) => self.rt.sg_cni(),
+                None => self.rt.cni(),
+            };
+            if let (Some(cni), Some(ns)) = (cni, self.netns.as_ref()) {
                 if let Err(e) = cni.del_retrying(id, ns.path(), IFNAME, DEL_PATIENCE) {
                     errs.push(TeardownStep::CniDel(Box::new(e)));
                 }

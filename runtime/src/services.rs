@@ -46,6 +46,7 @@ pub fn services_cli(a: &ServicesArgs) -> Result<(), Error> {
         cgroup_pool: 0,
         rootfs_layer_bytes: None,
         net_pool: 0,
+        sgfs: 0,
         cgroup_limits: cgroup::Limits {
             memory_bytes: 64 << 20,
             cpus: 1.0,

@@ -88,7 +88,7 @@ pub struct VmmArgs {
     /// (reset), or first make its VF fail with a bad descriptor, then reset (fault).
     #[arg(long, value_enum, default_value_t = AgentMode::Once)]
     pub agent_mode: AgentMode,
-    /// `--agent-mode sg|sg-echo`: warp pipes (echo sockets) the agent opens, 1..256.
+    /// `--agent-mode sg|sg-echo`: warp pipes (echo sockets) the agent opens, 1..4096.
     #[arg(long, default_value_t = 64)]
     pub sg_pipes: u32,
     /// `--agent-mode sg|sg-echo`: bytes the agent sends through each pipe, a multiple of 8
@@ -164,7 +164,7 @@ impl AgentMode {
 }
 
 /// Bounds of `--sg-pipes` and `--sg-bytes` (the agent's tables and one ring per direction).
-pub const SG_MAX_PIPES: u32 = 256;
+pub const SG_MAX_PIPES: u32 = 4096;
 pub const SG_MAX_BYTES: u32 = 4096;
 
 fn parse_net(s: &str) -> Result<NetBackend, String> {
@@ -750,7 +750,7 @@ mod tests {
             &["--net", "vf:/s.sock", "--agent-mode", "sg-echo"],
             &["--net", "sg:/a", "--net", "tap:t0", "--agent-mode", "sg"],
             &["--net", "sg:/a", "--agent-mode", "sg", "--sg-pipes", "0"],
-            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-pipes", "257"],
+            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-pipes", "4097"],
             &["--net", "sg:/a", "--agent-mode", "sg", "--sg-bytes", "12"],
             &["--net", "sg:/a", "--agent-mode", "sg", "--sg-bytes", "8192"],
         ] {

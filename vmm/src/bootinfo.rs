@@ -87,18 +87,32 @@ pub struct DevEntry {
     pub virtio_type: u32,
 }
 
-/// Byte `j` of what the SG agent mode sends through pipe `i` (guest/src/c/sg.c,
-/// `sg_byte`): the VMM computes the checksum the agent must report from it.
-pub fn sg_byte(pipe: u32, j: u32) -> u8 {
-    (pipe.wrapping_mul(31) ^ j ^ (j >> 8).wrapping_mul(7)) as u8
+/// Byte `j` of what the SG agent mode sends through pipe `i` (guest/src/c/agent.c,
+/// `sg_byte`), salted with the sandbox's `seed` (`sg_seed`): the VMM computes the
+/// checksum the agent must report from it.
+pub fn sg_byte(seed: u32, pipe: u32, j: u32) -> u8 {
+    // The high half of a word gets 5 x the salt: the checksum's fold (low ^ high) keeps it.
+    let salt = ((seed >> (8 * (j & 3))) as u8).wrapping_mul(1 + (j & 4) as u8);
+    (pipe.wrapping_mul(31) ^ j ^ (j >> 8).wrapping_mul(7)) as u8 ^ salt
 }
 
-/// The checksum the SG agent mode reports (docs/sgiov.md): the agent checksum over what
-/// came back from pipe 0, 1, ... in turn (`bytes` is a multiple of 8, so the C agent's
-/// per-pipe `csum_add` is the same stream).
-pub fn sg_checksum(pipes: u32, bytes: u32) -> u32 {
+/// The salt of a sandbox's SG payload (agent.c `sg_seed_of`: FNV-1a of the sandbox id),
+/// so that two sandboxes never send the same bytes: a pipe that handed one sandbox
+/// another's data fails the agent's byte-exact check.
+pub fn sg_seed(sandbox: &str) -> u32 {
+    sandbox
+        .bytes()
+        .take(64)
+        .fold(2166136261u32, |h, b| (h ^ b as u32).wrapping_mul(16777619))
+}
+
+/// The checksum the SG agent mode of sandbox `sandbox` reports (docs/sgiov.md): the
+/// agent checksum over what came back from pipe 0, 1, ... in turn (`bytes` is a
+/// multiple of 8, so the C agent's per-pipe `csum_add` is the same stream).
+pub fn sg_checksum(sandbox: &str, pipes: u32, bytes: u32) -> u32 {
+    let seed = sg_seed(sandbox);
     let data: Vec<u8> = (0..pipes)
-        .flat_map(|i| (0..bytes).map(move |j| sg_byte(i, j)))
+        .flat_map(|i| (0..bytes).map(move |j| sg_byte(seed, i, j)))
         .collect();
     crate::app::checksum(&data)
 }
@@ -220,11 +234,18 @@ mod tests {
 
     #[test]
     fn sg_checksum_counts_every_pipe_and_byte() {
-        assert_eq!(sg_checksum(0, 1024), 0);
-        assert_ne!(sg_checksum(64, 1024), sg_checksum(63, 1024));
-        assert_ne!(sg_checksum(64, 1024), sg_checksum(64, 1016));
+        assert_eq!(sg_checksum("a", 0, 1024), 0);
+        assert_ne!(sg_checksum("a", 64, 1024), sg_checksum("a", 63, 1024));
+        assert_ne!(sg_checksum("a", 64, 1024), sg_checksum("a", 64, 1016));
         // Pipes differ from each other: a pipe echoing another's bytes is caught.
-        assert_ne!(sg_byte(0, 0), sg_byte(1, 0));
+        assert_ne!(sg_byte(0, 0, 0), sg_byte(0, 1, 0));
+        // So do sandboxes (the canary of two SG sandboxes).
+        let (a, b) = (sg_seed("bvx-sg-a"), sg_seed("bvx-sg-b"));
+        assert_ne!(a, b);
+        assert_ne!(sg_byte(a, 0, 0), sg_byte(b, 0, 0));
+        assert_ne!(sg_checksum("bvx-sg-a", 1, 8), sg_checksum("bvx-sg-b", 1, 8));
+        // FNV-1a's published test vector: the C agent computes the same.
+        assert_eq!(sg_seed("a"), 0xe40c292c);
     }
 
     #[test]

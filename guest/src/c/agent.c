@@ -234,13 +234,28 @@ static const struct boot_dev *find_net(const struct boot_info *bi) {
 
 static struct sgdev sg;
 static uint16_t sg_socks[SG_MAX_SOCKS];
-static uint32_t sg_pending[SG_MAX_SOCKS]; /* req_ids awaited by sg_replies_in */
+static uint32_t sg_pending[32]; /* req_ids awaited by sg_replies_in (sg_batch: at most 32) */
 static uint32_t sg_npending;
 static uint32_t sg_want; /* bytes every pipe must hand back */
 static uint8_t sg_buf[SG_RING_SIZE];
 
+/* Salt of this sandbox's payload (sg_mode sets it; vmm bootinfo.rs sg_seed): two
+ * sandboxes send different bytes, so a pipe handing back another's fails the check. */
+static uint32_t sg_seed;
+
+/* FNV-1a of the sandbox id. */
+static uint32_t sg_seed_of(const char *id) {
+  uint32_t h = 2166136261u;
+  for (uint32_t k = 0; k < 64 && id[k]; k++) h = (h ^ (uint8_t)id[k]) * 16777619u;
+  return h;
+}
+
 /* Byte j through pipe i (vmm bootinfo.rs sg_byte: the VMM's expected checksum). */
-static uint8_t sg_byte(uint32_t i, uint32_t j) { return (uint8_t)(i * 31 ^ j ^ (j >> 8) * 7); }
+static uint8_t sg_byte(uint32_t i, uint32_t j) {
+  /* The high half of a word gets 5 x the salt: the checksum's fold (low ^ high) keeps it. */
+  uint8_t salt = (uint8_t)((uint8_t)(sg_seed >> 8 * (j & 3)) * (1 + (j & 4)));
+  return (uint8_t)(i * 31 ^ j ^ (j >> 8) * 7) ^ salt;
+}
 
 static int sg_replies_in(void *arg) {
   (void)arg;
@@ -308,6 +323,13 @@ static void sg_batch(uint32_t req) {
   if (sg_npending >= 32) sg_await_batch();
 }
 
+/* Close sockets 0..n-1 and, once the device answered, free their slots. */
+static void sg_close_all(uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) sg_batch(sg_close(&sg, sg_socks[i]));
+  sg_await_batch();
+  for (uint32_t i = 0; i < n; i++) sg_release(&sg, sg_socks[i]);
+}
+
 /* Open bi->sg_pipes echo sockets, one round through all of them, report the
  * count and checksum; then close them (BI_SG alone) or keep the rounds going
  * after READY (with BI_ECHO: the caller loops sg_round). */
@@ -320,6 +342,7 @@ static void sg_mode(const struct boot_info *bi) {
     fail(ERR_SG_DEVICE);
   uint32_t n = bi->sg_pipes;
   sg_want = bi->sg_bytes;
+  sg_seed = sg_seed_of(bi->sandbox_id);
   sg_init(&sg, dev, n);
   for (uint32_t i = 0; i < n; i++) {
     uint16_t s;
@@ -332,8 +355,19 @@ static void sg_mode(const struct boot_info *bi) {
   report_data(EV_SG_PIPES, sg_round(n, &c));
   report_data(EV_SG_CSUM, csum_fold(&c));
   if (bi->flags & BI_ECHO) return;
-  for (uint32_t i = 0; i < n; i++) sg_batch(sg_close(&sg, sg_socks[i]));
+  sg_close_all(n);
+  /* Ring ids come back: reopen up to 32 sockets on the released slots and move a
+   * round through them byte-exact (any mix-up fails ERR_SG_DATA), then close. */
+  uint32_t again = n < 32 ? n : 32;
+  for (uint32_t i = 0; i < again; i++) {
+    uint16_t s;
+    sg_batch(sg_open(&sg, &s));
+    sg_socks[i] = s;
+    sg_batch(sg_connect(&sg, s, 0));
+  }
   sg_await_batch();
+  if (sg_round(again, 0) != again) fail(ERR_SG_DATA);
+  sg_close_all(again);
 }
 
 /* Template checkpoint (docs/templates.md): the VMM pauses and saves the VM

@@ -134,8 +134,10 @@ static int setup_done(void *arg) {
   return d->setup.used->idx != d->setup.last_used;
 }
 
+/* The ring's memory comes with its slot (allocated on the slot's first use);
+ * (re)opening publishes a fresh descriptor. */
 static void ring_desc(struct sgdev *d, struct sg_ring *r, uint16_t id, uint32_t role) {
-  r->base = alloc_pages(SG_RING_SIZE / 4096);
+  if (!r->base) r->base = alloc_pages(SG_RING_SIZE / 4096);
   r->id = id;
   r->ours = r->theirs = 0;
   d->table[id] = (struct sg_ring_desc){(uint64_t)r->base, SG_RING_SIZE, role, 0, 0, 0, 0};
@@ -193,17 +195,26 @@ static struct sg_sock *sock_of(struct sgdev *d, uint16_t sock) {
   return &d->socks[k];
 }
 
-/* Socket k (the k-th open) gets rings 2 + 2k (TX) and 3 + 2k (RX); the
- * agent opens each socket once, so ids are never reused. */
+/* A socket takes a closed slot if there is one (its ring ids are free again once
+ * the device answered the close: sg_release), else the next new one: ring ids stay
+ * below 2 + 2 * max_socks however often sockets are opened and closed. */
 uint32_t sg_open(struct sgdev *d, uint16_t *sock) {
-  if (d->nopen >= d->nsocks) fail(ERR_NO_MEMORY);
-  struct sg_sock *s = &d->socks[d->nopen];
-  ring_desc(d, &s->tx, (uint16_t)(2 + 2 * d->nopen), SG_ROLE_TX);
-  ring_desc(d, &s->rx, (uint16_t)(3 + 2 * d->nopen), SG_ROLE_RX);
+  uint32_t k;
+  if (d->nfree) k = d->free_slot[--d->nfree];
+  else if (d->nslots < d->nsocks) k = d->nslots++;
+  else fail(ERR_NO_MEMORY);
+  struct sg_sock *s = &d->socks[k];
+  ring_desc(d, &s->tx, (uint16_t)(2 + 2 * k), SG_ROLE_TX);
+  ring_desc(d, &s->rx, (uint16_t)(3 + 2 * k), SG_ROLE_RX);
   s->error = 0;
-  d->nopen++;
   *sock = s->tx.id;
   return request(d, &(struct sg_ctrl){.op = SG_OP_OPEN, .sock = s->tx.id, .aux = s->rx.id});
+}
+
+void sg_release(struct sgdev *d, uint16_t sock) {
+  struct sg_sock *s = sock_of(d, sock);
+  s->tx.id = 0; /* sock_of refuses it until it is opened again */
+  d->free_slot[d->nfree++] = (uint16_t)((sock - 2u) / 2);
 }
 
 /* Port 0 is the device's echo: what the socket sends comes back on it. */

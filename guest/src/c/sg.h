@@ -8,7 +8,7 @@
 #include "virtio.h"
 
 #define SG_DEVICE_ID 0x5347          /* virtio-mmio device id (sgiov::layout::VIRTIO_DEVICE_ID) */
-#define SG_MAX_SOCKS 256             /* sockets this driver tracks (--sg-pipes bound) */
+#define SG_MAX_SOCKS 4096            /* sockets open at once (--sg-pipes bound): 32 MiB of rings */
 #define SG_RING_SIZE 4096            /* every ring: the smallest the device takes */
 #define SG_FIFO_ENTRIES 256          /* Cross-FIFO slots per direction */
 
@@ -68,8 +68,10 @@ struct sgdev {
   struct sg_ring req, rep;          /* control rings 0 and 1 */
   uint32_t next_req;
   uint32_t reply_id[256], reply_status[256]; /* by req_id % 256 */
-  uint32_t nsocks, nopen;            /* table room, sockets opened so far */
-  struct sg_sock socks[SG_MAX_SOCKS]; /* socket k: TX ring 2 + 2k, RX ring 3 + 2k */
+  uint32_t nsocks, nslots;           /* table room, slots with ring memory so far */
+  uint32_t nfree;                    /* closed slots, reused before a new one */
+  uint16_t free_slot[SG_MAX_SOCKS];
+  struct sg_sock socks[SG_MAX_SOCKS]; /* slot k: TX ring 2 + 2k, RX ring 3 + 2k */
 };
 
 void sg_init(struct sgdev *d, const struct boot_dev *bd, uint32_t max_socks);
@@ -77,6 +79,8 @@ void sg_init(struct sgdev *d, const struct boot_dev *bd, uint32_t max_socks);
 uint32_t sg_open(struct sgdev *d, uint16_t *sock);
 uint32_t sg_connect(struct sgdev *d, uint16_t sock, uint32_t port);
 uint32_t sg_close(struct sgdev *d, uint16_t sock);
+/* After the close's reply: the socket's ring ids and memory go to the next sg_open. */
+void sg_release(struct sgdev *d, uint16_t sock);
 /* Bytes queued / taken (at most what fits / what is there). */
 uint32_t sg_send(struct sgdev *d, uint16_t sock, const uint8_t *buf, uint32_t len);
 uint32_t sg_recv(struct sgdev *d, uint16_t sock, uint8_t *buf, uint32_t len);

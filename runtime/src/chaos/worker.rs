@@ -88,6 +88,7 @@ pub fn worker_main(a: &ChaosWorkerArgs) -> Result<(), Error> {
         },
         rootfs_layer_bytes: None,
         net_pool: 0,
+        sgfs: 0,
     })?;
     rt.prepare_variant(a.variant)?;
     let hello = Hello {

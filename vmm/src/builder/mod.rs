@@ -334,7 +334,7 @@ fn finish(
         .is_sg()
         .then(|| crate::devices::agent_port::SgExpect {
             pipes: cfg.sg_pipes,
-            checksum: crate::bootinfo::sg_checksum(cfg.sg_pipes, cfg.sg_bytes),
+            checksum: crate::bootinfo::sg_checksum(&cfg.sandbox, cfg.sg_pipes, cfg.sg_bytes),
         });
     let expect = devices::AgentExpect {
         app_checksum,
