@@ -130,7 +130,9 @@ fn two_sg_sandboxes_at_once_each_see_only_their_own_pipes_and_free_their_sgf() {
                 up_tx.send(Ok(())).unwrap();
                 let _ = go_rx.recv();
                 let alive = sb.check_alive().map_err(|e| e.to_string());
-                up_tx.send(alive.and_then(|()| sb.teardown())).unwrap();
+                up_tx
+                    .send(alive.and_then(|()| sb.teardown().map_err(|e| e.to_string())))
+                    .unwrap();
             });
         }
         for _ in 0..2 {

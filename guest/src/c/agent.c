@@ -233,7 +233,7 @@ static const struct boot_dev *find_net(const struct boot_info *bi) {
 /* ---- SG mode: echo through warp pipes (docs/sgiov.md, "The agent's SG mode") --- */
 
 static struct sgdev sg;
-static uint16_t sg_socks[SG_MAX_SOCKS];
+static uint16_t *sg_socks; /* sg_mode's sockets (on the heap: the image stays small) */
 static uint32_t sg_pending[32]; /* req_ids awaited by sg_replies_in (sg_batch: at most 32) */
 static uint32_t sg_npending;
 static uint32_t sg_want; /* bytes every pipe must hand back */
@@ -344,6 +344,7 @@ static void sg_mode(const struct boot_info *bi) {
   sg_want = bi->sg_bytes;
   sg_seed = sg_seed_of(bi->sandbox_id);
   sg_init(&sg, dev, n);
+  sg_socks = alloc_pages((n * 2 + 4095) / 4096);
   for (uint32_t i = 0; i < n; i++) {
     uint16_t s;
     sg_batch(sg_open(&sg, &s));

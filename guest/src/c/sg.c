@@ -151,6 +151,10 @@ void sg_init(struct sgdev *d, const struct boot_dev *bd, uint32_t max_socks) {
   virtq_setup(d->base, &d->setup, 0);
   virtq_setup(d->base, &d->signal, 1);
   virtio_driver_ok(d->base);
+  uint32_t socks_len = max_socks * (uint32_t)sizeof(struct sg_sock);
+  d->socks = alloc_pages((socks_len + 4095) / 4096);
+  memset(d->socks, 0, socks_len); /* no ring memory yet: allocated on a slot's first use */
+  d->free_slot = alloc_pages((max_socks * 2 + 4095) / 4096);
 
   /* The area, canonical layout: header, g2d FIFO, d2g FIFO, ring table. */
   uint32_t fifo = 128 + 8 * SG_FIFO_ENTRIES, entries = 2 + 2 * max_socks;

@@ -70,8 +70,9 @@ struct sgdev {
   uint32_t reply_id[256], reply_status[256]; /* by req_id % 256 */
   uint32_t nsocks, nslots;           /* table room, slots with ring memory so far */
   uint32_t nfree;                    /* closed slots, reused before a new one */
-  uint16_t free_slot[SG_MAX_SOCKS];
-  struct sg_sock socks[SG_MAX_SOCKS]; /* slot k: TX ring 2 + 2k, RX ring 3 + 2k */
+  /* Both sized by sg_init's max_socks, on the heap: the agent image stays small. */
+  uint16_t *free_slot;
+  struct sg_sock *socks;             /* slot k: TX ring 2 + 2k, RX ring 3 + 2k */
 };
 
 void sg_init(struct sgdev *d, const struct boot_dev *bd, uint32_t max_socks);
