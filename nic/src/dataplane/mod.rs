@@ -19,7 +19,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::devset::Devset;
 use crate::poll::{eventfd_fd, wait_readable};
-use crate::port::{AtomicCounters, Port, VfHw, RXQ, TXQ};
+use crate::port::{AtomicCounters, Port, Runtime, VfHw, RXQ, TXQ};
 use mempool::{Mempool, Pkt, BUF_SIZE};
 use switch::{PortId, Switch, VfView};
 use uplink::Uplink;
@@ -43,9 +43,15 @@ pub struct Dataplane {
     /// they were switched in (a frame never outlives a reset of its VF).
     backlog: Vec<VecDeque<Pkt>>,
     seen_generation: Vec<u64>,
-    /// VFs with an open, working session (from the last generation seen):
-    /// the others are skipped without touching their state.
-    live: Vec<bool>,
+    /// The runtimes of the VFs with an open, working session, owned by this
+    /// thread (see `port`): the others are skipped without touching them.
+    owned: Vec<Option<Runtime>>,
+    /// VFs to look at again at the next round start: their generation moved,
+    /// or their runtime was handed back to a session-side user.
+    pending: Vec<bool>,
+    any_pending: bool,
+    /// The switch sees the VF as active (from the last look at its runtime).
+    active: Vec<bool>,
     /// The spoof warning was given for the VF's current session.
     spoof_warned: Vec<bool>,
     scratch: virtio::Scratch,
@@ -74,7 +80,10 @@ impl Dataplane {
                 .map(|_| VecDeque::with_capacity(BACKLOG_MAX))
                 .collect(),
             seen_generation: vec![0; n],
-            live: vec![false; n],
+            owned: (0..n).map(|_| None).collect(),
+            pending: vec![false; n],
+            any_pending: false,
+            active: vec![false; n],
             spoof_warned: vec![false; n],
             scratch: virtio::Scratch::default(),
             busy_ns: 0,
@@ -101,13 +110,13 @@ impl Dataplane {
             }
             // 2. Each live VF's transmit queue → switch (idle VFs are not locked).
             for i in 0..self.ports.len() {
-                if !self.live[i] {
+                let Some(rt) = self.owned[i].as_mut() else {
                     continue;
-                }
+                };
                 let port = &self.ports[i];
                 let r = virtio::take_guest_tx(
                     port,
-                    &mut port.runtime(),
+                    rt,
                     &mut self.pool,
                     &mut self.scratch,
                     self.batch,
@@ -126,10 +135,14 @@ impl Dataplane {
                 if self.backlog[i].is_empty() {
                     continue;
                 }
+                // Handed back to the session for a moment: the frames wait.
+                let Some(rt) = self.owned[i].as_mut() else {
+                    continue;
+                };
                 let port = &self.ports[i];
                 let r = virtio::fill_guest_rx(
                     port,
-                    &mut port.runtime(),
+                    rt,
                     &mut self.pool,
                     &mut self.scratch,
                     self.batch,
@@ -149,7 +162,8 @@ impl Dataplane {
                     self.busy_ns += t.elapsed().as_nanos();
                 }
                 idle += 1;
-                if idle >= SPIN_ROUNDS {
+                // A VF waiting to be taken back is not a reason to sleep a second.
+                if idle >= SPIN_ROUNDS && !self.any_pending {
                     self.sleep();
                     idle = 0;
                 }
@@ -168,36 +182,75 @@ impl Dataplane {
         }
     }
 
-    /// Picks up config and lifecycle changes of the VFs.
+    /// At round start: hands runtimes back to the session-side users that
+    /// want them, and picks up config and lifecycle changes of the VFs.
     fn refresh_ports(&mut self) {
-        for (i, port) in self.ports.iter().enumerate() {
-            let g = port.generation();
-            if g == self.seen_generation[i] {
-                continue;
+        for i in 0..self.ports.len() {
+            if self.owned[i].is_some() && self.ports[i].wanted() {
+                self.give_back(i);
             }
-            self.seen_generation[i] = g;
-            let cfg = port.config();
-            let active = {
-                let rt = port.runtime();
-                rt.active && !rt.failed
-            };
-            if !self.live[i] && active {
-                self.spoof_warned[i] = false;
+            let g = self.ports[i].generation();
+            if g != self.seen_generation[i] {
+                self.seen_generation[i] = g;
+                self.pending[i] = true;
+                self.any_pending = true;
             }
-            self.live[i] = active;
-            self.switch.set_vf(
-                i,
-                VfView {
-                    mac: cfg.mac,
-                    vlan: cfg.vlan,
-                    active,
-                },
-            );
-            if !active {
-                // Closed, reset or failed: nothing queued for it may survive.
-                for p in self.backlog[i].drain(..) {
-                    self.pool.free(p);
-                }
+        }
+        if !self.any_pending {
+            return;
+        }
+        self.any_pending = false;
+        for i in 0..self.ports.len() {
+            if self.pending[i] {
+                self.look_at(i);
+                self.any_pending |= self.pending[i];
+            }
+        }
+    }
+
+    fn give_back(&mut self, i: usize) {
+        if let Some(rt) = self.owned[i].take() {
+            self.ports[i].return_runtime(rt);
+            self.pending[i] = true;
+            self.any_pending = true;
+        }
+    }
+
+    /// Takes VF `i`'s runtime if the session is live, and updates the switch.
+    /// Stays pending while a session-side user holds the runtime.
+    fn look_at(&mut self, i: usize) {
+        let port = &self.ports[i];
+        let rt = match self.owned[i].take() {
+            Some(rt) => rt,
+            None => match port.take_runtime() {
+                Some(rt) => rt,
+                None => return,
+            },
+        };
+        self.pending[i] = false;
+        let active = rt.active && !rt.failed;
+        if active {
+            self.owned[i] = Some(rt);
+        } else {
+            port.return_runtime(rt);
+        }
+        if !self.active[i] && active {
+            self.spoof_warned[i] = false;
+        }
+        self.active[i] = active;
+        let cfg = port.config();
+        self.switch.set_vf(
+            i,
+            VfView {
+                mac: cfg.mac,
+                vlan: cfg.vlan,
+                active,
+            },
+        );
+        if !active {
+            // Closed, reset or failed: nothing queued for it may survive.
+            for p in self.backlog[i].drain(..) {
+                self.pool.free(p);
             }
         }
     }
@@ -326,6 +379,12 @@ impl Dataplane {
         for p in self.backlog[i].drain(..) {
             self.pool.free(p);
         }
+        // The devset lock comes before a runtime (a devset reset waits for the
+        // runtimes of all its VFs): hold none while taking it.
+        for j in 0..self.ports.len() {
+            self.give_back(j);
+        }
+        let port = &self.ports[i];
         // Error state, stopped I/O and the guest told, all at once: a guest reset
         // (recover) comes after, never in between.
         let r = self.devset.mark_error_with(i, |vf| {
@@ -344,11 +403,8 @@ impl Dataplane {
     /// Sleeps until a kick, an uplink frame, a wake-up, or the safety timeout.
     fn sleep(&mut self) {
         let mut kicks = Vec::new();
-        for (i, port) in self.ports.iter().enumerate() {
-            let rt = port.runtime();
-            if !rt.active || rt.failed {
-                continue;
-            }
+        for (i, rt) in self.owned.iter().enumerate() {
+            let Some(rt) = rt else { continue };
             if let Some(k) = &rt.vrings[TXQ].kick {
                 kicks.push(k.clone());
             }
@@ -371,6 +427,18 @@ impl Dataplane {
             let _ = k.read();
         }
         let _ = self.wake.read();
+    }
+}
+
+impl Drop for Dataplane {
+    /// A stopped (or panicking) dataplane hands every runtime back, so that
+    /// sessions and the devset never wait for it.
+    fn drop(&mut self) {
+        for i in 0..self.ports.len() {
+            if let Some(rt) = self.owned[i].take() {
+                self.ports[i].return_runtime(rt);
+            }
+        }
     }
 }
 
