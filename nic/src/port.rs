@@ -13,7 +13,7 @@
 
 use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 
 use virtio_queue::{Queue, QueueT};
@@ -165,8 +165,11 @@ pub struct Port {
     /// Bumped on every open, close, reset and config change: the dataplane drops
     /// what it holds for an older generation (queued frames).
     generation: AtomicU64,
-    /// Wakes the PF's dataplane thread.
-    wake: Arc<EventFd>,
+    /// Wakes the dataplane thread that serves the VF (one of the PF's).
+    wake: Mutex<Arc<EventFd>>,
+    /// The serving dataplane thread runs the VF (for the PF's other threads,
+    /// which switch frames to it).
+    live: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -194,7 +197,8 @@ impl Port {
             returned: Condvar::new(),
             want: AtomicU32::new(0),
             generation: AtomicU64::new(1),
-            wake,
+            wake: Mutex::new(wake),
+            live: AtomicBool::new(false),
         }
     }
     pub fn config(&self) -> PortConfig {
@@ -261,7 +265,19 @@ impl Port {
         self.notify();
     }
     pub fn notify(&self) {
-        let _ = self.wake.write(1);
+        let _ = lock(&self.wake).write(1);
+    }
+    /// The dataplane thread that serves this VF (set before it runs).
+    pub fn set_wake(&self, wake: Arc<EventFd>) {
+        *lock(&self.wake) = wake;
+    }
+    pub fn live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+    /// The serving dataplane thread publishes whether it runs the VF;
+    /// returns whether that changed.
+    pub fn set_live(&self, live: bool) -> bool {
+        self.live.swap(live, Ordering::AcqRel) != live
     }
 }
 

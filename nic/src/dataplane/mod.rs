@@ -1,32 +1,35 @@
-//! The dataplane of one PF, in the style of ixy: one thread, one mempool, and
-//! a loop that reads every port in batches, switches each frame, and writes
-//! it out. When a whole round finds nothing to do for `SPIN_ROUNDS` rounds it
+//! The dataplane of one PF, in the style of ixy: a thread with its mempool and
+//! a loop that reads every port it serves in batches, switches each frame, and
+//! writes it out (several threads per PF: `shard`). When a whole round finds nothing to do for `SPIN_ROUNDS` rounds it
 //! sleeps in poll(2) on the queues' kick eventfds, the uplink fd and a wake
 //! eventfd, so idle VFs cost no CPU. Interrupts go to the guest through the
 //! call eventfd (see `virtio`).
 
 pub mod mempool;
+pub mod shard;
 pub mod switch;
 pub mod uplink;
 pub mod virtio;
 
 use std::collections::VecDeque;
+use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::devset::Devset;
 use crate::poll::{eventfd_fd, wait_readable};
 use crate::port::{AtomicCounters, Port, Runtime, VfHw, RXQ, TXQ};
 use mempool::{Mempool, Pkt, BUF_SIZE};
+use shard::Peers;
 use switch::{PortId, Switch, VfView};
 use uplink::Uplink;
 
 pub const DEFAULT_BATCH: usize = 32;
 /// Frames queued for one VF while its guest posts no receive buffers.
-const BACKLOG_MAX: usize = 256;
+pub(crate) const BACKLOG_MAX: usize = 256;
 const SPIN_ROUNDS: u32 = 1000;
 /// Upper bound of a sleep: a safety net, not the wake-up mechanism.
 const SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
@@ -34,8 +37,10 @@ const SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
 pub struct Dataplane {
     devset: Arc<Devset<VfHw>>,
     ports: Vec<Arc<Port>>,
-    uplink: Option<Uplink>,
+    /// Received by thread 0 only; every thread sends to it.
+    uplink: Option<Arc<Uplink>>,
     wake: Arc<EventFd>,
+    peers: Peers,
     batch: usize,
     pool: Mempool,
     switch: Switch,
@@ -61,6 +66,7 @@ pub struct Dataplane {
 }
 
 impl Dataplane {
+    /// The one dataplane thread of a PF.
     pub fn new(
         devset: Arc<Devset<VfHw>>,
         ports: Vec<Arc<Port>>,
@@ -68,16 +74,64 @@ impl Dataplane {
         wake: Arc<EventFd>,
         batch: usize,
     ) -> Self {
+        let pool = pool_size(ports.len());
+        let uplink = uplink.map(Arc::new);
+        Self::shard(devset, ports, uplink, wake, batch, Peers::single(), pool)
+    }
+
+    /// `threads` dataplane threads of a PF (see `shard`): thread 0 wakes on
+    /// `wake`, the others on eventfds of their own, which their VFs' sessions
+    /// write.
+    pub fn sharded(
+        devset: Arc<Devset<VfHw>>,
+        ports: Vec<Arc<Port>>,
+        uplink: Option<Uplink>,
+        wake: Arc<EventFd>,
+        batch: usize,
+        threads: usize,
+    ) -> io::Result<Vec<Self>> {
+        let threads = threads.clamp(1, ports.len().max(1));
+        if threads == 1 {
+            return Ok(vec![Self::new(devset, ports, uplink, wake, batch)]);
+        }
+        let mut wakes = vec![wake];
+        for _ in 1..threads {
+            wakes.push(Arc::new(EventFd::new(EFD_NONBLOCK)?));
+        }
+        for (i, port) in ports.iter().enumerate() {
+            port.set_wake(wakes[i % threads].clone());
+        }
+        let pool = pool_size(ports.len().div_ceil(threads));
+        let uplink = uplink.map(Arc::new);
+        Ok(Peers::build(&wakes, pool)
+            .into_iter()
+            .zip(wakes)
+            .map(|(peers, wake)| {
+                let up = uplink.clone();
+                Self::shard(devset.clone(), ports.clone(), up, wake, batch, peers, pool)
+            })
+            .collect())
+    }
+
+    fn shard(
+        devset: Arc<Devset<VfHw>>,
+        ports: Vec<Arc<Port>>,
+        uplink: Option<Arc<Uplink>>,
+        wake: Arc<EventFd>,
+        batch: usize,
+        peers: Peers,
+        pool: usize,
+    ) -> Self {
         let n = ports.len();
         Dataplane {
             devset,
             uplink,
             wake,
             batch: batch.max(1),
-            pool: Mempool::new(4096 + n * BACKLOG_MAX / 4),
+            pool: Mempool::with_home(pool, peers.me(), peers.threads()),
             switch: Switch::new(n),
             backlog: (0..n)
-                .map(|_| VecDeque::with_capacity(BACKLOG_MAX))
+                .map(|i| VecDeque::with_capacity(if peers.mine(i) { BACKLOG_MAX } else { 0 }))
                 .collect(),
             seen_generation: vec![0; n],
             owned: (0..n).map(|_| None).collect(),
@@ -89,7 +143,13 @@ impl Dataplane {
             busy_ns: 0,
             frames: 0,
             ports,
+            peers,
         }
+    }
+
+    /// The eventfd this thread sleeps on (to wake it for a stop).
+    pub fn wake(&self) -> Arc<EventFd> {
+        self.wake.clone()
     }
 
     pub fn run(mut self, stop: &AtomicBool) {
@@ -100,16 +160,23 @@ impl Dataplane {
         let mut busy_since: Option<std::time::Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             self.refresh_ports();
-            let mut work = 0;
+            let (me, step) = (self.peers.me(), self.peers.threads());
+            // 0. Frames other threads switched to our VFs.
+            let mut work = if step > 1 {
+                self.peers
+                    .receive(&mut self.pool, &mut self.backlog, &self.active, &self.ports)
+            } else {
+                0
+            };
             // 1. Uplink → switch.
-            if self.uplink.is_some() {
+            if self.uplink.is_some() && me == 0 {
                 work += self.rx_uplink(&mut rx);
                 for pkt in rx.drain(..) {
                     self.forward(PortId::Uplink, pkt, &mut out);
                 }
             }
-            // 2. Each live VF's transmit queue → switch (idle VFs are not locked).
-            for i in 0..self.ports.len() {
+            // 2. Each live VF's transmit queue → switch (VFs not owned are skipped).
+            for i in (me..self.ports.len()).step_by(step) {
                 let Some(rt) = self.owned[i].as_mut() else {
                     continue;
                 };
@@ -131,7 +198,7 @@ impl Dataplane {
                 }
             }
             // 3. Queued frames → each VF's receive queue.
-            for i in 0..self.ports.len() {
+            for i in (me..self.ports.len()).step_by(step) {
                 if self.backlog[i].is_empty() {
                     continue;
                 }
@@ -153,6 +220,7 @@ impl Dataplane {
                     Err(f) => self.fault(i, f),
                 }
             }
+            self.peers.flush(&mut self.pool);
             if work > 0 {
                 idle = 0;
                 busy_since.get_or_insert_with(std::time::Instant::now);
@@ -192,8 +260,14 @@ impl Dataplane {
             let g = self.ports[i].generation();
             if g != self.seen_generation[i] {
                 self.seen_generation[i] = g;
-                self.pending[i] = true;
-                self.any_pending = true;
+                if self.peers.mine(i) {
+                    self.pending[i] = true;
+                    self.any_pending = true;
+                } else {
+                    // Served by another thread: only the switch's view.
+                    let active = self.ports[i].live();
+                    self.set_view(i, active);
+                }
             }
         }
         if !self.any_pending {
@@ -234,19 +308,14 @@ impl Dataplane {
         } else {
             port.return_runtime(rt);
         }
+        // The PF's other threads route by it: a change is a new generation for them.
+        if self.peers.threads() > 1 && port.set_live(active) {
+            port.bump();
+        }
         if !self.active[i] && active {
             self.spoof_warned[i] = false;
         }
-        self.active[i] = active;
-        let cfg = port.config();
-        self.switch.set_vf(
-            i,
-            VfView {
-                mac: cfg.mac,
-                vlan: cfg.vlan,
-                active,
-            },
-        );
+        self.set_view(i, active);
         if !active {
             // Closed, reset or failed: nothing queued for it may survive.
             for p in self.backlog[i].drain(..) {
@@ -255,13 +324,26 @@ impl Dataplane {
         }
     }
 
+    fn set_view(&mut self, i: usize, active: bool) {
+        self.active[i] = active;
+        let cfg = self.ports[i].config();
+        self.switch.set_vf(
+            i,
+            VfView {
+                mac: cfg.mac,
+                vlan: cfg.vlan,
+                active,
+            },
+        );
+    }
+
     fn rx_uplink(&mut self, rx: &mut Vec<Pkt>) -> usize {
         let up = self.uplink.as_ref().expect("checked");
         while rx.len() < self.batch {
             let Some(mut pkt) = self.pool.alloc() else {
                 break;
             };
-            match up.recv(self.pool.buf_mut(&pkt)) {
+            match up.recv(pkt.buf_mut()) {
                 Ok(Some(n)) if n >= 14 => {
                     pkt.len = n;
                     rx.push(pkt);
@@ -288,14 +370,15 @@ impl Dataplane {
     fn forward(&mut self, from: PortId, mut pkt: Pkt, out: &mut Vec<PortId>) {
         let vlan = match from {
             PortId::Uplink => {
-                let (vid, len) = switch::untag(self.pool.buf_mut(&pkt), pkt.len);
+                let l = pkt.len;
+                let (vid, len) = switch::untag(pkt.buf_mut(), l);
                 pkt.len = len;
                 vid
             }
             PortId::Vf(i) => self.switch.vf_vlan(i),
         };
         let len = pkt.len as u64;
-        let routed = pkt.len >= 14 && self.switch.route(from, vlan, self.pool.data(&pkt), out);
+        let routed = pkt.len >= 14 && self.switch.route(from, vlan, pkt.data(), out);
         if !routed {
             if let PortId::Vf(i) = from {
                 self.spoofed(i, &pkt);
@@ -315,13 +398,18 @@ impl Dataplane {
             match *dest {
                 PortId::Uplink => {
                     if let Some(v) = vlan {
-                        p.len = switch::tag(self.pool.buf_mut(&p), p.len, v);
+                        let l = p.len;
+                        p.len = switch::tag(p.buf_mut(), l, v);
                     }
-                    taken |= self
-                        .uplink
-                        .as_ref()
-                        .is_some_and(|u| u.send(self.pool.data(&p)));
+                    taken |= self.uplink.as_ref().is_some_and(|u| u.send(p.data()));
                     self.pool.free(p);
+                }
+                PortId::Vf(j) if !self.peers.mine(j) => {
+                    taken = true;
+                    if let Err(p) = self.peers.send(j, p) {
+                        AtomicCounters::add(&self.ports[j].counters.rx_drops, 1);
+                        self.pool.free(p);
+                    }
                 }
                 PortId::Vf(j) => {
                     taken = true;
@@ -352,7 +440,7 @@ impl Dataplane {
     /// VF's. Said once per VF session (a frontend without `mac=` does it on
     /// every frame).
     fn spoofed(&mut self, i: usize, pkt: &Pkt) {
-        let frame = self.pool.data(pkt);
+        let frame = pkt.data();
         if frame.len() < 14 || self.spoof_warned[i] {
             return;
         }
@@ -402,6 +490,12 @@ impl Dataplane {
 
     /// Sleeps until a kick, an uplink frame, a wake-up, or the safety timeout.
     fn sleep(&mut self) {
+        if !self
+            .peers
+            .sleeping(&mut self.pool, &mut self.backlog, &self.active, &self.ports)
+        {
+            return;
+        }
         let mut kicks = Vec::new();
         for (i, rt) in self.owned.iter().enumerate() {
             let Some(rt) = rt else { continue };
@@ -419,9 +513,15 @@ impl Dataplane {
             .iter()
             .map(|k| eventfd_fd(k))
             .chain(std::iter::once(eventfd_fd(&self.wake)))
-            .chain(self.uplink.as_ref().map(|u| u.as_fd()))
+            .chain(
+                self.uplink
+                    .as_ref()
+                    .filter(|_| self.peers.me() == 0)
+                    .map(|u| u.as_fd()),
+            )
             .collect();
         wait_readable(&fds, SLEEP);
+        self.peers.awake();
         // Drain the eventfds that fired (non-blocking); the uplink fd is read by the loop.
         for k in &kicks {
             let _ = k.read();
@@ -440,6 +540,11 @@ impl Drop for Dataplane {
             }
         }
     }
+}
+
+/// Buffers of one thread's pool serving `vfs` VFs.
+fn pool_size(vfs: usize) -> usize {
+    4096 + vfs * BACKLOG_MAX / 4
 }
 
 const _: () = assert!(BUF_SIZE >= 1518 + 4);
