@@ -33,6 +33,9 @@ pub(crate) const BACKLOG_MAX: usize = 256;
 const SPIN_ROUNDS: u32 = 1000;
 /// Upper bound of a sleep: a safety net, not the wake-up mechanism.
 const SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
+/// The same with several threads per PF: a lost cross-thread wake-up was seen
+/// (1 s stalls, cause not found yet; docs/nic.md), this bounds it.
+const SLEEP_SHARDED: std::time::Duration = std::time::Duration::from_millis(10);
 
 pub struct Dataplane {
     devset: Arc<Devset<VfHw>>,
@@ -520,7 +523,12 @@ impl Dataplane {
                     .map(|u| u.as_fd()),
             )
             .collect();
-        wait_readable(&fds, SLEEP);
+        let limit = if self.peers.threads() > 1 {
+            SLEEP_SHARDED
+        } else {
+            SLEEP
+        };
+        wait_readable(&fds, limit);
         self.peers.awake();
         // Drain the eventfds that fired (non-blocking); the uplink fd is read by the loop.
         for k in &kicks {
