@@ -15,6 +15,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use vmm_sys_util::eventfd::EventFd;
+
 use crate::daemon::{BackgroundServer, Nic};
 use crate::dataplane::Dataplane;
 use crate::devset::LockPolicy;
@@ -57,6 +59,10 @@ pub struct BenchDataplaneArgs {
         default_value = "loop,one-way"
     )]
     pub topology: Vec<Topology>,
+    /// The NIC's `--dataplane-threads` (VFs sharded across them; the CPU
+    /// counted is all of theirs).
+    #[arg(long, default_value_t = 1)]
+    pub dataplane_threads: usize,
     /// Seconds per run.
     #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
@@ -160,18 +166,20 @@ pub struct BenchNic {
     pub nic: Arc<Nic>,
     server: Option<BackgroundServer>,
     stop: Arc<AtomicBool>,
-    dp_thread: Option<std::thread::JoinHandle<()>>,
-    /// The dataplane thread's id (for its schedstat).
-    pub dp_tid: i32,
+    dp_threads: Vec<std::thread::JoinHandle<()>>,
+    wakes: Vec<Arc<EventFd>>,
+    /// The dataplane threads' ids (for their schedstat).
+    pub dp_tids: Vec<i32>,
 }
 
 impl BenchNic {
-    /// `pin`: the CPU the dataplane thread runs on (sched_setaffinity), if any.
+    /// `pin`: the CPU the dataplane threads run on (sched_setaffinity), if any.
     pub fn start(
         dir: &Path,
         vfs: usize,
         batch: usize,
         pin: Option<usize>,
+        threads: usize,
     ) -> Result<BenchNic, BenchDpError> {
         let nic_err = |what| move |source| BenchDpError::Nic { what, source };
         let nic = Arc::new(
@@ -192,47 +200,56 @@ impl BenchNic {
         }
         let server = BackgroundServer::start(nic.clone()).map_err(nic_err("serve VF sockets"))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let dp = Dataplane::new(
+        let dps = Dataplane::sharded(
             pf.devset.clone(),
             pf.ports.clone(),
             None,
             pf.wake.clone(),
             batch,
-        );
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let st = stop.clone();
-        let dp_thread = std::thread::Builder::new()
-            .name("dp-bench".into())
-            .spawn(move || {
-                let pinned = pin.map(|cpu| {
-                    let mut set = nix::sched::CpuSet::new();
-                    set.set(cpu)
-                        .and_then(|_| {
-                            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
-                        })
-                        .map_err(|e| format!("pin the dataplane thread to CPU {cpu}: {e}"))
-                });
-                let _ = tid_tx.send((nix::unistd::gettid().as_raw(), pinned));
-                dp.run(&st);
-            })
-            .map_err(|source| BenchDpError::Io {
-                what: "spawn the dataplane thread".into(),
-                source,
-            })?;
+            threads,
+        )
+        .map_err(|source| BenchDpError::Io {
+            what: "dataplane eventfds".into(),
+            source,
+        })?;
         let mut b = BenchNic {
+            wakes: dps.iter().map(|d| d.wake()).collect(),
             nic,
             server: Some(server),
             stop,
-            dp_thread: Some(dp_thread),
-            dp_tid: 0,
+            dp_threads: Vec::new(),
+            dp_tids: Vec::new(),
         };
-        match tid_rx.recv_timeout(Duration::from_secs(5)) {
-            Ok((tid, None | Some(Ok(())))) => b.dp_tid = tid,
-            Ok((_, Some(Err(e)))) => return Err(BenchDpError::Run(e)),
-            Err(_) => {
-                return Err(BenchDpError::Run(
-                    "the dataplane thread did not start".into(),
-                ))
+        for (k, dp) in dps.into_iter().enumerate() {
+            let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+            let st = b.stop.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("dp-bench-{k}"))
+                .spawn(move || {
+                    let pinned = pin.map(|cpu| {
+                        let mut set = nix::sched::CpuSet::new();
+                        set.set(cpu)
+                            .and_then(|_| {
+                                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+                            })
+                            .map_err(|e| format!("pin the dataplane thread to CPU {cpu}: {e}"))
+                    });
+                    let _ = tid_tx.send((nix::unistd::gettid().as_raw(), pinned));
+                    dp.run(&st);
+                })
+                .map_err(|source| BenchDpError::Io {
+                    what: "spawn the dataplane thread".into(),
+                    source,
+                })?;
+            b.dp_threads.push(t);
+            match tid_rx.recv_timeout(Duration::from_secs(5)) {
+                Ok((tid, None | Some(Ok(())))) => b.dp_tids.push(tid),
+                Ok((_, Some(Err(e)))) => return Err(BenchDpError::Run(e)),
+                Err(_) => {
+                    return Err(BenchDpError::Run(
+                        "the dataplane thread did not start".into(),
+                    ))
+                }
             }
         }
         Ok(b)
@@ -242,8 +259,10 @@ impl BenchNic {
 impl Drop for BenchNic {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let _ = self.nic.pfs[0].wake.write(1);
-        if let Some(t) = self.dp_thread.take() {
+        for w in &self.wakes {
+            let _ = w.write(1);
+        }
+        for t in self.dp_threads.drain(..) {
             let _ = t.join();
         }
         if let Some(s) = self.server.take() {
@@ -260,11 +279,13 @@ pub fn run_once(
     topology: Topology,
     size: usize,
     batch: usize,
+    threads: usize,
     duration: Duration,
 ) -> Result<Sample, BenchDpError> {
-    // Kept until the run ends: it owns the NIC and its dataplane thread.
-    let b = BenchNic::start(dir, vfs, batch, None)?;
-    let (nic, tid) = (&b.nic, b.dp_tid);
+    // Kept until the run ends: it owns the NIC and its dataplane threads.
+    let b = BenchNic::start(dir, vfs, batch, None, threads)?;
+    let nic = &b.nic;
+    let cpu = || -> Result<u64, BenchDpError> { b.dp_tids.iter().map(|&t| thread_cpu_ns(t)).sum() };
     let ports = &nic.pfs[0].ports;
     let mut fes = ports
         .iter()
@@ -291,14 +312,14 @@ pub fn run_once(
         }
         received += pump(&mut fes, &sends, batch);
     }
-    let cpu0 = thread_cpu_ns(tid)?;
+    let cpu0 = cpu()?;
     let t0 = Instant::now();
     let mut packets = 0u64;
     while t0.elapsed() < duration {
         packets += pump(&mut fes, &sends, batch);
     }
     let seconds = t0.elapsed().as_secs_f64();
-    let cpu1 = thread_cpu_ns(tid)?;
+    let cpu1 = cpu()?;
     Ok(Sample {
         packets,
         seconds,
@@ -358,11 +379,18 @@ pub fn run_cli(args: &BenchDataplaneArgs) -> Result<(), BenchDpError> {
         }
         return r;
     }
+    let threads = args.dataplane_threads;
+    if !(1..=64).contains(&threads) {
+        return Err(BenchDpError::Config(format!(
+            "--dataplane-threads {threads}: must be 1..64"
+        )));
+    }
     let (hz, source) = nominal_hz();
     println!(
-        "# nominal {:.3} GHz ({source}); {} VFs, {} s x {} runs, median",
+        "# nominal {:.3} GHz ({source}); {} VFs, {} dataplane thread(s), {} s x {} runs, median",
         hz / 1e9,
         args.vfs,
+        threads,
         args.duration,
         args.reps
     );
@@ -374,7 +402,7 @@ pub fn run_cli(args: &BenchDataplaneArgs) -> Result<(), BenchDpError> {
             for &batch in &args.batch {
                 let mut samples = Vec::new();
                 for _ in 0..args.reps {
-                    match run_once(&dir, args.vfs, topo, size, batch, dur) {
+                    match run_once(&dir, args.vfs, topo, size, batch, threads, dur) {
                         Ok(s) => samples.push(s),
                         Err(e) => {
                             result = Err(e);
@@ -413,10 +441,14 @@ mod tests {
     fn short_runs_move_frames_and_count_cpu() {
         let dir = std::env::temp_dir().join(format!("nic-bench-dp-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for topo in [Topology::Loop, Topology::OneWay] {
-            let s = run_once(&dir, 2, topo, 64, 8, Duration::from_millis(200)).unwrap();
-            assert!(s.packets > 0, "{topo:?}: {s:?}");
-            assert!(s.cpu_seconds > 0.0, "{topo:?}: {s:?}");
+        for (topo, threads) in [
+            (Topology::Loop, 1),
+            (Topology::OneWay, 1),
+            (Topology::Loop, 2),
+        ] {
+            let s = run_once(&dir, 2, topo, 64, 8, threads, Duration::from_millis(200)).unwrap();
+            assert!(s.packets > 0, "{topo:?} {threads}: {s:?}");
+            assert!(s.cpu_seconds > 0.0, "{topo:?} {threads}: {s:?}");
         }
         let _ = std::fs::remove_dir_all(&dir);
         let (hz, _) = nominal_hz();

@@ -89,7 +89,13 @@ fn start_backend(
 ) -> Result<(Running, [String; 2], [String; 2]), BenchDpError> {
     match backend {
         Backend::Burstvm => {
-            let b = BenchNic::start(dir, 2, crate::dataplane::DEFAULT_BATCH, Some(BACKEND_CPU))?;
+            let b = BenchNic::start(
+                dir,
+                2,
+                crate::dataplane::DEFAULT_BATCH,
+                Some(BACKEND_CPU),
+                1,
+            )?;
             let ports = &b.nic.pfs[0].ports;
             let sock = |i: usize| ports[i].socket.display().to_string();
             let mac = |i: usize| netutil::MacAddr::from(ports[i].config().mac).to_string();

@@ -472,6 +472,8 @@ struct Running {
     threads: Vec<JoinHandle<()>>,
     sessions: Arc<Mutex<Sessions>>,
     sockets: Vec<PathBuf>,
+    /// Every dataplane thread's wake eventfd (a stop wakes them all).
+    wakes: Vec<Arc<EventFd>>,
 }
 
 #[derive(Default)]
@@ -670,16 +672,27 @@ fn start(
                 pf: pf.name.clone(),
                 source: Box::new(e),
             })?;
-        let dp = Dataplane::new(
+        let dps = Dataplane::sharded(
             pf.devset.clone(),
             pf.ports.clone(),
             uplink,
             pf.wake.clone(),
             args.batch,
-        );
-        let stop = run.stop.clone();
-        run.threads
-            .push(spawn(format!("dp-{}", pf.name), move || dp.run(&stop))?);
+            args.dataplane_threads,
+        )
+        .map_err(|e| Error::Io {
+            what: format!("PF {}: dataplane eventfd", pf.name),
+            source: e,
+        })?;
+        for (k, dp) in dps.into_iter().enumerate() {
+            run.wakes.push(dp.wake());
+            let stop = run.stop.clone();
+            let name = match k {
+                0 => format!("dp-{}", pf.name),
+                _ => format!("dp-{}-{k}", pf.name),
+            };
+            run.threads.push(spawn(name, move || dp.run(&stop))?);
+        }
     }
     start_vfs(nic, run)?;
     let l = bind(&args.control)?;
@@ -795,6 +808,7 @@ impl Running {
             threads: vec![],
             sessions: Default::default(),
             sockets: vec![],
+            wakes: vec![],
         })
     }
 
@@ -803,6 +817,9 @@ impl Running {
         let _ = self.stop_fd.write(1);
         for pf in &nic.pfs {
             let _ = pf.wake.write(1);
+        }
+        for w in &self.wakes {
+            let _ = w.write(1);
         }
         for t in self.threads {
             let _ = t.join();

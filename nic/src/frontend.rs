@@ -113,6 +113,17 @@ impl FrontendMemory {
         Self::map(memfd, size, false)
     }
 
+    /// A second mapping of the same memory (shared pages): lets a test look
+    /// at memory a frontend gave up.
+    pub fn second_view(&self) -> Result<Self, FrontendError> {
+        let memfd = self.memfd.try_clone().map_err(|source| FrontendError::Io {
+            socket: String::new(),
+            what: "dup memfd",
+            source,
+        })?;
+        Self::map(memfd, self.size, false)
+    }
+
     fn map(memfd: File, size: usize, populate: bool) -> Result<Self, FrontendError> {
         // SAFETY: shared mapping of the first `size` bytes of a memfd we own.
         let base = unsafe {
@@ -190,7 +201,6 @@ impl VuFrontend {
         let mk = || EventFd::new(EFD_NONBLOCK).map_err(io("eventfd"));
         let (kick, call) = ([mk()?, mk()?], [mk()?, mk()?]);
         let fe = Frontend::connect(socket, 2).map_err(vu("connect"))?;
-        let fd = mem.memfd.as_raw_fd();
         let mut me = VuFrontend {
             socket: sock.clone(),
             fe,
@@ -199,11 +209,11 @@ impl VuFrontend {
             call,
             avail: [0; 2],
         };
-        me.setup(fd).map_err(vu("session set-up"))?;
+        me.setup().map_err(vu("session set-up"))?;
         Ok(me)
     }
 
-    fn setup(&mut self, memfd: i32) -> Result<(), vhost::Error> {
+    fn setup(&mut self) -> Result<(), vhost::Error> {
         self.fe.set_owner()?;
         let features = self.fe.get_features()?;
         let want = (1u64 << virtio_bindings::virtio_config::VIRTIO_F_VERSION_1)
@@ -213,6 +223,12 @@ impl VuFrontend {
         self.fe.set_protocol_features(
             proto & (VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::CONFIG),
         )?;
+        self.set_up_memory()
+    }
+
+    /// Memory table and both vrings (fresh, index 0) in `self.mem`.
+    fn set_up_memory(&mut self) -> Result<(), vhost::Error> {
+        let memfd = self.mem.memfd.as_raw_fd();
         let region = VhostUserMemoryRegionInfo {
             guest_phys_addr: 0,
             memory_size: self.mem.size as u64,
@@ -242,6 +258,29 @@ impl VuFrontend {
             self.fe.set_vring_enable(q, true)?;
         }
         Ok(())
+    }
+
+    /// Moves the session to `mem`, as a VMM whose memory layout changed:
+    /// stops both rings (GET_VRING_BASE: once answered, the backend no longer
+    /// touches them), sends the new memory table and sets the rings up again
+    /// in it. Returns the old memory.
+    pub fn switch_memory(&mut self, mem: FrontendMemory) -> Result<FrontendMemory, FrontendError> {
+        let sock = self.socket.clone();
+        let err = |what| {
+            let socket = sock.clone();
+            move |source| FrontendError::Vhost {
+                socket,
+                what,
+                source,
+            }
+        };
+        for q in 0..2 {
+            self.fe.get_vring_base(q).map_err(err("GET_VRING_BASE"))?;
+        }
+        let old = std::mem::replace(&mut self.mem, mem);
+        self.avail = [0; 2];
+        self.set_up_memory().map_err(err("memory switch"))?;
+        Ok(old)
     }
 
     pub fn ptr(&self, gpa: u64, len: usize) -> *mut u8 {
@@ -365,6 +404,21 @@ impl SimFrontend {
             );
             self.vu.publish(0, slot);
         }
+    }
+
+    /// See [`VuFrontend::switch_memory`]; all receive buffers are posted again.
+    pub fn switch_memory(&mut self, mem: FrontendMemory) -> Result<FrontendMemory, FrontendError> {
+        let old = self.vu.switch_memory(mem)?;
+        self.rx_used_seen = 0;
+        self.kicked_at = [u16::MAX; 2];
+        self.last_used = [0; 2];
+        self.post_rx(QSIZE);
+        Ok(old)
+    }
+
+    /// Disconnects (as a killed VMM) and keeps the memory.
+    pub fn into_memory(self) -> FrontendMemory {
+        self.vu.mem
     }
 
     /// Transmits one frame (virtio-net header + frame in one descriptor).

@@ -256,10 +256,10 @@ pub fn fuzz_dataplane(data: &[u8]) {
         assert!(n <= batch && pkts.len() <= n, "{n} chains, batch {batch}");
     }
     for p in pkts.drain(..) {
-        let len = pool.data(&p).len();
+        let len = p.data().len();
         assert!((14..=BUF_SIZE).contains(&len), "frame of {len} bytes");
-        let unicast = pool.data(&p)[0] & 1 == 0;
-        sw.route(PortId::Vf(0), vlan, pool.data(&p), &mut out);
+        let unicast = p.data()[0] & 1 == 0;
+        sw.route(PortId::Vf(0), vlan, p.data(), &mut out);
         assert!(!out.contains(&PortId::Vf(0)), "a frame went back to its VF");
         assert!(!unicast || out.len() <= 1, "unicast flooded: {out:?}");
         pool.free(p);
@@ -269,15 +269,15 @@ pub fn fuzz_dataplane(data: &[u8]) {
         let Some(mut p) = pool.alloc() else { break };
         let start = UPLINK_FRAMES + k * 128;
         let len = 14 + (input.frame_len as usize + 37 * k) % (BUF_SIZE - 32);
-        pool.buf_mut(&p)[..len].copy_from_slice(&image[start..start + len]);
-        let (vid, len) = switch::untag(pool.buf_mut(&p), len);
+        p.buf_mut()[..len].copy_from_slice(&image[start..start + len]);
+        let (vid, len) = switch::untag(p.buf_mut(), len);
         p.len = len;
-        if len >= 14 && pool.data(&p)[0] & 1 == 0 {
-            sw.route(PortId::Uplink, vid, pool.data(&p), &mut out);
+        if len >= 14 && p.data()[0] & 1 == 0 {
+            sw.route(PortId::Uplink, vid, p.data(), &mut out);
             assert!(out.len() <= 1, "unicast from the uplink flooded: {out:?}");
         }
         if len >= 14
-            && sw.route(PortId::Uplink, vid, pool.data(&p), &mut out)
+            && sw.route(PortId::Uplink, vid, p.data(), &mut out)
             && out.contains(&PortId::Vf(0))
         {
             backlog.push_back(p);

@@ -52,6 +52,10 @@ pub struct NicArgs {
     /// Dataplane batch size (frames per queue per round).
     #[arg(long, default_value_t = dataplane::DEFAULT_BATCH)]
     pub batch: usize,
+    /// Dataplane threads per PF: VF i is served by thread i % N, the uplink's
+    /// receive side by thread 0.
+    #[arg(long, default_value_t = 1)]
+    pub dataplane_threads: usize,
     /// Page-pool server whose memory VMMs may give a VF (repeat for several): the NIC
     /// registers every pool memfd it maps there, so that the pool never recycles it while
     /// the NIC maps it. Pool memory of no listed pool is refused.
@@ -125,6 +129,12 @@ impl NicArgs {
             )));
         }
         self.sg.validate()?;
+        if self.dataplane_threads == 0 || self.dataplane_threads > 64 {
+            return Err(Error::Config(format!(
+                "--dataplane-threads {}: must be 1..64",
+                self.dataplane_threads
+            )));
+        }
         if self.batch == 0 || self.batch > 1024 {
             return Err(Error::Config(format!(
                 "--batch {}: must be 1..1024",

@@ -1,10 +1,20 @@
 //! One VF as seen by its vhost-user session and by the dataplane: its config
 //! (MAC, VLAN), counters, and runtime (memory table, two vrings, eventfds).
 //! The devset's lifecycle hooks (`VfDevice`) act on it.
+//!
+//! The runtime (rings, memory table) is owned by whoever uses it: the
+//! dataplane thread takes it out of the port while the VF is live and runs on
+//! it without locks; a session-side user ([`Port::runtime`]) raises the
+//! port's `want` count and wakes the dataplane, which hands the runtime back
+//! at its next round start, between two batches, and takes it again once no
+//! one wants it. So a session change (new memory table, stopped ring, close,
+//! reset) is applied while the dataplane provably holds nothing of the old
+//! state, and the hot path pays one relaxed load per live port per round.
 
+use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
@@ -146,12 +156,20 @@ pub struct Port {
     pub default_mac: [u8; 6],
     pub counters: AtomicCounters,
     config: Mutex<PortConfig>,
-    runtime: Mutex<Runtime>,
+    /// `None` while the dataplane holds the runtime.
+    runtime: Mutex<Option<Runtime>>,
+    /// Signalled when the dataplane hands the runtime back.
+    returned: Condvar,
+    /// Session-side users holding or waiting for the runtime.
+    want: AtomicU32,
     /// Bumped on every open, close, reset and config change: the dataplane drops
     /// what it holds for an older generation (queued frames).
     generation: AtomicU64,
-    /// Wakes the PF's dataplane thread.
-    wake: Arc<EventFd>,
+    /// Wakes the dataplane thread that serves the VF (one of the PF's).
+    wake: Mutex<Arc<EventFd>>,
+    /// The serving dataplane thread runs the VF (for the PF's other threads,
+    /// which switch frames to it).
+    live: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -175,9 +193,12 @@ impl Port {
             default_mac: mac,
             counters: AtomicCounters::default(),
             config: Mutex::new(PortConfig { mac, vlan: None }),
-            runtime: Mutex::new(Runtime::new()),
+            runtime: Mutex::new(Some(Runtime::new())),
+            returned: Condvar::new(),
+            want: AtomicU32::new(0),
             generation: AtomicU64::new(1),
-            wake,
+            wake: Mutex::new(wake),
+            live: AtomicBool::new(false),
         }
     }
     pub fn config(&self) -> PortConfig {
@@ -190,8 +211,50 @@ impl Port {
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
-    pub fn runtime(&self) -> MutexGuard<'_, Runtime> {
-        lock(&self.runtime)
+    /// The runtime, for a session-side user: waits (a round of the dataplane
+    /// at most) until the dataplane handed it back.
+    pub fn runtime(&self) -> RuntimeGuard<'_> {
+        // Raised before locking: a dataplane that takes the runtime after this
+        // sees it and hands it back at its next round.
+        self.want.fetch_add(1, Ordering::SeqCst);
+        let mut g = lock(&self.runtime);
+        if g.is_none() {
+            self.notify();
+            while g.is_none() {
+                g = self.returned.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        RuntimeGuard {
+            port: self,
+            guard: Some(g),
+        }
+    }
+    /// Dataplane: a session-side user waits for the runtime it holds.
+    pub fn wanted(&self) -> bool {
+        self.want.load(Ordering::Relaxed) != 0
+    }
+    /// Dataplane: takes the runtime if no session-side user holds or wants it
+    /// (never blocks).
+    pub fn take_runtime(&self) -> Option<Runtime> {
+        if self.wanted() {
+            return None;
+        }
+        let mut g = match self.runtime.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        // Checked again under the lock: a user that raised `want` before we
+        // locked waits for us; one that raises it after finds `None` and waits.
+        if self.want.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        g.take()
+    }
+    /// Dataplane: hands the runtime back and wakes the users waiting for it.
+    pub fn return_runtime(&self, rt: Runtime) {
+        *lock(&self.runtime) = Some(rt);
+        self.returned.notify_all();
     }
     pub fn failed(&self) -> bool {
         self.runtime().failed
@@ -202,7 +265,50 @@ impl Port {
         self.notify();
     }
     pub fn notify(&self) {
-        let _ = self.wake.write(1);
+        let _ = lock(&self.wake).write(1);
+    }
+    /// The dataplane thread that serves this VF (set before it runs).
+    pub fn set_wake(&self, wake: Arc<EventFd>) {
+        *lock(&self.wake) = wake;
+    }
+    pub fn live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+    /// The serving dataplane thread publishes whether it runs the VF;
+    /// returns whether that changed.
+    pub fn set_live(&self, live: bool) -> bool {
+        self.live.swap(live, Ordering::AcqRel) != live
+    }
+}
+
+/// A session-side user's hold on a port's runtime (see [`Port::runtime`]).
+pub struct RuntimeGuard<'a> {
+    port: &'a Port,
+    guard: Option<MutexGuard<'a, Option<Runtime>>>,
+}
+
+impl Deref for RuntimeGuard<'_> {
+    type Target = Runtime;
+    fn deref(&self) -> &Runtime {
+        let g = self.guard.as_ref().expect("held until drop");
+        g.as_ref().expect("present while held")
+    }
+}
+
+impl DerefMut for RuntimeGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Runtime {
+        let g = self.guard.as_mut().expect("held until drop");
+        g.as_mut().expect("present while held")
+    }
+}
+
+impl Drop for RuntimeGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // The last user gone: the dataplane may take the runtime again.
+        if self.port.want.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.port.notify();
+        }
     }
 }
 

@@ -59,6 +59,19 @@ impl TestNic {
         pools: Vec<PathBuf>,
         sg: nic::sg::SgArgs,
     ) -> TestNic {
+        Self::start_threads(name, vfs, uplink, policy, pools, sg, 1)
+    }
+
+    /// As `start_full`, with `--dataplane-threads`.
+    pub fn start_threads(
+        name: &str,
+        vfs: usize,
+        uplink: Option<String>,
+        policy: LockPolicy,
+        pools: Vec<PathBuf>,
+        sg: nic::sg::SgArgs,
+        dataplane_threads: usize,
+    ) -> TestNic {
         let dir = crate::fresh_dir("nic-t", name);
         let control = dir.join("ctl.sock");
         let args = NicArgs {
@@ -70,6 +83,7 @@ impl TestNic {
             devset_lock: policy,
             socket_dir: None,
             batch: 32,
+            dataplane_threads,
             pool_socket: pools,
             control_max_connections: 256,
             control_idle_timeout: 60.0,
@@ -292,6 +306,7 @@ pub fn run_nic_if_child() {
             devset_lock: LockPolicy::Hierarchical,
             socket_dir: None,
             batch: 32,
+            dataplane_threads: 1,
             pool_socket: vec![PathBuf::from(pool)],
             control_max_connections: 256,
             control_idle_timeout: 60.0,

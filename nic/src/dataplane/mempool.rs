@@ -1,52 +1,87 @@
 //! A mempool in the style of ixy: a fixed number of fixed-size packet buffers
-//! in one allocation, handed out and taken back through a free stack. Owned by
+//! allocated once, handed out and taken back through a free stack. Owned by
 //! one dataplane thread, so no locking.
+//!
+//! With several dataplane threads a packet may cross to another thread (a
+//! frame for a VF it serves); a buffer always goes back to the pool it came
+//! from (its `home`): freed elsewhere, it waits in `away` until its thread
+//! sends it home (`Dataplane::flush_peers`).
 
 pub const BUF_SIZE: usize = 2048;
 
-/// A packet: which buffer, and how many bytes of it are the frame.
-#[derive(Debug)]
+type Buf = Box<[u8; BUF_SIZE]>;
+
+/// A packet: its buffer, and how many bytes of it are the frame.
 pub struct Pkt {
-    idx: u32,
+    buf: Buf,
     pub len: usize,
+    home: usize,
+}
+
+impl Pkt {
+    /// The whole buffer (for filling).
+    pub fn buf_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[..]
+    }
+    /// The frame bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl std::fmt::Debug for Pkt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pkt(len {}, pool {})", self.len, self.home)
+    }
 }
 
 pub struct Mempool {
-    mem: Vec<u8>,
-    free: Vec<u32>,
+    home: usize,
+    free: Vec<Buf>,
+    /// Buffers of other pools freed here, per home pool.
+    away: Vec<Vec<Pkt>>,
 }
 
 impl Mempool {
     pub fn new(n: usize) -> Self {
+        Self::with_home(n, 0, 1)
+    }
+    /// Pool `home` of `homes` pools of `n` buffers each.
+    pub fn with_home(n: usize, home: usize, homes: usize) -> Self {
         Mempool {
-            mem: vec![0; n * BUF_SIZE],
-            free: (0..n as u32).rev().collect(),
+            home,
+            free: (0..n).map(|_| Box::new([0; BUF_SIZE])).collect(),
+            // At most n buffers of a pool are anywhere: pushing never reallocates.
+            away: (0..homes)
+                .map(|h| Vec::with_capacity(if h == home { 0 } else { n }))
+                .collect(),
         }
     }
     pub fn alloc(&mut self) -> Option<Pkt> {
-        self.free.pop().map(|idx| Pkt { idx, len: 0 })
+        self.free.pop().map(|buf| Pkt {
+            buf,
+            len: 0,
+            home: self.home,
+        })
     }
     pub fn free(&mut self, p: Pkt) {
-        self.free.push(p.idx);
+        if p.home == self.home {
+            self.free.push(p.buf);
+        } else {
+            self.away[p.home].push(p);
+        }
     }
     pub fn available(&self) -> usize {
         self.free.len()
     }
-    /// The whole buffer (for filling).
-    pub fn buf_mut(&mut self, p: &Pkt) -> &mut [u8] {
-        let o = p.idx as usize * BUF_SIZE;
-        &mut self.mem[o..o + BUF_SIZE]
-    }
-    /// The frame bytes.
-    pub fn data(&self, p: &Pkt) -> &[u8] {
-        let o = p.idx as usize * BUF_SIZE;
-        &self.mem[o..o + p.len]
+    /// Buffers of pool `home` freed here, to send home.
+    pub fn away(&mut self, home: usize) -> &mut Vec<Pkt> {
+        &mut self.away[home]
     }
     /// A copy of `p` in a new buffer (flooding to several ports).
     pub fn clone_pkt(&mut self, p: &Pkt) -> Option<Pkt> {
         let mut q = self.alloc()?;
-        let (src, dst) = (p.idx as usize * BUF_SIZE, q.idx as usize * BUF_SIZE);
-        self.mem.copy_within(src..src + p.len, dst);
+        q.buf[..p.len].copy_from_slice(p.data());
         q.len = p.len;
         Some(q)
     }
@@ -59,13 +94,28 @@ mod tests {
     fn alloc_free_clone() {
         let mut m = Mempool::new(2);
         let mut a = m.alloc().unwrap();
-        m.buf_mut(&a)[..3].copy_from_slice(b"abc");
+        a.buf_mut()[..3].copy_from_slice(b"abc");
         a.len = 3;
         let b = m.clone_pkt(&a).unwrap();
-        assert_eq!(m.data(&b), b"abc");
+        assert_eq!(b.data(), b"abc");
         assert!(m.alloc().is_none());
         m.free(a);
         m.free(b);
         assert_eq!(m.available(), 2);
+    }
+
+    #[test]
+    fn foreign_buffers_wait_to_go_home() {
+        let (mut a, mut b) = (Mempool::with_home(1, 0, 2), Mempool::with_home(1, 1, 2));
+        let p = a.alloc().unwrap();
+        b.free(p);
+        assert_eq!(
+            (a.available(), b.available()),
+            (0, 1),
+            "not in b's own pool"
+        );
+        let p = b.away(0).pop().unwrap();
+        a.free(p);
+        assert_eq!((a.available(), b.available()), (1, 1));
     }
 }

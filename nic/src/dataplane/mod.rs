@@ -1,32 +1,35 @@
-//! The dataplane of one PF, in the style of ixy: one thread, one mempool, and
-//! a loop that reads every port in batches, switches each frame, and writes
-//! it out. When a whole round finds nothing to do for `SPIN_ROUNDS` rounds it
+//! The dataplane of one PF, in the style of ixy: a thread with its mempool and
+//! a loop that reads every port it serves in batches, switches each frame, and
+//! writes it out (several threads per PF: `shard`). When a whole round finds nothing to do for `SPIN_ROUNDS` rounds it
 //! sleeps in poll(2) on the queues' kick eventfds, the uplink fd and a wake
 //! eventfd, so idle VFs cost no CPU. Interrupts go to the guest through the
 //! call eventfd (see `virtio`).
 
 pub mod mempool;
+pub mod shard;
 pub mod switch;
 pub mod uplink;
 pub mod virtio;
 
 use std::collections::VecDeque;
+use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::devset::Devset;
 use crate::poll::{eventfd_fd, wait_readable};
-use crate::port::{AtomicCounters, Port, VfHw, RXQ, TXQ};
+use crate::port::{AtomicCounters, Port, Runtime, VfHw, RXQ, TXQ};
 use mempool::{Mempool, Pkt, BUF_SIZE};
+use shard::Peers;
 use switch::{PortId, Switch, VfView};
 use uplink::Uplink;
 
 pub const DEFAULT_BATCH: usize = 32;
 /// Frames queued for one VF while its guest posts no receive buffers.
-const BACKLOG_MAX: usize = 256;
+pub(crate) const BACKLOG_MAX: usize = 256;
 const SPIN_ROUNDS: u32 = 1000;
 /// Upper bound of a sleep: a safety net, not the wake-up mechanism.
 const SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
@@ -34,8 +37,10 @@ const SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
 pub struct Dataplane {
     devset: Arc<Devset<VfHw>>,
     ports: Vec<Arc<Port>>,
-    uplink: Option<Uplink>,
+    /// Received by thread 0 only; every thread sends to it.
+    uplink: Option<Arc<Uplink>>,
     wake: Arc<EventFd>,
+    peers: Peers,
     batch: usize,
     pool: Mempool,
     switch: Switch,
@@ -43,9 +48,15 @@ pub struct Dataplane {
     /// they were switched in (a frame never outlives a reset of its VF).
     backlog: Vec<VecDeque<Pkt>>,
     seen_generation: Vec<u64>,
-    /// VFs with an open, working session (from the last generation seen):
-    /// the others are skipped without touching their state.
-    live: Vec<bool>,
+    /// The runtimes of the VFs with an open, working session, owned by this
+    /// thread (see `port`): the others are skipped without touching them.
+    owned: Vec<Option<Runtime>>,
+    /// VFs to look at again at the next round start: their generation moved,
+    /// or their runtime was handed back to a session-side user.
+    pending: Vec<bool>,
+    any_pending: bool,
+    /// The switch sees the VF as active (from the last look at its runtime).
+    active: Vec<bool>,
     /// The spoof warning was given for the VF's current session.
     spoof_warned: Vec<bool>,
     scratch: virtio::Scratch,
@@ -55,6 +66,7 @@ pub struct Dataplane {
 }
 
 impl Dataplane {
+    /// The one dataplane thread of a PF.
     pub fn new(
         devset: Arc<Devset<VfHw>>,
         ports: Vec<Arc<Port>>,
@@ -62,25 +74,82 @@ impl Dataplane {
         wake: Arc<EventFd>,
         batch: usize,
     ) -> Self {
+        let pool = pool_size(ports.len());
+        let uplink = uplink.map(Arc::new);
+        Self::shard(devset, ports, uplink, wake, batch, Peers::single(), pool)
+    }
+
+    /// `threads` dataplane threads of a PF (see `shard`): thread 0 wakes on
+    /// `wake`, the others on eventfds of their own, which their VFs' sessions
+    /// write.
+    pub fn sharded(
+        devset: Arc<Devset<VfHw>>,
+        ports: Vec<Arc<Port>>,
+        uplink: Option<Uplink>,
+        wake: Arc<EventFd>,
+        batch: usize,
+        threads: usize,
+    ) -> io::Result<Vec<Self>> {
+        let threads = threads.clamp(1, ports.len().max(1));
+        if threads == 1 {
+            return Ok(vec![Self::new(devset, ports, uplink, wake, batch)]);
+        }
+        let mut wakes = vec![wake];
+        for _ in 1..threads {
+            wakes.push(Arc::new(EventFd::new(EFD_NONBLOCK)?));
+        }
+        for (i, port) in ports.iter().enumerate() {
+            port.set_wake(wakes[i % threads].clone());
+        }
+        let pool = pool_size(ports.len().div_ceil(threads));
+        let uplink = uplink.map(Arc::new);
+        Ok(Peers::build(&wakes, pool)
+            .into_iter()
+            .zip(wakes)
+            .map(|(peers, wake)| {
+                let up = uplink.clone();
+                Self::shard(devset.clone(), ports.clone(), up, wake, batch, peers, pool)
+            })
+            .collect())
+    }
+
+    fn shard(
+        devset: Arc<Devset<VfHw>>,
+        ports: Vec<Arc<Port>>,
+        uplink: Option<Arc<Uplink>>,
+        wake: Arc<EventFd>,
+        batch: usize,
+        peers: Peers,
+        pool: usize,
+    ) -> Self {
         let n = ports.len();
         Dataplane {
             devset,
             uplink,
             wake,
             batch: batch.max(1),
-            pool: Mempool::new(4096 + n * BACKLOG_MAX / 4),
+            pool: Mempool::with_home(pool, peers.me(), peers.threads()),
             switch: Switch::new(n),
             backlog: (0..n)
-                .map(|_| VecDeque::with_capacity(BACKLOG_MAX))
+                .map(|i| VecDeque::with_capacity(if peers.mine(i) { BACKLOG_MAX } else { 0 }))
                 .collect(),
             seen_generation: vec![0; n],
-            live: vec![false; n],
+            owned: (0..n).map(|_| None).collect(),
+            pending: vec![false; n],
+            any_pending: false,
+            active: vec![false; n],
             spoof_warned: vec![false; n],
             scratch: virtio::Scratch::default(),
             busy_ns: 0,
             frames: 0,
             ports,
+            peers,
         }
+    }
+
+    /// The eventfd this thread sleeps on (to wake it for a stop).
+    pub fn wake(&self) -> Arc<EventFd> {
+        self.wake.clone()
     }
 
     pub fn run(mut self, stop: &AtomicBool) {
@@ -91,23 +160,30 @@ impl Dataplane {
         let mut busy_since: Option<std::time::Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             self.refresh_ports();
-            let mut work = 0;
+            let (me, step) = (self.peers.me(), self.peers.threads());
+            // 0. Frames other threads switched to our VFs.
+            let mut work = if step > 1 {
+                self.peers
+                    .receive(&mut self.pool, &mut self.backlog, &self.active, &self.ports)
+            } else {
+                0
+            };
             // 1. Uplink → switch.
-            if self.uplink.is_some() {
+            if self.uplink.is_some() && me == 0 {
                 work += self.rx_uplink(&mut rx);
                 for pkt in rx.drain(..) {
                     self.forward(PortId::Uplink, pkt, &mut out);
                 }
             }
-            // 2. Each live VF's transmit queue → switch (idle VFs are not locked).
-            for i in 0..self.ports.len() {
-                if !self.live[i] {
+            // 2. Each live VF's transmit queue → switch (VFs not owned are skipped).
+            for i in (me..self.ports.len()).step_by(step) {
+                let Some(rt) = self.owned[i].as_mut() else {
                     continue;
-                }
+                };
                 let port = &self.ports[i];
                 let r = virtio::take_guest_tx(
                     port,
-                    &mut port.runtime(),
+                    rt,
                     &mut self.pool,
                     &mut self.scratch,
                     self.batch,
@@ -122,14 +198,18 @@ impl Dataplane {
                 }
             }
             // 3. Queued frames → each VF's receive queue.
-            for i in 0..self.ports.len() {
+            for i in (me..self.ports.len()).step_by(step) {
                 if self.backlog[i].is_empty() {
                     continue;
                 }
+                // Handed back to the session for a moment: the frames wait.
+                let Some(rt) = self.owned[i].as_mut() else {
+                    continue;
+                };
                 let port = &self.ports[i];
                 let r = virtio::fill_guest_rx(
                     port,
-                    &mut port.runtime(),
+                    rt,
                     &mut self.pool,
                     &mut self.scratch,
                     self.batch,
@@ -140,6 +220,7 @@ impl Dataplane {
                     Err(f) => self.fault(i, f),
                 }
             }
+            self.peers.flush(&mut self.pool);
             if work > 0 {
                 idle = 0;
                 busy_since.get_or_insert_with(std::time::Instant::now);
@@ -149,7 +230,8 @@ impl Dataplane {
                     self.busy_ns += t.elapsed().as_nanos();
                 }
                 idle += 1;
-                if idle >= SPIN_ROUNDS {
+                // A VF waiting to be taken back is not a reason to sleep a second.
+                if idle >= SPIN_ROUNDS && !self.any_pending {
                     self.sleep();
                     idle = 0;
                 }
@@ -168,38 +250,91 @@ impl Dataplane {
         }
     }
 
-    /// Picks up config and lifecycle changes of the VFs.
+    /// At round start: hands runtimes back to the session-side users that
+    /// want them, and picks up config and lifecycle changes of the VFs.
     fn refresh_ports(&mut self) {
-        for (i, port) in self.ports.iter().enumerate() {
-            let g = port.generation();
-            if g == self.seen_generation[i] {
-                continue;
+        for i in 0..self.ports.len() {
+            if self.owned[i].is_some() && self.ports[i].wanted() {
+                self.give_back(i);
             }
-            self.seen_generation[i] = g;
-            let cfg = port.config();
-            let active = {
-                let rt = port.runtime();
-                rt.active && !rt.failed
-            };
-            if !self.live[i] && active {
-                self.spoof_warned[i] = false;
-            }
-            self.live[i] = active;
-            self.switch.set_vf(
-                i,
-                VfView {
-                    mac: cfg.mac,
-                    vlan: cfg.vlan,
-                    active,
-                },
-            );
-            if !active {
-                // Closed, reset or failed: nothing queued for it may survive.
-                for p in self.backlog[i].drain(..) {
-                    self.pool.free(p);
+            let g = self.ports[i].generation();
+            if g != self.seen_generation[i] {
+                self.seen_generation[i] = g;
+                if self.peers.mine(i) {
+                    self.pending[i] = true;
+                    self.any_pending = true;
+                } else {
+                    // Served by another thread: only the switch's view.
+                    let active = self.ports[i].live();
+                    self.set_view(i, active);
                 }
             }
         }
+        if !self.any_pending {
+            return;
+        }
+        self.any_pending = false;
+        for i in 0..self.ports.len() {
+            if self.pending[i] {
+                self.look_at(i);
+                self.any_pending |= self.pending[i];
+            }
+        }
+    }
+
+    fn give_back(&mut self, i: usize) {
+        if let Some(rt) = self.owned[i].take() {
+            self.ports[i].return_runtime(rt);
+            self.pending[i] = true;
+            self.any_pending = true;
+        }
+    }
+
+    /// Takes VF `i`'s runtime if the session is live, and updates the switch.
+    /// Stays pending while a session-side user holds the runtime.
+    fn look_at(&mut self, i: usize) {
+        let port = &self.ports[i];
+        let rt = match self.owned[i].take() {
+            Some(rt) => rt,
+            None => match port.take_runtime() {
+                Some(rt) => rt,
+                None => return,
+            },
+        };
+        self.pending[i] = false;
+        let active = rt.active && !rt.failed;
+        if active {
+            self.owned[i] = Some(rt);
+        } else {
+            port.return_runtime(rt);
+        }
+        // The PF's other threads route by it: a change is a new generation for them.
+        if self.peers.threads() > 1 && port.set_live(active) {
+            port.bump();
+        }
+        if !self.active[i] && active {
+            self.spoof_warned[i] = false;
+        }
+        self.set_view(i, active);
+        if !active {
+            // Closed, reset or failed: nothing queued for it may survive.
+            for p in self.backlog[i].drain(..) {
+                self.pool.free(p);
+            }
+        }
+    }
+
+    fn set_view(&mut self, i: usize, active: bool) {
+        self.active[i] = active;
+        let cfg = self.ports[i].config();
+        self.switch.set_vf(
+            i,
+            VfView {
+                mac: cfg.mac,
+                vlan: cfg.vlan,
+                active,
+            },
+        );
     }
 
     fn rx_uplink(&mut self, rx: &mut Vec<Pkt>) -> usize {
@@ -208,7 +343,7 @@ impl Dataplane {
             let Some(mut pkt) = self.pool.alloc() else {
                 break;
             };
-            match up.recv(self.pool.buf_mut(&pkt)) {
+            match up.recv(pkt.buf_mut()) {
                 Ok(Some(n)) if n >= 14 => {
                     pkt.len = n;
                     rx.push(pkt);
@@ -235,14 +370,15 @@ impl Dataplane {
     fn forward(&mut self, from: PortId, mut pkt: Pkt, out: &mut Vec<PortId>) {
         let vlan = match from {
             PortId::Uplink => {
-                let (vid, len) = switch::untag(self.pool.buf_mut(&pkt), pkt.len);
+                let l = pkt.len;
+                let (vid, len) = switch::untag(pkt.buf_mut(), l);
                 pkt.len = len;
                 vid
             }
             PortId::Vf(i) => self.switch.vf_vlan(i),
         };
         let len = pkt.len as u64;
-        let routed = pkt.len >= 14 && self.switch.route(from, vlan, self.pool.data(&pkt), out);
+        let routed = pkt.len >= 14 && self.switch.route(from, vlan, pkt.data(), out);
         if !routed {
             if let PortId::Vf(i) = from {
                 self.spoofed(i, &pkt);
@@ -262,13 +398,18 @@ impl Dataplane {
             match *dest {
                 PortId::Uplink => {
                     if let Some(v) = vlan {
-                        p.len = switch::tag(self.pool.buf_mut(&p), p.len, v);
+                        let l = p.len;
+                        p.len = switch::tag(p.buf_mut(), l, v);
                     }
-                    taken |= self
-                        .uplink
-                        .as_ref()
-                        .is_some_and(|u| u.send(self.pool.data(&p)));
+                    taken |= self.uplink.as_ref().is_some_and(|u| u.send(p.data()));
                     self.pool.free(p);
+                }
+                PortId::Vf(j) if !self.peers.mine(j) => {
+                    taken = true;
+                    if let Err(p) = self.peers.send(j, p) {
+                        AtomicCounters::add(&self.ports[j].counters.rx_drops, 1);
+                        self.pool.free(p);
+                    }
                 }
                 PortId::Vf(j) => {
                     taken = true;
@@ -299,7 +440,7 @@ impl Dataplane {
     /// VF's. Said once per VF session (a frontend without `mac=` does it on
     /// every frame).
     fn spoofed(&mut self, i: usize, pkt: &Pkt) {
-        let frame = self.pool.data(pkt);
+        let frame = pkt.data();
         if frame.len() < 14 || self.spoof_warned[i] {
             return;
         }
@@ -326,6 +467,12 @@ impl Dataplane {
         for p in self.backlog[i].drain(..) {
             self.pool.free(p);
         }
+        // The devset lock comes before a runtime (a devset reset waits for the
+        // runtimes of all its VFs): hold none while taking it.
+        for j in 0..self.ports.len() {
+            self.give_back(j);
+        }
+        let port = &self.ports[i];
         // Error state, stopped I/O and the guest told, all at once: a guest reset
         // (recover) comes after, never in between.
         let r = self.devset.mark_error_with(i, |vf| {
@@ -343,12 +490,15 @@ impl Dataplane {
 
     /// Sleeps until a kick, an uplink frame, a wake-up, or the safety timeout.
     fn sleep(&mut self) {
+        if !self
+            .peers
+            .sleeping(&mut self.pool, &mut self.backlog, &self.active, &self.ports)
+        {
+            return;
+        }
         let mut kicks = Vec::new();
-        for (i, port) in self.ports.iter().enumerate() {
-            let rt = port.runtime();
-            if !rt.active || rt.failed {
-                continue;
-            }
+        for (i, rt) in self.owned.iter().enumerate() {
+            let Some(rt) = rt else { continue };
             if let Some(k) = &rt.vrings[TXQ].kick {
                 kicks.push(k.clone());
             }
@@ -363,15 +513,38 @@ impl Dataplane {
             .iter()
             .map(|k| eventfd_fd(k))
             .chain(std::iter::once(eventfd_fd(&self.wake)))
-            .chain(self.uplink.as_ref().map(|u| u.as_fd()))
+            .chain(
+                self.uplink
+                    .as_ref()
+                    .filter(|_| self.peers.me() == 0)
+                    .map(|u| u.as_fd()),
+            )
             .collect();
         wait_readable(&fds, SLEEP);
+        self.peers.awake();
         // Drain the eventfds that fired (non-blocking); the uplink fd is read by the loop.
         for k in &kicks {
             let _ = k.read();
         }
         let _ = self.wake.read();
     }
+}
+
+impl Drop for Dataplane {
+    /// A stopped (or panicking) dataplane hands every runtime back, so that
+    /// sessions and the devset never wait for it.
+    fn drop(&mut self) {
+        for i in 0..self.ports.len() {
+            if let Some(rt) = self.owned[i].take() {
+                self.ports[i].return_runtime(rt);
+            }
+        }
+    }
+}
+
+/// Buffers of one thread's pool serving `vfs` VFs.
+fn pool_size(vfs: usize) -> usize {
+    4096 + vfs * BACKLOG_MAX / 4
 }
 
 const _: () = assert!(BUF_SIZE >= 1518 + 4);

@@ -152,7 +152,7 @@ fn take_guest_tx_inner(
             continue;
         };
         // The frame, without the virtio-net header, one memcpy per segment.
-        let buf = &mut pool.buf_mut(&pkt)[..frame_len];
+        let buf = &mut pkt.buf_mut()[..frame_len];
         if let Err(source) = virtq::read_bufs(&mem.gm, &prepare, &split.readable, hdr_len, buf) {
             pool.free(pkt);
             return Err(Fault::Copy {
@@ -224,7 +224,7 @@ fn fill_guest_rx_inner(
             break;
         }
         let pkt = backlog.pop_front().expect("checked non-empty");
-        let frame = pool.data(&pkt);
+        let frame = pkt.data();
         let len = hdr_len + frame.len();
         if virtq::total(&split.writable) < len as u64 {
             drops += 1;

@@ -1,0 +1,207 @@
+//! Several dataplane threads per PF (`--dataplane-threads N`): VF `i` is
+//! served by thread `i % N`, the uplink's receive side by thread 0 (any
+//! thread sends to the uplink: one write on its fd). A frame for a VF of
+//! another thread crosses through a bounded channel per thread pair (std's
+//! array channel: slots allocated once, no lock, no allocation per frame), and
+//! its buffer goes back to its home pool through a second channel. A thread
+//! about to sleep says so, and whoever sends it frames wakes it.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+
+use vmm_sys_util::eventfd::EventFd;
+
+use super::mempool::{Mempool, Pkt};
+use super::BACKLOG_MAX;
+use crate::port::{AtomicCounters, Port};
+
+/// Frames in flight from one thread to another.
+const CROSS_RING: usize = 1024;
+
+/// This thread's side of the link with one other thread.
+struct Link {
+    /// Frames for that thread's VFs (VF index, packet).
+    to: SyncSender<(u32, Pkt)>,
+    from: Receiver<(u32, Pkt)>,
+    /// That thread's buffers going home, and ours coming back.
+    home_to: SyncSender<Pkt>,
+    home_from: Receiver<Pkt>,
+    wake: Arc<EventFd>,
+    asleep: Arc<AtomicBool>,
+    /// Frames or home-going buffers written this round (the peer is woken
+    /// if it sleeps: a thread whose pool ran dry waits for its buffers).
+    sent: bool,
+}
+
+/// The other dataplane threads of the PF, as one thread sees them.
+pub struct Peers {
+    me: usize,
+    n: usize,
+    links: Vec<Option<Link>>,
+    asleep: Arc<AtomicBool>,
+    /// Buffers of ours came home since the last `sleeping` check.
+    returned: bool,
+}
+
+impl Peers {
+    /// The only thread of its PF.
+    pub fn single() -> Self {
+        Peers {
+            me: 0,
+            n: 1,
+            links: Vec::new(),
+            asleep: Arc::default(),
+            returned: false,
+        }
+    }
+
+    /// The links of `wakes.len()` threads whose pools have `pool` buffers.
+    pub fn build(wakes: &[Arc<EventFd>], pool: usize) -> Vec<Peers> {
+        let n = wakes.len();
+        let asleep: Vec<Arc<AtomicBool>> = (0..n).map(|_| Arc::default()).collect();
+        let mut all: Vec<Peers> = (0..n)
+            .map(|me| Peers {
+                me,
+                n,
+                links: (0..n).map(|_| None).collect(),
+                asleep: asleep[me].clone(),
+                returned: false,
+            })
+            .collect();
+        for a in 0..n {
+            for b in a + 1..n {
+                let (ab_tx, ab_rx) = sync_channel(CROSS_RING);
+                let (ba_tx, ba_rx) = sync_channel(CROSS_RING);
+                // A pool's buffers can all be away at once: going home never fails.
+                let (home_ab_tx, home_ab_rx) = sync_channel(pool);
+                let (home_ba_tx, home_ba_rx) = sync_channel(pool);
+                all[a].links[b] = Some(Link {
+                    to: ab_tx,
+                    from: ba_rx,
+                    home_to: home_ab_tx,
+                    home_from: home_ba_rx,
+                    wake: wakes[b].clone(),
+                    asleep: asleep[b].clone(),
+                    sent: false,
+                });
+                all[b].links[a] = Some(Link {
+                    to: ba_tx,
+                    from: ab_rx,
+                    home_to: home_ba_tx,
+                    home_from: home_ab_rx,
+                    wake: wakes[a].clone(),
+                    asleep: asleep[a].clone(),
+                    sent: false,
+                });
+            }
+        }
+        all
+    }
+
+    pub fn me(&self) -> usize {
+        self.me
+    }
+    pub fn threads(&self) -> usize {
+        self.n
+    }
+    pub fn mine(&self, vf: usize) -> bool {
+        self.n == 1 || vf % self.n == self.me
+    }
+
+    /// Hands a frame for VF `vf` (not ours) to its thread; gives it back
+    /// when that thread's channel is full.
+    pub fn send(&mut self, vf: usize, pkt: Pkt) -> Result<(), Pkt> {
+        let link = self.links[vf % self.n].as_mut().expect("another thread");
+        match link.to.try_send((vf as u32, pkt)) {
+            Ok(()) => {
+                link.sent = true;
+                Ok(())
+            }
+            Err(TrySendError::Full((_, p)) | TrySendError::Disconnected((_, p))) => Err(p),
+        }
+    }
+
+    /// Takes our buffers back and the frames other threads switched to our
+    /// VFs into their backlogs (`rx_drops` when a backlog is full or the VF
+    /// no longer active). Returns how many frames came.
+    pub fn receive(
+        &mut self,
+        pool: &mut Mempool,
+        backlog: &mut [VecDeque<Pkt>],
+        active: &[bool],
+        ports: &[Arc<Port>],
+    ) -> usize {
+        let mut n = 0;
+        for link in self.links.iter().flatten() {
+            while let Ok(p) = link.home_from.try_recv() {
+                pool.free(p);
+                self.returned = true;
+            }
+            while let Ok((vf, p)) = link.from.try_recv() {
+                n += 1;
+                let vf = vf as usize;
+                if active[vf] && backlog[vf].len() < BACKLOG_MAX {
+                    backlog[vf].push_back(p);
+                } else {
+                    AtomicCounters::add(&ports[vf].counters.rx_drops, 1);
+                    pool.free(p);
+                }
+            }
+        }
+        n
+    }
+
+    /// End of a round: buffers of other pools go home; a sleeping thread we
+    /// sent frames to is woken.
+    pub fn flush(&mut self, pool: &mut Mempool) {
+        if self.links.is_empty() {
+            return;
+        }
+        // Our channel writes before the reads of `asleep` (see `sleeping`).
+        fence(Ordering::SeqCst);
+        for (home, link) in self.links.iter_mut().enumerate() {
+            let Some(link) = link else { continue };
+            for p in pool.away(home).drain(..) {
+                // Only fails when that thread is gone: the buffer is freed.
+                let _ = link.home_to.try_send(p);
+                link.sent = true;
+            }
+            if link.sent {
+                link.sent = false;
+                if link.asleep.load(Ordering::SeqCst) {
+                    let _ = link.wake.write(1);
+                }
+            }
+        }
+    }
+
+    /// Before a sleep: says so, then looks once more for frames (a sender
+    /// that wrote before seeing `asleep` is caught here, one after it wakes
+    /// us). False when frames or our own buffers came: no sleep.
+    pub fn sleeping(
+        &mut self,
+        pool: &mut Mempool,
+        backlog: &mut [VecDeque<Pkt>],
+        active: &[bool],
+        ports: &[Arc<Port>],
+    ) -> bool {
+        if self.links.is_empty() {
+            return true;
+        }
+        self.asleep.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        // Buffers that came home may unblock a transmit queue left waiting
+        // for them (its kick was already consumed): one more round.
+        if self.receive(pool, backlog, active, ports) > 0 || std::mem::take(&mut self.returned) {
+            self.asleep.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    pub fn awake(&self) {
+        self.asleep.store(false, Ordering::SeqCst);
+    }
+}
