@@ -293,6 +293,7 @@ impl Nic {
             Request::Release { sandbox } => {
                 // A sandbox may hold a VF and an SG function: both go.
                 if let Some((_, sg, i)) = self.find_sg(&sandbox) {
+                    sg.links.unlink_all(crate::sg::tenant_of(i));
                     if let Err(e) = sg.devset.release(i) {
                         return Response::err(ErrorCode::Internal, e.to_string());
                     }
@@ -313,6 +314,7 @@ impl Nic {
                     Err(e) => Response::err(ErrorCode::Internal, e.to_string()),
                 }
             }
+            Request::SgLink { a, b } => self.sg_link(&a, &b),
             Request::Get { sandbox, vf } => {
                 let (found, what) = match (sandbox, vf) {
                     (Some(sb), None) => (
@@ -357,6 +359,39 @@ impl Nic {
                 format!("alloc: unknown PF {pf_name:?}"),
             ))
         })
+    }
+
+    /// Links two sandboxes' SG functions (same PF) so they may connect.
+    fn sg_link(&self, a: &str, b: &str) -> Response {
+        let find = |sb: &str| {
+            self.find_sg(sb).ok_or_else(|| {
+                Response::err(
+                    ErrorCode::NotFound,
+                    format!("sg_link: sandbox {sb:?} has no SG function"),
+                )
+            })
+        };
+        let ((pa, sg, ia), (pb, _, ib)) = match (find(a), find(b)) {
+            (Ok(x), Ok(y)) => (x, y),
+            (Err(r), _) | (_, Err(r)) => return r,
+        };
+        if pa.name != pb.name {
+            return Response::err(
+                ErrorCode::BadRequest,
+                format!(
+                    "sg_link: {a:?} is on PF {}, {b:?} on PF {}: a chain stays on one PF",
+                    pa.name, pb.name
+                ),
+            );
+        }
+        sg.links
+            .link(crate::sg::tenant_of(ia), crate::sg::tenant_of(ib));
+        tracing::info!(
+            "SG link {} <-> {} ({a} <-> {b})",
+            sg.ports[ia].id,
+            sg.ports[ib].id
+        );
+        Response::ok()
     }
 
     fn alloc_sg(&self, pf_name: &str, sandbox: &str, net_fields: bool) -> Response {

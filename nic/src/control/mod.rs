@@ -53,6 +53,12 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vf: Option<String>,
     },
+    /// Let the SG functions of sandboxes `a` and `b` (same PF) connect to
+    /// each other: a chain between two tenants (docs/sgiov.md §14.1).
+    /// Without it a CONNECT to another sandbox's port is refused. Ends with
+    /// the release of either sandbox.
+    #[serde(rename = "sg_link")]
+    SgLink { a: String, b: String },
     /// A struct variant, not a unit one: serde's `deny_unknown_fields` only
     /// applies to fields of struct variants of an internally tagged enum.
     List {},
@@ -197,6 +203,16 @@ impl Request {
                 sandbox(id)
             }
             Request::Release { sandbox: id } => sandbox(id),
+            Request::SgLink { a, b } => {
+                sandbox(a)?;
+                sandbox(b)?;
+                if a == b {
+                    return Err(format!(
+                        "sg_link: {a:?} with itself (a sandbox needs no link)"
+                    ));
+                }
+                Ok(())
+            }
             Request::Get {
                 sandbox: Some(id),
                 vf: None,
@@ -269,6 +285,16 @@ mod tests {
         );
         let e = serde_json::to_string(&Response::err(ErrorCode::NoFreeVf, "x")).unwrap();
         assert_eq!(e, r#"{"ok":false,"code":"no-free-vf","error":"x"}"#);
+        let r: Request = serde_json::from_str(r#"{"op":"sg_link","a":"x","b":"y"}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::SgLink {
+                a: "x".into(),
+                b: "y".into()
+            }
+        );
+        assert!(bad(br#"{"op":"sg_link","a":"x","b":"x"}"#).contains("itself"));
+        assert!(bad(br#"{"op":"sg_link","a":"x"}"#).contains("missing field"));
         assert!(parse_request(b"{nope").is_err());
         assert!(parse_request(br#"{"op":"explode"}"#).is_err());
     }

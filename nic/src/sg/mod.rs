@@ -21,6 +21,7 @@ use sgiov::device::DeviceConfig;
 use sgiov::engine::EngineConfig;
 use sgiov::exec::capacity::Capacities;
 use sgiov::job::NCLASSES;
+use sgiov::links::Links;
 use sgiov::sched::{Policy, SchedConfig};
 use vhost::vhost_user::message::VhostUserVirtioFeatures;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -133,6 +134,12 @@ pub struct SgCounters {
     /// The PF's SG thread and priority lane (cumulative histograms).
     #[serde(default)]
     pub pf_lat: SgLat,
+    /// Connections between two SGFs of the PF since the daemon started,
+    /// and those that encrypt (cumulative).
+    #[serde(default)]
+    pub pf_chains: u64,
+    #[serde(default)]
+    pub pf_crypto_chains: u64,
 }
 
 /// Where a PF's signal-plane latency goes (log2 histograms, cumulative: a
@@ -157,6 +164,14 @@ pub struct SgPf {
     pub wake: Arc<EventFd>,
     pub counters: Arc<Mutex<Vec<SgCounters>>>,
     pub config: DeviceConfig,
+    /// Slot pairs allowed to connect (tenant = slot index + 1), edited by
+    /// the control API's `sg_link` and `release`.
+    pub links: Arc<Links>,
+}
+
+/// The device's tenant of SGF slot `i` (DRF and links count per tenant).
+pub fn tenant_of(i: usize) -> u32 {
+    i as u32 + 1
 }
 
 /// Id of SGF slot `i` of PF `pf`.
@@ -196,6 +211,7 @@ impl SgPf {
             wake,
             counters: Arc::new(Mutex::new(vec![SgCounters::default(); args.sgfs])),
             config: args.device_config(),
+            links: Arc::new(Links::default()),
         }))
     }
 

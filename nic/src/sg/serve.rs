@@ -72,7 +72,11 @@ impl SgLoop {
                     setup_errors: 0,
                 })
                 .collect(),
-            dev: Device::new(sg.config)?,
+            dev: {
+                let mut d = Device::new(sg.config)?;
+                d.set_links(sg.links.clone());
+                d
+            },
             wake: sg.wake.clone(),
             counters: sg.counters.clone(),
             lat: SgLat::default(),
@@ -301,7 +305,10 @@ impl SgLoop {
                 }
                 let view = Arc::new(SgMemory::new(format!("SGF {}", port.id), mem.clone()));
                 // A tenant is a sandbox: the slot stands for it (DRF).
-                match self.dev.attach(&port.id, i as u32 + 1, view, cmd.area_gpa) {
+                match self
+                    .dev
+                    .attach(&port.id, super::tenant_of(i), view, cmd.area_gpa)
+                {
                     Ok(id) => {
                         tracing::info!("SGF {}: attached area {:#x}", port.id, cmd.area_gpa);
                         self.slots[i].sgf = Some(id);
@@ -366,6 +373,8 @@ impl SgLoop {
                 pf_staging_bytes: d.staging_bytes,
                 pf_key_slots: d.key_slots as u64,
                 pf_lat: lat,
+                pf_chains: d.chains,
+                pf_crypto_chains: d.crypto_chains,
             };
         }
     }
