@@ -20,6 +20,7 @@ use std::sync::Arc;
 use slab::Slab;
 
 use crate::engine::{Engine, EngineConfig, EngineError, Event, PipeSpec, RingKey};
+use crate::exec::capacity::Capacities;
 use crate::exec::crypto::KeyStore;
 use crate::jobgen::Xf;
 use crate::layout::{
@@ -29,7 +30,7 @@ use crate::layout::{
 use crate::links::Links;
 use crate::mem::{Memory, StagingMemory};
 use crate::ring::{RingGeom, RingView};
-use crate::sched::PipeKey;
+use crate::sched::{PipeKey, Policy};
 use crate::sgf::{Inbound, Sgf, SgfError, SgfId, SgfStats};
 use crate::signal::{RingId, RING_NONE};
 
@@ -205,6 +206,11 @@ impl Device {
     /// daemon's control thread edits it).
     pub fn set_links(&mut self, links: Arc<Links>) {
         self.links = links;
+    }
+
+    /// The engine's policy and capacities, at run time.
+    pub fn reconfigure(&mut self, policy: Policy, capacity: Capacities) {
+        self.engine.reconfigure(policy, capacity);
     }
 
     pub fn links(&self) -> &Arc<Links> {

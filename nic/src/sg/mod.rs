@@ -20,7 +20,6 @@ use serde::{Deserialize, Serialize};
 use sgiov::device::DeviceConfig;
 use sgiov::engine::EngineConfig;
 use sgiov::exec::capacity::Capacities;
-use sgiov::job::NCLASSES;
 use sgiov::links::Links;
 use sgiov::sched::{Policy, SchedConfig};
 use vhost::vhost_user::message::VhostUserVirtioFeatures;
@@ -93,12 +92,11 @@ impl SgArgs {
 
     /// The device configuration these flags describe.
     pub fn device_config(&self) -> DeviceConfig {
-        let nominal: [f64; NCLASSES] = std::array::from_fn(|j| self.capacity.0[j].unwrap_or(1e9));
         DeviceConfig {
             engine: EngineConfig {
                 sched: SchedConfig {
                     policy: self.policy,
-                    nominal,
+                    nominal: self.capacity.nominal(),
                     ..Default::default()
                 },
                 capacity: self.capacity,
@@ -167,6 +165,17 @@ pub struct SgPf {
     /// Slot pairs allowed to connect (tenant = slot index + 1), edited by
     /// the control API's `sg_link` and `release`.
     pub links: Arc<Links>,
+    /// The engine's policy and capacities (`--sg-policy`, `--sg-capacity`,
+    /// then the control API's `sg_sched`).
+    pub sched: Arc<Mutex<SchedSetting>>,
+}
+
+/// The control thread writes `want` and wakes the SG thread, which applies
+/// it to its device and moves it to `now` (what `get`/`list` show).
+#[derive(Debug, Clone, Copy)]
+pub struct SchedSetting {
+    pub want: Option<(Policy, Capacities)>,
+    pub now: (Policy, Capacities),
 }
 
 /// The device's tenant of SGF slot `i` (DRF and links count per tenant).
@@ -212,7 +221,15 @@ impl SgPf {
             counters: Arc::new(Mutex::new(vec![SgCounters::default(); args.sgfs])),
             config: args.device_config(),
             links: Arc::new(Links::default()),
+            sched: Arc::new(Mutex::new(SchedSetting {
+                want: None,
+                now: (args.policy, args.capacity),
+            })),
         }))
+    }
+
+    pub fn sched(&self) -> MutexGuard<'_, SchedSetting> {
+        self.sched.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn counters(&self) -> MutexGuard<'_, Vec<SgCounters>> {

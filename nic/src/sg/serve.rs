@@ -52,6 +52,7 @@ pub struct SgLoop {
     wake: Arc<EventFd>,
     counters: Arc<Mutex<Vec<SgCounters>>>,
     lat: SgLat,
+    sched: Arc<Mutex<super::SchedSetting>>,
 }
 
 impl SgLoop {
@@ -80,6 +81,7 @@ impl SgLoop {
             wake: sg.wake.clone(),
             counters: sg.counters.clone(),
             lat: SgLat::default(),
+            sched: sg.sched.clone(),
         })
     }
 
@@ -114,6 +116,7 @@ impl SgLoop {
             let busy = more || ready.iter().any(|&r| r);
             if ready[0] {
                 let _ = self.wake.read();
+                self.apply_sched();
             }
             if ready[2] {
                 let _ = self.dev.engine().completions().eventfd().read();
@@ -346,6 +349,16 @@ impl SgLoop {
             tracing::warn!("SGF {}: {e}", port.id);
         }
         port.bump();
+    }
+
+    /// A policy or capacity change the control API asked for.
+    fn apply_sched(&mut self) {
+        let mut s = self.sched.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((policy, cap)) = s.want.take() {
+            self.dev.reconfigure(policy, cap);
+            s.now = (policy, cap);
+            tracing::info!("PF {}: SG scheduling {policy}, capacity {cap}", self.pf);
+        }
     }
 
     /// Copies the counters the control API shows.
