@@ -292,6 +292,16 @@ static int sg_tx_room(void *arg) {
   return sg_tx_space(&sg, sock) >= sg_want;
 }
 
+/* Pipe i's sg_want bytes into sg_buf, added to c (if any): 1 if they are
+ * the pattern sent through pipe i. */
+static uint32_t sg_take(uint32_t i, struct csum *c) {
+  if (sg_recv(&sg, sg_socks[i], sg_buf, sg_want) != sg_want) fail(ERR_SG_DATA);
+  uint32_t bad = 0;
+  for (uint32_t j = 0; j < sg_want; j++) bad |= sg_buf[j] ^ sg_byte(i, j);
+  if (c) csum_add(c, sg_buf, sg_want);
+  return !bad;
+}
+
 /* One round: the payload into every pipe, then every echo out and checked.
  * Returns the pipes that came back byte-exact (all, or the agent fails). */
 static uint32_t sg_round(uint32_t n, struct csum *c) {
@@ -307,13 +317,7 @@ static uint32_t sg_round(uint32_t n, struct csum *c) {
   sg_flush(&sg);
   wait_until(sg_all_back, &n, ERR_SG_TIMEOUT);
   uint32_t ok = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    if (sg_recv(&sg, sg_socks[i], buf, sg_want) != sg_want) fail(ERR_SG_DATA);
-    uint32_t bad = 0;
-    for (uint32_t j = 0; j < sg_want; j++) bad |= buf[j] ^ sg_byte(i, j);
-    if (c) csum_add(c, buf, sg_want);
-    ok += !bad;
-  }
+  for (uint32_t i = 0; i < n; i++) ok += sg_take(i, c);
   sg_flush(&sg);
   return ok;
 }
@@ -442,11 +446,7 @@ static void sg_chain(const struct boot_info *bi) {
     wait_until(sg_all_back, &n, ERR_SG_TIMEOUT);
     uint32_t ok = 0;
     for (uint32_t i = 0; i < n; i++) {
-      if (sg_recv(&sg, sg_socks[i], sg_buf, sg_want) != sg_want) fail(ERR_SG_DATA);
-      uint32_t bad = 0;
-      for (uint32_t j = 0; j < sg_want; j++) bad |= sg_buf[j] ^ sg_byte(i, j);
-      csum_add(&c, sg_buf, sg_want);
-      ok += !bad;
+      ok += sg_take(i, &c);
       if (sg_send(&sg, sg_socks[i], sg_buf, sg_want) != sg_want) fail(ERR_SG_DATA);
     }
     sg_flush(&sg);

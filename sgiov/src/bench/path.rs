@@ -247,6 +247,23 @@ impl PathRig {
         Ok(rig)
     }
 
+    /// One round of the engine (inline, or collecting the workers' results);
+    /// a pipe error ends the run.
+    fn step(&mut self) -> Result<(), PathBenchError> {
+        if self.workers == 0 {
+            self.eng.run_inline();
+        } else {
+            self.eng.poll();
+        }
+        for ev in self.eng.take_events() {
+            if let Event::PipeError { what, .. } = ev {
+                let path = self.path.name();
+                return Err(PathBenchError::Pipe { path, what });
+            }
+        }
+        Ok(())
+    }
+
     /// Guest A sends one message (`data`, or what its ring holds) and guest
     /// B consumes it once it has arrived whole.
     pub fn send(&mut self, msg: u32, data: Option<&[u8]>) -> Result<(), PathBenchError> {
@@ -263,16 +280,7 @@ impl PathRig {
         self.eng.external_head(self.src, head.wrapping_add(msg))?;
         let start = Instant::now();
         loop {
-            if self.workers == 0 {
-                self.eng.run_inline();
-            } else {
-                self.eng.poll();
-            }
-            for ev in self.eng.take_events() {
-                if let Event::PipeError { what, .. } = ev {
-                    return Err(PathBenchError::Pipe { path, what });
-                }
-            }
+            self.step()?;
             let kh = self.eng.ring_ptrs(self.sink).map_or(0, |p| p.head);
             if kh == target {
                 self.eng.external_tail(self.sink, kh)?;
@@ -306,16 +314,7 @@ impl PathRig {
             if head != sp.head {
                 self.eng.external_head(self.src, head)?;
             }
-            if self.workers == 0 {
-                self.eng.run_inline();
-            } else {
-                self.eng.poll();
-            }
-            for ev in self.eng.take_events() {
-                if let Event::PipeError { what, .. } = ev {
-                    return Err(PathBenchError::Pipe { path, what });
-                }
-            }
+            self.step()?;
             let kp = self.eng.ring_ptrs(self.sink).unwrap_or(RingPtrs::new(RING));
             if kp.head != kp.tail {
                 got += kp.head.wrapping_sub(kp.tail) as u64;
