@@ -374,17 +374,15 @@ impl Nic {
 
     /// Links two sandboxes' SG functions (same PF) so they may connect.
     fn sg_link(&self, a: &str, b: &str) -> Response {
-        let find = |sb: &str| {
-            self.find_sg(sb).ok_or_else(|| {
-                Response::err(
+        let ((pa, sg, ia), (pb, _, ib)) = match (self.find_sg(a), self.find_sg(b)) {
+            (Some(x), Some(y)) => (x, y),
+            (x, _) => {
+                let sb = if x.is_none() { a } else { b };
+                return Response::err(
                     ErrorCode::NotFound,
                     format!("sg_link: sandbox {sb:?} has no SG function"),
-                )
-            })
-        };
-        let ((pa, sg, ia), (pb, _, ib)) = match (find(a), find(b)) {
-            (Ok(x), Ok(y)) => (x, y),
-            (Err(r), _) | (_, Err(r)) => return r,
+                );
+            }
         };
         if pa.name != pb.name {
             return Response::err(
