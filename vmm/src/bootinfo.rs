@@ -120,7 +120,12 @@ pub fn sg_seed(sandbox: &str) -> u32 {
 /// agent checksum over what came back from pipe 0, 1, ... in turn (`bytes` is a
 /// multiple of 8, so the C agent's per-pipe `csum_add` is the same stream).
 pub fn sg_checksum(sandbox: &str, pipes: u32, bytes: u32) -> u32 {
-    let seed = sg_seed(sandbox);
+    sg_checksum_seeded(sg_seed(sandbox), pipes, bytes)
+}
+
+/// The same with the salt given: a chain's two ends (`sg-send`, `sg-recv`) are two
+/// sandboxes that must agree on the bytes, so both salt with the chain's port.
+pub fn sg_checksum_seeded(seed: u32, pipes: u32, bytes: u32) -> u32 {
     let data: Vec<u8> = (0..pipes)
         .flat_map(|i| (0..bytes).map(move |j| sg_byte(seed, i, j)))
         .collect();

@@ -419,7 +419,9 @@ static void sg_chain(const struct boot_info *bi) {
   uint32_t n = bi->sg_pipes;
   int recv = bi->flags & BI_SG_RECV;
   sg_want = bi->sg_bytes;
+  sg_seed = bi->sg_port; /* both ends salt alike: the chain's port (vmm sg_checksum_seeded) */
   sg_init(&sg, dev, n + 1);
+  sg_socks = alloc_pages((n * 2 + 4095) / 4096);
   uint16_t l = 0;
   if (recv) {
     sg_batch(sg_open(&sg, &l));
