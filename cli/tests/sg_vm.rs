@@ -7,13 +7,16 @@
 //! - A VMM SIGKILLed while its pipes keep moving (`sg-echo`): the daemon detaches
 //!   the SGF, holds no more pipes, rings, descriptors or guest mappings than before,
 //!   and the same SGF serves the next VMM.
+//! - A chain between two microVMs (docs/sgiov.md §14.1): A → encrypt → the daemon's
+//!   staging ring → decrypt → B and back, after the control API linked the two
+//!   sandboxes; B's VMM verifies what B received, A's what came back.
 
 mod nic_vm_common;
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use nic::control::VfInfo;
+use nic::control::{ErrorCode, Request, VfInfo};
 use nic_vm_common::*;
 
 const PIPES: &str = "64";
@@ -100,4 +103,60 @@ fn agent_moves_data_over_64_warp_pipes_and_a_killed_vmm_leaks_nothing() {
     run_to_exit(&nic, &sgf, &sandbox);
     nic.expect_resources(&idle);
     nic.release(&sandbox);
+}
+
+fn chain_args(socket: &std::path::Path, mode: &str, port: u32) -> Vec<String> {
+    let mut a = sg_args(socket, mode);
+    for (k, v) in [("--sg-pipes", "4"), ("--sg-bytes", "4096")] {
+        let i = a.iter().position(|x| x == k).unwrap();
+        a[i + 1] = v.into();
+    }
+    a.extend(["--sg-port".into(), port.to_string()]);
+    a.extend(["--sg-xf".into(), "crypto".into()]);
+    a
+}
+
+#[test]
+fn two_microvms_exchange_encrypted_data_through_a_linked_chain() {
+    let nic = Nic::start_sg("sgchain", 2);
+    let pid = std::process::id();
+    let (sa, sb) = (format!("sgchain-a-{pid}"), format!("sgchain-b-{pid}"));
+    let a = nic.alloc_sg(&sa);
+    let b = nic.alloc_sg(&sb);
+    let idle = nic.resources();
+    // Tenancy: only sandboxes that hold an SG function can be linked, not with themselves.
+    let link = |x: &str, y: &str| {
+        nic.call_any(&Request::SgLink {
+            a: x.into(),
+            b: y.into(),
+        })
+    };
+    assert_eq!(link(&sa, "nobody").code, Some(ErrorCode::NotFound));
+    assert_eq!(link(&sa, &sa).code, Some(ErrorCode::BadRequest));
+    assert!(link(&sb, &sa).ok);
+
+    // B listens first; A retries its CONNECT until B's LISTEN is in (its VM may boot later).
+    let mut vb = Vmm::spawn(&nic.dir, &sb, &chain_args(&b.socket, "sg-recv", 4242));
+    let mut va = Vmm::spawn(&nic.dir, &sa, &chain_args(&a.socket, "sg-send", 4242));
+    for (v, who) in [(&mut vb, "receiver B"), (&mut va, "sender A")] {
+        let st = v.wait_exit_within(GUEST_WAIT);
+        assert!(
+            st.success(),
+            "{who}: {st}: {}\nnic log:\n{}",
+            v.stderr(),
+            nic.log()
+        );
+    }
+    for sgf in [&a, &b] {
+        let v = nic.wait_vf(sgf, "detached after the VMM's exit", detached);
+        let c = v.sg.unwrap();
+        assert_eq!(c.pf_key_slots + c.pf_staging_bytes, 0, "{c:?}");
+        // The 4 connections crossed from A's SGF to B's and encrypted.
+        assert_eq!((c.pf_chains, c.pf_crypto_chains), (4, 4), "{c:?}");
+        assert_eq!(c.sgf.ring_errors + c.sgf.bad_signals, 0, "{c:?}");
+    }
+    nic.expect_resources(&idle);
+    nic.release(&sa);
+    assert!(nic.log().contains("SG link"), "{}", nic.log());
+    nic.release(&sb);
 }

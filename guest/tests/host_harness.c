@@ -31,7 +31,9 @@ int main(void) {
   CHECK(offsetof(struct boot_info, rootfs_file) == 800);
   CHECK(offsetof(struct boot_info, sg_pipes) == 928);
   CHECK(offsetof(struct boot_info, sg_bytes) == 932);
-  CHECK(sizeof(struct boot_info) == 936);
+  CHECK(offsetof(struct boot_info, sg_port) == 936);
+  CHECK(offsetof(struct boot_info, sg_xf) == 940);
+  CHECK(sizeof(struct boot_info) == 944);
 
   struct boot_info bi;
   memset(&bi, 0, sizeof bi);

@@ -206,6 +206,8 @@ impl Nic {
             sandbox,
             counters: port.counters.snapshot(),
             sg: None,
+            sg_policy: None,
+            sg_capacity: None,
         }
     }
 
@@ -218,6 +220,8 @@ impl Nic {
         sandbox: Option<String>,
     ) -> VfInfo {
         let port = &sg.ports[i];
+        // One lock at a time: guards in a struct literal live to its end.
+        let sched = sg.sched().now;
         VfInfo {
             kind: DevKind::Sg,
             id: port.id.clone(),
@@ -230,6 +234,8 @@ impl Nic {
             sandbox,
             counters: port.counters.snapshot(),
             sg: sg.counters().get(i).copied(),
+            sg_policy: Some(sched.0.to_string()),
+            sg_capacity: Some(sched.1.to_string()),
         }
     }
 
@@ -293,6 +299,7 @@ impl Nic {
             Request::Release { sandbox } => {
                 // A sandbox may hold a VF and an SG function: both go.
                 if let Some((_, sg, i)) = self.find_sg(&sandbox) {
+                    sg.links.unlink_all(crate::sg::tenant_of(i));
                     if let Err(e) = sg.devset.release(i) {
                         return Response::err(ErrorCode::Internal, e.to_string());
                     }
@@ -313,6 +320,12 @@ impl Nic {
                     Err(e) => Response::err(ErrorCode::Internal, e.to_string()),
                 }
             }
+            Request::SgLink { a, b } => self.sg_link(&a, &b),
+            Request::SgSched {
+                pf,
+                policy,
+                capacity,
+            } => self.sg_sched(&pf, policy.as_deref(), capacity.as_deref()),
             Request::Get { sandbox, vf } => {
                 let (found, what) = match (sandbox, vf) {
                     (Some(sb), None) => (
@@ -357,6 +370,75 @@ impl Nic {
                 format!("alloc: unknown PF {pf_name:?}"),
             ))
         })
+    }
+
+    /// Links two sandboxes' SG functions (same PF) so they may connect.
+    fn sg_link(&self, a: &str, b: &str) -> Response {
+        let ((pa, sg, ia), (pb, _, ib)) = match (self.find_sg(a), self.find_sg(b)) {
+            (Some(x), Some(y)) => (x, y),
+            (x, _) => {
+                let sb = if x.is_none() { a } else { b };
+                return Response::err(
+                    ErrorCode::NotFound,
+                    format!("sg_link: sandbox {sb:?} has no SG function"),
+                );
+            }
+        };
+        if pa.name != pb.name {
+            return Response::err(
+                ErrorCode::BadRequest,
+                format!(
+                    "sg_link: {a:?} is on PF {}, {b:?} on PF {}: a chain stays on one PF",
+                    pa.name, pb.name
+                ),
+            );
+        }
+        sg.links
+            .link(crate::sg::tenant_of(ia), crate::sg::tenant_of(ib));
+        tracing::info!(
+            "SG link {} <-> {} ({a} <-> {b})",
+            sg.ports[ia].id,
+            sg.ports[ib].id
+        );
+        Response::ok()
+    }
+
+    /// New policy and/or capacities for the SG device of `pf_name`, applied
+    /// by its SG thread (woken here) before it serves the next event.
+    fn sg_sched(&self, pf_name: &str, policy: Option<&str>, capacity: Option<&str>) -> Response {
+        let bad = |m: String| Response::err(ErrorCode::BadRequest, m);
+        let Some(pf) = self.pfs.iter().find(|p| p.name == pf_name) else {
+            return Response::err(ErrorCode::UnknownPf, format!("sg_sched: no PF {pf_name}"));
+        };
+        let Some(sg) = &pf.sg else {
+            return bad(format!(
+                "sg_sched: PF {pf_name} has no SG functions (--sgfs)"
+            ));
+        };
+        let mut s = sg.sched();
+        let (mut p, mut c) = s.want.unwrap_or(s.now);
+        // Validated by `Request::validate`; parsed again here.
+        if let Some(x) = policy {
+            match x.parse() {
+                Ok(v) => p = v,
+                Err(e) => return bad(e),
+            }
+        }
+        if let Some(x) = capacity {
+            match x.parse() {
+                Ok(v) => c = v,
+                Err(e) => return bad(e),
+            }
+        }
+        s.want = Some((p, c));
+        drop(s);
+        if let Err(e) = sg.wake.write(1) {
+            return Response::err(
+                ErrorCode::Internal,
+                format!("sg_sched: wake PF {pf_name}: {e}"),
+            );
+        }
+        Response::ok()
     }
 
     fn alloc_sg(&self, pf_name: &str, sandbox: &str, net_fields: bool) -> Response {

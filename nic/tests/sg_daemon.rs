@@ -214,3 +214,110 @@ fn sigkilled_frontend_mid_transfer_leaves_nothing() {
     wait_sg(&mut c, "sb-kill", "detached again", no_leak);
     nic.stop();
 }
+
+/// A and B (two sandboxes' SGFs) connect through port 7 with `xf`: the
+/// CONNECT's status, and on success 3000 bytes A → B checked.
+fn chain(a: &mut SgFrontend, b: &mut SgFrontend, xf: Transform) -> u32 {
+    let (l, r) = b.drv.open(4096, 4096, 0).unwrap();
+    assert_eq!(b.wait_reply(r, T).unwrap(), 0, "OPEN");
+    let r = b.drv.listen(l, 7).unwrap();
+    assert_eq!(b.wait_reply(r, T).unwrap(), 0, "LISTEN");
+    let (sb, r) = b.drv.open(4096, 4096, 0).unwrap();
+    assert_eq!(b.wait_reply(r, T).unwrap(), 0, "OPEN");
+    let acc = b.drv.accept(l, sb).unwrap();
+    b.flush().unwrap();
+    let (sa, r) = a.drv.open(4096, 4096, 0).unwrap();
+    assert_eq!(a.wait_reply(r, T).unwrap(), 0, "OPEN");
+    let r = a.drv.connect(sa, 7, xf, PathKind::Staged).unwrap();
+    let st = a.wait_reply(r, T).unwrap();
+    if st == 0 {
+        assert_eq!(b.wait_reply(acc, T).unwrap(), 0, "ACCEPT");
+        let msg: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+        assert_eq!(a.drv.send(sa, &msg).unwrap(), msg.len());
+        let t0 = Instant::now();
+        while (b.drv.rx_ready(sb) as usize) < msg.len() {
+            assert!(t0.elapsed() < T, "the chain did not deliver");
+            a.pump(Duration::from_millis(2)).unwrap();
+            b.pump(Duration::from_millis(2)).unwrap();
+        }
+        let mut got = vec![0u8; msg.len()];
+        assert_eq!(b.drv.recv(sb, &mut got).unwrap(), msg.len());
+        assert_eq!(got, msg, "bytes through the chain");
+    }
+    for (fe, s) in [(&mut *a, sa), (&mut *b, l)] {
+        let r = fe.drv.close(s).unwrap();
+        assert_eq!(fe.wait_reply(r, T).unwrap(), 0, "CLOSE");
+    }
+    st
+}
+
+#[test]
+fn sg_link_gates_chains_and_sg_sched_switches_policy_at_run_time() {
+    let nic = start("sg-link", 3);
+    let mut c = nic.client();
+    let ia = c.alloc_sg("pf0", "sb-a").unwrap();
+    let ib = c.alloc_sg("pf0", "sb-b").unwrap();
+    let mut a = SgFrontend::connect(&ia.socket, MEM, DriverConfig::default()).unwrap();
+    let mut b = SgFrontend::connect(&ib.socket, MEM, DriverConfig::default()).unwrap();
+    // Not linked: another sandbox's port is refused.
+    assert_eq!(chain(&mut a, &mut b, Transform::Crypto), 10, "Refused");
+    let raw = c
+        .call_raw(r#"{"op":"sg_link","a":"sb-a","b":"sb-nobody"}"#)
+        .unwrap();
+    assert!(raw.contains("not-found"), "{raw}");
+    c.sg_link("sb-b", "sb-a").unwrap();
+    assert_eq!(chain(&mut a, &mut b, Transform::Crypto), 0);
+    let v = sg_of(&mut c, "sb-a");
+    assert_eq!(v.sg_policy.as_deref(), Some("rr"), "--sg-policy default");
+    assert_eq!(v.sg_capacity.as_deref(), Some("none"));
+
+    // Policy and capacities at run time, validated.
+    for (req, want) in [
+        (
+            r#"{"op":"sg_sched","pf":"pf0","policy":"fifo"}"#,
+            "bad-request",
+        ),
+        (
+            r#"{"op":"sg_sched","pf":"pf0","capacity":"copy=1Q"}"#,
+            "bad-request",
+        ),
+        (
+            r#"{"op":"sg_sched","pf":"pf9","policy":"drf"}"#,
+            "unknown-pf",
+        ),
+    ] {
+        let raw = c.call_raw(req).unwrap();
+        assert!(raw.contains(want), "{req}: {raw}");
+    }
+    let raw = c
+        .call_raw(
+            r#"{"op":"sg_sched","pf":"pf0","policy":"drf","capacity":"copy=400M,crypto=160M"}"#,
+        )
+        .unwrap();
+    assert!(raw.contains(r#""ok":true"#), "{raw}");
+    wait_sg(&mut c, "sb-a", "under drf with capacities", |v| {
+        v.sg_policy.as_deref() == Some("drf")
+            && v.sg_capacity.as_deref() == Some("copy=400M,crypto=160M")
+    });
+    assert_eq!(chain(&mut a, &mut b, Transform::Crypto), 0, "still moves");
+    let raw = c
+        .call_raw(r#"{"op":"sg_sched","pf":"pf0","policy":"prio"}"#)
+        .unwrap();
+    assert!(raw.contains(r#""ok":true"#), "{raw}");
+    wait_sg(&mut c, "sb-a", "under prio, capacities kept", |v| {
+        v.sg_policy.as_deref() == Some("prio")
+            && v.sg_capacity.as_deref() == Some("copy=400M,crypto=160M")
+    });
+    assert_eq!(chain(&mut a, &mut b, Transform::Copy), 0);
+
+    // Only the pair named: a third sandbox is refused by B.
+    let ic = c.alloc_sg("pf0", "sb-c").unwrap();
+    let mut cc = SgFrontend::connect(&ic.socket, MEM, DriverConfig::default()).unwrap();
+    assert_eq!(chain(&mut cc, &mut b, Transform::Copy), 10, "Refused");
+    drop((a, b, cc));
+    for sb in ["sb-a", "sb-b", "sb-c"] {
+        wait_sg(&mut c, sb, "detached", no_leak);
+        c.release(sb).unwrap();
+    }
+    nic.stop();
+}

@@ -7,7 +7,8 @@
 //! eventfd fires, and raise the interrupts `poll` returns.
 //!
 //! Isolation: bytes move only along pipes the device built for a
-//! connection both sides asked for (CONNECT and ACCEPT, or the echo port).
+//! connection both sides asked for (CONNECT and ACCEPT, or the echo port),
+//! and across tenants only if the two were linked ([`Links`]).
 //! Staging rings are the daemon's own memory, zeroed when they are
 //! released. An error in one ring or pipe stops that pipe; an SGF whose
 //! FIFO or control ring is corrupt stops and its connections are closed;
@@ -19,15 +20,17 @@ use std::sync::Arc;
 use slab::Slab;
 
 use crate::engine::{Engine, EngineConfig, EngineError, Event, PipeSpec, RingKey};
+use crate::exec::capacity::Capacities;
 use crate::exec::crypto::KeyStore;
 use crate::jobgen::Xf;
 use crate::layout::{
     ctrl, limits, CtrlMsg, CtrlOp, ErrorCode, PathKind, RingRole, SgfState, Transform,
     FIRST_DATA_RING,
 };
+use crate::links::Links;
 use crate::mem::{Memory, StagingMemory};
 use crate::ring::{RingGeom, RingView};
-use crate::sched::PipeKey;
+use crate::sched::{PipeKey, Policy};
 use crate::sgf::{Inbound, Sgf, SgfError, SgfId, SgfStats};
 use crate::signal::{RingId, RING_NONE};
 
@@ -144,6 +147,10 @@ pub struct DeviceStats {
     pub rings: usize,
     pub staging_bytes: u64,
     pub key_slots: usize,
+    /// Connections ever established between two SGFs (chains), and those
+    /// of them that encrypt: cumulative, they survive detach.
+    pub chains: u64,
+    pub crypto_chains: u64,
 }
 
 pub struct Device {
@@ -158,6 +165,10 @@ pub struct Device {
     rekick: VecDeque<SgfId>,
     /// Engine rings of detached SGFs still used by closing pipes.
     orphans: Vec<RingKey>,
+    /// Tenant pairs allowed to connect to each other.
+    links: Arc<Links>,
+    chains: u64,
+    crypto_chains: u64,
 }
 
 fn reply_to(m: &CtrlMsg, status: Result<(), ErrorCode>) -> CtrlMsg {
@@ -185,7 +196,25 @@ impl Device {
             conns: Slab::new(),
             rekick: VecDeque::new(),
             orphans: Vec::new(),
+            links: Arc::new(Links::default()),
+            chains: 0,
+            crypto_chains: 0,
         })
+    }
+
+    /// Shares the table of tenants allowed to connect across SGFs (the NIC
+    /// daemon's control thread edits it).
+    pub fn set_links(&mut self, links: Arc<Links>) {
+        self.links = links;
+    }
+
+    /// The engine's policy and capacities, at run time.
+    pub fn reconfigure(&mut self, policy: Policy, capacity: Capacities) {
+        self.engine.reconfigure(policy, capacity);
+    }
+
+    pub fn links(&self) -> &Arc<Links> {
+        &self.links
     }
 
     pub fn engine(&self) -> &Engine {
@@ -294,6 +323,8 @@ impl Device {
             rings: self.engine.rings(),
             staging_bytes: self.staging.in_use(),
             key_slots: self.keys.in_use(),
+            chains: self.chains,
+            crypto_chains: self.crypto_chains,
         }
     }
 
@@ -530,6 +561,11 @@ impl Device {
             self.establish((id, m.sock), None, xf, path)?;
             return Ok(Some(()));
         }
+        let lsgf = self.ports.get(&m.port).ok_or(ErrorCode::Refused)?.sgf;
+        if !self.links.allowed(self.tenant(id), self.tenant(lsgf)) {
+            // Another tenant's port: as if nobody listened (no probing).
+            return Err(ErrorCode::Refused);
+        }
         let l = self.ports.get_mut(&m.port).ok_or(ErrorCode::Refused)?;
         if let Some((b, breq)) = l.accepts.pop_front() {
             let lsgf = l.sgf;
@@ -549,6 +585,10 @@ impl Device {
             },
         );
         Ok(None)
+    }
+
+    fn tenant(&self, id: SgfId) -> u32 {
+        self.sgfs.get(id as usize).map_or(0, |s| s.sgf.tenant)
     }
 
     fn accept(&mut self, id: SgfId, m: &CtrlMsg) -> Result<Option<()>, ErrorCode> {
@@ -581,6 +621,10 @@ impl Device {
         path: PathKind,
     ) {
         let r = self.establish((c.0, c.1), Some((a.0, a.1)), xf, path);
+        if r.is_ok() && c.0 != a.0 {
+            self.chains += 1;
+            self.crypto_chains += (xf == Transform::Crypto) as u64;
+        }
         let msg = |op: CtrlOp, req_id, sock, aux, peer| CtrlMsg {
             op: op as u16 | ctrl::REPLY,
             req_id,

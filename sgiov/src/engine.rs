@@ -350,6 +350,21 @@ impl Engine {
         &self.cfg
     }
 
+    /// Switches the scheduling policy and the class capacities at run time
+    /// (the NIC's control API); queued jobs are rescheduled under them.
+    pub fn reconfigure(&mut self, policy: Policy, capacity: Capacities) {
+        self.cfg.sched.policy = policy;
+        // The priority lane follows the policy (pipes already dirty are
+        // generated once more from the list they are on).
+        for (_, x) in self.pipes.iter_mut() {
+            x.hi = policy == Policy::Priority && x.spec.prio == 0;
+        }
+        self.hi_pipes = self.pipes.iter().filter(|(_, x)| x.hi).count();
+        self.cfg.sched.nominal = capacity.nominal();
+        self.cfg.capacity = capacity;
+        self.disp.reconfigure(self.cfg.sched, capacity);
+    }
+
     /// Adds a ring with both ends external.
     pub fn add_ring(&mut self, view: RingView, label: String, tag: u64) -> RingKey {
         self.rings.insert(ERing {

@@ -12,6 +12,7 @@ pub mod job;
 pub mod jobgen;
 pub mod lat;
 pub mod layout;
+pub mod links;
 pub mod mem;
 pub mod ring;
 pub mod sched;

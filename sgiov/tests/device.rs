@@ -54,6 +54,30 @@ fn chain_guest_a_to_staging_to_guest_b() {
     let mut dev = device(2);
     let mut a = guest(&mut dev, "t-chain-a", 1);
     let mut b = guest(&mut dev, "t-chain-b", 2);
+    let mut c = guest(&mut dev, "t-chain-c", 3);
+    // Tenants 1 and 2 are not linked yet: A is refused, and stays free to
+    // try again.
+    let l = open(&mut dev, &mut b, 4096, 0);
+    let req = b.drv.listen(l, 6).unwrap();
+    assert_eq!(reply(&mut dev, &mut b, req), 0);
+    let sa = open(&mut dev, &mut a, 4096, 0);
+    let con = a
+        .drv
+        .connect(sa, 6, Transform::Crypto, PathKind::Staged)
+        .unwrap();
+    assert_eq!(reply(&mut dev, &mut a, con), ErrorCode::Refused as u32);
+    dev.links().link(2, 1);
+    // Only the pair named: tenant 3 is still refused.
+    let sc = open(&mut dev, &mut c, 4096, 0);
+    let con = c
+        .drv
+        .connect(sc, 6, Transform::Copy, PathKind::Staged)
+        .unwrap();
+    assert_eq!(reply(&mut dev, &mut c, con), ErrorCode::Refused as u32);
+    for (g, s) in [(&mut a, sa), (&mut b, l), (&mut c, sc)] {
+        let req = g.drv.close(s).unwrap();
+        assert_eq!(reply(&mut dev, g, req), 0);
+    }
     for (port, xf, path) in [
         (7, Transform::Crypto, PathKind::Staged),
         (8, Transform::Copy, PathKind::Staged),
@@ -92,6 +116,9 @@ fn chain_guest_a_to_staging_to_guest_b() {
         }
     }
     assert_released(&dev, 0);
+    // Three chains between A and B, one encrypted; the refused ones count not.
+    let st = dev.stats();
+    assert_eq!((st.chains, st.crypto_chains), (3, 1), "{st:?}");
 }
 
 #[test]
@@ -254,6 +281,7 @@ fn close_mid_transfer_and_detach_mid_transfer_leave_nothing() {
     let mut dev = device(2);
     let mut a = guest(&mut dev, "t-kill-a", 1);
     let mut b = guest(&mut dev, "t-kill-b", 2);
+    dev.links().link(1, 2);
     let mut pairs = Vec::new();
     for port in [21, 22] {
         let l = open(&mut dev, &mut b, 4096, 0);

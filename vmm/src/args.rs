@@ -95,6 +95,14 @@ pub struct VmmArgs {
     /// in 8..4096.
     #[arg(long, default_value_t = 1024)]
     pub sg_bytes: u32,
+    /// `--agent-mode sg-send|sg-recv`: the port of the chain (1..; the NIC's control API
+    /// must have linked the two sandboxes, `sg_link`).
+    #[arg(long, default_value_t = 0)]
+    pub sg_port: u32,
+    /// `--agent-mode sg-send`: what the chain does to the bytes (crypto: AES-GCM into the
+    /// daemon's staging ring and out of it).
+    #[arg(long, value_enum, default_value_t = SgXf::Crypto)]
+    pub sg_xf: SgXf,
     /// Size of the app payload the agent checksums (e.g. 4M).
     #[arg(long, default_value = "0")]
     pub app_size: String,
@@ -155,11 +163,29 @@ pub enum AgentMode {
     Sg,
     /// As `sg`, and after READY keep moving the same bytes through the pipes.
     SgEcho,
+    /// One end of a chain to another sandbox (docs/sgiov.md §14.1): CONNECT `--sg-pipes`
+    /// sockets to `--sg-port` with `--sg-xf`, send `--sg-bytes` through each, check the
+    /// echo the receiver sends back.
+    SgSend,
+    /// The other end: LISTEN on `--sg-port`, accept `--sg-pipes` connections, check what
+    /// arrives, echo it back.
+    SgRecv,
+}
+
+/// The transform of a chain's connections (the CONNECT's `xf`, docs/sgiov.md §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum SgXf {
+    Copy = 0,
+    #[default]
+    Crypto = 1,
 }
 
 impl AgentMode {
     pub fn is_sg(self) -> bool {
-        matches!(self, AgentMode::Sg | AgentMode::SgEcho)
+        matches!(
+            self,
+            AgentMode::Sg | AgentMode::SgEcho | AgentMode::SgSend | AgentMode::SgRecv
+        )
     }
 }
 
@@ -227,6 +253,9 @@ pub struct VmConfig {
     /// Warp pipes and bytes per pipe of the SG agent modes.
     pub sg_pipes: u32,
     pub sg_bytes: u32,
+    /// The chain's port and transform (`sg-send`/`sg-recv`).
+    pub sg_port: u32,
+    pub sg_xf: SgXf,
     pub app_size: u64,
     /// The app payload read from `--app-file` (None: generated from the sandbox id).
     pub app_bytes: Option<Vec<u8>>,
@@ -498,7 +527,7 @@ impl VmConfig {
             if sgfs != 1 || a.net.len() != 1 {
                 return Err(invalid(
                     "--agent-mode",
-                    "sg and sg-echo need exactly one --net sg:SOCKET and no other network device",
+                    "the sg modes need exactly one --net sg:SOCKET and no other network device",
                 ));
             }
             if !(1..=SG_MAX_PIPES).contains(&a.sg_pipes) {
@@ -508,6 +537,19 @@ impl VmConfig {
                 return Err(invalid(
                     "--sg-bytes",
                     format!("a multiple of 8 in 8..={SG_MAX_BYTES}"),
+                ));
+            }
+            let chain = matches!(a.agent_mode, AgentMode::SgSend | AgentMode::SgRecv);
+            if chain != (a.sg_port != 0) {
+                return Err(invalid(
+                    "--sg-port",
+                    "1.. with --agent-mode sg-send|sg-recv (and only with them)",
+                ));
+            }
+            if chain && a.sg_pipes >= SG_MAX_PIPES {
+                return Err(invalid(
+                    "--sg-pipes",
+                    format!("1..{SG_MAX_PIPES} with sg-send|sg-recv (one socket is the listener)"),
                 ));
             }
         }
@@ -548,6 +590,8 @@ impl VmConfig {
             agent_mode: a.agent_mode,
             sg_pipes: a.sg_pipes,
             sg_bytes: a.sg_bytes,
+            sg_port: a.sg_port,
+            sg_xf: a.sg_xf,
             app_size,
             app_bytes,
             probe,
@@ -745,6 +789,19 @@ mod tests {
         let c = cfg(&["--net", "sg:/sg.sock", "--agent-mode", "sg"]).unwrap();
         assert_eq!((c.sg_pipes, c.sg_bytes), (64, 1024));
         assert!(!c.netcfg.mac_from_vf, "an SG function has no MAC");
+        let c = cfg(&[
+            "--net",
+            "sg:/a",
+            "--agent-mode",
+            "sg-recv",
+            "--sg-port",
+            "7",
+        ])
+        .unwrap();
+        assert_eq!(
+            (c.agent_mode, c.sg_port, c.sg_xf),
+            (AgentMode::SgRecv, 7, SgXf::Crypto)
+        );
         for bad in [
             &["--agent-mode", "sg"][..],
             &["--net", "vf:/s.sock", "--agent-mode", "sg-echo"],
@@ -753,6 +810,8 @@ mod tests {
             &["--net", "sg:/a", "--agent-mode", "sg", "--sg-pipes", "4097"],
             &["--net", "sg:/a", "--agent-mode", "sg", "--sg-bytes", "12"],
             &["--net", "sg:/a", "--agent-mode", "sg", "--sg-bytes", "8192"],
+            &["--net", "sg:/a", "--agent-mode", "sg-send"],
+            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-port", "7"],
         ] {
             assert!(cfg(bad).is_err(), "{bad:?} accepted");
         }

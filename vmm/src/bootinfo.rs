@@ -6,9 +6,10 @@ use vm_memory::ByteValued;
 use crate::args::{AgentMode, VmConfig};
 
 pub const MAGIC: u64 = 0x4255_5253_544d_5631; // "BURSTVM1"
-/// Version 2 appends the rootfs fields, version 3 the SG fields; a reader
+/// Version 2 appends the rootfs fields, version 3 the SG fields, version 4
+/// the SG chain fields; a reader
 /// accepts any version ≥ the one whose fields it needs (docs/design.md).
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 pub const BI_ASYNC_VF_INIT: u32 = 1;
 pub const BI_PROBE_MODE: u32 = 2;
 pub const BI_TOUCH_RX: u32 = 4;
@@ -20,6 +21,11 @@ pub const BI_TEMPLATE: u32 = 64;
 /// Warp pipes on the SG function (docs/sgiov.md, "The agent's SG mode"); with
 /// `BI_ECHO` the agent keeps them moving after READY.
 pub const BI_SG: u32 = 128;
+/// With `BI_SG`: one end of a chain between two sandboxes (docs/sgiov.md
+/// §14.1): the sender CONNECTs to `sg_port` and checks the echo, the
+/// receiver LISTENs on it, checks what arrives and echoes it back.
+pub const BI_SG_SEND: u32 = 256;
+pub const BI_SG_RECV: u32 = 512;
 pub const VIRTIO_ID_NET: u32 = 1;
 pub const VIRTIO_ID_BLOCK: u32 = 2;
 /// Bytes of `rootfs_file`, NUL included.
@@ -77,6 +83,10 @@ pub struct BootInfo {
     /// `BI_SG`: echo sockets to open and bytes to send through each.
     pub sg_pipes: u32,
     pub sg_bytes: u32,
+    // Version 4: SG chain.
+    /// `BI_SG_SEND`/`BI_SG_RECV`: the port; the sender's transform (0 copy, 1 crypto).
+    pub sg_port: u32,
+    pub sg_xf: u32,
 }
 
 /// A device as the boot info lists it.
@@ -110,7 +120,12 @@ pub fn sg_seed(sandbox: &str) -> u32 {
 /// agent checksum over what came back from pipe 0, 1, ... in turn (`bytes` is a
 /// multiple of 8, so the C agent's per-pipe `csum_add` is the same stream).
 pub fn sg_checksum(sandbox: &str, pipes: u32, bytes: u32) -> u32 {
-    let seed = sg_seed(sandbox);
+    sg_checksum_seeded(sg_seed(sandbox), pipes, bytes)
+}
+
+/// The same with the salt given: a chain's two ends (`sg-send`, `sg-recv`) are two
+/// sandboxes that must agree on the bytes, so both salt with the chain's port.
+pub fn sg_checksum_seeded(seed: u32, pipes: u32, bytes: u32) -> u32 {
     let data: Vec<u8> = (0..pipes)
         .flat_map(|i| (0..bytes).map(move |j| sg_byte(seed, i, j)))
         .collect();
@@ -166,6 +181,8 @@ impl BootInfo {
             rootfs_file: [0; ROOTFS_FILE_MAX],
             sg_pipes: 0,
             sg_bytes: 0,
+            sg_port: 0,
+            sg_xf: 0,
         };
         if let Some(f) = &rootfs.file {
             // Validated to fit (NUL included) by the config.
@@ -188,10 +205,14 @@ impl BootInfo {
             AgentMode::Fault => BI_FAULT_ONCE,
             AgentMode::Sg => BI_SG,
             AgentMode::SgEcho => BI_SG | BI_ECHO,
+            AgentMode::SgSend => BI_SG | BI_SG_SEND,
+            AgentMode::SgRecv => BI_SG | BI_SG_RECV,
         };
         if cfg.agent_mode.is_sg() {
             bi.sg_pipes = cfg.sg_pipes;
             bi.sg_bytes = cfg.sg_bytes;
+            bi.sg_port = cfg.sg_port;
+            bi.sg_xf = cfg.sg_xf as u32;
         }
         if matches!(
             cfg.template,
@@ -264,6 +285,8 @@ mod tests {
         assert_eq!(offset_of!(BootInfo, rootfs_file), 800);
         assert_eq!(offset_of!(BootInfo, sg_pipes), 928);
         assert_eq!(offset_of!(BootInfo, sg_bytes), 932);
-        assert_eq!(size_of::<BootInfo>(), 936);
+        assert_eq!(offset_of!(BootInfo, sg_port), 936);
+        assert_eq!(offset_of!(BootInfo, sg_xf), 940);
+        assert_eq!(size_of::<BootInfo>(), 944);
     }
 }

@@ -292,6 +292,16 @@ static int sg_tx_room(void *arg) {
   return sg_tx_space(&sg, sock) >= sg_want;
 }
 
+/* Pipe i's sg_want bytes into sg_buf, added to c (if any): 1 if they are
+ * the pattern sent through pipe i. */
+static uint32_t sg_take(uint32_t i, struct csum *c) {
+  if (sg_recv(&sg, sg_socks[i], sg_buf, sg_want) != sg_want) fail(ERR_SG_DATA);
+  uint32_t bad = 0;
+  for (uint32_t j = 0; j < sg_want; j++) bad |= sg_buf[j] ^ sg_byte(i, j);
+  if (c) csum_add(c, sg_buf, sg_want);
+  return !bad;
+}
+
 /* One round: the payload into every pipe, then every echo out and checked.
  * Returns the pipes that came back byte-exact (all, or the agent fails). */
 static uint32_t sg_round(uint32_t n, struct csum *c) {
@@ -307,13 +317,7 @@ static uint32_t sg_round(uint32_t n, struct csum *c) {
   sg_flush(&sg);
   wait_until(sg_all_back, &n, ERR_SG_TIMEOUT);
   uint32_t ok = 0;
-  for (uint32_t i = 0; i < n; i++) {
-    if (sg_recv(&sg, sg_socks[i], buf, sg_want) != sg_want) fail(ERR_SG_DATA);
-    uint32_t bad = 0;
-    for (uint32_t j = 0; j < sg_want; j++) bad |= buf[j] ^ sg_byte(i, j);
-    if (c) csum_add(c, buf, sg_want);
-    ok += !bad;
-  }
+  for (uint32_t i = 0; i < n; i++) ok += sg_take(i, c);
   sg_flush(&sg);
   return ok;
 }
@@ -333,13 +337,18 @@ static void sg_close_all(uint32_t n) {
 /* Open bi->sg_pipes echo sockets, one round through all of them, report the
  * count and checksum; then close them (BI_SG alone) or keep the rounds going
  * after READY (with BI_ECHO: the caller loops sg_round). */
-static void sg_mode(const struct boot_info *bi) {
+static const struct boot_dev *sg_device(const struct boot_info *bi) {
   const struct boot_dev *dev = 0;
   for (uint32_t i = 0; i < bi->n_dev && i < 4; i++)
     if (bi->dev[i].virtio_type == SG_DEVICE_ID) dev = &bi->dev[i];
   if (bi->version < 3 || !dev || !bi->sg_pipes || bi->sg_pipes > SG_MAX_SOCKS ||
       !bi->sg_bytes || bi->sg_bytes > SG_RING_SIZE)
     fail(ERR_SG_DEVICE);
+  return dev;
+}
+
+static void sg_mode(const struct boot_info *bi) {
+  const struct boot_dev *dev = sg_device(bi);
   uint32_t n = bi->sg_pipes;
   sg_want = bi->sg_bytes;
   sg_seed = sg_seed_of(bi->sandbox_id);
@@ -371,6 +380,87 @@ static void sg_mode(const struct boot_info *bi) {
   sg_close_all(again);
 }
 
+/* ---- SG chain: two sandboxes through the daemon (docs/sgiov.md 14.1) ------- */
+
+static int tick_passed(void *arg) { return timer_ticks != *(uint64_t *)arg; }
+
+/* One control request, its reply awaited: the status. */
+static uint32_t sg_request_wait(uint32_t req) {
+  sg_pending[0] = req;
+  sg_npending = 1;
+  sg_flush(&sg);
+  wait_until(sg_replies_in, 0, ERR_SG_TIMEOUT);
+  sg_npending = 0;
+  uint32_t st = 0;
+  sg_reply(&sg, req, &st);
+  return st;
+}
+
+static int sg_all_closed(void *arg) {
+  uint32_t n = *(uint32_t *)arg;
+  sg_poll(&sg);
+  for (uint32_t i = 0; i < n; i++)
+    if (!sg_sock_error(&sg, sg_socks[i])) return 0;
+  return 1;
+}
+
+/* BI_SG_SEND: CONNECT sg_pipes sockets to sg_port (retried while nobody
+ * listens yet: the receiver's VM may still be booting), one round (the
+ * payload out, the receiver's echo back, checked), report, CLOSE.
+ * BI_SG_RECV: LISTEN on sg_port, ACCEPT sg_pipes connections (paired in
+ * CONNECT order), wait for the payload of each, check it, report, echo it
+ * back, wait for the sender's CLOSE (closing first would drop the echo
+ * still in flight), CLOSE. Both report the same count and checksum: the
+ * VMM of each checks it, so the receiver's VMM verifies what the sender
+ * sent and the sender's what came back. */
+static void sg_chain(const struct boot_info *bi) {
+  const struct boot_dev *dev = sg_device(bi);
+  if (bi->version < 4 || !bi->sg_port || bi->sg_pipes >= SG_MAX_SOCKS) fail(ERR_SG_DEVICE);
+  uint32_t n = bi->sg_pipes;
+  int recv = bi->flags & BI_SG_RECV;
+  sg_want = bi->sg_bytes;
+  sg_seed = bi->sg_port; /* both ends salt alike: the chain's port (vmm sg_checksum_seeded) */
+  sg_init(&sg, dev, n + 1);
+  sg_socks = alloc_pages((n * 2 + 4095) / 4096);
+  uint16_t l = 0;
+  if (recv) {
+    sg_batch(sg_open(&sg, &l));
+    sg_batch(sg_listen(&sg, l, bi->sg_port));
+  }
+  for (uint32_t i = 0; i < n; i++) sg_batch(sg_open(&sg, &sg_socks[i]));
+  sg_await_batch();
+  struct csum c = {0};
+  if (!recv) {
+    for (uint32_t i = 0; i < n; i++)
+      for (uint32_t tries = 0;; tries++) {
+        uint32_t st = sg_request_wait(sg_connect_xf(&sg, sg_socks[i], bi->sg_port, (uint8_t)bi->sg_xf));
+        if (!st) break;
+        if (st != SG_STATUS_REFUSED || tries >= WAIT_TICKS) { report_data(EV_VALUE, st); fail(ERR_SG_REFUSED); }
+        uint64_t t = timer_ticks;
+        wait_until(tick_passed, &t, ERR_SG_TIMEOUT);
+      }
+    report_data(EV_SG_PIPES, sg_round(n, &c));
+    report_data(EV_SG_CSUM, csum_fold(&c));
+  } else {
+    for (uint32_t i = 0; i < n; i++) sg_batch(sg_accept(&sg, l, sg_socks[i]));
+    sg_await_batch();
+    sg_flush(&sg);
+    wait_until(sg_all_back, &n, ERR_SG_TIMEOUT);
+    uint32_t ok = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      ok += sg_take(i, &c);
+      if (sg_send(&sg, sg_socks[i], sg_buf, sg_want) != sg_want) fail(ERR_SG_DATA);
+    }
+    sg_flush(&sg);
+    report_data(EV_SG_PIPES, ok);
+    report_data(EV_SG_CSUM, csum_fold(&c));
+    wait_until(sg_all_closed, &n, ERR_SG_TIMEOUT);
+    sg_batch(sg_close(&sg, l));
+  }
+  for (uint32_t i = 0; i < n; i++) sg_batch(sg_close(&sg, sg_socks[i]));
+  sg_await_batch();
+}
+
 /* Template checkpoint (docs/templates.md): the VMM pauses and saves the VM
  * at this `out`. A sandbox restored from the template resumes after it with
  * its own boot info written at the same address, so everything per sandbox
@@ -394,7 +484,8 @@ void agent_main(struct boot_info *bi) {
   if (!dev) { /* no network: the app launch (and the warp pipes) is all there is */
     app_launch(bi);
     if (bi->flags & BI_PROBE_MODE) probe(bi);
-    if (bi->flags & BI_SG) sg_mode(bi);
+    if ((bi->flags & BI_SG) && (bi->flags & (BI_SG_SEND | BI_SG_RECV))) sg_chain(bi);
+    else if (bi->flags & BI_SG) sg_mode(bi);
     report_data(EV_READY, 0);
     /* SG echo: the same bytes keep moving (a VMM killed mid-transfer, tests). */
     while ((bi->flags & (BI_SG | BI_ECHO)) == (BI_SG | BI_ECHO))

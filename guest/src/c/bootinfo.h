@@ -4,10 +4,11 @@
 #include <stdint.h>
 
 #define BOOTINFO_MAGIC 0x42555253544d5631ULL /* "BURSTVM1" */
-/* Version 2 appends the rootfs fields, version 3 the SG fields. A reader
+/* Version 2 appends the rootfs fields, version 3 the SG fields, version 4
+ * the SG chain fields. A reader
  * accepts any version >= 1 and reads the fields of version k only if
  * version >= k. */
-#define BOOTINFO_VERSION 3
+#define BOOTINFO_VERSION 4
 
 #define BI_ASYNC_VF_INIT 1
 #define BI_PROBE_MODE 2
@@ -17,6 +18,8 @@
 #define BI_FAULT_ONCE 32   /* as RESET_ONCE, but first make the VF fail (bad descriptor) */
 #define BI_TEMPLATE 64      /* stop at the template checkpoint (docs/templates.md) */
 #define BI_SG 128           /* warp pipes on the SG function (docs/sgiov.md); with BI_ECHO keep going */
+#define BI_SG_SEND 256      /* with BI_SG: CONNECT to sg_port of another sandbox, send, check its echo */
+#define BI_SG_RECV 512      /* with BI_SG: LISTEN on sg_port, accept, check, echo back */
 
 struct boot_mem   { uint64_t base, size; };
 struct boot_dev   { uint64_t mmio_base; uint32_t irq; uint32_t virtio_type; }; /* 1 net, 2 blk */
@@ -40,6 +43,8 @@ struct boot_info {
   char     rootfs_file[128];       /* NUL-terminated path the agent checksums; "" = none */
   /* version 3: SG-IOV (docs/sgiov.md) */
   uint32_t sg_pipes, sg_bytes;     /* BI_SG: echo sockets to open, bytes through each */
+  /* version 4: SG chain (docs/sgiov.md section 14.1) */
+  uint32_t sg_port, sg_xf;         /* BI_SG_SEND/RECV: the port; CONNECT's transform (0 copy, 1 crypto) */
 };
 
 #endif

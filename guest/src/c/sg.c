@@ -228,6 +228,29 @@ uint32_t sg_connect(struct sgdev *d, uint16_t sock, uint32_t port) {
                                       .path = SG_PATH_DIRECT});
 }
 
+/* A chain to another sandbox's listener (docs/sgiov.md 14.1): xf 0 copy,
+ * 1 crypto (AES-GCM into the daemon's staging ring and out of it); always
+ * staged, which crypto needs. */
+uint32_t sg_connect_xf(struct sgdev *d, uint16_t sock, uint32_t port, uint8_t xf) {
+  sock_of(d, sock);
+  return request(d, &(struct sg_ctrl){.op = SG_OP_CONNECT, .sock = sock, .port = port, .xf = xf});
+}
+
+uint32_t sg_listen(struct sgdev *d, uint16_t sock, uint32_t port) {
+  sock_of(d, sock);
+  return request(d, &(struct sg_ctrl){.op = SG_OP_LISTEN, .sock = sock, .port = port});
+}
+
+/* The reply comes when a CONNECT is paired with `sock` (an open socket). */
+uint32_t sg_accept(struct sgdev *d, uint16_t listener, uint16_t sock) {
+  sock_of(d, listener);
+  sock_of(d, sock);
+  return request(d, &(struct sg_ctrl){.op = SG_OP_ACCEPT, .sock = listener, .aux = sock});
+}
+
+/* The peer closed (a CLOSED word), or the ring is in error: its code. */
+uint32_t sg_sock_error(struct sgdev *d, uint16_t sock) { return sock_of(d, sock)->error; }
+
 /* After the reply the device no longer touches the socket's rings. */
 uint32_t sg_close(struct sgdev *d, uint16_t sock) {
   sock_of(d, sock);

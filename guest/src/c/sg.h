@@ -42,6 +42,7 @@ struct sg_ctrl {
   uint16_t peer_sock, reserved1;
   uint32_t reserved[9];
 };
+#define SG_STATUS_REFUSED 10
 enum { SG_OP_OPEN = 1, SG_OP_LISTEN = 2, SG_OP_CONNECT = 3, SG_OP_ACCEPT = 4, SG_OP_CLOSE = 5 };
 #define SG_OP_REPLY 0x80
 #define SG_PATH_DIRECT 1
@@ -82,6 +83,12 @@ uint32_t sg_connect(struct sgdev *d, uint16_t sock, uint32_t port);
 uint32_t sg_close(struct sgdev *d, uint16_t sock);
 /* After the close's reply: the socket's ring ids and memory go to the next sg_open. */
 void sg_release(struct sgdev *d, uint16_t sock);
+/* Chains between sandboxes (docs/sgiov.md 14.1). */
+uint32_t sg_connect_xf(struct sgdev *d, uint16_t sock, uint32_t port, uint8_t xf);
+uint32_t sg_listen(struct sgdev *d, uint16_t sock, uint32_t port);
+uint32_t sg_accept(struct sgdev *d, uint16_t listener, uint16_t sock);
+#define SG_CLOSED 0xffff /* sg_sock_error: the peer closed */
+uint32_t sg_sock_error(struct sgdev *d, uint16_t sock);
 /* Bytes queued / taken (at most what fits / what is there). */
 uint32_t sg_send(struct sgdev *d, uint16_t sock, const uint8_t *buf, uint32_t len);
 uint32_t sg_recv(struct sgdev *d, uint16_t sock, uint8_t *buf, uint32_t len);

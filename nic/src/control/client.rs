@@ -296,6 +296,15 @@ impl Client {
         self.vf_of(r)
     }
 
+    /// Lets the SG functions of sandboxes `a` and `b` connect to each other.
+    pub fn sg_link(&mut self, a: &str, b: &str) -> Result<(), ClientError> {
+        self.call_ok(&Request::SgLink {
+            a: a.into(),
+            b: b.into(),
+        })
+        .map(|_| ())
+    }
+
     pub fn release(&mut self, sandbox: &str) -> Result<(), ClientError> {
         self.call_ok(&Request::Release {
             sandbox: sandbox.into(),

@@ -53,6 +53,23 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vf: Option<String>,
     },
+    /// Let the SG functions of sandboxes `a` and `b` (same PF) connect to
+    /// each other: a chain between two tenants (docs/sgiov.md §14.1).
+    /// Without it a CONNECT to another sandbox's port is refused. Ends with
+    /// the release of either sandbox.
+    #[serde(rename = "sg_link")]
+    SgLink { a: String, b: String },
+    /// Change the scheduling policy (`rr`, `prio`, `drf`) and/or the
+    /// executor class capacities (`copy=400M,crypto=160M`, `none`) of the
+    /// SG device of `pf` at run time (docs/sgiov.md §10).
+    #[serde(rename = "sg_sched")]
+    SgSched {
+        pf: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        capacity: Option<String>,
+    },
     /// A struct variant, not a unit one: serde's `deny_unknown_fields` only
     /// applies to fields of struct variants of an internally tagged enum.
     List {},
@@ -86,6 +103,11 @@ pub struct VfInfo {
     /// SG functions only: device counters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sg: Option<SgCounters>,
+    /// SG functions only: the PF's scheduling policy and class capacities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sg_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sg_capacity: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +219,37 @@ impl Request {
                 sandbox(id)
             }
             Request::Release { sandbox: id } => sandbox(id),
+            Request::SgLink { a, b } => {
+                sandbox(a)?;
+                sandbox(b)?;
+                if a == b {
+                    return Err(format!(
+                        "sg_link: {a:?} with itself (a sandbox needs no link)"
+                    ));
+                }
+                Ok(())
+            }
+            Request::SgSched {
+                pf,
+                policy,
+                capacity,
+            } => {
+                if let Some(p) = bounded_name_problem("pf", pf, MAX_PF_NAME, &[]) {
+                    return Err(p);
+                }
+                if policy.is_none() && capacity.is_none() {
+                    return Err("sg_sched: give \"policy\" and/or \"capacity\"".into());
+                }
+                if let Some(p) = policy {
+                    p.parse::<sgiov::sched::Policy>()
+                        .map_err(|e| format!("sg_sched policy: {e}"))?;
+                }
+                if let Some(c) = capacity {
+                    c.parse::<sgiov::exec::capacity::Capacities>()
+                        .map_err(|e| format!("sg_sched capacity: {e}"))?;
+                }
+                Ok(())
+            }
             Request::Get {
                 sandbox: Some(id),
                 vf: None,
@@ -269,6 +322,26 @@ mod tests {
         );
         let e = serde_json::to_string(&Response::err(ErrorCode::NoFreeVf, "x")).unwrap();
         assert_eq!(e, r#"{"ok":false,"code":"no-free-vf","error":"x"}"#);
+        let r: Request = serde_json::from_str(r#"{"op":"sg_link","a":"x","b":"y"}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::SgLink {
+                a: "x".into(),
+                b: "y".into()
+            }
+        );
+        assert!(bad(br#"{"op":"sg_link","a":"x","b":"x"}"#).contains("itself"));
+        assert!(bad(br#"{"op":"sg_link","a":"x"}"#).contains("missing field"));
+        assert!(parse_request(br#"{"op":"sg_sched","pf":"pf0","policy":"drf"}"#).is_ok());
+        assert!(parse_request(
+            br#"{"op":"sg_sched","pf":"pf0","capacity":"copy=400M,crypto=160M"}"#
+        )
+        .is_ok());
+        assert!(bad(br#"{"op":"sg_sched","pf":"pf0","policy":"fifo"}"#)
+            .contains("unknown scheduling policy \"fifo\""));
+        assert!(bad(br#"{"op":"sg_sched","pf":"pf0","capacity":"dma=1M"}"#).contains("capacity"));
+        assert!(bad(br#"{"op":"sg_sched","pf":"pf0","capacity":"copy=0"}"#).contains("bad rate"));
+        assert!(bad(br#"{"op":"sg_sched","pf":"pf0"}"#).contains("and/or"));
         assert!(parse_request(b"{nope").is_err());
         assert!(parse_request(br#"{"op":"explode"}"#).is_err());
     }

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use sgiov::device::DeviceConfig;
 use sgiov::engine::EngineConfig;
 use sgiov::exec::capacity::Capacities;
-use sgiov::job::NCLASSES;
+use sgiov::links::Links;
 use sgiov::sched::{Policy, SchedConfig};
 use vhost::vhost_user::message::VhostUserVirtioFeatures;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -92,12 +92,11 @@ impl SgArgs {
 
     /// The device configuration these flags describe.
     pub fn device_config(&self) -> DeviceConfig {
-        let nominal: [f64; NCLASSES] = std::array::from_fn(|j| self.capacity.0[j].unwrap_or(1e9));
         DeviceConfig {
             engine: EngineConfig {
                 sched: SchedConfig {
                     policy: self.policy,
-                    nominal,
+                    nominal: self.capacity.nominal(),
                     ..Default::default()
                 },
                 capacity: self.capacity,
@@ -133,6 +132,12 @@ pub struct SgCounters {
     /// The PF's SG thread and priority lane (cumulative histograms).
     #[serde(default)]
     pub pf_lat: SgLat,
+    /// Connections between two SGFs of the PF since the daemon started,
+    /// and those that encrypt (cumulative).
+    #[serde(default)]
+    pub pf_chains: u64,
+    #[serde(default)]
+    pub pf_crypto_chains: u64,
 }
 
 /// Where a PF's signal-plane latency goes (log2 histograms, cumulative: a
@@ -157,6 +162,25 @@ pub struct SgPf {
     pub wake: Arc<EventFd>,
     pub counters: Arc<Mutex<Vec<SgCounters>>>,
     pub config: DeviceConfig,
+    /// Slot pairs allowed to connect (tenant = slot index + 1), edited by
+    /// the control API's `sg_link` and `release`.
+    pub links: Arc<Links>,
+    /// The engine's policy and capacities (`--sg-policy`, `--sg-capacity`,
+    /// then the control API's `sg_sched`).
+    pub sched: Arc<Mutex<SchedSetting>>,
+}
+
+/// The control thread writes `want` and wakes the SG thread, which applies
+/// it to its device and moves it to `now` (what `get`/`list` show).
+#[derive(Debug, Clone, Copy)]
+pub struct SchedSetting {
+    pub want: Option<(Policy, Capacities)>,
+    pub now: (Policy, Capacities),
+}
+
+/// The device's tenant of SGF slot `i` (DRF and links count per tenant).
+pub fn tenant_of(i: usize) -> u32 {
+    i as u32 + 1
 }
 
 /// Id of SGF slot `i` of PF `pf`.
@@ -196,7 +220,16 @@ impl SgPf {
             wake,
             counters: Arc::new(Mutex::new(vec![SgCounters::default(); args.sgfs])),
             config: args.device_config(),
+            links: Arc::new(Links::default()),
+            sched: Arc::new(Mutex::new(SchedSetting {
+                want: None,
+                now: (args.policy, args.capacity),
+            })),
         }))
+    }
+
+    pub fn sched(&self) -> MutexGuard<'_, SchedSetting> {
+        self.sched.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn counters(&self) -> MutexGuard<'_, Vec<SgCounters>> {

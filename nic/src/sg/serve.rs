@@ -52,6 +52,7 @@ pub struct SgLoop {
     wake: Arc<EventFd>,
     counters: Arc<Mutex<Vec<SgCounters>>>,
     lat: SgLat,
+    sched: Arc<Mutex<super::SchedSetting>>,
 }
 
 impl SgLoop {
@@ -72,10 +73,15 @@ impl SgLoop {
                     setup_errors: 0,
                 })
                 .collect(),
-            dev: Device::new(sg.config)?,
+            dev: {
+                let mut d = Device::new(sg.config)?;
+                d.set_links(sg.links.clone());
+                d
+            },
             wake: sg.wake.clone(),
             counters: sg.counters.clone(),
             lat: SgLat::default(),
+            sched: sg.sched.clone(),
         })
     }
 
@@ -110,6 +116,7 @@ impl SgLoop {
             let busy = more || ready.iter().any(|&r| r);
             if ready[0] {
                 let _ = self.wake.read();
+                self.apply_sched();
             }
             if ready[2] {
                 let _ = self.dev.engine().completions().eventfd().read();
@@ -301,7 +308,10 @@ impl SgLoop {
                 }
                 let view = Arc::new(SgMemory::new(format!("SGF {}", port.id), mem.clone()));
                 // A tenant is a sandbox: the slot stands for it (DRF).
-                match self.dev.attach(&port.id, i as u32 + 1, view, cmd.area_gpa) {
+                match self
+                    .dev
+                    .attach(&port.id, super::tenant_of(i), view, cmd.area_gpa)
+                {
                     Ok(id) => {
                         tracing::info!("SGF {}: attached area {:#x}", port.id, cmd.area_gpa);
                         self.slots[i].sgf = Some(id);
@@ -341,6 +351,16 @@ impl SgLoop {
         port.bump();
     }
 
+    /// A policy or capacity change the control API asked for.
+    fn apply_sched(&mut self) {
+        let mut s = self.sched.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((policy, cap)) = s.want.take() {
+            self.dev.reconfigure(policy, cap);
+            s.now = (policy, cap);
+            tracing::info!("PF {}: SG scheduling {policy}, capacity {cap}", self.pf);
+        }
+    }
+
     /// Copies the counters the control API shows.
     fn publish(&self) {
         let d = self.dev.stats();
@@ -366,6 +386,8 @@ impl SgLoop {
                 pf_staging_bytes: d.staging_bytes,
                 pf_key_slots: d.key_slots as u64,
                 pf_lat: lat,
+                pf_chains: d.chains,
+                pf_crypto_chains: d.crypto_chains,
             };
         }
     }

@@ -8,7 +8,14 @@
 //! - `staged`: A → `copy` pipe → a staging ring in daemon memory
 //!   ([`StagingMemory`], the device's default ring size) → `copy` pipe → B;
 //!   the two pipes chain on the staging ring, two copies per byte;
-//! - `direct`: A → one `direct` pipe → B, one copy per byte.
+//! - `direct`: A → one `direct` pipe → B, one copy per byte;
+//! - `crypto`: the staged path with `encrypt` into the staging ring and
+//!   `decrypt` out of it (a chain between two sandboxes, §14.1 of
+//!   docs/sgiov.md); bytes written count the records' headers and tags.
+//!
+//! Two modes: `wait` (stop-and-wait: one message in flight, B takes it
+//! whole before A sends the next) and `stream` (A keeps its ring full, B
+//! consumes whatever arrived as soon as the sink head moves).
 //!
 //! Bytes copied are the pipes' own counters (sink bytes), not assumed.
 //! Every run checks its last message byte-exact in B.
@@ -22,13 +29,67 @@ use crate::exec::crypto::KeyStore;
 use crate::jobgen::Xf;
 use crate::layout::PathKind;
 use crate::mem::{GuestMem, MemError, Memory, StagingMemory};
-use crate::ring::{RingGeom, RingView};
+use crate::ring::{RingGeom, RingPtrs, RingView};
+
+/// A path of the benchmark: the device's two, and the staged one encrypted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchPath {
+    Staged,
+    Direct,
+    Crypto,
+}
+
+impl BenchPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchPath::Staged => "staged",
+            BenchPath::Direct => "direct",
+            BenchPath::Crypto => "crypto",
+        }
+    }
+}
+
+impl std::str::FromStr for BenchPath {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "crypto" => Ok(BenchPath::Crypto),
+            _ => match s.parse::<PathKind>() {
+                Ok(PathKind::Staged) => Ok(BenchPath::Staged),
+                Ok(PathKind::Direct) => Ok(BenchPath::Direct),
+                Err(_) => Err(format!("unknown path {s:?} (staged, direct, crypto)")),
+            },
+        }
+    }
+}
+
+/// How guest A sends and guest B consumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SendMode {
+    /// One message in flight: B takes it whole, then A sends the next.
+    Wait,
+    /// A keeps its ring full; B consumes as the sink head moves.
+    Stream,
+}
+
+impl SendMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            SendMode::Wait => "wait",
+            SendMode::Stream => "stream",
+        }
+    }
+}
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct PathArgs {
-    /// Paths: `staged` (guest → staging → guest) and `direct` (guest → guest).
-    #[arg(long, value_delimiter = ',', default_value = "staged,direct")]
-    pub path: Vec<PathKind>,
+    /// Paths: `staged` (guest → staging → guest), `direct` (guest → guest),
+    /// `crypto` (guest → encrypt → staging → decrypt → guest).
+    #[arg(long, value_delimiter = ',', default_value = "staged,direct,crypto")]
+    pub path: Vec<BenchPath>,
+    /// Modes: `wait` (stop-and-wait) and `stream` (pipelined).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "wait,stream")]
+    pub mode: Vec<SendMode>,
     /// Message sizes: a list (`4K,64K`) or a range of powers of 4 (`1K..1M`).
     #[arg(long, default_value = "1K,16K,64K,1M")]
     pub msg: String,
@@ -76,7 +137,7 @@ const MIB: f64 = (1u64 << 20) as f64;
 
 /// Two guests and the engine connecting them along one path.
 pub struct PathRig {
-    pub path: PathKind,
+    pub path: BenchPath,
     eng: Engine,
     src: RingKey,
     sink: RingKey,
@@ -90,7 +151,7 @@ pub struct PathRig {
 
 impl PathRig {
     pub fn new(
-        path: PathKind,
+        path: BenchPath,
         workers: usize,
         staging_ring: u32,
     ) -> Result<PathRig, PathBenchError> {
@@ -112,22 +173,31 @@ impl PathRig {
             Ok(view)
         };
         let (src_view, sink_view) = (guest("bench-path guest A")?, guest("bench-path guest B")?);
+        let keys = Arc::new(KeyStore::new(1));
         let mut eng = Engine::new(
             EngineConfig {
                 workers,
                 ..Default::default()
             },
-            Arc::new(KeyStore::new(1)),
+            keys.clone(),
         )?;
         let src = eng.add_ring(src_view.clone(), "guest A tx".into(), 0);
         let sink = eng.add_ring(sink_view.clone(), "guest B rx".into(), 1);
+        let key_slot = match path {
+            BenchPath::Crypto => {
+                keys.alloc_random()
+                    .ok_or_else(|| PathBenchError::Args("no key slot".into()))?
+                    .0
+            }
+            _ => 0,
+        };
         let spec = |src, sink, xf, label: &str| PipeSpec {
             src,
             sink,
             xf,
             tenant: 1,
             prio: 0,
-            key_slot: 0,
+            key_slot,
             max_job: None,
             label: format!("bench path {label}"),
             tag: 0,
@@ -135,8 +205,12 @@ impl PathRig {
         let mut pipes = Vec::new();
         let mut staging = None;
         match path {
-            PathKind::Direct => pipes.push(eng.add_pipe(spec(src, sink, Xf::Direct, "direct"))?),
-            PathKind::Staged => {
+            BenchPath::Direct => pipes.push(eng.add_pipe(spec(src, sink, Xf::Direct, "direct"))?),
+            BenchPath::Staged | BenchPath::Crypto => {
+                let (x1, x2) = match path {
+                    BenchPath::Crypto => (Xf::Encrypt, Xf::Decrypt),
+                    _ => (Xf::Copy, Xf::Copy),
+                };
                 let mem = Arc::new(StagingMemory::new(
                     "bench-path staging",
                     staging_ring as usize,
@@ -153,8 +227,8 @@ impl PathRig {
                 );
                 view.write(0, &vec![0u8; staging_ring as usize])?;
                 let st = eng.add_ring(view, "staging".into(), u64::MAX);
-                pipes.push(eng.add_pipe(spec(src, st, Xf::Copy, "to staging"))?);
-                pipes.push(eng.add_pipe(spec(st, sink, Xf::Copy, "from staging"))?);
+                pipes.push(eng.add_pipe(spec(src, st, x1, "to staging"))?);
+                pipes.push(eng.add_pipe(spec(st, sink, x2, "from staging"))?);
                 staging = Some(mem);
             }
         }
@@ -173,6 +247,23 @@ impl PathRig {
         Ok(rig)
     }
 
+    /// One round of the engine (inline, or collecting the workers' results);
+    /// a pipe error ends the run.
+    fn step(&mut self) -> Result<(), PathBenchError> {
+        if self.workers == 0 {
+            self.eng.run_inline();
+        } else {
+            self.eng.poll();
+        }
+        for ev in self.eng.take_events() {
+            if let Event::PipeError { what, .. } = ev {
+                let path = self.path.name();
+                return Err(PathBenchError::Pipe { path, what });
+            }
+        }
+        Ok(())
+    }
+
     /// Guest A sends one message (`data`, or what its ring holds) and guest
     /// B consumes it once it has arrived whole.
     pub fn send(&mut self, msg: u32, data: Option<&[u8]>) -> Result<(), PathBenchError> {
@@ -189,16 +280,7 @@ impl PathRig {
         self.eng.external_head(self.src, head.wrapping_add(msg))?;
         let start = Instant::now();
         loop {
-            if self.workers == 0 {
-                self.eng.run_inline();
-            } else {
-                self.eng.poll();
-            }
-            for ev in self.eng.take_events() {
-                if let Event::PipeError { what, .. } = ev {
-                    return Err(PathBenchError::Pipe { path, what });
-                }
-            }
+            self.step()?;
             let kh = self.eng.ring_ptrs(self.sink).map_or(0, |p| p.head);
             if kh == target {
                 self.eng.external_tail(self.sink, kh)?;
@@ -210,6 +292,41 @@ impl PathRig {
             }
             self.eng.wait(Duration::from_millis(1));
         }
+    }
+
+    /// Streams `count` messages of `msg` bytes: guest A publishes a
+    /// message whenever its ring has room for it, guest B consumes whatever
+    /// arrived each time the engine made progress (the sink's tail follows
+    /// its head). Bytes are what A's ring holds (the pattern written at
+    /// start, or what earlier sends left).
+    pub fn stream(&mut self, msg: u32, count: u64) -> Result<(), PathBenchError> {
+        let path = self.path.name();
+        let total = count * msg as u64;
+        let (mut sent, mut got) = (0u64, 0u64);
+        let mut last = Instant::now();
+        while got < total {
+            let sp = self.eng.ring_ptrs(self.src).unwrap_or(RingPtrs::new(RING));
+            let mut head = sp.head;
+            while sent < total && head.wrapping_sub(sp.tail) + msg <= RING {
+                head = head.wrapping_add(msg);
+                sent += msg as u64;
+            }
+            if head != sp.head {
+                self.eng.external_head(self.src, head)?;
+            }
+            self.step()?;
+            let kp = self.eng.ring_ptrs(self.sink).unwrap_or(RingPtrs::new(RING));
+            if kp.head != kp.tail {
+                got += kp.head.wrapping_sub(kp.tail) as u64;
+                self.eng.external_tail(self.sink, kp.head)?;
+                last = Instant::now();
+            } else if last.elapsed() > Duration::from_secs(10) {
+                return Err(PathBenchError::Stalled { path, msg });
+            } else if self.workers > 0 {
+                self.eng.wait(Duration::from_millis(1));
+            }
+        }
+        Ok(())
     }
 
     /// Compares the last `msg` bytes guest B received with what guest A sent
@@ -245,10 +362,11 @@ impl PathRig {
 /// One row of the table.
 #[derive(Debug, Clone)]
 pub struct PathRow {
-    pub path: PathKind,
+    pub path: BenchPath,
+    pub mode: SendMode,
     pub msg: u64,
     pub mib_s: f64,
-    /// Bytes copied per message over the message size.
+    /// Bytes written per message over the message size (crypto: records).
     pub copies_per_msg: f64,
     pub bytes_copied_per_msg: f64,
     pub jobs_per_msg: f64,
@@ -258,7 +376,8 @@ pub struct PathRow {
 
 /// One run: `bytes` of `msg`-byte messages along `path`.
 pub fn run_one(
-    path: PathKind,
+    path: BenchPath,
+    mode: SendMode,
     msg: u64,
     bytes: u64,
     workers: usize,
@@ -275,8 +394,13 @@ pub fn run_one(
     let mut rig = PathRig::new(path, workers, staging_ring)?;
     let (b0, j0) = rig.copied();
     let (cpu0, t) = (super::cpu_time(), Instant::now());
-    for _ in 0..count {
-        rig.send(m, None)?;
+    match mode {
+        SendMode::Wait => {
+            for _ in 0..count {
+                rig.send(m, None)?;
+            }
+        }
+        SendMode::Stream => rig.stream(m, count)?,
     }
     let secs = t.elapsed().as_secs_f64();
     let cpu = (super::cpu_time() - cpu0).as_secs_f64();
@@ -285,6 +409,7 @@ pub fn run_one(
     let per = |x: u64| x as f64 / count as f64;
     Ok(PathRow {
         path,
+        mode,
         msg,
         mib_s: (count * msg) as f64 / secs.max(1e-9) / MIB,
         copies_per_msg: per(b1 - b0) / msg as f64,
@@ -313,13 +438,16 @@ pub fn run_cli(a: &PathArgs) -> Result<(), PathBenchError> {
             n => format!("{n} executor threads"),
         }
     );
-    println!("| msg | path | MiB/s | direct/staged | copies/msg | bytes copied/msg | jobs/msg | host CPU µs/msg |");
-    println!("|---|---|---|---|---|---|---|---|");
-    for &m in &sizes {
+    println!("| msg | mode | path | MiB/s | ÷ staged | copies/msg | bytes written/msg | jobs/msg | host CPU µs/msg |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (&m, &mode) in sizes
+        .iter()
+        .flat_map(|m| a.mode.iter().map(move |x| (m, x)))
+    {
         let mut rows = Vec::new();
         for &p in &a.path {
             let runs: Vec<PathRow> = (0..repeat)
-                .map(|_| run_one(p, m, bytes, a.workers, staging_ring))
+                .map(|_| run_one(p, mode, m, bytes, a.workers, staging_ring))
                 .collect::<Result<_, _>>()?;
             let median = |f: fn(&PathRow) -> f64| {
                 let mut v: Vec<f64> = runs.iter().map(f).collect();
@@ -333,16 +461,17 @@ pub fn run_cli(a: &PathArgs) -> Result<(), PathBenchError> {
         }
         let staged = rows
             .iter()
-            .find(|r| r.path == PathKind::Staged)
+            .find(|r| r.path == BenchPath::Staged)
             .map(|r| r.mib_s);
         for r in rows {
             let ratio = match (r.path, staged) {
-                (PathKind::Direct, Some(s)) => format!("{:.2}", r.mib_s / s.max(1e-9)),
-                _ => "-".to_string(),
+                (BenchPath::Staged, _) | (_, None) => "-".to_string(),
+                (_, Some(s)) => format!("{:.2}", r.mib_s / s.max(1e-9)),
             };
             println!(
-                "| {} | {} | {:.0} | {ratio} | {:.2} | {:.0} | {:.2} | {:.1} |",
+                "| {} | {} | {} | {:.0} | {ratio} | {:.2} | {:.0} | {:.2} | {:.1} |",
                 guestmem::format_size(m),
+                mode.name(),
                 r.path.name(),
                 r.mib_s,
                 r.copies_per_msg,
@@ -366,7 +495,7 @@ mod tests {
     fn paths_deliver_exact_bytes_and_count_copies() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(14);
         for workers in [0, 2] {
-            for path in [PathKind::Staged, PathKind::Direct] {
+            for path in [BenchPath::Staged, BenchPath::Direct, BenchPath::Crypto] {
                 // A small staging ring so that messages wrap it and span several fills.
                 let mut rig = PathRig::new(path, workers, 16 << 10).unwrap();
                 let (b0, _) = rig.copied();
@@ -382,22 +511,34 @@ mod tests {
                     rig.check_last(n).unwrap();
                     sent += n as u64;
                 }
-                let copies = match path {
-                    PathKind::Staged => 2,
-                    PathKind::Direct => 1,
-                };
-                assert_eq!(rig.copied().0 - b0, copies * sent, "{path:?}");
+                let written = rig.copied().0 - b0;
+                match path {
+                    BenchPath::Staged => assert_eq!(written, 2 * sent),
+                    BenchPath::Direct => assert_eq!(written, sent),
+                    // Records: a header and a tag per record on the way in.
+                    BenchPath::Crypto => assert!(written > 2 * sent, "{written} vs {sent}"),
+                }
+                // Streaming: the ring kept full, consumed as it arrives;
+                // the last message checked against A's ring.
+                rig.stream(70_001, 90).unwrap();
+                rig.check_last(70_001).unwrap();
             }
         }
     }
 
     #[test]
     fn run_one_reports_copy_counts() {
-        let s = run_one(PathKind::Staged, 64 << 10, 1 << 20, 0, 256 << 10).unwrap();
-        let d = run_one(PathKind::Direct, 64 << 10, 1 << 20, 0, 256 << 10).unwrap();
+        let w = SendMode::Wait;
+        let s = run_one(BenchPath::Staged, w, 64 << 10, 1 << 20, 0, 256 << 10).unwrap();
+        let d = run_one(BenchPath::Direct, w, 64 << 10, 1 << 20, 0, 256 << 10).unwrap();
+        let st = SendMode::Stream;
+        let c = run_one(BenchPath::Crypto, st, 64 << 10, 1 << 20, 2, 256 << 10).unwrap();
+        assert!(c.copies_per_msg > 2.0 && c.mib_s > 0.0, "{c:?}");
         assert_eq!((s.copies_per_msg, d.copies_per_msg), (2.0, 1.0));
         assert_eq!(s.bytes_copied_per_msg, 2.0 * d.bytes_copied_per_msg);
         assert!(s.mib_s > 0.0 && d.mib_s > 0.0);
         assert!("direct".parse::<PathKind>().is_ok() && "x".parse::<PathKind>().is_err());
+        assert_eq!("crypto".parse::<BenchPath>(), Ok(BenchPath::Crypto));
+        assert!("x".parse::<BenchPath>().unwrap_err().contains("crypto"));
     }
 }

@@ -23,6 +23,12 @@ impl Capacities {
     pub fn unlimited() -> Self {
         Capacities([None; NCLASSES])
     }
+
+    /// The capacities DRF normalizes shares by: the limit, or 1 GB/s for
+    /// an unlimited class.
+    pub fn nominal(&self) -> [f64; NCLASSES] {
+        std::array::from_fn(|j| self.0[j].unwrap_or(1e9))
+    }
 }
 
 /// Parses a rate in bytes per second with guestmem's size syntax

@@ -117,6 +117,19 @@ impl<T> Dispatcher<T> {
         self.lock().sched.stats()
     }
 
+    /// New policy and capacities (the token buckets start empty).
+    pub fn reconfigure(&self, cfg: SchedConfig, caps: Capacities) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        st.sched.reconfigure(cfg);
+        st.buckets = CLASSES
+            .iter()
+            .map(|c| TokenBucket::new(caps.get(*c), now))
+            .collect();
+        drop(st);
+        self.cv.notify_all();
+    }
+
     pub fn stop(&self) {
         self.lock().stop = true;
         self.cv.notify_all();

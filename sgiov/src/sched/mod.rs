@@ -398,6 +398,28 @@ impl<T> Scheduler<T> {
         jobs
     }
 
+    /// Switches policy and capacities at run time (control API): every
+    /// runnable pipe is listed again under the new keys, in its old order
+    /// of becoming ready. Queues, jobs in flight and DRF usage stay.
+    pub fn reconfigure(&mut self, cfg: SchedConfig) {
+        self.cfg = cfg;
+        let mut listed: Vec<(u64, PipeKey)> = Vec::new();
+        for cq in &mut self.classes {
+            for (_, q) in std::mem::take(&mut cq.buckets) {
+                listed.extend(q);
+            }
+        }
+        listed.sort_unstable();
+        for &(_, pipe) in &listed {
+            if let Some(p) = self.pipes.get_mut(&pipe) {
+                p.listed = false;
+            }
+        }
+        for (_, pipe) in listed {
+            self.list(pipe);
+        }
+    }
+
     /// Jobs queued on a pipe (not running).
     pub fn queued(&self, pipe: PipeKey) -> usize {
         self.pipes.get(&pipe).map_or(0, |p| p.jobs.len())
@@ -442,6 +464,30 @@ mod tests {
             nominal: [400e6, 160e6],
             max_inflight: 1,
         }
+    }
+
+    #[test]
+    fn reconfigure_lists_runnable_pipes_under_the_new_policy() {
+        let mut s = Scheduler::new(cfg(Policy::Priority));
+        for id in 0..4 {
+            s.enqueue(1, 1, 7, job(Class::Copy, 10, id));
+            s.enqueue(2, 2, 0, job(Class::Copy, 10, 100 + id));
+        }
+        let (p, j) = s.next(1).unwrap();
+        assert_eq!(p, 2, "prio: level 0 first");
+        s.complete(p, j.barrier);
+        s.reconfigure(cfg(Policy::RoundRobin));
+        assert_eq!(s.policy(), Policy::RoundRobin);
+        assert_eq!(s.active(), 2, "both pipes listed again");
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            let (p, j) = s.next(1).unwrap();
+            s.complete(p, j.barrier);
+            order.push(p);
+        }
+        assert_eq!(order, vec![1, 2, 1, 2], "rr: turns, pipe 1 was ready first");
+        s.reconfigure(cfg(Policy::Priority));
+        assert_eq!(s.next(1).unwrap().0, 2);
     }
 
     const ALL: u32 = 0b11;

@@ -334,7 +334,12 @@ fn finish(
         .is_sg()
         .then(|| crate::devices::agent_port::SgExpect {
             pipes: cfg.sg_pipes,
-            checksum: crate::bootinfo::sg_checksum(&cfg.sandbox, cfg.sg_pipes, cfg.sg_bytes),
+            checksum: match cfg.agent_mode {
+                crate::args::AgentMode::SgSend | crate::args::AgentMode::SgRecv => {
+                    crate::bootinfo::sg_checksum_seeded(cfg.sg_port, cfg.sg_pipes, cfg.sg_bytes)
+                }
+                _ => crate::bootinfo::sg_checksum(&cfg.sandbox, cfg.sg_pipes, cfg.sg_bytes),
+            },
         });
     let expect = devices::AgentExpect {
         app_checksum,
