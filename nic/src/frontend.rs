@@ -59,7 +59,7 @@ pub struct VuFrontend {
 pub struct SimFrontend {
     vu: VuFrontend,
     rx_used_seen: u16,
-    /// Poll mode: used index at the last kick and at the last burst, per queue.
+    /// Poll mode: avail index at the last kick, used index at the last burst, per queue.
     kicked_at: [u16; 2],
     last_used: [u16; 2],
 }
@@ -571,13 +571,17 @@ impl SimFrontend {
     }
 
     /// Kicks when the NIC made no progress on queue `q` since the last call
-    /// (it may be asleep), at most once per used index: a polling NIC costs
-    /// the frontend no syscalls.
+    /// (it may be asleep) and something was published since the last kick: a
+    /// polling NIC costs the frontend no syscalls. Once per avail index, not
+    /// per used index: a kick spent while nothing new was published (a full
+    /// ring) must not stand for the buffers published after it, or a NIC that
+    /// went to sleep meanwhile waits for its safety timeout.
     fn kick_if_stalled(&mut self, q: usize, used: u16) {
         let stalled = used == self.last_used[q];
         self.last_used[q] = used;
-        if stalled && self.kicked_at[q] != used {
-            self.kicked_at[q] = used;
+        let avail = self.vu.avail_idx(q);
+        if stalled && avail != used && self.kicked_at[q] != avail {
+            self.kicked_at[q] = avail;
             self.vu.kick(q);
         }
     }

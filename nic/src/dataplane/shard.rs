@@ -159,8 +159,6 @@ impl Peers {
         if self.links.is_empty() {
             return;
         }
-        // Our channel writes before the reads of `asleep` (see `sleeping`).
-        fence(Ordering::SeqCst);
         for (home, link) in self.links.iter_mut().enumerate() {
             let Some(link) = link else { continue };
             for p in pool.away(home).drain(..) {
@@ -168,11 +166,13 @@ impl Peers {
                 let _ = link.home_to.try_send(p);
                 link.sent = true;
             }
-            if link.sent {
-                link.sent = false;
-                if link.asleep.load(Ordering::SeqCst) {
-                    let _ = link.wake.write(1);
-                }
+        }
+        // Every channel write of the round (frames in `send`, buffers above)
+        // before the reads of `asleep` (see `sleeping`): a Dekker pair.
+        fence(Ordering::SeqCst);
+        for link in self.links.iter_mut().flatten() {
+            if std::mem::take(&mut link.sent) && link.asleep.load(Ordering::SeqCst) {
+                let _ = link.wake.write(1);
             }
         }
     }
