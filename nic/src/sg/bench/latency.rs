@@ -60,7 +60,7 @@ pub enum Mode {
     Vf,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct LatencyRow {
     pub pipes: usize,
     pub mode: &'static str,
@@ -180,16 +180,7 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
         let cpu0 = d.cpu();
         let pre0 = d.preempted(SG_THREAD);
         let t0 = Instant::now();
-        let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
-        for _ in 0..a.reps {
-            let mut us = Vec::with_capacity(a.samples);
-            for _ in 0..a.samples {
-                us.push(ping(&mut fe, sock, &pat, &mut buf)?.as_secs_f64() * 1e6);
-            }
-            us.sort_by(f64::total_cmp);
-            p50s.push(sgiov::bench::percentile(&us, 50.0));
-            p99s.push(sgiov::bench::percentile(&us, 99.0));
-        }
+        let (p50_us, p99_us) = measure(a, || ping(&mut fe, sock, &pat, &mut buf))?;
         let cpu = (d.cpu() - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
         let fds = d.fds();
         let sg_preempted = d.preempted(SG_THREAD) - pre0;
@@ -203,8 +194,8 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
             pipes: n,
             mode: "xfifo",
             gen_budget: 0,
-            p50_us: median(&mut p50s),
-            p99_us: median(&mut p99s),
+            p50_us,
+            p99_us,
             growth_p50: 1.0,
             growth_p99: 1.0,
             daemon_fds: fds,
@@ -226,6 +217,25 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
     let mut row = r?;
     row.backlog_bytes = shards?.iter().flat_map(|s| &s.per_pipe).sum();
     Ok(row)
+}
+
+/// `--reps` times `--samples` round trips of `ping`: the medians over the
+/// reps of their p50 and p99 (µs).
+pub(crate) fn measure(
+    a: &LatencyArgs,
+    mut ping: impl FnMut() -> Result<Duration, BenchSgError>,
+) -> Result<(f64, f64), BenchSgError> {
+    let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
+    for _ in 0..a.reps {
+        let mut us = Vec::with_capacity(a.samples);
+        for _ in 0..a.samples {
+            us.push(ping()?.as_secs_f64() * 1e6);
+        }
+        us.sort_by(f64::total_cmp);
+        p50s.push(sgiov::bench::percentile(&us, 50.0));
+        p99s.push(sgiov::bench::percentile(&us, 99.0));
+    }
+    Ok((median(&mut p50s), median(&mut p99s)))
 }
 
 /// One ping-pong: `pat` out, the same bytes back (checked). Its round trip.

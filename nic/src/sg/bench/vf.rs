@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use netutil::MacAddr;
 
-use super::latency::{LatencyArgs, LatencyRow};
-use super::{median, BenchSgError, Daemon, Flags, T};
+use super::latency::{measure, LatencyArgs, LatencyRow};
+use super::{BenchSgError, Daemon, Flags, T};
 use crate::control::{Client, VfInfo};
 use crate::devset::VfState;
 use crate::frontend::{SimFrontend, MIN_MEM};
@@ -129,38 +129,21 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
         let cpu0 = d.cpu();
         let pre0 = d.preempted(DP_THREAD);
         let t0 = Instant::now();
-        let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
-        for _ in 0..a.reps {
-            let mut us = Vec::with_capacity(a.samples);
-            for _ in 0..a.samples {
-                us.push(ping(&mut fa, &mut fb, &frames)?.as_secs_f64() * 1e6);
-            }
-            us.sort_by(f64::total_cmp);
-            p50s.push(sgiov::bench::percentile(&us, 50.0));
-            p99s.push(sgiov::bench::percentile(&us, 99.0));
-        }
+        let (p50_us, p99_us) = measure(a, || ping(&mut fa, &mut fb, &frames))?;
         let cpu = (d.cpu() - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
+        // Budget, signals per kick and the SG thread's counters do not apply.
         Ok::<_, BenchSgError>(LatencyRow {
             pipes: n,
             mode: "vf",
-            gen_budget: 0,
-            p50_us: median(&mut p50s),
-            p99_us: median(&mut p99s),
+            p50_us,
+            p99_us,
             growth_p50: 1.0,
             growth_p99: 1.0,
             daemon_fds: d.fds(),
-            idle_fds: 0,
-            signals_per_kick: 0.0,
             daemon_cpu_pct: cpu * 100.0,
             pings: a.reps * a.samples,
-            backlog_bytes: 0,
-            round_p99_us: 0,
-            round_max_us: 0,
-            prio_wait_p99_us: 0,
-            prio_ahead_p99: 0,
-            queue_depth_p99: 0,
-            prio_inline: 0,
             sg_preempted: d.preempted(DP_THREAD) - pre0,
+            ..LatencyRow::default()
         })
     })();
     flags.stop.store(true, Ordering::Relaxed);
