@@ -42,7 +42,7 @@ const BURST: usize = 32;
 /// One row per `--vfs` count: p50/p99 of the VF ping, daemon fds with every
 /// VF session open, dataplane thread preemptions (growth is set by the caller).
 pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
-    if a.vfs.is_empty() || a.vfs.iter().any(|&n| n < 2 || n > crate::MAX_VFS) {
+    if a.vfs.is_empty() || a.vfs.iter().any(|n| !(2..=crate::MAX_VFS).contains(n)) {
         return Err(BenchSgError::Config(format!(
             "--vfs {:?}: counts 2..{} (a pinging pair plus backlogged VFs)",
             a.vfs,
