@@ -659,7 +659,7 @@ pub fn pf_lat(c: &mut Client) -> Result<crate::sg::SgLat, BenchSgError> {
         .unwrap_or_default())
 }
 
-pub(crate) fn list_sg(c: &mut Client) -> Result<Vec<VfInfo>, BenchSgError> {
+fn list_sg(c: &mut Client) -> Result<Vec<VfInfo>, BenchSgError> {
     Ok(c.list()
         .map_err(|source| BenchSgError::Control {
             what: "list".into(),
