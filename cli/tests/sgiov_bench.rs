@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use nic::sg::bench::latency::{self, LatencyArgs};
+use nic::sg::bench::latency::{self, LatencyArgs, Mode};
 use nic::sg::bench::open::{self, OpenArgs};
 use nic::sg::bench::throughput::{self, ThroughputArgs};
 use nic::sg::bench::CommonArgs;
@@ -31,6 +31,8 @@ fn latency_pings_through_backlogged_pipes_with_a_constant_fd_count() {
         size: 4096,
         policy: "prio".into(),
         gen_budget: vec![32],
+        modes: vec![Mode::Xfifo],
+        vfs: vec![],
         common: common("lat"),
     })
     .unwrap();
@@ -46,6 +48,38 @@ fn latency_pings_through_backlogged_pipes_with_a_constant_fd_count() {
     assert_eq!(rows[0].daemon_fds, rows[1].daemon_fds, "{rows:?}");
     assert!(rows[0].daemon_fds > rows[0].idle_fds, "sessions hold fds");
     assert_eq!(rows[0].growth_p50, 1.0);
+}
+
+#[test]
+fn vf_row_pings_through_the_switch_with_fds_per_vf() {
+    let rows = latency::run(&LatencyArgs {
+        pipes: vec![4],
+        samples: 10,
+        reps: 2,
+        size: 4096,
+        policy: "prio".into(),
+        gen_budget: vec![32],
+        modes: vec![Mode::Vf],
+        // 4: one backlogged VF pair; 6: two more VF sessions.
+        vfs: vec![4, 6],
+        common: common("latvf"),
+    })
+    .unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r.mode, "vf");
+        assert_eq!(r.pings, 20, "{r:?}");
+        assert!(r.p50_us > 0.0 && r.p99_us >= r.p50_us, "{r:?}");
+        assert!(r.backlog_bytes > 0, "backlogged VFs moved nothing: {r:?}");
+        assert!(r.daemon_fds > r.idle_fds, "VF sessions hold fds: {r:?}");
+    }
+    assert_eq!((rows[0].pipes, rows[1].pipes), (4, 6));
+    assert_eq!(rows[0].growth_p50, 1.0);
+    // Unlike pipes, every VF session costs the daemon fds.
+    assert!(
+        rows[1].daemon_fds - rows[1].idle_fds > rows[0].daemon_fds - rows[0].idle_fds,
+        "{rows:?}"
+    );
 }
 
 #[test]

@@ -42,11 +42,25 @@ pub struct LatencyArgs {
     /// of the same budget).
     #[arg(long, value_delimiter = ',', default_value = "32")]
     pub gen_budget: Vec<usize>,
+    /// Signal planes compared: xfifo (SG functions, Cross-FIFO, one row per
+    /// --pipes count and budget), vf (VF pairs through the switch, one row
+    /// per --vfs count, one daemon each).
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "xfifo,vf")]
+    pub modes: Vec<Mode>,
+    /// VF counts of the vf mode (2..256: the pinging pair, the rest backlogged).
+    #[arg(long, value_delimiter = ',', default_value = "8,64,256")]
+    pub vfs: Vec<usize>,
     #[command(flatten)]
     pub common: CommonArgs,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Xfifo,
+    Vf,
+}
+
+#[derive(Debug, Clone, Default)]
 pub struct LatencyRow {
     pub pipes: usize,
     pub mode: &'static str,
@@ -93,7 +107,12 @@ pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
         ));
     }
     let mut rows: Vec<LatencyRow> = Vec::new();
-    for &budget in &a.gen_budget {
+    let budgets: &[usize] = if a.modes.contains(&Mode::Xfifo) {
+        &a.gen_budget
+    } else {
+        &[]
+    };
+    for &budget in budgets {
         let d = Daemon::spawn_with(
             &a.common.bin()?,
             &a.common.dir("latency"),
@@ -113,6 +132,15 @@ pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
             let (p50, p99) = rows
                 .get(first)
                 .map_or((row.p50_us, row.p99_us), |f| (f.p50_us, f.p99_us));
+            row.growth_p50 = row.p50_us / p50;
+            row.growth_p99 = row.p99_us / p99;
+            rows.push(row);
+        }
+    }
+    if a.modes.contains(&Mode::Vf) {
+        let vf = super::vf::run(a)?;
+        let (p50, p99) = (vf[0].p50_us, vf[0].p99_us);
+        for mut row in vf {
             row.growth_p50 = row.p50_us / p50;
             row.growth_p99 = row.p99_us / p99;
             rows.push(row);
@@ -152,16 +180,7 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
         let cpu0 = d.cpu();
         let pre0 = d.preempted(SG_THREAD);
         let t0 = Instant::now();
-        let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
-        for _ in 0..a.reps {
-            let mut us = Vec::with_capacity(a.samples);
-            for _ in 0..a.samples {
-                us.push(ping(&mut fe, sock, &pat, &mut buf)?.as_secs_f64() * 1e6);
-            }
-            us.sort_by(f64::total_cmp);
-            p50s.push(sgiov::bench::percentile(&us, 50.0));
-            p99s.push(sgiov::bench::percentile(&us, 99.0));
-        }
+        let (p50_us, p99_us) = measure(a, || ping(&mut fe, sock, &pat, &mut buf))?;
         let cpu = (d.cpu() - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
         let fds = d.fds();
         let sg_preempted = d.preempted(SG_THREAD) - pre0;
@@ -175,8 +194,8 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
             pipes: n,
             mode: "xfifo",
             gen_budget: 0,
-            p50_us: median(&mut p50s),
-            p99_us: median(&mut p99s),
+            p50_us,
+            p99_us,
             growth_p50: 1.0,
             growth_p99: 1.0,
             daemon_fds: fds,
@@ -198,6 +217,25 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
     let mut row = r?;
     row.backlog_bytes = shards?.iter().flat_map(|s| &s.per_pipe).sum();
     Ok(row)
+}
+
+/// `--reps` times `--samples` round trips of `ping`: the medians over the
+/// reps of their p50 and p99 (µs).
+pub(crate) fn measure(
+    a: &LatencyArgs,
+    mut ping: impl FnMut() -> Result<Duration, BenchSgError>,
+) -> Result<(f64, f64), BenchSgError> {
+    let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
+    for _ in 0..a.reps {
+        let mut us = Vec::with_capacity(a.samples);
+        for _ in 0..a.samples {
+            us.push(ping()?.as_secs_f64() * 1e6);
+        }
+        us.sort_by(f64::total_cmp);
+        p50s.push(sgiov::bench::percentile(&us, 50.0));
+        p99s.push(sgiov::bench::percentile(&us, 99.0));
+    }
+    Ok((median(&mut p50s), median(&mut p99s)))
 }
 
 /// One ping-pong: `pat` out, the same bytes back (checked). Its round trip.
@@ -301,9 +339,18 @@ pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
         );
     }
     println!(
-        "x_p50/x_p99: growth against {} pipes; fds: daemon fds with every pipe open (idle: none); \
-         sig/kick: guest->device signals per doorbell; cpu%: daemon CPU during the pings",
-        a.pipes[0]
+        "x_p50/x_p99: growth against {} pipes (vf rows: against {} VFs); fds: daemon fds with \
+         every pipe (VF session) open (idle: none); sig/kick: guest->device signals per doorbell; \
+         cpu%: daemon CPU during the pings",
+        a.pipes[0],
+        a.vfs.first().copied().unwrap_or(0)
+    );
+    println!(
+        "vf rows: pipes = VFs (one daemon each); the ping is split into {}-byte MTU frames VF A -> \
+         VF B, echoed by B's frontend, timed until the last is back at A; every other VF sends \
+         1514-byte frames to the next one in poll mode; budget, sig/kick and the SG counters do \
+         not apply (0); preempt: involuntary context switches of the dataplane thread dp-pf0",
+        1500
     );
     println!(
         "round99/roundmax: the daemon's SG thread round (doorbells, completions, bounded job \

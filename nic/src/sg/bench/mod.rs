@@ -13,6 +13,7 @@
 pub mod latency;
 pub mod open;
 pub mod throughput;
+pub mod vf;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -59,6 +60,12 @@ pub enum BenchSgError {
         what: String,
         #[source]
         source: Box<SgFrontendError>,
+    },
+    #[error("bench sgiov: {what}")]
+    VfFrontend {
+        what: String,
+        #[source]
+        source: Box<crate::frontend::FrontendError>,
     },
     #[error("bench sgiov: {what}")]
     Driver {
@@ -170,6 +177,19 @@ impl Daemon {
         workers: usize,
         extra: &[String],
     ) -> Result<Daemon, BenchSgError> {
+        Self::spawn_vfs(bin, dir, 1, sgfs, policy, workers, extra)
+    }
+
+    /// [`Daemon::spawn_with`] with `vfs` VFs on `pf0` (the VF row of `latency`).
+    pub fn spawn_vfs(
+        bin: &Path,
+        dir: &Path,
+        vfs: usize,
+        sgfs: usize,
+        policy: &str,
+        workers: usize,
+        extra: &[String],
+    ) -> Result<Daemon, BenchSgError> {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir).map_err(|source| BenchSgError::Io {
             what: format!("create {}", dir.display()),
@@ -178,7 +198,7 @@ impl Daemon {
         let control = dir.join("nic.sock");
         let mut cmd = Command::new(bin);
         cmd.arg("nic")
-            .args(["--pf", "pf0", "--vfs", "1"])
+            .args(["--pf", "pf0", "--vfs", &vfs.to_string()])
             .arg("--control")
             .arg(&control)
             .arg("--state-dir")
