@@ -111,6 +111,18 @@ fn late_vf_session_never_writes_into_the_next_tenant() {
     wait_stats(&pool, "saw the NIC register A's pool memory", |_| {
         pool.registrations() == 1
     });
+    // Both sessions set up to the end: their last setup messages have no reply, and
+    // one still in flight would queue behind the devset lock taken below (its VF side
+    // waits for the close waiting there), leaving that VF without rings. One frame
+    // crossing from B to A shows both are live.
+    let port_a = nic.nic.pfs[0].ports[a.index].clone();
+    let port_b = nic.nic.pfs[0].ports[b.index].clone();
+    fb.send(&frame(&a.mac, &b.mac, &[0; 60]));
+    let t0 = Instant::now();
+    while port_a.counters.snapshot().rx_packets < 1 {
+        assert!(t0.elapsed() < T, "A and B never exchanged a frame");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 
     // A lock wait: the devset's VF side is held, so A's close (devset side) must wait.
     let devset = nic.nic.pfs[0].devset.clone();
@@ -132,14 +144,18 @@ fn late_vf_session_never_writes_into_the_next_tenant() {
     });
 
     // Frames for A keep arriving; the dataplane writes them into A's buffers.
-    let port_a = nic.nic.pfs[0].ports[a.index].clone();
     let canary = frame(&a.mac, &b.mac, &[CANARY; 1200]);
     for _ in 0..8 {
         fb.send(&canary);
     }
     let t0 = Instant::now();
-    while port_a.counters.snapshot().rx_packets < 8 {
-        assert!(t0.elapsed() < T, "frames never reached A's buffers");
+    while port_a.counters.snapshot().rx_packets < 1 + 8 {
+        assert!(
+            t0.elapsed() < T,
+            "frames never reached A's buffers: A {:?}, B {:?}",
+            port_a.counters.snapshot(),
+            port_b.counters.snapshot()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
 
