@@ -256,9 +256,6 @@ impl Port {
         *lock(&self.runtime) = Some(rt);
         self.returned.notify_all();
     }
-    pub fn failed(&self) -> bool {
-        self.runtime().failed
-    }
     /// Tells the dataplane something changed (rings, state, config).
     pub fn bump(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);

@@ -486,13 +486,10 @@ impl<'rt> Sandbox<'rt> {
             .expect("netns stage ran")
             .path()
             .to_path_buf();
-        let cni = match self.spec.sg {
-            Some(_) => self
-                .rt
-                .sg_cni()
-                .ok_or("no SG network configured (the runtime serves no SG functions: sgfs 0)")?,
-            None => self.rt.cni().ok_or("no CNI network configured")?,
-        };
+        let cni = self.network().ok_or(match self.spec.sg {
+            Some(_) => "no SG network configured (the runtime serves no SG functions: sgfs 0)",
+            None => "no CNI network configured",
+        })?;
         // Marked before the call: a half-done ADD is undone by DEL too.
         self.cni_added = true;
         let att = cni.add(&self.spec.id, &ns, IFNAME)?;
@@ -822,6 +819,15 @@ impl<'rt> Sandbox<'rt> {
         }
     }
 
+    /// The CNI network of the spec's attachment: the SG network for an SG
+    /// spec, else the VF network (None: the host has none).
+    fn network(&self) -> Option<&'rt crate::cni::CniNetwork> {
+        match self.spec.sg {
+            Some(_) => self.rt.sg_cni(),
+            None => self.rt.cni(),
+        }
+    }
+
     /// Tears everything down in reverse order; goes on after a failed step
     /// and returns every failure.
     pub fn teardown(&mut self) -> Result<(), TeardownError> {
@@ -846,11 +852,7 @@ impl<'rt> Sandbox<'rt> {
             self.cni_added = false;
             let id = self.pooled_id.as_deref().unwrap_or(&self.spec.id);
             // DEL on the network the ADD ran on.
-            let cni = match self.spec.sg {
-                Some(_) => self.rt.sg_cni(),
-                None => self.rt.cni(),
-            };
-            if let (Some(cni), Some(ns)) = (cni, self.netns.as_ref()) {
+            if let (Some(cni), Some(ns)) = (self.network(), self.netns.as_ref()) {
                 if let Err(e) = cni.del_retrying(id, ns.path(), IFNAME, DEL_PATIENCE) {
                     errs.push(TeardownStep::CniDel(Box::new(e)));
                 }

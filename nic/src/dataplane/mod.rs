@@ -66,19 +66,6 @@ pub struct Dataplane {
 }
 
 impl Dataplane {
-    /// The one dataplane thread of a PF.
-    pub fn new(
-        devset: Arc<Devset<VfHw>>,
-        ports: Vec<Arc<Port>>,
-        uplink: Option<Uplink>,
-        wake: Arc<EventFd>,
-        batch: usize,
-    ) -> Self {
-        let pool = pool_size(ports.len());
-        let uplink = uplink.map(Arc::new);
-        Self::shard(devset, ports, uplink, wake, batch, Peers::single(), pool)
-    }
-
     /// `threads` dataplane threads of a PF (see `shard`): thread 0 wakes on
     /// `wake`, the others on eventfds of their own, which their VFs' sessions
     /// write.
@@ -91,9 +78,6 @@ impl Dataplane {
         threads: usize,
     ) -> io::Result<Vec<Self>> {
         let threads = threads.clamp(1, ports.len().max(1));
-        if threads == 1 {
-            return Ok(vec![Self::new(devset, ports, uplink, wake, batch)]);
-        }
         let mut wakes = vec![wake];
         for _ in 1..threads {
             wakes.push(Arc::new(EventFd::new(EFD_NONBLOCK)?));

@@ -47,7 +47,7 @@ pub struct Peers {
 
 impl Peers {
     /// The only thread of its PF.
-    pub fn single() -> Self {
+    fn single() -> Self {
         Peers {
             me: 0,
             n: 1,
@@ -60,6 +60,9 @@ impl Peers {
     /// The links of `wakes.len()` threads whose pools have `pool` buffers.
     pub fn build(wakes: &[Arc<EventFd>], pool: usize) -> Vec<Peers> {
         let n = wakes.len();
+        if n == 1 {
+            return vec![Peers::single()];
+        }
         let asleep: Vec<Arc<AtomicBool>> = (0..n).map(|_| Arc::default()).collect();
         let mut all: Vec<Peers> = (0..n)
             .map(|me| Peers {
