@@ -175,15 +175,11 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
             ))
         }
     };
-    let kind = match string("kind")?.as_deref() {
-        None | Some("vf") => DevKind::Vf,
-        Some("sg") => DevKind::Sg,
-        Some(k) => {
-            return Err(PluginError::invalid_config(
-                "kind",
-                format!("{k:?} is neither \"vf\" nor \"sg\""),
-            ))
-        }
+    let kind = match string("kind")? {
+        None => DevKind::Vf,
+        Some(k) => k
+            .parse()
+            .map_err(|e| PluginError::invalid_config("kind", e))?,
     };
     if kind == DevKind::Sg {
         // An SG function carries sockets, not frames: nothing to address.

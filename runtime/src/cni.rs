@@ -96,6 +96,9 @@ struct ErrorJson {
 pub struct CniNetwork {
     pub config_path: PathBuf,
     config: Vec<u8>,
+    /// The config's `name`, and burstvm-cni's `kind` (a VF unless `"sg"`).
+    name: String,
+    kind: nic::control::DevKind,
     plugin: PathBuf,
     /// Directories searched for plugins (`CNI_PATH`).
     path: Vec<PathBuf>,
@@ -146,8 +149,13 @@ impl CniNetwork {
             .map(|d| d.join(ty))
             .find(|p| p.is_file())
             .ok_or_else(|| bad(format!("plugin {ty:?} not found in CNI_PATH {path:?}")))?;
+        let field = |key: &str| v.get(key).and_then(|x| x.as_str());
         Ok(CniNetwork {
             config_path: config_path.to_path_buf(),
+            name: field("name").unwrap_or_default().to_string(),
+            kind: field("kind")
+                .and_then(|k| k.parse().ok())
+                .unwrap_or_default(),
             config,
             plugin,
             path,
@@ -155,23 +163,14 @@ impl CniNetwork {
         })
     }
 
-    /// A config field (None: absent or not JSON).
-    fn field(&self, key: &str) -> Option<String> {
-        let v: serde_json::Value = serde_json::from_slice(&self.config).ok()?;
-        v.get(key)?.as_str().map(str::to_string)
-    }
-
     /// The network's `name`.
-    pub fn name(&self) -> String {
-        self.field("name").unwrap_or_default()
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// burstvm-cni's `kind`: an SG function for `"sg"`, else a VF (its default).
     pub fn kind(&self) -> nic::control::DevKind {
-        match self.field("kind").as_deref() {
-            Some("sg") => nic::control::DevKind::Sg,
-            _ => nic::control::DevKind::Vf,
-        }
+        self.kind
     }
 
     /// Refuses an SG network for `what`, a path that reads the VF's placeholder link
@@ -180,7 +179,7 @@ impl CniNetwork {
         match self.kind() {
             nic::control::DevKind::Vf => Ok(()),
             nic::control::DevKind::Sg => Err(CniError::NotVf {
-                name: self.name(),
+                name: self.name.clone(),
                 path: self.config_path.clone(),
                 what,
             }),
@@ -358,8 +357,7 @@ pub fn attachment(r: &CniResult, ifname: &str) -> Result<Attachment, NoInterface
         vf_id: iface.pci_id.clone(),
         vf_socket: iface.socket_path.as_ref().map(PathBuf::from),
         kind: match iface.kind.as_deref() {
-            Some("sg") => nic::control::DevKind::Sg,
-            Some(_) => nic::control::DevKind::Vf,
+            Some(k) => k.parse().unwrap_or_default(),
             // libcni (cnitool, containerd) re-encodes results without burstvm's `kind`
             // (docs/cni.md): a socket without a MAC is an SG function (a VF always has one).
             None if iface.mac.is_none() && iface.socket_path.is_some() => nic::control::DevKind::Sg,

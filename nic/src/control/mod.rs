@@ -29,6 +29,18 @@ impl DevKind {
     }
 }
 
+impl std::str::FromStr for DevKind {
+    type Err = String;
+    /// The wire spelling (`"vf"`, `"sg"`), as in configs and results.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "vf" => Ok(DevKind::Vf),
+            "sg" => Ok(DevKind::Sg),
+            k => Err(format!("{k:?} is neither \"vf\" nor \"sg\"")),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Request {
