@@ -92,12 +92,12 @@ impl Nic {
         }
     }
 
-    /// The PF an `alloc` names (both kinds; the sandbox id was validated).
-    pub(super) fn alloc_target(&self, pf_name: &str) -> Result<&Pf, Box<Response>> {
+    /// The PF a request `op` names.
+    pub(super) fn pf(&self, op: &str, pf_name: &str) -> Result<&Pf, Box<Response>> {
         self.pfs.iter().find(|p| p.name == pf_name).ok_or_else(|| {
             Box::new(Response::err(
                 ErrorCode::UnknownPf,
-                format!("alloc: unknown PF {pf_name:?}"),
+                format!("{op}: unknown PF {pf_name:?}"),
             ))
         })
     }
@@ -142,8 +142,9 @@ impl Nic {
         capacity: Option<&str>,
     ) -> Response {
         let bad = |m: String| Response::err(ErrorCode::BadRequest, m);
-        let Some(pf) = self.pfs.iter().find(|p| p.name == pf_name) else {
-            return Response::err(ErrorCode::UnknownPf, format!("sg_sched: no PF {pf_name}"));
+        let pf = match self.pf("sg_sched", pf_name) {
+            Ok(pf) => pf,
+            Err(r) => return *r,
         };
         let Some(sg) = &pf.sg else {
             return bad(format!(
@@ -178,7 +179,7 @@ impl Nic {
 
     pub(super) fn alloc_sg(&self, pf_name: &str, sandbox: &str, net_fields: bool) -> Response {
         let bad = |m: String| Response::err(ErrorCode::BadRequest, m);
-        let pf = match self.alloc_target(pf_name) {
+        let pf = match self.pf("alloc", pf_name) {
             Ok(pf) => pf,
             Err(r) => return *r,
         };
@@ -222,7 +223,7 @@ impl Nic {
         vlan: Option<u16>,
     ) -> Response {
         let bad = |m: String| Response::err(ErrorCode::BadRequest, m);
-        let pf = match self.alloc_target(pf_name) {
+        let pf = match self.pf("alloc", pf_name) {
             Ok(pf) => pf,
             Err(r) => return *r,
         };
