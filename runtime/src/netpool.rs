@@ -21,7 +21,8 @@ use netutil::NamedNetns;
 use crate::cni::{CniError, CniNetwork};
 use crate::failures::Failures;
 use crate::guestnet::{GuestLink, GuestNetError};
-use crate::sandbox::IFNAME;
+// Stopping the pool retries a DEL answered "try again later" as a teardown does.
+use crate::sandbox::{DEL_PATIENCE, IFNAME};
 
 /// The refill waits until no sandbox is starting and none finished starting
 /// for this long: the pool is filled while the host is idle, never during a
@@ -31,8 +32,6 @@ const QUIET: Duration = Duration::from_millis(100);
 /// After a failed ADD (e.g. the NIC daemon restarting for another lock
 /// policy) the refill tries again after this.
 const RETRY: Duration = Duration::from_millis(500);
-/// How long stopping the pool keeps retrying a DEL answered "try again later".
-const DEL_PATIENCE: Duration = Duration::from_secs(20);
 
 /// Making or releasing one pooled attachment failed: which one, which step.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,140 @@
+//! Spawning the VMM process of a sandbox (`vmm-spawn`, recorded by the VMM
+//! from the instant passed in BURSTVM_SPAWN_NS). Between fork and exec the
+//! child only makes async-signal-safe calls: its own process group, death
+//! with the spawning thread (PR_SET_PDEATHSIG), the sandbox netns, every
+//! cgroup hierarchy, and the ready pipe's write end kept across exec (the
+//! parent drops its copy, so EOF on the read end means the VMM is gone).
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use super::error::file_err;
+use super::{Sandbox, StageError, VmmSpawnError};
+use crate::cgroup;
+
+impl Sandbox<'_> {
+    pub(super) fn spawn_vmm(
+        &mut self,
+        net_args: &[String],
+        ready_w: OwnedFd,
+    ) -> Result<(), StageError> {
+        let policy = self.spec.variant.policy();
+        let ns = self.netns_path();
+        let ns_file = File::open(ns).map_err(file_err(ns))?;
+        let procs = self
+            .cgroup
+            .as_ref()
+            .expect("cgroup stage ran")
+            .open_procs()?;
+        let stderr = File::create(&self.files.stderr).map_err(file_err(&self.files.stderr))?;
+        let mut cmd = crate::vmmproc::command(self.rt.bin());
+        cmd.args(["--sandbox", &self.spec.id])
+            .args(["--memory", &format!("{}K", self.spec.memory_bytes >> 10)])
+            .args(["--memory-policy", policy.memory_policy])
+            .args(["--dma-ram", &policy.dma_ram.to_string()])
+            .args(["--dma-image", &policy.dma_image.to_string()])
+            .args(["--timeout", &self.spec.timeout_secs.to_string()])
+            .arg("--trace")
+            .arg(self.rt.trace_path())
+            .args(["--ready-fd", &ready_w.as_raw_fd().to_string()])
+            .args(net_args);
+        if let Some(vi) = policy.vf_init {
+            cmd.args(["--vf-init", vi]);
+        }
+        if let Some(k) = &self.spec.kernel {
+            cmd.arg("--kernel").arg(k);
+            cmd.args(["--cmdline", &crate::rootfs::linux_cmdline()]);
+            cmd.arg("--serial-log").arg(&self.files.console);
+        }
+        if let Some(t) = &self.spec.template {
+            cmd.arg("--template").arg(t);
+        }
+        if let Some(sock) = self.rt.pool_socket() {
+            cmd.arg("--pool-socket").arg(sock);
+        }
+        match &self.attach.app_file {
+            Some(app) => cmd.arg("--app-file").arg(app),
+            None => cmd.args(["--app-size", &self.spec.app_size.to_string()]),
+        };
+        if self.attach.until_exit {
+            cmd.arg("--until-exit");
+        } else if self.spec.keep_running {
+            cmd.arg("--keep-running");
+        }
+        let stdout = match (self.attach.stdout.take(), &self.files.stdout) {
+            (Some(fd), _) => Stdio::from(fd),
+            (None, Some(p)) => {
+                let list: Vec<String> = self.spec.probe.iter().map(|a| format!("{a:#x}")).collect();
+                cmd.args(["--probe", &list.join(",")]);
+                Stdio::from(File::create(p).map_err(file_err(p))?)
+            }
+            (None, None) => Stdio::null(),
+        };
+        if self.sg {
+            let sg = self.spec.sg.unwrap_or_default();
+            let mode = if self.spec.echo { "sg-echo" } else { "sg" };
+            cmd.args(["--agent-mode", mode])
+                .args(["--sg-pipes", &sg.pipes.to_string()])
+                .args(["--sg-bytes", &sg.bytes.to_string()]);
+        } else if self.spec.echo {
+            cmd.args(["--agent-mode", "echo"]);
+        }
+        cmd.env("RUST_BACKTRACE", "0")
+            .env("NO_COLOR", "1")
+            .env("RUST_LIB_BACKTRACE", "0")
+            .env("BURSTVM_SPAWN_NS", trace::monotonic_ns().to_string())
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        let ns_fd = ns_file.as_raw_fd();
+        let w_fd = ready_w.as_raw_fd();
+        let cg_fds = procs.raw_fds();
+        // SAFETY: the closure only makes async-signal-safe system calls.
+        unsafe {
+            cmd.pre_exec(move || child_setup(ns_fd, w_fd, &cg_fds));
+        }
+        let child = cmd.spawn().map_err(|source| VmmSpawnError::Spawn {
+            program: PathBuf::from(cmd.get_program()),
+            source,
+        })?;
+        self.vmm = Some(child);
+        drop(ready_w); // the VMM holds the only write end now
+        Ok(())
+    }
+}
+
+/// Runs in the child between fork and exec: only async-signal-safe calls.
+fn child_setup(ns_fd: RawFd, ready_fd: RawFd, cg_fds: &[RawFd]) -> std::io::Result<()> {
+    // SAFETY: plain system calls on descriptors the parent keeps open.
+    unsafe {
+        // Own process group: a terminal Ctrl-C reaches only the runtime, which tears down in order.
+        if libc::setpgid(0, 0) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // A VMM never outlives the runtime thread that started it.
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::setns(ns_fd, libc::CLONE_NEWNET) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let flags = libc::fcntl(ready_fd, libc::F_GETFD);
+        if flags < 0 || libc::fcntl(ready_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    cgroup::join_self(cg_fds)
+}
+
+pub(super) fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two fds that we take ownership of.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
