@@ -310,6 +310,42 @@ pub fn join_self(fds: &[RawFd]) -> io::Result<()> {
     Ok(())
 }
 
+/// What `reap` did: the processes it killed, the directories it removed.
+#[derive(Debug, Default)]
+pub(crate) struct Reaped {
+    pub killed: Vec<i32>,
+    pub removed: Vec<PathBuf>,
+}
+
+/// Removes the group `name` of an owner that died without removing it (a
+/// SIGKILLed runtime or shim): SIGKILLs the processes still in it (in every
+/// hierarchy), then removes its directories, leaf hierarchy last. Parts
+/// already gone are skipped; a directory that cannot be removed is logged.
+pub(crate) fn reap(layout: &Layout, name: &str) -> Reaped {
+    let mut r = Reaped::default();
+    let dirs: Vec<PathBuf> = layout
+        .dirs(name)
+        .into_iter()
+        .filter(|d| d.is_dir())
+        .collect();
+    for d in &dirs {
+        if let Ok(procs) = fs::read_to_string(d.join("cgroup.procs")) {
+            for p in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // SAFETY: kill(2) on a process in the dead owner's own cgroup.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+                r.killed.push(p);
+            }
+        }
+    }
+    for d in dirs.iter().rev() {
+        match rmdir_retry(d) {
+            Ok(()) => r.removed.push(d.clone()),
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+    r
+}
+
 /// A removed cgroup's tasks may take a moment to leave it after being reaped.
 pub(crate) fn rmdir_retry(d: &Path) -> Result<(), CgroupError> {
     for i in 0.. {

@@ -419,23 +419,18 @@ pub fn reap_sandbox(
     id: &str,
     owned_netns: bool,
 ) -> Vec<String> {
-    let mut done = Vec::new();
-    let dirs: Vec<PathBuf> = layout.dirs(id).into_iter().filter(|d| d.is_dir()).collect();
-    for d in &dirs {
-        if let Ok(procs) = std::fs::read_to_string(d.join("cgroup.procs")) {
-            for p in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                // SAFETY: kill(2) on a process in the dead sandbox's own cgroup.
-                unsafe { libc::kill(p, libc::SIGKILL) };
-                done.push(format!("process {p}"));
-            }
-        }
-    }
-    for d in dirs.iter().rev() {
-        match crate::cgroup::rmdir_retry(d) {
-            Ok(()) => done.push(format!("cgroup {}", d.display())),
-            Err(e) => tracing::warn!("{e}"),
-        }
-    }
+    let reaped = crate::cgroup::reap(layout, id);
+    let mut done: Vec<String> = reaped
+        .killed
+        .iter()
+        .map(|p| format!("process {p}"))
+        .collect();
+    done.extend(
+        reaped
+            .removed
+            .iter()
+            .map(|d| format!("cgroup {}", d.display())),
+    );
     if owned_netns {
         let ns = Path::new(netutil::netns::NETNS_DIR).join(id);
         if ns.exists() {

@@ -118,7 +118,7 @@ impl NeighborTable {
 impl ServerNet {
     /// `tag` makes names unique per runtime (at most 11 characters).
     pub fn create(tag: &str, addr: Addressing) -> Result<ServerNet, UplinkError> {
-        let netns = NamedNetns::create(&format!("bvsrv-{tag}"))?;
+        let netns = NamedNetns::create(&crate::runtime::server_netns_of(tag))?;
         let uplink_if = format!("bvu{tag}");
         // Both veth ends live in the server netns: the NIC opens `uplink_if`
         // there (AF_PACKET), `SERVER_IF` is a port of the server bridge.
@@ -311,7 +311,7 @@ impl Drop for EchoServer {
 
 /// Whether the server netns of this runtime tag is left.
 pub fn leftovers(tag: &str) -> Vec<String> {
-    netns::list(&format!("bvsrv-{tag}"))
+    netns::list(&crate::runtime::server_netns_of(tag))
 }
 
 #[cfg(test)]

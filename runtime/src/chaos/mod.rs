@@ -221,16 +221,20 @@ fn processes(sub: &str, flag: &str, prefix: &str) -> Vec<(u32, String)> {
 }
 
 fn nic_pid(tag: &str) -> Option<u32> {
-    processes("nic", "--control", &format!("/run/burstvm/rt-{tag}/"))
-        .first()
-        .map(|p| p.0)
+    processes(
+        "nic",
+        "--control",
+        &format!("{}/", crate::runtime::state_dir_of(tag).display()),
+    )
+    .first()
+    .map(|p| p.0)
 }
 
 /// Sandboxes in the middle of their request/reply exchange (VF driver up,
 /// not ready): the NIC is writing into their memory right now.
 fn mid_exchange(tag: &str) -> BTreeSet<String> {
-    let path = format!("/run/burstvm/rt-{tag}/trace.jsonl");
-    let evs = trace::read_trace(Path::new(&path)).unwrap_or_default();
+    let evs = trace::read_trace(&crate::runtime::state_dir_of(tag).join("trace.jsonl"))
+        .unwrap_or_default();
     let driver: BTreeSet<String> = evs
         .iter()
         .filter(|e| e.stage == trace::Stage::VfDriver)
@@ -274,11 +278,11 @@ fn kill_vmms(w: &Worker, n: usize, rng: &mut StdRng) -> Vec<String> {
 
 /// Host resources of the runtime `tag` (after it ended or was reaped).
 fn host_leftovers(tag: &str, layout: &crate::cgroup::Layout) -> Vec<String> {
-    let prefix = format!("bv{tag}-");
+    let prefix = crate::runtime::sandbox_prefix_of(tag);
     let mut v = Vec::new();
     for ns in netutil::netns::list(&prefix)
         .into_iter()
-        .chain(netutil::netns::list(&format!("bvsrv-{tag}")))
+        .chain(netutil::netns::list(&crate::runtime::server_netns_of(tag)))
     {
         v.push(format!("netns {ns}"));
     }
@@ -291,7 +295,7 @@ fn host_leftovers(tag: &str, layout: &crate::cgroup::Layout) -> Vec<String> {
     if let Some(pid) = nic_pid(tag) {
         v.push(format!("NIC daemon (pid {pid})"));
     }
-    let dir = PathBuf::from(format!("/run/burstvm/rt-{tag}"));
+    let dir = crate::runtime::state_dir_of(tag);
     if dir.exists() {
         v.push(format!("state directory {}", dir.display()));
     }

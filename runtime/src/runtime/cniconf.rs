@@ -1,0 +1,141 @@
+//! The CNI networks a runtime writes into its state directory and executes
+//! itself: `net.conf` (burstvm-cni, the VF network), `sg.conf` (burstvm-cni
+//! `"kind":"sg"`, when the NIC daemon serves SG functions) and `tap.conf`
+//! (the reference `bridge` plugin, run in the server netns). The VF and tap
+//! networks lease disjoint host-local ranges of the server's /16, so their
+//! guests never get the same address.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{state_err, Runtime, RuntimeError};
+use crate::cni::CniNetwork;
+use crate::uplink;
+
+/// The PF the runtime's NIC daemon serves.
+pub const PF: &str = "pf0";
+/// VF-variant guests get addresses from host-local in this part of the /16 …
+const VF_RANGE: (&str, &str) = ("10.77.1.1", "10.77.127.254");
+/// … and `tap` guests (the reference `bridge` plugin's host-local) in this part.
+const TAP_RANGE: (&str, &str) = ("10.77.128.1", "10.77.255.254");
+
+impl Runtime {
+    /// The server subnet as CIDR, and host-local ranges of it.
+    fn ipam(&self, range: (&str, &str)) -> serde_json::Value {
+        let a = self.server().addressing();
+        let mask = !((1u32 << (32 - a.prefix_len)) - 1);
+        serde_json::json!({
+            "type": "host-local",
+            "dataDir": self.ipam_dir(),
+            "ranges": [[{
+                "subnet": format!("{}/{}", Ipv4Addr::from(u32::from(a.server_ip) & mask), a.prefix_len),
+                "rangeStart": range.0,
+                "rangeEnd": range.1,
+                "gateway": a.server_ip.to_string(),
+            }]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+        })
+    }
+
+    fn write_conf(&self, file: &str, conf: &serde_json::Value) -> Result<PathBuf, RuntimeError> {
+        let path = self.state_dir.join(file);
+        std::fs::write(&path, serde_json::to_vec_pretty(conf).expect("json"))
+            .map_err(state_err(&path))?;
+        Ok(path)
+    }
+
+    /// The `tap` network: the reference `bridge` plugin puts a veth into the
+    /// sandbox netns whose peer joins the server bridge (which stands for
+    /// the host's), with an address from host-local. The runtime then joins
+    /// the VMM's tap to that veth with tc, as Kata does.
+    pub(super) fn write_tap_cni_config(&mut self) -> Result<(), RuntimeError> {
+        let conf = serde_json::json!({
+            "cniVersion": "1.1.0",
+            "name": format!("burstvm-tap-{}", self.tag),
+            "type": "bridge",
+            "bridge": uplink::SERVER_BRIDGE,
+            "isGateway": false,
+            "ipMasq": false,
+            "ipam": self.ipam(TAP_RANGE),
+        });
+        let path = self.write_conf("tap.conf", &conf)?;
+        let srv = self.server().netns_path();
+        self.tap_cni = Some(
+            CniNetwork::load(&path, cni_path(&self.cfg.bin))
+                .map(|n| n.in_netns(&srv))
+                .map_err(Arc::new),
+        );
+        Ok(())
+    }
+
+    pub(super) fn write_cni_config(&mut self) -> Result<(), RuntimeError> {
+        let conf = serde_json::json!({
+            "cniVersion": "1.1.0",
+            "name": format!("burstvm-{}", self.tag),
+            "type": "burstvm-cni",
+            "nicSocket": self.nic_socket(),
+            "pf": PF,
+            "ipam": self.ipam(VF_RANGE),
+        });
+        let path = self.write_conf("net.conf", &conf)?;
+        let cni_path = cni_path(&self.cfg.bin);
+        if !cni_path.iter().any(|d| d.join("burstvm-cni").is_file()) {
+            return Err(RuntimeError::NoCniPlugin {
+                bin: self.cfg.bin.clone(),
+                path: cni_path,
+            });
+        }
+        self.cni = Some(CniNetwork::load(&path, cni_path.clone())?);
+        if self.cfg.sgfs > 0 {
+            // An SG function has no MAC, VLAN or address: no IPAM (docs/cni.md).
+            let conf = serde_json::json!({
+                "cniVersion": "1.1.0",
+                "name": format!("burstvm-sg-{}", self.tag),
+                "type": "burstvm-cni",
+                "kind": "sg",
+                "nicSocket": self.nic_socket(),
+                "pf": PF,
+            });
+            let path = self.write_conf("sg.conf", &conf)?;
+            self.sg_cni = Some(CniNetwork::load(&path, cni_path)?);
+        }
+        Ok(())
+    }
+
+    /// host-local's data directory (leases of every network of this runtime).
+    fn ipam_dir(&self) -> PathBuf {
+        self.state_dir.join("ipam")
+    }
+
+    /// host-local's leases of this runtime's network: one file per address,
+    /// holding the container id.
+    pub fn ipam_lease_dir(&self) -> PathBuf {
+        self.ipam_dir().join(format!("burstvm-{}", self.tag))
+    }
+
+    /// The `tap` variant's CNI network (the reference `bridge` plugin).
+    pub fn tap_cni(&self) -> Result<&CniNetwork, crate::host::HostCallError> {
+        match &self.tap_cni {
+            Some(Ok(n)) => Ok(n),
+            Some(Err(e)) => Err(crate::host::HostCallError::TapNetwork { source: e.clone() }),
+            None => Err(crate::host::HostCallError::NoTapNetwork),
+        }
+    }
+}
+
+/// Directories searched for CNI plugins: next to `burstvm`, then the usual places.
+pub fn cni_path(bin: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    if let Some(d) = bin.parent() {
+        v.push(d.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("CNI_PATH") {
+        v.extend(std::env::split_paths(&p));
+    }
+    v.push(PathBuf::from("/opt/cni/bin"));
+    if let Some(h) = std::env::var_os("HOME") {
+        v.push(Path::new(&h).join("go/bin"));
+    }
+    v
+}

@@ -1,0 +1,117 @@
+//! The runtime's NIC daemon (`nicd::NicDaemon`, a child): started with the
+//! devset lock policy a variant needs, restarted on its state directory after
+//! a crash, and asked over its control socket for VF sockets and assignments.
+//! The one slot is behind a mutex, so at most one daemon runs per runtime; it
+//! dies with the thread that spawned it (PDEATHSIG).
+
+use std::path::PathBuf;
+use std::sync::MutexGuard;
+use std::time::Instant;
+
+use super::{Runtime, RuntimeError};
+use crate::nicd::NicDaemon;
+use crate::variant::Variant;
+
+impl Runtime {
+    /// The NIC daemon's slot (a panicked holder left it consistent: every
+    /// change is one assignment).
+    pub(super) fn nic(&self) -> MutexGuard<'_, Option<NicDaemon>> {
+        self.nic.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn nic_socket(&self) -> PathBuf {
+        self.state_dir.join("nic.sock")
+    }
+
+    /// The running NIC daemon's pid (CPU accounting).
+    pub fn nic_pid(&self) -> Option<u32> {
+        let nic = self.nic();
+        nic.as_ref().map(|n| n.pid())
+    }
+
+    /// Makes sure the NIC daemon runs with the lock policy `variant` needs;
+    /// restarts it when the policy differs (no sandbox may be alive then).
+    pub fn prepare_variant(&self, variant: Variant) -> Result<(), RuntimeError> {
+        let Some(lock) = variant.policy().devset_lock else {
+            return Ok(());
+        };
+        let mut nic = self.nic();
+        if nic.as_ref().is_some_and(|n| n.lock == lock) {
+            return Ok(());
+        }
+        if let Some(old) = nic.take() {
+            old.stop();
+        }
+        *nic = Some(NicDaemon::spawn(self, lock)?);
+        drop(nic);
+        self.start_net_pool()
+    }
+
+    /// SIGKILLs the NIC daemon (a crash) and starts it again on its state directory, with
+    /// the same lock policy and pool; running VMMs reconnect to their VF sockets. Returns
+    /// the instants of the kill and of the restarted daemon answering on its control
+    /// socket, and the new daemon's pid.
+    pub fn crash_and_restart_nic(&self) -> Result<(Instant, Instant, u32), RuntimeError> {
+        let mut nic = self.nic();
+        let old = nic.take().ok_or_else(|| RuntimeError::Nic {
+            bin: self.cfg.bin.clone(),
+            reason: "no NIC daemon running".into(),
+        })?;
+        let lock = old.lock;
+        let killed = old.kill();
+        let (up, pid) = self.respawn_nic(&mut nic, lock)?;
+        Ok((killed, up, pid))
+    }
+
+    /// Starts the NIC daemon again if something else killed it (`bench
+    /// chaos` does, from outside). Returns whether it did. The daemon dies
+    /// with the calling thread (PDEATHSIG): call it from a thread that lives
+    /// as long as the runtime.
+    pub fn restart_nic_if_dead(&self) -> Result<bool, RuntimeError> {
+        let mut nic = self.nic();
+        let Some(n) = nic.as_mut() else {
+            return Ok(false);
+        };
+        if !n.exited() {
+            return Ok(false);
+        }
+        let lock = n.lock;
+        self.respawn_nic(&mut nic, lock)?;
+        Ok(true)
+    }
+
+    /// The one way the NIC daemon is started again: on its state directory
+    /// (assignments come back from its state file), same lock policy and
+    /// pool. Returns when it answers on its control socket, and its pid.
+    fn respawn_nic(
+        &self,
+        slot: &mut Option<NicDaemon>,
+        lock: crate::variant::DevsetLock,
+    ) -> Result<(Instant, u32), RuntimeError> {
+        let new = NicDaemon::spawn(self, lock)?;
+        let up = Instant::now();
+        let pid = new.pid();
+        *slot = Some(new);
+        Ok((up, pid))
+    }
+
+    /// The VF's vhost-user socket, asked from the NIC daemon.
+    pub fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, crate::host::HostCallError> {
+        let mut c = nic::control::Client::connect(&self.nic_socket())?;
+        Ok(c.get_by_id(vf_id)?.socket)
+    }
+
+    /// VFs the NIC daemon still has assigned, with their sandbox (leak check).
+    pub fn assigned_vfs(&self) -> Result<Vec<(String, String)>, String> {
+        if self.nic().is_none() {
+            return Ok(Vec::new());
+        }
+        let mut c = nic::control::Client::connect(&self.nic_socket()).map_err(|e| e.to_string())?;
+        Ok(c.list()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|v| v.sandbox.is_some())
+            .map(|v| (v.id, v.sandbox.unwrap_or_default()))
+            .collect())
+    }
+}
