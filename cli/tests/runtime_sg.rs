@@ -120,8 +120,7 @@ fn two_sg_sandboxes_at_once_each_see_only_their_own_pipes_and_free_their_sgf() {
             let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
             go.push(go_tx);
             let (up_tx, rt, spec) = (up_tx.clone(), &rt, &spec);
-            // A VMM dies with the thread that spawned it (PDEATHSIG): this thread
-            // holds its sandbox until the checks are done (or the test panicked).
+            // This thread holds its sandbox until the checks are done (or the test panicked).
             s.spawn(move || {
                 let mut sb = match Sandbox::start(rt, spec(name, pipes)) {
                     Ok(sb) => sb,

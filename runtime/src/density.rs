@@ -121,8 +121,7 @@ struct Shared {
 /// Starts sandboxes `range` on `workers` threads, stopping at the first
 /// failure or when MemAvailable falls under the margin (the limit). Each
 /// thread keeps what it started until `release` can be read, then tears it
-/// down: a VMM dies with the thread that spawned it (PDEATHSIG is per
-/// thread). Every thread sends on `started` when it is done starting.
+/// down. Every thread sends on `started` when it is done starting.
 #[allow(clippy::too_many_arguments)]
 fn spawn_starters<'s, 'e: 's>(
     s: &'s std::thread::Scope<'s, 'e>,

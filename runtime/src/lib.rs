@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod cgroup;
 pub mod chaos;
+pub mod child;
 pub mod cni;
 pub mod cpuacct;
 pub mod critpath;

@@ -1,15 +1,19 @@
 //! The NIC daemon the runtime starts (`burstvm nic`, a child process in its
-//! own process group that dies with the runtime), one per devset lock policy.
+//! own process group that dies with the runtime: forked on a keeper thread
+//! the `NicDaemon` owns, `crate::child`), one per devset lock policy.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::child::Keeper;
 use crate::runtime::{Runtime, RuntimeError, PF};
 use crate::variant::DevsetLock;
 
 /// The NIC daemon child, with the lock policy it was started with.
 pub struct NicDaemon {
     child: Child,
+    /// The thread the daemon was forked on; dropped after it is reaped.
+    _keeper: Keeper,
     pub lock: DevsetLock,
 }
 
@@ -57,23 +61,25 @@ impl NicDaemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
-        // SAFETY: setpgid/prctl are async-signal-safe.
+        // SAFETY: the closure only makes async-signal-safe system calls.
         unsafe {
             use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::setpgid(0, 0);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
+            cmd.pre_exec(crate::child::own_group_dying_with_parent);
         }
-        let mut child = cmd.spawn().map_err(|source| RuntimeError::NicSpawn {
-            bin: rt.bin().to_path_buf(),
-            source,
-        })?;
+        // Not on the caller's thread: the daemon lives as long as its handle.
+        let (mut child, keeper) =
+            crate::child::spawn_kept(cmd, "nic").map_err(|source| RuntimeError::NicSpawn {
+                bin: rt.bin().to_path_buf(),
+                source,
+            })?;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if nic::control::Client::connect(&sock).is_ok() {
-                return Ok(NicDaemon { child, lock });
+                return Ok(NicDaemon {
+                    child,
+                    _keeper: keeper,
+                    lock,
+                });
             }
             if let Ok(Some(st)) = child.try_wait() {
                 let log =
@@ -109,18 +115,8 @@ impl NicDaemon {
         !matches!(self.child.try_wait(), Ok(None))
     }
 
-    pub(crate) fn stop(mut self) {
+    pub(crate) fn stop(self) {
         // SIGTERM first so that it removes its sockets; SIGKILL if it hangs.
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::child::stop_child(self.child, Duration::from_secs(5));
     }
 }

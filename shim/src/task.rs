@@ -1,9 +1,10 @@
 //! One task of the shim: a burstvm sandbox created through the runtime
 //! library (`Sandbox::start_attached`), owned by a thread of its own.
 //!
-//! That thread spawns the VMM, so the VMM's `PR_SET_PDEATHSIG` is tied to a
-//! thread that lives as long as the sandbox (not to a ttrpc worker that may
-//! exit), and to the shim process: a SIGKILLed shim takes its VMMs with it.
+//! The VMM is forked on a keeper thread its `Sandbox` owns (`runtime::child`),
+//! so its `PR_SET_PDEATHSIG` is tied to the sandbox's life (not to a ttrpc
+//! worker that may exit), and to the shim process: a SIGKILLed shim takes its
+//! VMMs with it.
 //! What such a shim leaves (cgroup, own netns and CNI attachment, rootfs
 //! mount) is named in `<bundle>/burstvm.json` and removed by `shim delete`,
 //! which containerd runs after a shim dies.

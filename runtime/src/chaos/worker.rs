@@ -192,8 +192,7 @@ fn run_round(
                     .expect("spawn chaos slot")
             })
             .collect();
-        // This thread started the NIC daemon: it restarts it when killed, so
-        // that the daemon lives as long as this thread (PDEATHSIG).
+        // The NIC daemon is restarted when killed (a fault of the round).
         while handles.iter().any(|h| !h.is_finished()) {
             match rt.restart_nic_if_dead() {
                 Ok(true) => nic_restarts += 1,

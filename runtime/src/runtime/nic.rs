@@ -2,7 +2,7 @@
 //! devset lock policy a variant needs, restarted on its state directory after
 //! a crash, and asked over its control socket for VF sockets and assignments.
 //! The one slot is behind a mutex, so at most one daemon runs per runtime; it
-//! dies with the thread that spawned it (PDEATHSIG).
+//! dies with the runtime (PDEATHSIG of its keeper thread, `crate::child`).
 
 use std::path::PathBuf;
 use std::sync::MutexGuard;
@@ -64,9 +64,8 @@ impl Runtime {
     }
 
     /// Starts the NIC daemon again if something else killed it (`bench
-    /// chaos` does, from outside). Returns whether it did. The daemon dies
-    /// with the calling thread (PDEATHSIG): call it from a thread that lives
-    /// as long as the runtime.
+    /// chaos` does, from outside). Returns whether it did. The daemon lives
+    /// as long as the runtime (its own keeper thread), whichever thread calls.
     pub fn restart_nic_if_dead(&self) -> Result<bool, RuntimeError> {
         let mut nic = self.nic();
         let Some(n) = nic.as_mut() else {

@@ -19,10 +19,10 @@ mod spec;
 mod teardown;
 mod watch;
 
+pub use crate::child::stop_child;
 pub use error::{SandboxFailure, StageError, TeardownError, TeardownStep, VmmSpawnError};
 pub use net::IFNAME;
 pub use spec::{Attach, RootfsCost, SandboxSpec, SgSpec};
-pub use teardown::stop_child;
 pub(crate) use teardown::DEL_PATIENCE;
 
 use std::net::Ipv4Addr;
@@ -32,6 +32,7 @@ use std::process::Child;
 use trace::{Stage, TraceWriter};
 
 use crate::cgroup::{Cgroup, Limits};
+use crate::child::Keeper;
 use crate::host::SandboxHost;
 use crate::variant::NetKind;
 use files::Files;
@@ -53,6 +54,9 @@ pub struct Sandbox<'rt> {
     tap_added: bool,
     neighbor: Option<Ipv4Addr>,
     vmm: Option<Child>,
+    /// The thread the VMM was forked on (its PDEATHSIG parent); dropped
+    /// after the VMM is reaped.
+    keeper: Option<Keeper>,
     layer: Option<::rootfs::Layer>,
     /// The writable layer's cost, when the sandbox has a rootfs.
     pub rootfs_cost: Option<RootfsCost>,
@@ -105,6 +109,7 @@ impl<'rt> Sandbox<'rt> {
             tap_added: false,
             neighbor: None,
             vmm: None,
+            keeper: None,
             layer: None,
             rootfs_cost: None,
             guest_ip: None,
@@ -192,7 +197,9 @@ impl<'rt> Sandbox<'rt> {
         sb.wait_ready(ready_r)?;
         let vmm1 = sb.cgroup.as_ref().and_then(|c| c.cpu_usage_ns());
         sb.start_cpu = Some(crate::cpuacct::StartCpu {
-            runtime_ns: crate::cpuacct::thread_ns().saturating_sub(cpu0),
+            // The fork and exec ran on the keeper thread: the runtime's cost too.
+            runtime_ns: crate::cpuacct::thread_ns().saturating_sub(cpu0)
+                + sb.keeper.as_ref().map_or(0, |k| k.spawn_cpu_ns),
             cni_ns: crate::cpuacct::thread_children_ns().saturating_sub(children0),
             vmm_ns: vmm1.zip(vmm0).map_or(0, |(a, b)| a.saturating_sub(b)),
         });

@@ -1,9 +1,10 @@
 //! Spawning the VMM process of a sandbox (`vmm-spawn`, recorded by the VMM
 //! from the instant passed in BURSTVM_SPAWN_NS). Between fork and exec the
 //! child only makes async-signal-safe calls: its own process group, death
-//! with the spawning thread (PR_SET_PDEATHSIG), the sandbox netns, every
-//! cgroup hierarchy, and the ready pipe's write end kept across exec (the
-//! parent drops its copy, so EOF on the read end means the VMM is gone).
+//! with the sandbox's keeper thread (PR_SET_PDEATHSIG, `crate::child`), the
+//! sandbox netns, every cgroup hierarchy, and the ready pipe's write end kept
+//! across exec (the parent drops its copy, so EOF on the read end means the
+//! VMM is gone).
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -96,11 +97,13 @@ impl Sandbox<'_> {
         unsafe {
             cmd.pre_exec(move || child_setup(ns_fd, w_fd, &cg_fds));
         }
-        let child = cmd.spawn().map_err(|source| VmmSpawnError::Spawn {
-            program: PathBuf::from(cmd.get_program()),
-            source,
-        })?;
+        // Forked on a keeper thread the sandbox owns, not on the caller's: the
+        // VMM lives as long as the sandbox even if this thread ends first.
+        let program = PathBuf::from(cmd.get_program());
+        let (child, keeper) = crate::child::spawn_kept(cmd, &self.spec.id)
+            .map_err(|source| VmmSpawnError::Spawn { program, source })?;
         self.vmm = Some(child);
+        self.keeper = Some(keeper);
         drop(ready_w); // the VMM holds the only write end now
         Ok(())
     }
@@ -108,16 +111,10 @@ impl Sandbox<'_> {
 
 /// Runs in the child between fork and exec: only async-signal-safe calls.
 fn child_setup(ns_fd: RawFd, ready_fd: RawFd, cg_fds: &[RawFd]) -> std::io::Result<()> {
+    // A VMM never outlives its sandbox's keeper thread (nor the runtime).
+    crate::child::own_group_dying_with_parent()?;
     // SAFETY: plain system calls on descriptors the parent keeps open.
     unsafe {
-        // Own process group: a terminal Ctrl-C reaches only the runtime, which tears down in order.
-        if libc::setpgid(0, 0) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // A VMM never outlives the runtime thread that started it.
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         if libc::setns(ns_fd, libc::CLONE_NEWNET) < 0 {
             return Err(std::io::Error::last_os_error());
         }

@@ -4,8 +4,7 @@
 //! per-sandbox files. It runs once (explicitly or from `Drop`), goes on
 //! after a failed step and returns every failure.
 
-use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::net::IFNAME;
 use super::{Sandbox, TeardownError, TeardownStep};
@@ -25,8 +24,10 @@ impl Sandbox<'_> {
         self.torn_down = true;
         let mut errs = Vec::new();
         if let Some(c) = self.vmm.take() {
-            stop_child(c, Duration::from_secs(2));
+            crate::child::stop_child(c, Duration::from_secs(2));
         }
+        // Only now: the keeper thread's end would SIGKILL a running VMM.
+        self.keeper = None;
         // The VMM unlinked its layer once open; if it never got there, the
         // layer removes its file now.
         self.layer = None;
@@ -76,22 +77,4 @@ impl Drop for Sandbox<'_> {
             tracing::warn!("{e}");
         }
     }
-}
-
-/// SIGTERM (the VMM closes its devices and exits), SIGKILL after `grace`.
-/// Also for the other children of burstvm's tools (containerd, services).
-pub fn stop_child(mut c: Child, grace: Duration) {
-    if c.try_wait().ok().flatten().is_none() {
-        // SAFETY: kill(2) on our own, not yet reaped child.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + grace;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = c.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = c.kill();
-    }
-    let _ = c.wait();
 }
