@@ -1,6 +1,6 @@
 //! What a sandbox borrows from the host, and the two ways to provide it.
 //!
-//! `Runtime` (runtime.rs) is *self-hosted*: one long-lived process owns the
+//! `Runtime` (runtime/mod.rs) is *self-hosted*: one long-lived process owns the
 //! page-pool server, the NIC daemon, the server netns and the CNI config, and
 //! its sandboxes borrow them (`burstvm run`, `burstvm bench startup`).
 //! `HostServices` is *attached*: a process that lives only as long as its
