@@ -7,7 +7,8 @@
 //! would be killed with it. So these children are forked on a keeper thread
 //! that their handle owns (`Keeper`) and that ends only when the handle drops
 //! it: a child lives while its owner keeps it, and dies with the process.
-//! Code between fork and exec is async-signal-safe only.
+//! The pre-exec steps the runtime's children share are here too (also for
+//! the CNI plugins it executes in a netns); they are async-signal-safe only.
 
 use std::process::{Child, Command};
 use std::sync::mpsc;
@@ -76,6 +77,16 @@ pub fn own_group_dying_with_parent() -> std::io::Result<()> {
         if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
             return Err(std::io::Error::last_os_error());
         }
+    }
+    Ok(())
+}
+
+/// Between fork and exec: joins the network namespace open as `ns_fd` (the
+/// parent keeps it open until the spawn returned). Async-signal-safe.
+pub fn enter_netns(ns_fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    // SAFETY: setns(2) on a descriptor the parent keeps open; no memory arguments.
+    if unsafe { libc::setns(ns_fd, libc::CLONE_NEWNET) } < 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

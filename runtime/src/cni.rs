@@ -218,12 +218,7 @@ impl CniNetwork {
             // SAFETY: setns(2) is async-signal-safe; `fd` stays open until
             // spawn returns (it is dropped after).
             unsafe {
-                cmd.pre_exec(move || {
-                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
+                cmd.pre_exec(move || crate::child::enter_netns(fd));
             }
         }
         let mut child = cmd

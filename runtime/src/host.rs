@@ -432,7 +432,7 @@ pub fn reap_sandbox(
             .map(|d| format!("cgroup {}", d.display())),
     );
     if owned_netns {
-        let ns = Path::new(netutil::netns::NETNS_DIR).join(id);
+        let ns = netutil::netns::named_path(id);
         if ns.exists() {
             match cni.map(|c| c.del(id, &ns, crate::sandbox::IFNAME)) {
                 Some(Ok(())) => done.push(format!("CNI attachment of {id}")),

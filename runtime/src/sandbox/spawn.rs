@@ -113,11 +113,9 @@ impl Sandbox<'_> {
 fn child_setup(ns_fd: RawFd, ready_fd: RawFd, cg_fds: &[RawFd]) -> std::io::Result<()> {
     // A VMM never outlives its sandbox's keeper thread (nor the runtime).
     crate::child::own_group_dying_with_parent()?;
-    // SAFETY: plain system calls on descriptors the parent keeps open.
+    crate::child::enter_netns(ns_fd)?;
+    // SAFETY: plain system calls on a descriptor the parent keeps open.
     unsafe {
-        if libc::setns(ns_fd, libc::CLONE_NEWNET) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         let flags = libc::fcntl(ready_fd, libc::F_GETFD);
         if flags < 0 || libc::fcntl(ready_fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
             return Err(std::io::Error::last_os_error());
