@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one microVM (one process per sandbox).
-    Vmm(Box<vmm::VmmArgs>),
+    Vmm(Box<burstvm::args::vmm::VmmArgs>),
     /// Run the software SR-IOV NIC daemon.
     Nic(cmd::nic::NicArgs),
     /// Run a standalone page-pool server for VMMs started by hand.
@@ -108,7 +108,7 @@ fn main() -> std::process::ExitCode {
     burstvm::init_logging();
     let result = match Cli::parse().command {
         // The VMM's exit status is the guest's under --until-exit.
-        Command::Vmm(a) => match vmm::run_cli(&a) {
+        Command::Vmm(a) => match vmm::run_cli(&a.into_params()) {
             Ok(0) => Ok(()),
             Ok(status) => return std::process::ExitCode::from(status),
             Err(e) => Err(anyhow::Error::new(e).context("burstvm vmm")),

@@ -4,6 +4,8 @@
 //! into those configs. `vmm` is here, in the library, because `burstvm-vmm`
 //! uses it without linking the rest of `burstvm`.
 
+pub mod vmm;
+
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 
 /// A value parser over one of a library's value enums: `--help` and errors
