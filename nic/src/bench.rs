@@ -1,7 +1,7 @@
 //! `bench devset`: N frontends open N VFs of one PF at the same time (real
 //! vhost-user sessions with a memory table of `--mem` bytes each) under each
 //! lock policy; prints total time, mean and p99 per open and the ratio.
-//! The lead wires it as `burstvm bench devset` (args: `BenchDevsetConfig`).
+//! `burstvm bench devset` parses its flags (cli/src/cmd/nic.rs) into `BenchDevsetConfig`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
