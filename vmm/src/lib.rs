@@ -4,7 +4,7 @@
 //! See docs/vmm.md.
 
 mod app;
-mod args;
+pub mod args;
 mod bootinfo;
 mod builder;
 pub mod bus;

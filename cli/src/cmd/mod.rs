@@ -45,7 +45,7 @@ mod tests {
             panic!("not vmm")
         };
         let p = a.into_params();
-        assert_eq!((p.sandbox.as_str(), p.memory.as_str()), ("sb1", "128M"));
+        assert_eq!((p.sandbox.as_str(), p.memory), ("sb1", 128 << 20));
         assert_eq!(p.agent_mode, vmm::AgentMode::SgEcho);
         assert_eq!(p.vf_init, vmm::VfInit::Async);
         assert_eq!(p.sg_xf, vmm::SgXf::Crypto);
