@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use runtime::stats::{self, GroupStats};
-use runtime::{bench, leaks, BenchStartupArgs, Runtime, Variant};
+use runtime::{bench, leaks, BenchStartupConfig, Runtime, Variant};
 use serde::Serialize;
 use trace::TraceEvent;
 
@@ -99,7 +99,7 @@ struct CriSetup {
     containerd: shim::containerd::Containerd,
 }
 
-fn setup(rt: &Runtime, a: &BenchStartupArgs, memory: u64) -> Result<CriSetup> {
+fn setup(rt: &Runtime, a: &BenchStartupConfig, memory: u64) -> Result<CriSetup> {
     let pause = a.images.join("pause.tar");
     if !pause.is_file() {
         bail!(
@@ -268,7 +268,7 @@ fn cri_round(rt: &Runtime, s: &CriSetup, c: &CriClient, v: Variant, n: usize) ->
     })
 }
 
-pub fn run(a: &BenchStartupArgs) -> Result<()> {
+pub fn run(a: &BenchStartupConfig) -> Result<()> {
     runtime::runtime::install_sigint_handler();
     let (rt, plan) = runtime::bench_setup(a)?;
     std::fs::create_dir_all(&plan.out).with_context(|| plan.out.display().to_string())?;

@@ -1,6 +1,8 @@
 //! What the burstvm executables share (`burstvm` and the VMM-only
 //! `burstvm-vmm`); everything else of `burstvm` is in its binary.
 
+pub mod args;
+
 /// Logs to stderr, filtered by `BURSTVM_LOG` (tracing's EnvFilter syntax),
 /// warnings and errors by default: a VMM's stderr is its failure report.
 pub fn init_logging() {

@@ -3,6 +3,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+mod cmd;
 mod cri;
 mod cri_bench;
 mod memory_bench;
@@ -24,18 +25,18 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one microVM (one process per sandbox).
-    Vmm(Box<vmm::VmmArgs>),
+    Vmm(Box<burstvm::args::vmm::VmmArgs>),
     /// Run the software SR-IOV NIC daemon.
-    Nic(nic::NicArgs),
+    Nic(cmd::nic::NicArgs),
     /// Run a standalone page-pool server for VMMs started by hand.
     Pool(pool::PoolArgs),
     /// Create one sandbox through every startup stage.
-    Run(runtime::RunArgs),
+    Run(cmd::runtime::RunArgs),
     /// Root filesystems (RunD's read-only layer).
     #[command(subcommand)]
     Rootfs(RootfsCommand),
     /// Run the host-wide services the containerd shim attaches to.
-    Services(runtime::ServicesArgs),
+    Services(cmd::runtime::ServicesArgs),
     /// A CRI client for containerd's CRI plugin (crictl runp/stopp/rmp/pods).
     Cri(cri::CriArgs),
     /// Benchmarks.
@@ -49,9 +50,9 @@ enum Command {
 #[derive(Subcommand)]
 enum TemplateCommand {
     /// Boot the built-in agent to its checkpoint and save it as NAME.
-    Create(runtime::template::TemplateCreateArgs),
+    Create(cmd::runtime::TemplateCreateArgs),
     /// Save and restore each KVM state at the checkpoint; report which fail.
-    Probe(runtime::template::TemplateProbeArgs),
+    Probe(cmd::runtime::TemplateProbeArgs),
 }
 
 #[derive(Subcommand)]
@@ -63,114 +64,120 @@ enum RootfsCommand {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Concurrent sandbox startup, per variant (FastIOV's evaluation).
-    Startup(Box<runtime::BenchStartupArgs>),
+    Startup(Box<cmd::runtime::BenchStartupArgs>),
     /// DMA-map and first-touch cost of each memory policy.
     Memory(memory_bench::MemoryBenchArgs),
     /// Concurrent VF opens under each devset lock policy.
-    Devset(nic::bench::BenchDevsetArgs),
+    Devset(cmd::nic::BenchDevsetArgs),
     /// The VF switch's CPU cycles per packet under a poll-mode frontend (ixy's count).
-    Dataplane(nic::bench_dataplane::BenchDataplaneArgs),
+    Dataplane(cmd::nic::BenchDataplaneArgs),
     /// The outage of running sandboxes when the NIC daemon is killed and restarted.
-    NicRestart(runtime::restart::BenchNicRestartArgs),
+    NicRestart(cmd::runtime::BenchNicRestartArgs),
     /// Sandbox bursts while VMMs, the NIC daemon and the runtime are SIGKILLed:
     /// no leaked resource, no byte of one tenant seen by another.
-    Chaos(runtime::BenchChaosArgs),
+    Chaos(cmd::runtime::BenchChaosArgs),
     /// The runtime process `bench chaos` runs (and kills).
     #[command(hide = true)]
-    ChaosWorker(runtime::ChaosWorkerArgs),
+    ChaosWorker(cmd::runtime::ChaosWorkerArgs),
     /// SG-IOV: scheduling policies, the job generator, and warp pipes through the NIC daemon.
     #[command(subcommand)]
     Sgiov(SgiovBench),
     /// VMM start-to-exit, N at one instant, side by side with Firecracker.
     Vmm(vmm_bench::BenchVmmArgs),
     /// N idle sandboxes: per-sandbox host cost, booted and from a template (RunD §5.3).
-    Density(Box<runtime::density::BenchDensityArgs>),
+    Density(Box<cmd::runtime::BenchDensityArgs>),
 }
 
 #[derive(Subcommand)]
 enum SgiovBench {
     /// Tenants contending for executor classes under rr, prio and drf.
-    Sched(sgiov::bench::sched::SchedArgs),
+    Sched(cmd::sgiov::SchedArgs),
     /// Recursive splitting against bounce buffers and the raw executor.
-    Jobgen(sgiov::bench::jobgen::JobgenArgs),
+    Jobgen(cmd::sgiov::JobgenArgs),
     /// Guest → staging → guest against direct guest → guest, by message size.
-    Path(sgiov::bench::path::PathArgs),
+    Path(cmd::sgiov::PathArgs),
     /// A priority ping-pong on one pipe while every other pipe is backlogged (NIC daemon).
-    Latency(nic::sg::bench::latency::LatencyArgs),
+    Latency(cmd::sgiov::LatencyArgs),
     /// Every pipe backlogged: aggregate MB/s, per-pipe spread, Jain's index (NIC daemon).
-    Throughput(nic::sg::bench::throughput::ThroughputArgs),
+    Throughput(cmd::sgiov::ThroughputArgs),
     /// Opening thousands of pipes against bench devset opening VFs (NIC daemon).
-    Open(nic::sg::bench::open::OpenArgs),
+    Open(cmd::sgiov::OpenArgs),
 }
 
 fn main() -> std::process::ExitCode {
     burstvm::init_logging();
     let result = match Cli::parse().command {
         // The VMM's exit status is the guest's under --until-exit.
-        Command::Vmm(a) => match vmm::run_cli(&a) {
+        Command::Vmm(a) => match vmm::run_cli(&a.into_params()) {
             Ok(0) => Ok(()),
             Ok(status) => return std::process::ExitCode::from(status),
             Err(e) => Err(anyhow::Error::new(e).context("burstvm vmm")),
         },
-        Command::Nic(a) => nic::run_cli(&a).context("burstvm nic"),
+        Command::Nic(a) => a
+            .into_config()
+            .and_then(|c| Ok(nic::run_cli(&c)?))
+            .context("burstvm nic"),
         Command::Pool(a) => pool::run(&a).context("burstvm pool"),
-        Command::Run(a) => runtime::run_cli(&a).context("burstvm run"),
+        Command::Run(a) => runtime::run_cli(&a.into_config()).context("burstvm run"),
         Command::Rootfs(RootfsCommand::Build(a)) => {
             rootfs_build::run(&a).context("burstvm rootfs build")
         }
         Command::Template(TemplateCommand::Create(a)) => {
-            runtime::template::create_cli(&a).context("burstvm template create")
+            runtime::template::create_cli(&a.into_config()).context("burstvm template create")
         }
         Command::Template(TemplateCommand::Probe(a)) => {
-            runtime::template::probe_cli(&a).context("burstvm template probe")
+            runtime::template::probe_cli(&a.into_config()).context("burstvm template probe")
         }
-        Command::Services(a) => runtime::services_cli(&a).context("burstvm services"),
+        Command::Services(a) => runtime::services_cli(&a.into_config()).context("burstvm services"),
         Command::Cri(a) => cri::run_cli(&a).context("burstvm cri"),
         Command::Bench(BenchCommand::Startup(a)) if a.via == runtime::Via::Cri => {
-            cri_bench::run(&a).context("burstvm bench startup --via cri")
+            cri_bench::run(&a.into_config()).context("burstvm bench startup --via cri")
         }
         Command::Bench(BenchCommand::Startup(a)) => {
-            runtime::bench_startup_cli(&a).context("burstvm bench startup")
+            runtime::bench_startup_cli(&a.into_config()).context("burstvm bench startup")
         }
         Command::Bench(BenchCommand::Memory(a)) => {
             guestmem::bench::run_cli(&a.config()).context("burstvm bench memory")
         }
         Command::Bench(BenchCommand::Devset(a)) => {
-            nic::bench::run_cli(&a).context("burstvm bench devset")
+            nic::bench::run_cli(&a.into_config()).context("burstvm bench devset")
         }
-        Command::Bench(BenchCommand::Dataplane(a)) => {
-            nic::bench_dataplane::run_cli(&a).context("burstvm bench dataplane")
-        }
+        Command::Bench(BenchCommand::Dataplane(a)) => a
+            .into_config()
+            .and_then(|c| Ok(nic::bench_dataplane::run_cli(&c)?))
+            .context("burstvm bench dataplane"),
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Sched(a))) => {
-            sgiov::bench::sched::run_cli(&a).context("burstvm bench sgiov sched")
+            sgiov::bench::sched::run_cli(&a.into_config()).context("burstvm bench sgiov sched")
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Jobgen(a))) => {
-            sgiov::bench::jobgen::run_cli(&a).context("burstvm bench sgiov jobgen")
+            sgiov::bench::jobgen::run_cli(&a.into_config()).context("burstvm bench sgiov jobgen")
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Path(a))) => {
-            sgiov::bench::path::run_cli(&a).context("burstvm bench sgiov path")
+            sgiov::bench::path::run_cli(&a.into_config()).context("burstvm bench sgiov path")
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Latency(a))) => {
-            nic::sg::bench::latency::run_cli(&a).context("burstvm bench sgiov latency")
+            nic::sg::bench::latency::run_cli(&a.into_config())
+                .context("burstvm bench sgiov latency")
         }
-        Command::Bench(BenchCommand::Sgiov(SgiovBench::Throughput(a))) => {
-            nic::sg::bench::throughput::run_cli(&a).context("burstvm bench sgiov throughput")
-        }
+        Command::Bench(BenchCommand::Sgiov(SgiovBench::Throughput(a))) => a
+            .into_config()
+            .and_then(|c| Ok(nic::sg::bench::throughput::run_cli(&c)?))
+            .context("burstvm bench sgiov throughput"),
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Open(a))) => {
-            nic::sg::bench::open::run_cli(&a).context("burstvm bench sgiov open")
+            nic::sg::bench::open::run_cli(&a.into_config()).context("burstvm bench sgiov open")
         }
         Command::Bench(BenchCommand::NicRestart(a)) => {
-            runtime::restart::run_cli(&a).context("burstvm bench nic-restart")
+            runtime::restart::run_cli(&a.into_config()).context("burstvm bench nic-restart")
         }
         Command::Bench(BenchCommand::Vmm(a)) => vmm_bench::run(&a).context("burstvm bench vmm"),
         Command::Bench(BenchCommand::Chaos(a)) => {
-            runtime::bench_chaos_cli(&a).context("burstvm bench chaos")
+            runtime::bench_chaos_cli(&a.into_config()).context("burstvm bench chaos")
         }
         Command::Bench(BenchCommand::ChaosWorker(a)) => {
-            runtime::chaos_worker_main(&a).context("burstvm bench chaos-worker")
+            runtime::chaos_worker_main(&a.into_config()).context("burstvm bench chaos-worker")
         }
         Command::Bench(BenchCommand::Density(a)) => {
-            runtime::density::bench_density_cli(&a).context("burstvm bench density")
+            runtime::density::bench_density_cli(&a.into_config()).context("burstvm bench density")
         }
     };
     match result {

@@ -4,14 +4,17 @@
 //! leaked (the bench itself fails on a leak or a wrong byte); no timing.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use nic::sg::bench::latency::{self, LatencyArgs, Mode};
-use nic::sg::bench::open::{self, OpenArgs};
-use nic::sg::bench::throughput::{self, ThroughputArgs};
-use nic::sg::bench::CommonArgs;
+use sgiov::sched::Policy;
 
-fn common(name: &str) -> CommonArgs {
-    CommonArgs {
+use nic::sg::bench::latency::{self, LatencyConfig, Mode};
+use nic::sg::bench::open::{self, OpenConfig};
+use nic::sg::bench::throughput::{self, ThroughputConfig};
+use nic::sg::bench::CommonConfig;
+
+fn common(name: &str) -> CommonConfig {
+    CommonConfig {
         threads: 2,
         ring: 4096,
         workers: 1,
@@ -22,14 +25,14 @@ fn common(name: &str) -> CommonArgs {
 
 #[test]
 fn latency_pings_through_backlogged_pipes_with_a_constant_fd_count() {
-    let rows = latency::run(&LatencyArgs {
+    let rows = latency::run(&LatencyConfig {
         // Both counts leave >= 2 backlogged pipes: two load SGFs each time
         // (fds are per SGF session, not per pipe).
         pipes: vec![4, 32],
         samples: 10,
         reps: 2,
         size: 4096,
-        policy: "prio".into(),
+        policy: Policy::Priority,
         gen_budget: vec![32],
         modes: vec![Mode::Xfifo],
         vfs: vec![],
@@ -52,12 +55,12 @@ fn latency_pings_through_backlogged_pipes_with_a_constant_fd_count() {
 
 #[test]
 fn vf_row_pings_through_the_switch_with_fds_per_vf() {
-    let rows = latency::run(&LatencyArgs {
+    let rows = latency::run(&LatencyConfig {
         pipes: vec![4],
         samples: 10,
         reps: 2,
         size: 4096,
-        policy: "prio".into(),
+        policy: Policy::Priority,
         gen_budget: vec![32],
         modes: vec![Mode::Vf],
         // 4: one backlogged VF pair; 6: two more VF sessions.
@@ -84,11 +87,11 @@ fn vf_row_pings_through_the_switch_with_fds_per_vf() {
 
 #[test]
 fn throughput_moves_bytes_on_every_pipe() {
-    let rows = throughput::run(&ThroughputArgs {
+    let rows = throughput::run(&ThroughputConfig {
         pipes: vec![4, 32],
-        duration: 0.3,
+        duration: Duration::from_millis(300),
         reps: 1,
-        policy: "rr".into(),
+        policy: Policy::RoundRobin,
         common: common("tp"),
     })
     .unwrap();
@@ -106,10 +109,10 @@ fn throughput_moves_bytes_on_every_pipe() {
 
 #[test]
 fn open_counts_pipes_and_vfs() {
-    let rows = open::run(&OpenArgs {
+    let rows = open::run(&OpenConfig {
         pipes: 300,
         vfs: 2,
-        vf_mem: "2M".into(),
+        vf_mem: 2 << 20,
         reps: 1,
         common: common("open"),
     })

@@ -1,7 +1,7 @@
 //! `bench devset`: N frontends open N VFs of one PF at the same time (real
 //! vhost-user sessions with a memory table of `--mem` bytes each) under each
 //! lock policy; prints total time, mean and p99 per open and the ratio.
-//! The lead wires it as `burstvm bench devset` (args: `BenchDevsetArgs`).
+//! `burstvm bench devset` parses its flags (cli/src/cmd/nic.rs) into `BenchDevsetConfig`.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
@@ -11,23 +11,19 @@ use crate::daemon::Nic;
 use crate::devset::LockPolicy;
 use crate::frontend::{FrontendMemory, SimFrontend};
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct BenchDevsetArgs {
+/// What `bench devset` runs (the `burstvm` CLI parses its flags into this).
+#[derive(Debug, Clone)]
+pub struct BenchDevsetConfig {
     /// VFs opened concurrently (one frontend thread each).
-    #[arg(long, default_value_t = 200)]
     pub vfs: usize,
     /// Lock policies to compare.
-    #[arg(long, value_delimiter = ',', default_value = "global,hierarchical")]
     pub policy: Vec<LockPolicy>,
-    /// Memory table size per VF (bytes, with K/M/G suffix): the DMA-mapped RAM.
-    #[arg(long, default_value = "32M")]
-    pub mem: String,
+    /// Memory table size per VF in bytes: the DMA-mapped RAM.
+    pub mem: usize,
     /// Populate the sandboxes' memory before the opens (the NIC then only maps
     /// it); by default the NIC's mapping allocates and zeroes fresh pages.
-    #[arg(long)]
     pub populated: bool,
     /// Work directory for sockets and state (a fresh temporary one by default).
-    #[arg(long)]
     pub dir: Option<PathBuf>,
 }
 
@@ -91,7 +87,7 @@ pub fn run_once(
             policy,
             dir,
             dir.join(format!("state-{policy:?}.json")),
-            &crate::sg::SgArgs::default(),
+            &crate::sg::SgConfig::default(),
         )
         .map_err(nic_err("start the NIC"))?,
     );
@@ -150,12 +146,8 @@ pub fn run_once(
     })
 }
 
-pub fn run_cli(args: &BenchDevsetArgs) -> Result<(), BenchError> {
-    let mem = guestmem::parse_bytes(&args.mem)
-        .and_then(|n| usize::try_from(n).ok())
-        .ok_or_else(|| {
-            BenchError::Config(format!("--mem {:?}: expected BYTES[K|M|G|T]", args.mem))
-        })?;
+pub fn run_cli(args: &BenchDevsetConfig) -> Result<(), BenchError> {
+    let mem = args.mem;
     if args.vfs == 0 || args.vfs > crate::MAX_VFS {
         return Err(BenchError::Config(format!(
             "--vfs {}: must be 1..{}",
@@ -174,7 +166,7 @@ pub fn run_cli(args: &BenchDevsetArgs) -> Result<(), BenchError> {
             "{:<12} {:>4}  {:<8} {:>9.1} {:>9.1} {:>8.1}",
             format!("{p:?}").to_lowercase(),
             args.vfs,
-            args.mem,
+            guestmem::format_size(mem as u64),
             r.total_ms,
             r.mean_ms,
             r.p99_ms

@@ -22,55 +22,95 @@ use crate::dataplane::Dataplane;
 use crate::devset::LockPolicy;
 use crate::frontend::{SimFrontend, MIN_MEM};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Topology {
     Loop,
     OneWay,
 }
 
+impl Topology {
+    pub const ALL: [Topology; 2] = [Topology::Loop, Topology::OneWay];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Topology::Loop => "loop",
+            Topology::OneWay => "one-way",
+        }
+    }
+}
+
+impl std::fmt::Display for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Topology {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| format!("unknown topology {s:?} (loop, one-way)"))
+    }
+}
+
 /// The peer measured side by side with burstvm's NIC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Peer {
     /// `dpdk-testpmd` frontends against burstvm's NIC and against DPDK's
     /// `net_vhost` backend (nic::bench_dpdk).
     Dpdk,
 }
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct BenchDataplaneArgs {
+impl Peer {
+    pub const ALL: [Peer; 1] = [Peer::Dpdk];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Dpdk => "dpdk",
+        }
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Peer {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown peer {s:?} (dpdk)"))
+    }
+}
+
+/// What `bench dataplane` runs (the `burstvm` CLI parses its flags into this).
+#[derive(Debug, Clone)]
+pub struct BenchDataplaneConfig {
     /// Instead of the built-in frontend: DPDK's testpmd as the frontend of
     /// both burstvm's NIC and DPDK's vhost backend, interleaved, with the
     /// ratio (uses --sizes, --duration, --reps, --dir).
-    #[arg(long, value_enum)]
     pub peer: Option<Peer>,
     /// VFs driven (at least 2; one-way uses them in pairs).
-    #[arg(long, default_value_t = 2)]
     pub vfs: usize,
     /// Frame sizes in bytes (Ethernet header included, no FCS).
-    #[arg(long, value_delimiter = ',', default_value = "64,1500")]
     pub sizes: Vec<usize>,
     /// Batch sizes: the NIC's `--batch` and the frontend's burst.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
     pub batch: Vec<usize>,
-    #[arg(
-        long,
-        value_delimiter = ',',
-        value_enum,
-        default_value = "loop,one-way"
-    )]
     pub topology: Vec<Topology>,
     /// The NIC's `--dataplane-threads` (VFs sharded across them; the CPU
     /// counted is all of theirs).
-    #[arg(long, default_value_t = 1)]
     pub dataplane_threads: usize,
-    /// Seconds per run.
-    #[arg(long, default_value_t = 2.0)]
-    pub duration: f64,
+    /// Time per run.
+    pub duration: Duration,
     /// Runs per configuration (the median is printed).
-    #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Work directory for the VF sockets (a fresh temporary one by default).
-    #[arg(long)]
     pub dir: Option<PathBuf>,
 }
 
@@ -188,7 +228,7 @@ impl BenchNic {
                 LockPolicy::Hierarchical,
                 dir,
                 dir.join("state.json"),
-                &crate::sg::SgArgs::default(),
+                &crate::sg::SgConfig::default(),
             )
             .map_err(nic_err("start"))?,
         );
@@ -344,7 +384,7 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-pub fn run_cli(args: &BenchDataplaneArgs) -> Result<(), BenchDpError> {
+pub fn run_cli(args: &BenchDataplaneConfig) -> Result<(), BenchDpError> {
     if args.vfs < 2 || args.vfs > crate::MAX_VFS {
         return Err(BenchDpError::Config(format!(
             "--vfs {}: must be 2..{}",
@@ -360,7 +400,9 @@ pub fn run_cli(args: &BenchDataplaneArgs) -> Result<(), BenchDpError> {
     if let Some(b) = args.batch.iter().find(|b| !(1..=256).contains(*b)) {
         return Err(BenchDpError::Config(format!("--batch {b}: must be 1..256")));
     }
-    if !(0.1..=600.0).contains(&args.duration) || args.reps == 0 {
+    if !(Duration::from_millis(100)..=Duration::from_secs(600)).contains(&args.duration)
+        || args.reps == 0
+    {
         return Err(BenchDpError::Config(
             "--duration must be 0.1..600 s and --reps at least 1".into(),
         ));
@@ -391,11 +433,11 @@ pub fn run_cli(args: &BenchDataplaneArgs) -> Result<(), BenchDpError> {
         hz / 1e9,
         args.vfs,
         threads,
-        args.duration,
+        args.duration.as_secs_f64(),
         args.reps
     );
     println!("topology  size  batch      Mpps   cpu_s  cycles/pkt");
-    let dur = Duration::from_secs_f64(args.duration);
+    let dur = args.duration;
     let mut result = Ok(());
     'all: for &topo in &args.topology {
         for &size in &args.sizes {
@@ -412,10 +454,7 @@ pub fn run_cli(args: &BenchDataplaneArgs) -> Result<(), BenchDpError> {
                 }
                 println!(
                     "{:<8} {:>5} {:>6} {:>9.3} {:>7.3} {:>11.0}",
-                    match topo {
-                        Topology::Loop => "loop",
-                        Topology::OneWay => "one-way",
-                    },
+                    topo.name(),
                     size,
                     batch,
                     median(samples.iter().map(|s| s.pps() / 1e6).collect()),

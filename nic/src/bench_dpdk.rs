@@ -26,7 +26,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::bench_dataplane::{median, nominal_hz, BenchDataplaneArgs, BenchDpError, BenchNic};
+use crate::bench_dataplane::{median, nominal_hz, BenchDataplaneConfig, BenchDpError, BenchNic};
 use crate::testpmd::{process_cpu_ns, Hugepages, Testpmd, PAGES_PER_TESTPMD};
 
 const FRONTEND_CPU: usize = 0;
@@ -178,7 +178,7 @@ pub fn run_once(
     })
 }
 
-pub fn run(args: &BenchDataplaneArgs, dir: &Path) -> Result<(), BenchDpError> {
+pub fn run(args: &BenchDataplaneConfig, dir: &Path) -> Result<(), BenchDpError> {
     if crate::testpmd::find().is_none() {
         return Err(BenchDpError::Config(format!(
             "--peer dpdk: {} is not on PATH (Debian package dpdk-dev, installed by scripts/setup.sh)",
@@ -192,11 +192,11 @@ pub fn run(args: &BenchDataplaneArgs, dir: &Path) -> Result<(), BenchDpError> {
         "# nominal {:.3} GHz ({source}); frontend dpdk-testpmd virtio-user x2 on CPU {FRONTEND_CPU}, \
          backend polling thread on CPU {BACKEND_CPU}; {} s x {} runs interleaved, median",
         hz / 1e9,
-        args.duration,
+        args.duration.as_secs_f64(),
         args.reps
     );
     println!("rep  size  backend      Mpps   cpu_s  cycles/pkt  busy_cycles/pkt");
-    let dur = Duration::from_secs_f64(args.duration);
+    let dur = args.duration;
     let backends = [Backend::Burstvm, Backend::Dpdk];
     // samples[size][backend]
     let mut samples = vec![[Vec::new(), Vec::new()]; args.sizes.len()];

@@ -20,13 +20,30 @@ use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use serde::{Deserialize, Serialize};
 
 /// How a devset serializes its operations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LockPolicy {
     /// One mutex for the devset and all its VFs (vanilla VFIO).
     Global,
     /// Devset rwlock + one mutex per VF (FastIOV).
     Hierarchical,
+}
+
+impl LockPolicy {
+    pub const ALL: [LockPolicy; 2] = [LockPolicy::Global, LockPolicy::Hierarchical];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            LockPolicy::Global => "global",
+            LockPolicy::Hierarchical => "hierarchical",
+        }
+    }
+}
+
+impl std::fmt::Display for LockPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl std::str::FromStr for LockPolicy {

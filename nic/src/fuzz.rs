@@ -664,7 +664,7 @@ pub fn fuzz_control_request(data: &[u8]) {
         &dir,
         dir.join("nic-state.json"),
         // SG functions too, so `alloc` of kind sg is fuzzed beside VFs.
-        &crate::sg::SgArgs {
+        &crate::sg::SgConfig {
             sgfs: 1,
             ..Default::default()
         },

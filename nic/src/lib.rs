@@ -22,60 +22,79 @@ pub mod state;
 pub mod testpmd;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use dataplane::uplink::UplinkSpec;
 pub use devset::LockPolicy;
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct NicArgs {
+/// What `burstvm nic` runs (the `burstvm` CLI parses its flags into this;
+/// the errors of [`NicConfig::pf_list`] name the flags).
+#[derive(Debug, Clone)]
+pub struct NicConfig {
     /// A physical function (PF) name; repeat for several PFs.
-    #[arg(long = "pf", required = true)]
     pub pf: Vec<String>,
     /// VFs per PF: once for all PFs, or once per --pf in the same order.
-    #[arg(long = "vfs", default_value = "8")]
     pub vfs: Vec<usize>,
-    /// Uplink of a PF: tap:NAME, veth:NETNS/IF or none; once per --pf in order (or omitted).
-    #[arg(long = "uplink")]
-    pub uplink: Vec<String>,
+    /// Uplink of each PF (`None`: no uplink); once per --pf in order, or empty.
+    pub uplink: Vec<Option<UplinkSpec>>,
     /// Control socket (line-delimited JSON, docs/nic.md).
-    #[arg(long, default_value = "/run/burstvm/nic.sock")]
     pub control: PathBuf,
     /// Directory of the state file (nic-state.json).
-    #[arg(long, default_value = "/run/burstvm/nic")]
     pub state_dir: PathBuf,
     /// Devset lock policy: global (VFIO) or hierarchical (FastIOV).
-    #[arg(long, value_enum, default_value = "hierarchical")]
     pub devset_lock: LockPolicy,
     /// Directory of the VF vhost-user sockets <pf>-vf<i>.sock (default: --state-dir).
-    #[arg(long)]
     pub socket_dir: Option<PathBuf>,
     /// Dataplane batch size (frames per queue per round).
-    #[arg(long, default_value_t = dataplane::DEFAULT_BATCH)]
     pub batch: usize,
     /// Dataplane threads per PF: VF i is served by thread i % N, the uplink's
     /// receive side by thread 0.
-    #[arg(long, default_value_t = 1)]
     pub dataplane_threads: usize,
     /// Page-pool server whose memory VMMs may give a VF (repeat for several): the NIC
     /// registers every pool memfd it maps there, so that the pool never recycles it while
     /// the NIC maps it. Pool memory of no listed pool is refused.
-    #[arg(long = "pool-socket", value_name = "PATH")]
     pub pool_socket: Vec<PathBuf>,
     /// Most open control connections; a new one beyond closes the least recently active.
-    #[arg(long, default_value_t = control::server::DEFAULT_MAX_CONNECTIONS)]
     pub control_max_connections: usize,
-    /// Seconds a control connection may stay idle before the daemon closes it.
-    #[arg(long, default_value_t = control::server::DEFAULT_IDLE_TIMEOUT.as_secs_f64())]
-    pub control_idle_timeout: f64,
+    /// How long a control connection may stay idle before the daemon closes it.
+    pub control_idle_timeout: Duration,
     /// SG functions (SG-IOV) beside the VFs.
-    #[command(flatten)]
-    pub sg: sg::SgArgs,
+    pub sg: sg::SgConfig,
 }
 
 /// Most VFs a PF can have: 32 PCI devices × 8 functions on its bus.
 pub const MAX_VFS: usize = 256;
 
-impl NicArgs {
+impl Default for NicConfig {
+    fn default() -> Self {
+        NicConfig {
+            pf: Vec::new(),
+            vfs: vec![8],
+            uplink: Vec::new(),
+            control: PathBuf::from("/run/burstvm/nic.sock"),
+            state_dir: PathBuf::from("/run/burstvm/nic"),
+            devset_lock: LockPolicy::Hierarchical,
+            socket_dir: None,
+            batch: dataplane::DEFAULT_BATCH,
+            dataplane_threads: 1,
+            pool_socket: Vec::new(),
+            control_max_connections: control::server::DEFAULT_MAX_CONNECTIONS,
+            control_idle_timeout: control::server::DEFAULT_IDLE_TIMEOUT,
+            sg: sg::SgConfig::default(),
+        }
+    }
+}
+
+/// An `--uplink` value: `none`, or a [`UplinkSpec`] (`tap:NAME`, `veth:NETNS/IF`).
+pub fn parse_uplink(s: &str) -> Result<Option<UplinkSpec>, String> {
+    if s == "none" {
+        Ok(None)
+    } else {
+        s.parse().map(Some)
+    }
+}
+
+impl NicConfig {
     pub fn pf_list(&self) -> Result<Vec<(String, usize)>, Error> {
         let n = self.pf.len();
         if self.vfs.len() != 1 && self.vfs.len() != n {
@@ -122,10 +141,11 @@ impl NicArgs {
                 self.control_max_connections
             )));
         }
-        if !(0.01..=86400.0).contains(&self.control_idle_timeout) {
+        let idle = Duration::from_millis(10)..=Duration::from_secs(86400);
+        if !idle.contains(&self.control_idle_timeout) {
             return Err(Error::Config(format!(
                 "--control-idle-timeout {}: must be 0.01..86400 seconds",
-                self.control_idle_timeout
+                self.control_idle_timeout.as_secs_f64()
             )));
         }
         self.sg.validate()?;
@@ -147,7 +167,7 @@ impl NicArgs {
     pub fn control_limits(&self) -> control::server::Limits {
         control::server::Limits {
             max_connections: self.control_max_connections,
-            idle_timeout: std::time::Duration::from_secs_f64(self.control_idle_timeout),
+            idle_timeout: self.control_idle_timeout,
             ..Default::default()
         }
     }
@@ -162,16 +182,7 @@ impl NicArgs {
                 self.uplink.len()
             )));
         }
-        self.uplink
-            .iter()
-            .map(|s| {
-                if s == "none" {
-                    Ok(None)
-                } else {
-                    s.parse().map(Some).map_err(Error::Config)
-                }
-            })
-            .collect()
+        Ok(self.uplink.clone())
     }
 }
 
@@ -197,6 +208,6 @@ pub enum Error {
 }
 
 /// Runs the daemon until SIGTERM/SIGINT.
-pub fn run_cli(args: &NicArgs) -> Result<(), Error> {
+pub fn run_cli(args: &NicConfig) -> Result<(), Error> {
     daemon::run(args)
 }

@@ -11,7 +11,7 @@ use common::TestNic;
 use nic::control::{Client, DevKind, VfInfo};
 use nic::devset::VfState;
 use nic::sg::frontend::SgFrontend;
-use nic::sg::SgArgs;
+use nic::sg::SgConfig;
 use nic::LockPolicy;
 use sgiov::driver::DriverConfig;
 use sgiov::layout::{PathKind, Transform};
@@ -25,7 +25,7 @@ fn start(name: &str, sgfs: usize) -> TestNic {
         2,
         None,
         LockPolicy::Hierarchical,
-        SgArgs {
+        SgConfig {
             sgfs,
             ..Default::default()
         },

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::TestNic;
 use nic::sg::frontend::SgFrontend;
-use nic::sg::SgArgs;
+use nic::sg::SgConfig;
 use nic::LockPolicy;
 use sgiov::driver::DriverConfig;
 use sgiov::layout::{PathKind, Transform};
@@ -25,7 +25,7 @@ fn four_thousand_pipes_with_a_constant_daemon_fd_count() {
         1,
         None,
         LockPolicy::Hierarchical,
-        SgArgs {
+        SgConfig {
             sgfs: 1,
             ..Default::default()
         },

@@ -13,38 +13,30 @@ use serde::Serialize;
 use crate::leaks::{self, LeakReport};
 use crate::runtime::{Runtime, RuntimeConfig};
 use crate::sandbox::{Sandbox, SandboxSpec};
-use crate::template::TemplateArgs;
+use crate::template::TemplateConfig;
 use crate::variant::{NetKind, Variant};
-use crate::{bad, burstvm_bin, cgroup, Error, SandboxArgs};
+use crate::{bad, burstvm_bin, cgroup, Error, SandboxConfig};
 
 /// Sandboxes started at once while filling up (the 2-core host boots them
 /// one per core; more only queue).
 const START_WORKERS: usize = 4;
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct BenchDensityArgs {
+#[derive(Debug, Clone)]
+pub struct BenchDensityConfig {
     /// Idle sandboxes kept alive, one level after another, e.g. 100,300.
-    #[arg(long, value_delimiter = ',', default_value = "100")]
     pub sandboxes: Vec<usize>,
     /// Network of every sandbox: no-net or tap (a VF variant cannot use a template).
-    #[arg(long, default_value = "no-net")]
     pub variant: Variant,
-    #[command(flatten)]
-    pub sandbox: SandboxArgs,
+    pub sandbox: SandboxConfig,
     /// With a template: every level runs booted and then from the template.
-    #[command(flatten)]
-    pub template: TemplateArgs,
+    pub template: TemplateConfig,
     /// Sandboxes started (at once) with N running, timed (RunD Fig. 13).
-    #[arg(long, default_value_t = 10)]
     pub more: usize,
     /// Seconds each guest may take to become ready.
-    #[arg(long, default_value_t = 120)]
     pub timeout: u64,
     /// Write the levels as JSON here.
-    #[arg(long)]
     pub json: Option<PathBuf>,
     /// The burstvm binary (default: this one).
-    #[arg(long)]
     pub burstvm_bin: Option<PathBuf>,
 }
 
@@ -192,7 +184,7 @@ fn spawn_starters<'s, 'e: 's>(
 
 fn run_level(
     rt: &Runtime,
-    a: &BenchDensityArgs,
+    a: &BenchDensityConfig,
     n: usize,
     template: Option<PathBuf>,
     memory: u64,
@@ -322,7 +314,7 @@ fn table(levels: &[Level]) -> String {
     s
 }
 
-pub fn bench_density_cli(a: &BenchDensityArgs) -> Result<(), Error> {
+pub fn bench_density_cli(a: &BenchDensityConfig) -> Result<(), Error> {
     crate::runtime::install_sigint_handler();
     let (memory, app_size) = a.sandbox.bytes()?;
     if a.sandboxes.is_empty() || a.sandboxes.contains(&0) {

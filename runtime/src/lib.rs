@@ -33,12 +33,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use chaos::{
-    bench_chaos_cli, worker_main as chaos_worker_main, BenchChaosArgs, ChaosWorkerArgs,
+    bench_chaos_cli, worker_main as chaos_worker_main, BenchChaosConfig, ChaosWorkerConfig,
 };
 pub use host::{HostServices, SandboxHost, ServicesInfo};
 pub use runtime::{Runtime, RuntimeConfig, RuntimeError};
 pub use sandbox::{Attach, Sandbox, SandboxFailure, SandboxSpec, SgSpec};
-pub use services::{services_cli, ServicesArgs};
+pub use services::{services_cli, ServicesConfig};
 
 pub use variant::{Policy, Variant};
 
@@ -111,24 +111,20 @@ pub(crate) fn burstvm_bin(given: &Option<PathBuf>) -> Result<PathBuf, Error> {
 }
 
 /// The size of each sandbox, shared by `run` and `bench startup`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct SandboxArgs {
-    /// Guest memory per sandbox (e.g. 64M).
-    #[arg(long, default_value = "64M")]
-    pub memory: String,
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Guest memory per sandbox, bytes.
+    pub memory: u64,
     /// CPU limit of each sandbox's cgroup, in CPUs.
-    #[arg(long, default_value_t = 1.0)]
     pub cpus: f64,
-    /// Size of the app payload the guest agent checksums at app launch.
-    #[arg(long, default_value = "0")]
-    pub app_size: String,
+    /// Size of the app payload the guest agent checksums at app launch, bytes.
+    pub app_size: u64,
 }
 
-impl SandboxArgs {
+impl SandboxConfig {
     /// Checks `--cpus`; returns `--memory` and `--app-size` in bytes.
     pub fn bytes(&self) -> Result<(u64, u64), Error> {
-        let memory = parse_size("--memory", &self.memory)?;
-        let app_size = parse_size("--app-size", &self.app_size)?;
+        let (memory, app_size) = (self.memory, self.app_size);
         if !self.cpus.is_finite() || self.cpus <= 0.0 {
             return Err(bad("--cpus", format!("{} must be positive", self.cpus)));
         }
@@ -137,30 +133,25 @@ impl SandboxArgs {
 }
 
 /// The root filesystem of each sandbox, shared by `run` and `bench startup`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RootfsArgs {
+#[derive(Debug, Clone)]
+pub struct RootfsConfig {
     /// Container image for the rootfs (RunD split): an OCI image layout,
     /// an OCI archive, a directory, or an image `burstvm rootfs build` made
     /// (X.erofs). Built once and cached by digest.
-    #[arg(long)]
     pub rootfs: Option<PathBuf>,
     /// File of the image the guest reads and checksums (default:
     /// /etc/os-release, else the smallest file).
-    #[arg(long, requires = "rootfs")]
     pub rootfs_file: Option<String>,
     /// How the guest gets the read-only layer: blk (virtio-blk) or pmem
     /// (copied into the image region; built-in agent only).
-    #[arg(long, value_enum, default_value_t = rootfs::ImageMode::Blk, requires = "rootfs")]
     pub rootfs_image: rootfs::ImageMode,
-    /// Capacity of each sandbox's writable layer (the ext4 template).
-    #[arg(long, default_value = "64M", requires = "rootfs")]
-    pub rootfs_layer_size: String,
+    /// Capacity of each sandbox's writable layer (the ext4 template), bytes.
+    pub rootfs_layer_size: u64,
     /// Image cache (default: $BURSTVM_IMAGE_CACHE or /var/lib/burstvm/images).
-    #[arg(long, requires = "rootfs")]
     pub image_cache: Option<PathBuf>,
 }
 
-impl RootfsArgs {
+impl RootfsConfig {
     /// The image (built or found in the cache; with burstvm's Linux init for
     /// a kernel) and the layer size, if a rootfs was asked for.
     fn image(&self, init: bool) -> Result<Option<(std::sync::Arc<::rootfs::Image>, u64)>, Error> {
@@ -173,7 +164,7 @@ impl RootfsArgs {
             .map(::rootfs::ImageCache::new)
             .unwrap_or_else(::rootfs::ImageCache::from_env);
         let img = cache.resolve(src, init)?;
-        let bytes = parse_size("--rootfs-layer-size", &self.rootfs_layer_size)?;
+        let bytes = self.rootfs_layer_size;
         if bytes < (1 << 20) {
             return Err(bad("--rootfs-layer-size", "at least 1M"));
         }
@@ -196,65 +187,77 @@ impl RootfsArgs {
 }
 
 /// `burstvm run`: one sandbox through every stage.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RunArgs {
+#[derive(Debug, Clone)]
+pub struct RunConfig {
     /// Variant: no-net, tap, vanilla, fastiov, fastiov-L/-S/-D/-A, pre10/50/100.
-    #[arg(long, default_value = "fastiov")]
     pub variant: Variant,
-    #[command(flatten)]
-    pub sandbox: SandboxArgs,
-    #[command(flatten)]
-    pub rootfs: RootfsArgs,
+    pub sandbox: SandboxConfig,
+    pub rootfs: RootfsConfig,
     /// Boot this Linux kernel (vmlinux) on the rootfs instead of the built-in
     /// agent: root=/dev/vda rootfstype=erofs (docs/rootfs.md).
-    #[arg(long, requires = "rootfs")]
     pub kernel: Option<PathBuf>,
     /// The writable layer is a full copy of the template, not a reflink.
-    #[arg(long, requires = "rootfs")]
     pub rootfs_copy: bool,
-    #[command(flatten)]
-    pub template: template::TemplateArgs,
+    pub template: template::TemplateConfig,
     /// Keep the sandbox running after READY until Ctrl-C.
-    #[arg(long)]
     pub keep_running: bool,
     /// Append the trace (JSON lines) to this file.
-    #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Seconds the guest may take to become ready.
-    #[arg(long, default_value_t = 60)]
     pub timeout: u64,
     /// The burstvm binary to spawn VMMs and the NIC daemon from (default: this one).
-    #[arg(long)]
     pub burstvm_bin: Option<PathBuf>,
     /// Keep this many VF network attachments ready (netns + CNI ADD done in
     /// the background); a VF sandbox claims one (`net-claim` stage).
-    #[arg(long, default_value_t = 0)]
     pub net_pool: usize,
     /// The sandbox's network: `vf` (burstvm-cni's VF, the variant's) or `sg` (an SG
     /// function: the runtime's `"kind":"sg"` network; the agent moves `--sg-bytes`
     /// through each of `--sg-pipes` warp pipes and the VMM checks the checksum).
-    #[arg(long, value_enum, default_value_t = NetKindArg::Vf)]
     pub net_kind: NetKindArg,
     /// SG functions the runtime's NIC daemon serves (`burstvm nic --sgfs`);
     /// default 4 with `--net-kind sg`, else 0.
-    #[arg(long)]
     pub sgfs: Option<usize>,
     /// With `--net-kind sg`: warp pipes (echo sockets) the agent opens.
-    #[arg(long, default_value_t = SgSpec::default().pipes)]
     pub sg_pipes: u32,
     /// With `--net-kind sg`: bytes through each pipe (a multiple of 8, at most 4096).
-    #[arg(long, default_value_t = SgSpec::default().bytes)]
     pub sg_bytes: u32,
 }
 
 /// `burstvm run --net-kind`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NetKindArg {
     Vf,
     Sg,
 }
 
-impl RunArgs {
+impl NetKindArg {
+    pub const ALL: [NetKindArg; 2] = [NetKindArg::Vf, NetKindArg::Sg];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NetKindArg::Vf => "vf",
+            NetKindArg::Sg => "sg",
+        }
+    }
+}
+
+impl std::fmt::Display for NetKindArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for NetKindArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown network kind {s:?} (vf, sg)"))
+    }
+}
+
+impl RunConfig {
     /// The SG network's sandbox spec and the NIC daemon's SG function count.
     fn sg(&self) -> Result<(Option<SgSpec>, usize), Error> {
         if self.net_kind == NetKindArg::Vf {
@@ -290,65 +293,49 @@ impl RunArgs {
 }
 
 /// `burstvm bench startup`: concurrent startup per variant.
-#[derive(Debug, Clone, clap::Args)]
-pub struct BenchStartupArgs {
+#[derive(Debug, Clone)]
+pub struct BenchStartupConfig {
     /// Sandboxes started at the same instant per variant.
-    #[arg(long, default_value_t = 50)]
     pub concurrency: usize,
     /// Comma-separated variants.
-    #[arg(long, value_delimiter = ',', default_value = "no-net,vanilla,fastiov")]
     pub variants: Vec<Variant>,
-    #[command(flatten)]
-    pub sandbox: SandboxArgs,
-    #[command(flatten)]
-    pub rootfs: RootfsArgs,
+    pub sandbox: SandboxConfig,
+    pub rootfs: RootfsConfig,
     /// Also run every variant with a full copy of the writable layer per
     /// sandbox, beside RunD's reflink (RunD §4.2: 207 ms → 0.2 ms).
-    #[arg(long, requires = "rootfs")]
     pub rootfs_copy: bool,
     /// Also run every variant started from this template, beside the boot
     /// (RunD §4.3).
-    #[command(flatten)]
-    pub template: template::TemplateArgs,
+    pub template: template::TemplateConfig,
     /// Run at each of these concurrencies instead (Fig. 13a), e.g. 10,50,100,200.
-    #[arg(long, value_delimiter = ',')]
     pub sweep: Vec<usize>,
     /// Output directory for trace.jsonl, summary.json and the PNG plots.
-    #[arg(long, default_value = "bench-startup")]
     pub out: PathBuf,
     /// Skip the uncounted warm-up round.
-    #[arg(long)]
     pub no_warmup: bool,
     /// Keep this many VF network attachments ready (netns + CNI ADD done in
     /// the background, refilled after each round); VF variants claim one per
     /// sandbox (`net-claim` stage). Each pooled round waits for a full pool.
-    #[arg(long, default_value_t = 0)]
     pub net_pool: usize,
     /// With `--net-pool`: run every VF variant without and with the pool
     /// (group `<variant>+pool`), side by side in one run.
-    #[arg(long, requires = "net_pool")]
     pub net_pool_compare: bool,
     /// Take sandbox cgroups from a RunD-style rename pool instead of mkdir.
-    #[arg(long)]
     pub cgroup_pool: bool,
     /// Seconds each guest may take to become ready.
-    #[arg(long, default_value_t = 120)]
     pub timeout: u64,
     /// The burstvm binary (default: this one).
-    #[arg(long)]
     pub burstvm_bin: Option<PathBuf>,
     /// `cri`: also create each round's sandboxes through containerd's CRI
     /// plugin (RunPodSandbox, a private containerd with the burstvm shim) and
     /// report that path beside the direct one (docs/shim.md).
-    #[arg(long, value_enum, default_value_t = Via::Direct)]
     pub via: Via,
     /// With `--via cri`: the directory with pause.tar made by scripts/build-images.sh.
-    #[arg(long, default_value = "bench-images")]
     pub images: PathBuf,
 }
 
 /// How `bench startup` creates sandboxes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {
     /// The runtime library only.
     Direct,
@@ -356,10 +343,37 @@ pub enum Via {
     Cri,
 }
 
+impl Via {
+    pub const ALL: [Via; 2] = [Via::Direct, Via::Cri];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Via::Direct => "direct",
+            Via::Cri => "cri",
+        }
+    }
+}
+
+impl std::fmt::Display for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Via {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown --via {s:?} (direct, cri)"))
+    }
+}
+
 /// How long `run` waits for the network pool to fill before its sandbox starts.
 const NET_POOL_FILL_BOUND: Duration = Duration::from_secs(60);
 
-pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
+pub fn run_cli(a: &RunConfig) -> Result<(), Error> {
     runtime::install_sigint_handler();
     let (memory, app_size) = a.sandbox.bytes()?;
     let policy = a.variant.policy();
@@ -477,7 +491,7 @@ pub fn run_cli(a: &RunArgs) -> Result<(), Error> {
 
 /// What `bench startup` measures: the validated levels and round spec, and
 /// the runtime (checked against host memory and VF limits).
-pub fn bench_setup(a: &BenchStartupArgs) -> Result<(Runtime, bench::BenchPlan), Error> {
+pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, bench::BenchPlan), Error> {
     let (memory, app_size) = a.sandbox.bytes()?;
     let levels = if a.sweep.is_empty() {
         vec![a.concurrency]
@@ -578,7 +592,7 @@ pub fn bench_setup(a: &BenchStartupArgs) -> Result<(Runtime, bench::BenchPlan), 
     Ok((rt, plan))
 }
 
-pub fn bench_startup_cli(a: &BenchStartupArgs) -> Result<(), Error> {
+pub fn bench_startup_cli(a: &BenchStartupConfig) -> Result<(), Error> {
     runtime::install_sigint_handler();
     let (rt, plan) = bench_setup(a)?;
     let result = bench::run(&rt, &plan, &mut |l| eprintln!("{l}"));

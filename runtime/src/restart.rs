@@ -13,28 +13,22 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::variant::NetKind;
-use crate::{bad, burstvm_bin, cgroup, leaks, runtime, Error, SandboxArgs, Variant};
+use crate::{bad, burstvm_bin, cgroup, leaks, runtime, Error, SandboxConfig, Variant};
 use crate::{Runtime, RuntimeConfig, Sandbox, SandboxSpec};
 
 /// `burstvm bench nic-restart`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct BenchNicRestartArgs {
+#[derive(Debug, Clone)]
+pub struct BenchNicRestartConfig {
     /// Sandboxes running (and exchanging requests) while the NIC daemon is killed.
-    #[arg(long, default_value_t = 2)]
     pub guests: usize,
     /// Kills and restarts of the NIC daemon.
-    #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// A variant with a VF (vanilla, fastiov, ...).
-    #[arg(long, default_value = "fastiov")]
     pub variant: Variant,
-    #[command(flatten)]
-    pub sandbox: SandboxArgs,
+    pub sandbox: SandboxConfig,
     /// Seconds each guest may take to become ready, and traffic to resume.
-    #[arg(long, default_value_t = 120)]
     pub timeout: u64,
     /// The burstvm binary (default: this one).
-    #[arg(long)]
     pub burstvm_bin: Option<PathBuf>,
 }
 
@@ -139,7 +133,7 @@ fn round(rt: &Runtime, sandboxes: &mut [Sandbox<'_>], timeout: Duration) -> Resu
     })
 }
 
-pub fn run_cli(a: &BenchNicRestartArgs) -> Result<(), Error> {
+pub fn run_cli(a: &BenchNicRestartConfig) -> Result<(), Error> {
     runtime::install_sigint_handler();
     if a.variant.policy().net != NetKind::Vf {
         return Err(bad("--variant", format!("{} has no VF", a.variant)));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ::rootfs::{Image, Layer, WritableLayers};
 
 /// How the guest sees the read-only layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ImageMode {
     /// A read-only virtio-blk disk.
     #[default]
@@ -18,6 +18,33 @@ pub enum ImageMode {
     /// Copied into the guest's image region (pmem-style; DMA-mapped with it
     /// unless the variant skips the image region). Built-in agent only.
     Pmem,
+}
+
+impl ImageMode {
+    pub const ALL: [ImageMode; 2] = [ImageMode::Blk, ImageMode::Pmem];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ImageMode::Blk => "blk",
+            ImageMode::Pmem => "pmem",
+        }
+    }
+}
+
+impl std::fmt::Display for ImageMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ImageMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown image mode {s:?} (blk, pmem)"))
+    }
 }
 
 /// How the writable layer is made.

@@ -11,26 +11,21 @@ use crate::runtime::{install_sigint_handler, sigint_received};
 use crate::{burstvm_bin, cgroup, host, Error, Runtime, RuntimeConfig, Variant};
 
 /// `burstvm services`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ServicesArgs {
+#[derive(Debug, Clone)]
+pub struct ServicesConfig {
     /// Directory for services.json (what the shim config names) and replies.json.
-    #[arg(long, default_value = "/run/burstvm/services")]
     pub dir: PathBuf,
     /// Where to write the burstvm-cni network config (containerd's CNI conf dir).
-    #[arg(long, default_value = "/etc/cni/net.d/10-burstvm.conf")]
     pub cni_conf: PathBuf,
     /// VFs the NIC daemon creates: at least the pods that run at once.
-    #[arg(long, default_value_t = 64)]
     pub vfs: usize,
     /// The NIC daemon runs this variant's devset lock policy.
-    #[arg(long, default_value = "fastiov")]
     pub variant: Variant,
     /// The burstvm binary VMMs and the NIC daemon are spawned from (default: this one).
-    #[arg(long)]
     pub burstvm_bin: Option<PathBuf>,
 }
 
-pub fn services_cli(a: &ServicesArgs) -> Result<(), Error> {
+pub fn services_cli(a: &ServicesConfig) -> Result<(), Error> {
     install_sigint_handler();
     if a.variant.policy().devset_lock.is_none() {
         return Err(crate::bad(

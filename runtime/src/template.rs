@@ -6,25 +6,23 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{bad, burstvm_bin, Error, SandboxArgs};
+use crate::{bad, burstvm_bin, Error, SandboxConfig};
 
 /// Where templates live by default, one directory per name.
 pub const DEFAULT_DIR: &str = "/var/lib/burstvm/templates";
 
 /// A template named on the command line of `run` and `bench startup`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct TemplateArgs {
+#[derive(Debug, Clone)]
+pub struct TemplateConfig {
     /// Start sandboxes from this template (a name under --template-dir, or
     /// a path) instead of booting them; per-sandbox devices are attached
     /// after the restore.
-    #[arg(long)]
     pub template: Option<String>,
     /// Directory of named templates.
-    #[arg(long, default_value = DEFAULT_DIR)]
     pub template_dir: PathBuf,
 }
 
-impl TemplateArgs {
+impl TemplateConfig {
     /// The template's directory, checked to hold a complete template.
     pub fn resolve(&self) -> Result<Option<PathBuf>, Error> {
         let Some(name) = &self.template else {
@@ -53,29 +51,24 @@ fn path_of(name: &str, dir: &Path) -> PathBuf {
 }
 
 /// `burstvm template create NAME` / `burstvm template probe`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct TemplateCreateArgs {
+#[derive(Debug, Clone)]
+pub struct TemplateCreateConfig {
     /// Name of the template (a directory under --dir).
     pub name: String,
     /// Directory of named templates.
-    #[arg(long, default_value = DEFAULT_DIR)]
     pub dir: PathBuf,
     /// Guest memory and the largest app payload of the sandboxes that
     /// will start from it (the template fixes both).
-    #[command(flatten)]
-    pub sandbox: SandboxArgs,
+    pub sandbox: SandboxConfig,
     /// Replace an existing template of that name.
-    #[arg(long)]
     pub force: bool,
     /// The burstvm binary to run the VMM from (default: this one).
-    #[arg(long)]
     pub burstvm_bin: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct TemplateProbeArgs {
+#[derive(Debug, Clone)]
+pub struct TemplateProbeConfig {
     /// The burstvm binary to run the VMM from (default: this one).
-    #[arg(long)]
     pub burstvm_bin: Option<PathBuf>,
 }
 
@@ -94,7 +87,7 @@ fn run_vmm(bin: &Path, args: &[String], what: &str) -> Result<(), Error> {
     Ok(())
 }
 
-pub fn create_cli(a: &TemplateCreateArgs) -> Result<(), Error> {
+pub fn create_cli(a: &TemplateCreateConfig) -> Result<(), Error> {
     if a.name.is_empty() || a.name.contains('/') || a.name.starts_with('.') {
         return Err(bad(
             "NAME",
@@ -132,7 +125,7 @@ pub fn create_cli(a: &TemplateCreateArgs) -> Result<(), Error> {
     )
 }
 
-pub fn probe_cli(a: &TemplateProbeArgs) -> Result<(), Error> {
+pub fn probe_cli(a: &TemplateProbeConfig) -> Result<(), Error> {
     let args = vec![
         "--sandbox".to_string(),
         format!("tmpl-probe-{}", std::process::id()),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use nic::control::{Client, VfInfo};
 use nic::daemon::Nic;
 use nic::frontend::{SimFrontend, MIN_MEM};
-use nic::{LockPolicy, NicArgs};
+use nic::{LockPolicy, NicConfig};
 
 pub struct TestNic {
     pub dir: PathBuf,
@@ -46,7 +46,7 @@ impl TestNic {
         vfs: usize,
         uplink: Option<String>,
         policy: LockPolicy,
-        sg: nic::sg::SgArgs,
+        sg: nic::sg::SgConfig,
     ) -> TestNic {
         Self::start_full(name, vfs, uplink, policy, vec![], sg)
     }
@@ -57,7 +57,7 @@ impl TestNic {
         uplink: Option<String>,
         policy: LockPolicy,
         pools: Vec<PathBuf>,
-        sg: nic::sg::SgArgs,
+        sg: nic::sg::SgConfig,
     ) -> TestNic {
         Self::start_threads(name, vfs, uplink, policy, pools, sg, 1)
     }
@@ -69,15 +69,18 @@ impl TestNic {
         uplink: Option<String>,
         policy: LockPolicy,
         pools: Vec<PathBuf>,
-        sg: nic::sg::SgArgs,
+        sg: nic::sg::SgConfig,
         dataplane_threads: usize,
     ) -> TestNic {
         let dir = crate::fresh_dir("nic-t", name);
         let control = dir.join("ctl.sock");
-        let args = NicArgs {
+        let args = NicConfig {
             pf: vec!["pf0".into()],
             vfs: vec![vfs],
-            uplink: uplink.into_iter().collect(),
+            uplink: uplink
+                .iter()
+                .map(|u| nic::parse_uplink(u).expect("a valid --uplink"))
+                .collect(),
             control: control.clone(),
             state_dir: dir.clone(),
             devset_lock: policy,
@@ -86,7 +89,7 @@ impl TestNic {
             dataplane_threads,
             pool_socket: pools,
             control_max_connections: 256,
-            control_idle_timeout: 60.0,
+            control_idle_timeout: Duration::from_secs(60),
             sg,
         };
         let (stop, stopped) = mpsc::channel::<()>();
@@ -297,7 +300,7 @@ pub fn run_nic_if_child() {
     if let Ok(v) = std::env::var(CHILD_NIC_ENV) {
         let (dir, pool) = v.split_once('\n').expect("dir and pool socket");
         let dir = PathBuf::from(dir);
-        let args = NicArgs {
+        let args = NicConfig {
             pf: vec!["pf0".into()],
             vfs: vec![2],
             uplink: vec![],
@@ -309,7 +312,7 @@ pub fn run_nic_if_child() {
             dataplane_threads: 1,
             pool_socket: vec![PathBuf::from(pool)],
             control_max_connections: 256,
-            control_idle_timeout: 60.0,
+            control_idle_timeout: Duration::from_secs(60),
             sg: Default::default(),
         };
         let r = nic::daemon::run(&args);

@@ -9,149 +9,113 @@ use crate::bus::{DiskSpec, NetBackend, VfInit};
 use crate::error::Error;
 use crate::layout;
 
-/// Command line of `burstvm vmm` (docs/design.md, "VMM command line").
-#[derive(Debug, Clone, clap::Args)]
-pub struct VmmArgs {
+/// The parameters of one VMM, as `burstvm vmm` takes them (docs/design.md,
+/// "VMM command line"): the CLI fills this in (cli/src/args/vmm.rs) and
+/// [`VmConfig::from_params`] validates it, as Cloud Hypervisor's `VmParams`.
+/// Each field is parsed (by the `pub` parsers below, which name the flag in
+/// their errors); what needs several fields or the host is checked there.
+#[derive(Debug, Clone)]
+pub struct VmParams {
     /// Sandbox id (at most 63 bytes); names trace lines and seeds the app payload.
-    #[arg(long)]
     pub sandbox: String,
-    /// Guest RAM size, e.g. 64M, 1G (at most 3G).
-    #[arg(long, default_value = "64M")]
-    pub memory: String,
+    /// Guest RAM size in bytes (at most 3G).
+    pub memory: u64,
     /// Number of vCPUs.
-    #[arg(long, default_value_t = 1)]
     pub vcpus: u8,
     /// Boot a Linux vmlinux ELF instead of the built-in agent.
-    #[arg(long)]
     pub kernel: Option<PathBuf>,
     /// Initrd for --kernel.
-    #[arg(long, requires = "kernel")]
     pub initrd: Option<PathBuf>,
     /// Kernel command line for --kernel (console=ttyS0 and virtio_mmio.device= are added).
-    #[arg(long, requires = "kernel")]
     pub cmdline: Option<String>,
     /// Network device: tap:NAME (virtio-net over a tap) or vf:SOCKET (vhost-user VF).
-    #[arg(long, value_parser = parse_net)]
     pub net: Vec<NetBackend>,
     /// Block device: path=FILE[,ro][,unlink][,id=ID] (virtio-blk); repeatable.
     /// The rootfs: the EROFS image read-only, the writable layer with unlink.
-    #[arg(long, value_parser = parse_disk)]
     pub disk: Vec<DiskSpec>,
     /// Built-in agent: put this EROFS image into the image region (a
     /// pmem-style mapping, DMA-mapped with it) instead of a virtio-blk disk.
-    #[arg(long, conflicts_with = "kernel")]
     pub rootfs_pmem: Option<PathBuf>,
     /// PATH=CHECKSUM: a file of the EROFS image the guest reads and
     /// checksums (the agent, or burstvm's Linux init, given
     /// burstvm_check=PATH); the VMM checks it as it does the app checksum.
-    #[arg(long)]
-    pub rootfs_check: Option<String>,
+    pub rootfs_check: Option<(String, u32)>,
     /// Guest MAC address (default: a VF's own MAC from the NIC; for a tap, derived from the sandbox id).
-    #[arg(long)]
-    pub mac: Option<String>,
-    /// Guest address, CIDR (e.g. 10.0.0.2/24).
-    #[arg(long)]
-    pub ip: Option<String>,
+    pub mac: Option<MacAddr>,
+    /// Guest address and netmask (`--ip` is a CIDR, e.g. 10.0.0.2/24).
+    pub ip: Option<(Ipv4Addr, Ipv4Addr)>,
     /// Default gateway.
-    #[arg(long)]
     pub gateway: Option<Ipv4Addr>,
     /// Server the agent sends its first request to, IP:PORT.
-    #[arg(long)]
     pub server: Option<SocketAddrV4>,
     /// MAC of the server (default: broadcast).
-    #[arg(long, requires = "server")]
-    pub server_mac: Option<String>,
+    pub server_mac: Option<MacAddr>,
     /// Memory policy: vanilla, pre10, pre50, pre100, lazy.
-    #[arg(long, default_value = "vanilla")]
-    pub memory_policy: String,
+    pub memory_policy: guestmem::MemoryPolicy,
     /// DMA-map the ram region (times the dma-ram stage).
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub dma_ram: bool,
     /// DMA-map the image region (times the dma-image stage).
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub dma_image: bool,
     /// Take guest memory from the page-pool server at this socket.
-    #[arg(long)]
     pub pool_socket: Option<PathBuf>,
     /// Back guest memory with 2 MiB hugetlb pages.
-    #[arg(long)]
     pub hugepages: bool,
     /// VF driver init: sync or async.
-    #[arg(long, value_enum, default_value_t = VfInit::Sync)]
     pub vf_init: VfInit,
     /// Seconds a VF may stay without its backend (the NIC daemon restarting) before the
     /// VMM gives up reconnecting and reports the VF lost (0: never reconnect).
-    #[arg(long, default_value_t = 30)]
     pub vf_reconnect: u64,
     /// What the built-in agent does on the network: one request (once), keep exchanging
     /// requests after READY (echo), reset and re-initialise its device once before READY
     /// (reset), or first make its VF fail with a bad descriptor, then reset (fault).
-    #[arg(long, value_enum, default_value_t = AgentMode::Once)]
     pub agent_mode: AgentMode,
     /// `--agent-mode sg|sg-echo`: warp pipes (echo sockets) the agent opens, 1..4096.
-    #[arg(long, default_value_t = 64)]
     pub sg_pipes: u32,
     /// `--agent-mode sg|sg-echo`: bytes the agent sends through each pipe, a multiple of 8
     /// in 8..4096.
-    #[arg(long, default_value_t = 1024)]
     pub sg_bytes: u32,
     /// `--agent-mode sg-send|sg-recv`: the port of the chain (1..; the NIC's control API
     /// must have linked the two sandboxes, `sg_link`).
-    #[arg(long, default_value_t = 0)]
     pub sg_port: u32,
     /// `--agent-mode sg-send`: what the chain does to the bytes (crypto: AES-GCM into the
     /// daemon's staging ring and out of it).
-    #[arg(long, value_enum, default_value_t = SgXf::Crypto)]
     pub sg_xf: SgXf,
-    /// Size of the app payload the agent checksums (e.g. 4M).
-    #[arg(long, default_value = "0")]
-    pub app_size: String,
+    /// Size of the app payload the agent checksums, bytes.
+    pub app_size: u64,
     /// Use this file as the app payload instead of generated bytes (a container's entrypoint).
-    #[arg(long, conflicts_with = "app_size")]
     pub app_file: Option<PathBuf>,
     /// Probe mode: guest-physical addresses the agent reads and reports.
-    #[arg(long, value_delimiter = ',')]
-    pub probe: Vec<String>,
+    pub probe: Vec<u64>,
     /// Append trace lines (JSON) to this file.
-    #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Write the guest serial console here instead of stdout.
-    #[arg(long)]
     pub serial_log: Option<PathBuf>,
     /// Write "ready\n" to this inherited file descriptor when the guest is ready.
-    #[arg(long)]
     pub ready_fd: Option<i32>,
     /// Keep the VM running after READY (until SIGTERM or guest exit).
-    #[arg(long)]
     pub keep_running: bool,
     /// Stay up after READY until the guest's EXIT and exit with the guest's status (a task).
-    #[arg(long, conflicts_with = "keep_running")]
     pub until_exit: bool,
     /// Seconds until READY before giving up (0 = no limit).
-    #[arg(long, default_value_t = 30)]
     pub timeout: u64,
     /// KVM device node.
-    #[arg(long, default_value = "/dev/kvm")]
     pub kvm_device: PathBuf,
     /// Boot the built-in agent to its template checkpoint, save the VM
     /// (vCPU, LAPIC, irqchip, PIT, clock state and guest memory) as a
     /// template in this new directory, and exit (docs/templates.md).
-    #[arg(long, conflicts_with_all = ["kernel", "template", "pool_socket", "hugepages"])]
     pub template_save: Option<PathBuf>,
     /// Like --template-save, but only check which KVM state get/set calls
     /// work here: save and restore each at the checkpoint, report, then
     /// resume to READY.
-    #[arg(long, conflicts_with_all = ["kernel", "template", "template_save"])]
     pub template_probe: bool,
     /// Start from the template in this directory instead of booting: its
     /// memory mapped copy-on-write, its state restored, this sandbox's
     /// boot info and devices attached after the restore.
-    #[arg(long, conflicts_with_all = ["kernel", "rootfs_pmem", "hugepages"])]
     pub template: Option<PathBuf>,
 }
 
 /// The network behaviour of the built-in agent (boot-info flags, docs/guest.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AgentMode {
     #[default]
     Once,
@@ -173,11 +137,80 @@ pub enum AgentMode {
 }
 
 /// The transform of a chain's connections (the CONNECT's `xf`, docs/sgiov.md §5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SgXf {
     Copy = 0,
     #[default]
     Crypto = 1,
+}
+
+impl SgXf {
+    pub const ALL: [SgXf; 2] = [SgXf::Copy, SgXf::Crypto];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SgXf::Copy => "copy",
+            SgXf::Crypto => "crypto",
+        }
+    }
+}
+
+impl std::fmt::Display for SgXf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for SgXf {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown transform {s:?} (copy, crypto)"))
+    }
+}
+
+impl AgentMode {
+    pub const ALL: [AgentMode; 8] = [
+        AgentMode::Once,
+        AgentMode::Echo,
+        AgentMode::Reset,
+        AgentMode::Fault,
+        AgentMode::Sg,
+        AgentMode::SgEcho,
+        AgentMode::SgSend,
+        AgentMode::SgRecv,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentMode::Once => "once",
+            AgentMode::Echo => "echo",
+            AgentMode::Reset => "reset",
+            AgentMode::Fault => "fault",
+            AgentMode::Sg => "sg",
+            AgentMode::SgEcho => "sg-echo",
+            AgentMode::SgSend => "sg-send",
+            AgentMode::SgRecv => "sg-recv",
+        }
+    }
+}
+
+impl std::fmt::Display for AgentMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for AgentMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown agent mode {s:?} (once, echo, reset, fault, sg, sg-echo, sg-send, sg-recv)"))
+    }
 }
 
 impl AgentMode {
@@ -192,14 +225,6 @@ impl AgentMode {
 /// Bounds of `--sg-pipes` and `--sg-bytes` (the agent's tables and one ring per direction).
 pub const SG_MAX_PIPES: u32 = 4096;
 pub const SG_MAX_BYTES: u32 = 4096;
-
-fn parse_net(s: &str) -> Result<NetBackend, String> {
-    s.parse()
-}
-
-fn parse_disk(s: &str) -> Result<DiskSpec, String> {
-    s.parse()
-}
 
 /// What to boot.
 #[derive(Debug, Clone)]
@@ -322,7 +347,7 @@ fn default_mac(sandbox: &str) -> MacAddr {
     MacAddr::new([0x02, 0xb5, h[0], h[1], h[2], h[3]])
 }
 
-fn parse_cidr(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), Error> {
+pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), Error> {
     let bad = || {
         invalid(
             "--ip",
@@ -340,7 +365,7 @@ fn parse_cidr(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), Error> {
 }
 
 /// `PATH=CHECKSUM`: an absolute path (fits the boot info) and a hex checksum.
-fn parse_rootfs_check(s: &str) -> Result<(String, u32), Error> {
+pub fn parse_rootfs_check(s: &str) -> Result<(String, u32), Error> {
     let bad = |why: &str| invalid("--rootfs-check", format!("{s:?}: {why}"));
     let (path, sum) = s
         .rsplit_once('=')
@@ -356,7 +381,7 @@ fn parse_rootfs_check(s: &str) -> Result<(String, u32), Error> {
     Ok((path.to_string(), sum))
 }
 
-fn parse_gpa(s: &str) -> Result<u64, Error> {
+pub fn parse_gpa(s: &str) -> Result<u64, Error> {
     let t = s.trim();
     let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
         Some(h) => u64::from_str_radix(h, 16),
@@ -391,14 +416,14 @@ impl VmConfig {
         }
     }
 
-    pub fn from_args(a: &VmmArgs) -> Result<Self, Error> {
+    pub fn from_params(a: &VmParams) -> Result<Self, Error> {
         if a.sandbox.is_empty() || a.sandbox.len() > 63 || a.sandbox.contains('\0') {
             return Err(invalid(
                 "--sandbox",
                 format!("{:?} must be 1..63 bytes", a.sandbox),
             ));
         }
-        let ram_size = parse_size("--memory", &a.memory)?;
+        let ram_size = a.memory;
         if ram_size == 0 {
             return Err(invalid(
                 "--memory",
@@ -411,7 +436,7 @@ impl VmConfig {
         };
         let app_size = match &app_bytes {
             Some(b) => b.len() as u64,
-            None => parse_size("--app-size", &a.app_size)?,
+            None => a.app_size,
         };
         if app_size > layout::MAX_APP_SIZE {
             return Err(invalid(
@@ -447,7 +472,7 @@ impl VmConfig {
                 format!("{ram_size} bytes is below the 2 MiB minimum"),
             ));
         }
-        if ram_size % 4096 != 0 {
+        if !ram_size.is_multiple_of(4096) {
             return Err(invalid(
                 "--memory",
                 format!("{ram_size} bytes is not a multiple of 4 KiB"),
@@ -465,37 +490,18 @@ impl VmConfig {
                 ),
             ));
         }
-        let rootfs_check = a
-            .rootfs_check
-            .as_deref()
-            .map(parse_rootfs_check)
-            .transpose()?;
-        let policy: guestmem::MemoryPolicy = a
-            .memory_policy
-            .parse()
-            .map_err(|e| invalid("--memory-policy", format!("{:?}: {e}", a.memory_policy)))?;
-        let mac = match &a.mac {
-            Some(m) => parse_mac("--mac", m)?,
-            None => default_mac(&a.sandbox),
-        };
+        let rootfs_check = a.rootfs_check.clone();
+        let policy = a.memory_policy;
+        let mac = a.mac.unwrap_or_else(|| default_mac(&a.sandbox));
         let mac_from_vf =
             a.mac.is_none() && a.net.iter().any(|n| matches!(n, NetBackend::VhostUser(_)));
         if mac.is_multicast() {
             return Err(invalid("--mac", "guest MAC must be unicast"));
         }
-        let server_mac = match &a.server_mac {
-            Some(m) => parse_mac("--server-mac", m)?,
-            None => MacAddr::ZERO,
-        };
-        let (ip, netmask) = match &a.ip {
-            Some(c) => parse_cidr(c)?,
-            None => (Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED),
-        };
-        let probe = a
-            .probe
-            .iter()
-            .map(|s| parse_gpa(s))
-            .collect::<Result<Vec<_>, _>>()?;
+        let server_mac = a.server_mac.unwrap_or(MacAddr::ZERO);
+        let (ip, netmask) =
+            a.ip.unwrap_or((Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED));
+        let probe = a.probe.clone();
         if probe.len() > layout::MAX_PROBES {
             return Err(invalid(
                 "--probe",
@@ -612,7 +618,7 @@ impl VmConfig {
     /// touches any), in fresh memory under `vanilla`: never pool pages,
     /// which could hold another tenant's bytes the guest has not yet
     /// overwritten (docs/guestmem.md, "Templates").
-    fn with_template(mut self, a: &VmmArgs) -> Result<Self, Error> {
+    fn with_template(mut self, a: &VmParams) -> Result<Self, Error> {
         let mode = match (&a.template_save, a.template_probe, &a.template) {
             (Some(d), false, None) => TemplateMode::Save(d.clone()),
             (None, true, None) => TemplateMode::Probe,
@@ -670,44 +676,6 @@ impl VmConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        a: VmmArgs,
-    }
-
-    fn cfg(extra: &[&str]) -> Result<VmConfig, Error> {
-        let mut argv = vec!["x", "--sandbox", "sb1"];
-        argv.extend_from_slice(extra);
-        VmConfig::from_args(&Cli::try_parse_from(argv).unwrap().a)
-    }
-
-    #[test]
-    fn app_file_is_the_payload() {
-        let dir = std::env::temp_dir().join(format!("burstvm-appfile-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("app");
-        std::fs::write(&f, b"BVMAPP01\x03\0\0\0").unwrap();
-        let p = f.to_str().unwrap();
-        let c = cfg(&["--app-file", p, "--until-exit"]).unwrap();
-        assert_eq!(c.app_size, 12);
-        assert_eq!(c.app_bytes.as_deref(), Some(&b"BVMAPP01\x03\0\0\0"[..]));
-        assert!(c.until_exit && !c.keep_running);
-        for bad in [dir.to_str().unwrap(), "/nonexistent/app"] {
-            let e = cfg(&["--app-file", bad]).unwrap_err().to_string();
-            assert!(e.contains("--app-file") && e.contains(bad), "{e}");
-        }
-        assert!(
-            Cli::try_parse_from(["x", "--sandbox", "s", "--app-file", p, "--app-size", "4K"])
-                .is_err()
-        );
-        assert!(
-            Cli::try_parse_from(["x", "--sandbox", "s", "--until-exit", "--keep-running"]).is_err()
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 
     #[test]
     fn sizes_parse() {
@@ -717,138 +685,5 @@ mod tests {
         assert!(parse_size("f", "12Q").is_err());
         assert!(parse_size("f", "M").is_err());
         assert!(parse_size("f", "99999999999T").is_err());
-    }
-
-    #[test]
-    fn memory_limits_name_the_flag() {
-        for m in ["0", "4G", "1T", "1M", "5000"] {
-            let e = cfg(&["--memory", m]).unwrap_err().to_string();
-            assert!(e.contains("--memory"), "{m}: {e}");
-        }
-        assert_eq!(cfg(&["--memory", "3G"]).unwrap().ram_size, 3 << 30);
-    }
-
-    #[test]
-    fn network_fields_parse() {
-        let c = cfg(&[
-            "--mac",
-            "02:00:00:00:00:07",
-            "--ip",
-            "10.1.2.3/24",
-            "--gateway",
-            "10.1.2.1",
-            "--server",
-            "10.1.2.1:9000",
-            "--server-mac",
-            "02:aa:bb:cc:dd:ee",
-        ])
-        .unwrap();
-        assert_eq!(c.netcfg.mac, [2, 0, 0, 0, 0, 7]);
-        assert_eq!(c.netcfg.ip, Ipv4Addr::new(10, 1, 2, 3));
-        assert_eq!(c.netcfg.netmask, Ipv4Addr::new(255, 255, 255, 0));
-        assert_eq!(c.netcfg.server_mac, [2, 0xaa, 0xbb, 0xcc, 0xdd, 0xee]);
-        assert!(cfg(&["--mac", "01:00:00:00:00:07"]).is_err());
-        assert!(cfg(&["--mac", "zz"]).is_err());
-        assert!(cfg(&["--ip", "10.0.0.1/40"]).is_err());
-        let d = cfg(&[]).unwrap();
-        assert_eq!(d.netcfg.mac[0], 0x02);
-    }
-
-    #[test]
-    fn disks_and_rootfs_flags() {
-        let c = cfg(&[
-            "--disk",
-            "path=/img.erofs,ro,id=rootfs",
-            "--disk",
-            "path=/rw,unlink",
-            "--rootfs-check",
-            "/etc/os-release=0x1234abcd",
-        ])
-        .unwrap();
-        assert_eq!(c.disks.len(), 2);
-        assert!(c.disks[0].read_only && !c.disks[0].unlink);
-        assert_eq!(c.disks[0].id.as_deref(), Some("rootfs"));
-        assert!(c.disks[1].unlink && !c.disks[1].read_only);
-        assert_eq!(
-            c.rootfs_check,
-            Some(("/etc/os-release".into(), 0x1234_abcd))
-        );
-        for bad in ["etc=1", "/x=zz", "/x"] {
-            let e = cfg(&["--rootfs-check", bad]).unwrap_err().to_string();
-            assert!(e.contains("--rootfs-check"), "{e}");
-        }
-        assert!(Cli::try_parse_from(["x", "--sandbox", "s", "--disk", "ro"]).is_err());
-        assert!(Cli::try_parse_from(["x", "--sandbox", "s", "--disk", "path=/a,rw"]).is_err());
-        let five: Vec<&str> = ["--disk", "path=/a"].repeat(5);
-        let e = cfg(&five).unwrap_err().to_string();
-        assert!(e.contains("at most 4"), "{e}");
-    }
-
-    #[test]
-    fn sg_agent_modes_need_one_sg_function_and_bounded_sizes() {
-        let c = cfg(&["--net", "sg:/sg.sock", "--agent-mode", "sg"]).unwrap();
-        assert_eq!((c.sg_pipes, c.sg_bytes), (64, 1024));
-        assert!(!c.netcfg.mac_from_vf, "an SG function has no MAC");
-        let c = cfg(&[
-            "--net",
-            "sg:/a",
-            "--agent-mode",
-            "sg-recv",
-            "--sg-port",
-            "7",
-        ])
-        .unwrap();
-        assert_eq!(
-            (c.agent_mode, c.sg_port, c.sg_xf),
-            (AgentMode::SgRecv, 7, SgXf::Crypto)
-        );
-        for bad in [
-            &["--agent-mode", "sg"][..],
-            &["--net", "vf:/s.sock", "--agent-mode", "sg-echo"],
-            &["--net", "sg:/a", "--net", "tap:t0", "--agent-mode", "sg"],
-            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-pipes", "0"],
-            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-pipes", "4097"],
-            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-bytes", "12"],
-            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-bytes", "8192"],
-            &["--net", "sg:/a", "--agent-mode", "sg-send"],
-            &["--net", "sg:/a", "--agent-mode", "sg", "--sg-port", "7"],
-        ] {
-            assert!(cfg(bad).is_err(), "{bad:?} accepted");
-        }
-    }
-
-    #[test]
-    fn a_vf_without_mac_uses_the_vfs_own() {
-        let vf = NetBackend::VhostUser("/s.sock".into());
-        let tap = NetBackend::Tap("t0".into());
-        let c = cfg(&["--net", "vf:/s.sock"]).unwrap();
-        assert!(c.netcfg.mac_from_vf);
-        assert_eq!(c.device_mac(&vf), None);
-        assert_eq!(c.boot_mac(), [0; 6], "the agent asks the device");
-        let c = cfg(&["--net", "vf:/s.sock", "--mac", "02:00:00:00:00:07"]).unwrap();
-        assert_eq!(c.device_mac(&vf), Some([2, 0, 0, 0, 0, 7]));
-        assert_eq!(c.boot_mac(), [2, 0, 0, 0, 0, 7]);
-        let c = cfg(&["--net", "tap:t0"]).unwrap();
-        assert!(!c.netcfg.mac_from_vf);
-        assert_eq!(c.device_mac(&tap), Some(c.netcfg.mac.bytes()));
-        assert_eq!(c.boot_mac(), c.netcfg.mac.bytes());
-    }
-
-    #[test]
-    fn probe_and_policy() {
-        let c = cfg(&["--probe", "0x1000,8192", "--memory-policy", "lazy"]).unwrap();
-        assert_eq!(c.probe, vec![0x1000, 8192]);
-        assert!(cfg(&["--memory-policy", "bogus"])
-            .unwrap_err()
-            .to_string()
-            .contains("--memory-policy"));
-        let long = "x".repeat(64);
-        let a = Cli::try_parse_from(["x", "--sandbox", long.as_str()])
-            .unwrap()
-            .a;
-        assert!(VmConfig::from_args(&a)
-            .unwrap_err()
-            .to_string()
-            .contains("--sandbox"));
     }
 }

@@ -26,13 +26,40 @@ impl BusDevice for Box<dyn BusDevice> {
 }
 
 /// How the guest's VF driver init relates to the vCPU start (FastIOV §4.2.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum VfInit {
     /// `vf-open` completes before the vCPU starts; DRIVER_OK waits for the NIC.
     #[default]
     Sync,
     /// `vf-open` runs on a thread; link-up is signalled by a config interrupt.
     Async,
+}
+
+impl VfInit {
+    pub const ALL: [VfInit; 2] = [VfInit::Sync, VfInit::Async];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            VfInit::Sync => "sync",
+            VfInit::Async => "async",
+        }
+    }
+}
+
+impl std::fmt::Display for VfInit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for VfInit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown VF init {s:?} (sync, async)"))
+    }
 }
 
 /// The backend of a network device, parsed from `--net tap:NAME` / `--net vf:SOCKET` /

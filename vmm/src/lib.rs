@@ -4,7 +4,7 @@
 //! See docs/vmm.md.
 
 mod app;
-mod args;
+pub mod args;
 mod bootinfo;
 mod builder;
 pub mod bus;
@@ -29,11 +29,10 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
-pub use args::VmmArgs;
+pub use args::{AgentMode, SgXf, VmConfig, VmParams};
 pub use bus::{BusDevice, DeviceContext, NetBackend, VfInit};
 pub use error::{Error, GuestFailure};
 
-use args::VmConfig;
 use events::VmEvent;
 
 /// Start of the `vmm-spawn` stage: the spawner's timestamp if it passed one.
@@ -49,9 +48,9 @@ fn spawn_start() -> u64 {
 /// Runs one microVM until READY (or until stopped with --keep-running, or
 /// until the guest's EXIT with --until-exit). Returns the process exit
 /// status: 0, or the guest's EXIT status (low 8 bits) with --until-exit.
-pub fn run_cli(args: &VmmArgs) -> Result<u8, Error> {
+pub fn run_cli(args: &VmParams) -> Result<u8, Error> {
     let t0 = spawn_start();
-    let cfg = VmConfig::from_args(args)?;
+    let cfg = VmConfig::from_params(args)?;
     let os_err = |what: &'static str| {
         let sandbox = cfg.sandbox.clone();
         move |e: nix::Error| Error::Os {

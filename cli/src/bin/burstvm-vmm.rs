@@ -11,13 +11,13 @@ use clap::Parser;
 #[command(name = "burstvm-vmm", version, about = "Run one burstvm microVM")]
 struct Cli {
     #[command(flatten)]
-    args: Box<vmm::VmmArgs>,
+    args: Box<burstvm::args::vmm::VmmArgs>,
 }
 
 fn main() -> std::process::ExitCode {
     burstvm::init_logging();
     // The VMM's exit status is the guest's under --until-exit.
-    match vmm::run_cli(&Cli::parse().args) {
+    match vmm::run_cli(&Cli::parse().args.into_params()) {
         Ok(status) => std::process::ExitCode::from(status),
         Err(e) => {
             // One line naming the cause chain, as the VMM contract asks.

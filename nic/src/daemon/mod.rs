@@ -30,9 +30,9 @@ use crate::ids::{default_mac, vf_id};
 use crate::poll::{eventfd_fd, wait_readable};
 use crate::port::{Port, PortConfig, VfHw};
 use crate::session::Profile;
-use crate::sg::{SgArgs, SgPf};
+use crate::sg::{SgConfig, SgPf};
 use crate::state::{self, Assignment, StateFile};
-use crate::{Error, NicArgs};
+use crate::{Error, NicConfig};
 
 pub struct Pf {
     pub index: usize,
@@ -65,7 +65,7 @@ impl Nic {
         policy: LockPolicy,
         socket_dir: &Path,
         state_path: PathBuf,
-        sg: &SgArgs,
+        sg: &SgConfig,
     ) -> Result<Self, Error> {
         let mut out = Vec::new();
         for (k, (name, n)) in pfs.iter().enumerate() {

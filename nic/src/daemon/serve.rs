@@ -114,7 +114,7 @@ fn control_server(
     }
 }
 
-pub fn run(args: &NicArgs) -> Result<(), Error> {
+pub fn run(args: &NicConfig) -> Result<(), Error> {
     // Signals are taken synchronously through a signalfd; block them before any
     // thread exists so that every thread inherits the mask.
     let mut mask = SigSet::empty();
@@ -135,12 +135,12 @@ pub fn run(args: &NicArgs) -> Result<(), Error> {
 
 /// Runs the daemon until `wait` returns, then shuts it down: every session
 /// ends (closing its VF), threads are joined, sockets removed.
-pub fn run_until(args: &NicArgs, wait: impl FnOnce()) -> Result<(), Error> {
+pub fn run_until(args: &NicConfig, wait: impl FnOnce()) -> Result<(), Error> {
     run_with(args, |_| wait())
 }
 
 /// As `run_until`; `wait` also gets the running `Nic` (tests inspect its devsets).
-pub fn run_with(args: &NicArgs, wait: impl FnOnce(&Arc<Nic>)) -> Result<(), Error> {
+pub fn run_with(args: &NicConfig, wait: impl FnOnce(&Arc<Nic>)) -> Result<(), Error> {
     let pfs = args.pf_list()?;
     let uplinks = args.uplink_list(pfs.len())?;
     let socket_dir = args
@@ -199,7 +199,7 @@ pub fn run_with(args: &NicArgs, wait: impl FnOnce(&Arc<Nic>)) -> Result<(), Erro
 
 fn start(
     nic: &Arc<Nic>,
-    args: &NicArgs,
+    args: &NicConfig,
     uplinks: Vec<Option<UplinkSpec>>,
     run: &mut Running,
 ) -> Result<(), Error> {

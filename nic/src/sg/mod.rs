@@ -40,30 +40,26 @@ pub static PROFILE: Profile = Profile {
     config: |_| Vec::new(),
 };
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct SgArgs {
+/// The SG functions (SG-IOV) of `burstvm nic` (its `--sg*` flags).
+#[derive(Debug, Clone)]
+pub struct SgConfig {
     /// SG functions per PF (SG-IOV, docs/sgiov.md); 0 = none.
-    #[arg(long = "sgfs", default_value_t = 0)]
     pub sgfs: usize,
     /// Job scheduling of each PF's SG engine: rr, prio or drf.
-    #[arg(long = "sg-policy", default_value = "rr")]
     pub policy: Policy,
     /// Executor capacities per class, e.g. copy=400M,crypto=160M (bytes/s); none = unlimited.
-    #[arg(long = "sg-capacity", default_value = "none")]
     pub capacity: Capacities,
     /// Executor threads per PF (0: jobs run on the PF's SG thread).
-    #[arg(long = "sg-workers", default_value_t = 2)]
     pub workers: usize,
     /// Backlogged pipes whose jobs the SG thread generates per round before
     /// it reads the doorbells again (0: the whole backlog; priority-0 pipes
     /// under --sg-policy prio always go first).
-    #[arg(long = "sg-gen-budget", default_value_t = 32)]
     pub gen_budget: usize,
 }
 
-impl Default for SgArgs {
+impl Default for SgConfig {
     fn default() -> Self {
-        SgArgs {
+        SgConfig {
             sgfs: 0,
             policy: Policy::RoundRobin,
             capacity: Capacities::unlimited(),
@@ -73,7 +69,7 @@ impl Default for SgArgs {
     }
 }
 
-impl SgArgs {
+impl SgConfig {
     pub fn validate(&self) -> Result<(), Error> {
         if self.sgfs > MAX_SGFS {
             return Err(Error::Config(format!(
@@ -191,7 +187,7 @@ pub fn sgf_id(pf: &str, i: usize) -> String {
 impl SgPf {
     pub fn new(
         pf: &str,
-        args: &SgArgs,
+        args: &SgConfig,
         policy: LockPolicy,
         socket_dir: &Path,
     ) -> Result<Option<SgPf>, Error> {

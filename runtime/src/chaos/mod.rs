@@ -24,13 +24,13 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-pub use worker::{worker_main, ChaosWorkerArgs};
+pub use worker::{worker_main, ChaosWorkerConfig};
 use worker::{Hello, RoundReport};
 
 use crate::variant::{NetKind, Variant};
-use crate::{bad, burstvm_bin, parse_size, Error};
+use crate::{bad, burstvm_bin, Error};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum FaultKind {
     /// SIGKILL VMMs (every round).
@@ -43,44 +43,66 @@ pub enum FaultKind {
     Worker,
 }
 
+impl FaultKind {
+    pub const ALL: [FaultKind; 4] = [
+        FaultKind::Vmm,
+        FaultKind::Freeze,
+        FaultKind::Nic,
+        FaultKind::Worker,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Vmm => "vmm",
+            FaultKind::Freeze => "freeze",
+            FaultKind::Nic => "nic",
+            FaultKind::Worker => "worker",
+        }
+    }
+}
+
+impl std::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for FaultKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown fault {s:?} (vmm, freeze, nic, worker)"))
+    }
+}
+
 /// `burstvm bench chaos`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct BenchChaosArgs {
+#[derive(Debug, Clone)]
+pub struct BenchChaosConfig {
     /// Bursts to run.
-    #[arg(long, default_value_t = 4)]
     pub rounds: u32,
     /// Sandboxes started at once per round.
-    #[arg(long, default_value_t = 50)]
     pub concurrency: usize,
     /// Variant of every sandbox; it must have a VF and pool memory.
-    #[arg(long, default_value = "fastiov-A")]
     pub variant: Variant,
-    /// Guest memory per sandbox.
-    #[arg(long, default_value = "32M")]
-    pub memory: String,
+    /// Guest memory per sandbox, bytes.
+    pub memory: u64,
     /// VMMs SIGKILLed per round.
-    #[arg(long, default_value_t = 5)]
     pub kills: usize,
     /// Faults beside VMM kills; one per round, in turn.
-    #[arg(long, value_delimiter = ',', default_value = "freeze,nic,worker")]
     pub faults: Vec<FaultKind>,
     /// How long a freeze stops the NIC daemon, ms.
-    #[arg(long, default_value_t = 400)]
     pub freeze_ms: u64,
     /// Tenants each slot runs back to back (later ones on earlier ones' memory).
-    #[arg(long, default_value_t = 3)]
     pub tenants: usize,
     /// Seed of the fault schedule (default: from the clock; printed).
-    #[arg(long)]
     pub seed: Option<u64>,
     /// Seconds each guest may take to become ready.
-    #[arg(long, default_value_t = 30)]
     pub timeout: u64,
     /// Write the report as JSON here.
-    #[arg(long)]
     pub report: Option<PathBuf>,
     /// The burstvm binary (default: this one).
-    #[arg(long)]
     pub burstvm_bin: Option<PathBuf>,
 }
 
@@ -130,7 +152,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn spawn(a: &BenchChaosArgs, bin: &Path, memory: u64) -> Result<Worker, Error> {
+    fn spawn(a: &BenchChaosConfig, bin: &Path, memory: u64) -> Result<Worker, Error> {
         let mut child = Command::new(bin)
             .args(["bench", "chaos-worker"])
             .args(["--concurrency", &a.concurrency.to_string()])
@@ -325,7 +347,7 @@ enum Action {
 
 /// The round's faults, each at a share of the round's tenants started: the
 /// faults land inside the round however fast this host runs it.
-fn plan(a: &BenchChaosArgs, round: u32, rng: &mut StdRng) -> Vec<(f64, Action)> {
+fn plan(a: &BenchChaosConfig, round: u32, rng: &mut StdRng) -> Vec<(f64, Action)> {
     let mut p: Vec<(f64, Action)> = (0..a.kills)
         .map(|_| (rng.gen_range(0.05..0.9), Action::KillVmm))
         .collect();
@@ -376,7 +398,7 @@ fn sleep_or_report(w: &Worker, until: Instant) -> Option<String> {
 /// Runs `plan` against the worker's round; returns the worker (None if it
 /// was killed) and its report line if the round ended meanwhile.
 fn inject(
-    a: &BenchChaosArgs,
+    a: &BenchChaosConfig,
     w: Worker,
     round: u32,
     plan: Vec<(f64, Action)>,
@@ -445,9 +467,9 @@ fn inject(
     (Some(w), None)
 }
 
-pub fn bench_chaos_cli(a: &BenchChaosArgs) -> Result<(), Error> {
+pub fn bench_chaos_cli(a: &BenchChaosConfig) -> Result<(), Error> {
     crate::runtime::install_sigint_handler();
-    let memory = parse_size("--memory", &a.memory)?;
+    let memory = a.memory;
     let policy = a.variant.policy();
     if policy.net != NetKind::Vf || policy.memory_policy == "vanilla" {
         return Err(bad(

@@ -17,20 +17,14 @@ use crate::variant::Variant;
 use crate::{cgroup, Error, RuntimeConfig};
 
 /// What the controller tells a worker to be.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ChaosWorkerArgs {
-    #[arg(long)]
+#[derive(Debug, Clone)]
+pub struct ChaosWorkerConfig {
     pub concurrency: usize,
-    #[arg(long)]
     pub variant: Variant,
-    #[arg(long)]
     pub memory_bytes: u64,
-    #[arg(long)]
     pub timeout: u64,
     /// Tenants each slot runs back to back.
-    #[arg(long)]
     pub tenants: usize,
-    #[arg(long)]
     pub burstvm_bin: std::path::PathBuf,
 }
 
@@ -72,7 +66,7 @@ struct Tenant {
     probe: Option<Vec<u64>>,
 }
 
-pub fn worker_main(a: &ChaosWorkerArgs) -> Result<(), Error> {
+pub fn worker_main(a: &ChaosWorkerConfig) -> Result<(), Error> {
     crate::runtime::install_sigint_handler();
     let rt = Runtime::new(RuntimeConfig {
         bin: a.burstvm_bin.clone(),
@@ -132,7 +126,7 @@ fn hold(id: &str) -> Duration {
 
 fn run_round(
     rt: &Runtime,
-    a: &ChaosWorkerArgs,
+    a: &ChaosWorkerConfig,
     round: u32,
     known: &mut HashMap<u64, String>,
 ) -> RoundReport {

@@ -30,26 +30,34 @@ use crate::mem::{MemError, Memory, StagingMemory};
 use crate::ring::{RingGeom, RingView};
 use crate::sched::{Policy, SchedConfig};
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct JobgenArgs {
+/// What `bench sgiov jobgen` runs (the `burstvm` CLI parses its flags into this).
+#[derive(Debug, Clone)]
+pub struct JobgenConfig {
     /// Transformations.
-    #[arg(long, value_delimiter = ',', default_value = "copy,encrypt,decrypt")]
     pub xf: Vec<Xf>,
-    /// Message sizes: a list (`4K,64K`) or a range of powers of 4 (`1K..1M`).
-    #[arg(long, default_value = "1K..1M")]
-    pub msg: String,
+    /// Message sizes in bytes.
+    pub msg: Vec<u64>,
     /// Bytes streamed per transformation, size and strategy.
-    #[arg(long, default_value = "32M")]
-    pub bytes: String,
+    pub bytes: u64,
     /// Maximum job size of the generator.
-    #[arg(long, default_value = "64K")]
-    pub max_job: String,
+    pub max_job: u32,
     /// High-priority messages timed in the latency table (0: skip it).
-    #[arg(long, default_value_t = 300)]
     pub pings: usize,
     /// Runs of each measurement; the table shows the median.
-    #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+}
+
+impl Default for JobgenConfig {
+    fn default() -> Self {
+        JobgenConfig {
+            xf: vec![Xf::Copy, Xf::Encrypt, Xf::Decrypt],
+            msg: super::parse_sizes("1K..1M").expect("a valid size range"),
+            bytes: 32 << 20,
+            max_job: 64 << 10,
+            pings: 300,
+            repeat: 3,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -683,10 +691,8 @@ pub fn latency(max_job: Option<u32>, pings: usize) -> Result<LatencyRow, JobgenB
     })
 }
 
-pub fn run_cli(a: &JobgenArgs) -> Result<(), JobgenBenchError> {
-    let sizes = super::parse_sizes(&a.msg).map_err(JobgenBenchError::Args)?;
-    let bytes = super::parse_size(&a.bytes).map_err(JobgenBenchError::Args)?;
-    let max_job = super::parse_size(&a.max_job).map_err(JobgenBenchError::Args)? as u32;
+pub fn run_cli(a: &JobgenConfig) -> Result<(), JobgenBenchError> {
+    let (sizes, bytes, max_job) = (&a.msg, a.bytes, a.max_job);
     println!(
         "bench sgiov jobgen: {} MiB per run, median of {} runs, rings of {} MiB, max job {}; one thread",
         bytes >> 20,
@@ -697,7 +703,7 @@ pub fn run_cli(a: &JobgenArgs) -> Result<(), JobgenBenchError> {
     println!("| xf | msg | strategy | MiB/s | ratio to raw | jobs/msg | extra bytes copied/msg |");
     println!("|---|---|---|---|---|---|---|");
     for &xf in &a.xf {
-        for &m in &sizes {
+        for &m in sizes {
             let runs: Vec<Vec<JobgenRow>> = (0..a.repeat.max(1))
                 .map(|_| run_size(xf, m, bytes, max_job))
                 .collect::<Result<_, _>>()?;

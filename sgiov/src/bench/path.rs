@@ -40,6 +40,8 @@ pub enum BenchPath {
 }
 
 impl BenchPath {
+    pub const ALL: [BenchPath; 3] = [BenchPath::Staged, BenchPath::Direct, BenchPath::Crypto];
+
     pub fn name(self) -> &'static str {
         match self {
             BenchPath::Staged => "staged",
@@ -63,8 +65,14 @@ impl std::str::FromStr for BenchPath {
     }
 }
 
+impl std::fmt::Display for BenchPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// How guest A sends and guest B consumes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendMode {
     /// One message in flight: B takes it whole, then A sends the next.
     Wait,
@@ -73,6 +81,8 @@ pub enum SendMode {
 }
 
 impl SendMode {
+    pub const ALL: [SendMode; 2] = [SendMode::Wait, SendMode::Stream];
+
     pub fn name(self) -> &'static str {
         match self {
             SendMode::Wait => "wait",
@@ -81,30 +91,53 @@ impl SendMode {
     }
 }
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct PathArgs {
-    /// Paths: `staged` (guest → staging → guest), `direct` (guest → guest),
-    /// `crypto` (guest → encrypt → staging → decrypt → guest).
-    #[arg(long, value_delimiter = ',', default_value = "staged,direct,crypto")]
+impl std::str::FromStr for SendMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown send mode {s:?} (wait, stream)"))
+    }
+}
+
+impl std::fmt::Display for SendMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What `bench sgiov path` runs (the `burstvm` CLI parses its flags into this).
+#[derive(Debug, Clone)]
+pub struct PathBenchConfig {
+    /// Paths to compare.
     pub path: Vec<BenchPath>,
-    /// Modes: `wait` (stop-and-wait) and `stream` (pipelined).
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "wait,stream")]
+    /// Send modes.
     pub mode: Vec<SendMode>,
-    /// Message sizes: a list (`4K,64K`) or a range of powers of 4 (`1K..1M`).
-    #[arg(long, default_value = "1K,16K,64K,1M")]
-    pub msg: String,
+    /// Message sizes in bytes.
+    pub msg: Vec<u64>,
     /// Bytes streamed per path, size and run.
-    #[arg(long, default_value = "64M")]
-    pub bytes: String,
+    pub bytes: u64,
     /// Executor threads (0: jobs run on the polling thread).
-    #[arg(long, default_value_t = 0)]
     pub workers: usize,
-    /// Size of the staging ring (default: the NIC daemon's).
-    #[arg(long)]
-    pub staging_ring: Option<String>,
+    /// Size of the staging ring (`None`: the NIC daemon's).
+    pub staging_ring: Option<u32>,
     /// Runs of each measurement; the table shows the median.
-    #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+}
+
+impl Default for PathBenchConfig {
+    fn default() -> Self {
+        PathBenchConfig {
+            path: BenchPath::ALL.to_vec(),
+            mode: SendMode::ALL.to_vec(),
+            msg: vec![1 << 10, 16 << 10, 64 << 10, 1 << 20],
+            bytes: 64 << 20,
+            workers: 0,
+            staging_ring: None,
+            repeat: 3,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -419,13 +452,11 @@ pub fn run_one(
     })
 }
 
-pub fn run_cli(a: &PathArgs) -> Result<(), PathBenchError> {
-    let sizes = super::parse_sizes(&a.msg).map_err(PathBenchError::Args)?;
-    let bytes = super::parse_size(&a.bytes).map_err(PathBenchError::Args)?;
-    let staging_ring = match &a.staging_ring {
-        Some(s) => super::parse_size(s).map_err(PathBenchError::Args)? as u32,
-        None => DeviceConfig::default().staging_ring,
-    };
+pub fn run_cli(a: &PathBenchConfig) -> Result<(), PathBenchError> {
+    let (sizes, bytes) = (&a.msg, a.bytes);
+    let staging_ring = a
+        .staging_ring
+        .unwrap_or(DeviceConfig::default().staging_ring);
     let repeat = a.repeat.max(1);
     println!(
         "bench sgiov path: {} MiB per run, median of {repeat} runs, guest rings of {} MiB (memfd), staging ring {}, max job {}, {}",

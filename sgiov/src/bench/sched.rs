@@ -29,23 +29,31 @@ use crate::ring::{RingGeom, RingView};
 use crate::sched::drf::{self, TenantDemand};
 use crate::sched::{PipeKey, Policy, SchedConfig};
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct SchedArgs {
+/// What `bench sgiov sched` runs (the `burstvm` CLI parses its flags into this).
+#[derive(Debug, Clone)]
+pub struct SchedBenchConfig {
     /// Policies to compare.
-    #[arg(long, value_delimiter = ',', default_value = "rr,prio,drf")]
     pub policy: Vec<Policy>,
-    /// Capacity of each executor class in bytes/s (`none`: unthrottled).
-    #[arg(long, default_value = "copy=400M,crypto=160M")]
+    /// Capacity of each executor class in bytes/s.
     pub capacity: Capacities,
     /// Scenarios to run.
-    #[arg(long, value_delimiter = ',', default_value = "a,b,c")]
     pub scenario: Vec<Scenario>,
     /// Measured seconds per scenario and policy (after 0.5 s of warm-up).
-    #[arg(long, default_value_t = 2.0)]
     pub seconds: f64,
     /// Executor threads.
-    #[arg(long, default_value_t = 2)]
     pub workers: usize,
+}
+
+impl Default for SchedBenchConfig {
+    fn default() -> Self {
+        SchedBenchConfig {
+            policy: vec![Policy::RoundRobin, Policy::Priority, Policy::Drf],
+            capacity: "copy=400M,crypto=160M".parse().expect("a valid capacity"),
+            scenario: Scenario::ALL.to_vec(),
+            seconds: 2.0,
+            workers: 2,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +71,10 @@ pub enum Scenario {
     A,
     B,
     C,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 3] = [Scenario::A, Scenario::B, Scenario::C];
 }
 
 impl FromStr for Scenario {
@@ -310,7 +322,7 @@ pub fn run(
 
 const MIB: f64 = (1u64 << 20) as f64;
 
-pub fn run_cli(a: &SchedArgs) -> Result<(), SchedBenchError> {
+pub fn run_cli(a: &SchedBenchConfig) -> Result<(), SchedBenchError> {
     println!(
         "bench sgiov sched: capacity {}, {} worker(s), {:.1} s per run; MiB/s of each tenant's input",
         a.capacity, a.workers, a.seconds

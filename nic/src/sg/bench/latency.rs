@@ -8,11 +8,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sgiov::sched::Policy;
 use sgiov::signal::RingId;
 
 use super::{
     attach, join_load, median, open_echo_pipes, pf_lat, settle, signals_and_kicks, start_load,
-    BenchSgError, CommonArgs, Daemon, Flags, T,
+    BenchSgError, CommonConfig, Daemon, Flags, T,
 };
 use crate::control::Client;
 use crate::sg::frontend::SgFrontend;
@@ -20,44 +21,80 @@ use crate::sg::frontend::SgFrontend;
 /// The daemon's SG thread of the bench's PF (nic::daemon names it).
 const SG_THREAD: &str = "sg-pf0";
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct LatencyArgs {
+/// What `bench sgiov latency` runs (the `burstvm` CLI parses its flags into this).
+#[derive(Debug, Clone)]
+pub struct LatencyConfig {
     /// Pipe counts (the ping pipe included), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "8,64,512,4096")]
     pub pipes: Vec<usize>,
     /// Ping-pongs per repetition.
-    #[arg(long, default_value_t = 200)]
     pub samples: usize,
     /// Repetitions (p50 and p99 are the medians over them).
-    #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Bytes per ping (at most --ring).
-    #[arg(long, default_value_t = 4096)]
     pub size: usize,
-    /// Scheduling policy of the daemon's SG engine (rr, prio, drf).
-    #[arg(long, default_value = "prio")]
-    pub policy: String,
+    /// Scheduling policy of the daemon's SG engine.
+    pub policy: Policy,
     /// The daemon's --sg-gen-budget, one daemon each (0: the whole backlog
     /// per round, no bounded rounds; growth is against the first pipe count
     /// of the same budget).
-    #[arg(long, value_delimiter = ',', default_value = "32")]
     pub gen_budget: Vec<usize>,
     /// Signal planes compared: xfifo (SG functions, Cross-FIFO, one row per
     /// --pipes count and budget), vf (VF pairs through the switch, one row
     /// per --vfs count, one daemon each).
-    #[arg(long, value_delimiter = ',', value_enum, default_value = "xfifo,vf")]
     pub modes: Vec<Mode>,
     /// VF counts of the vf mode (2..256: the pinging pair, the rest backlogged).
-    #[arg(long, value_delimiter = ',', default_value = "8,64,256")]
     pub vfs: Vec<usize>,
-    #[command(flatten)]
-    pub common: CommonArgs,
+    pub common: CommonConfig,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+impl Default for LatencyConfig {
+    fn default() -> Self {
+        LatencyConfig {
+            pipes: vec![8, 64, 512, 4096],
+            samples: 200,
+            reps: 3,
+            size: 4096,
+            policy: Policy::Priority,
+            gen_budget: vec![32],
+            modes: Mode::ALL.to_vec(),
+            vfs: vec![8, 64, 256],
+            common: CommonConfig::default(),
+        }
+    }
+}
+
+/// A signal plane of the latency bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Xfifo,
     Vf,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 2] = [Mode::Xfifo, Mode::Vf];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Xfifo => "xfifo",
+            Mode::Vf => "vf",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown latency mode {s:?} (xfifo, vf)"))
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -98,9 +135,9 @@ pub struct LatencyRow {
     pub sg_preempted: u64,
 }
 
-pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
+pub fn run(a: &LatencyConfig) -> Result<Vec<LatencyRow>, BenchSgError> {
     a.common.check()?;
-    CommonArgs::check_pipes(&a.pipes)?;
+    CommonConfig::check_pipes(&a.pipes)?;
     if a.size == 0 || a.size > a.common.ring as usize || a.samples == 0 || a.reps == 0 {
         return Err(BenchSgError::Config(
             "--size 1..--ring, --samples and --reps at least 1".into(),
@@ -117,7 +154,7 @@ pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
             &a.common.bin()?,
             &a.common.dir("latency"),
             a.common.threads + 1,
-            &a.policy,
+            &a.policy.to_string(),
             a.common.workers,
             &["--sg-gen-budget".into(), budget.to_string()],
         )?;
@@ -149,7 +186,12 @@ pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
     Ok(rows)
 }
 
-fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyRow, BenchSgError> {
+fn one(
+    a: &LatencyConfig,
+    d: &Daemon,
+    c: &mut Client,
+    n: usize,
+) -> Result<LatencyRow, BenchSgError> {
     let ring = a.common.ring;
     let flags = Arc::new(Flags::default());
     let load = if n > 1 {
@@ -222,7 +264,7 @@ fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyR
 /// `--reps` times `--samples` round trips of `ping`: the medians over the
 /// reps of their p50 and p99 (µs).
 pub(crate) fn measure(
-    a: &LatencyArgs,
+    a: &LatencyConfig,
     mut ping: impl FnMut() -> Result<Duration, BenchSgError>,
 ) -> Result<(f64, f64), BenchSgError> {
     let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
@@ -284,7 +326,7 @@ fn ping(
     Ok(rtt)
 }
 
-pub fn run_cli(a: &LatencyArgs) -> Result<(), BenchSgError> {
+pub fn run_cli(a: &LatencyConfig) -> Result<(), BenchSgError> {
     println!(
         "bench sgiov latency: {} B ping-pong on one priority-0 pipe, every other pipe backlogged \
          (echo, priority 7, {} frontend threads), daemon --sg-policy {} --sg-workers {}; \

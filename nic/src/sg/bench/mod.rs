@@ -85,27 +85,34 @@ pub enum BenchSgError {
     },
 }
 
-/// Flags shared by the three subcommands.
-#[derive(Debug, Clone, clap::Args)]
-pub struct CommonArgs {
+/// What the three subcommands share (their common flags).
+#[derive(Debug, Clone)]
+pub struct CommonConfig {
     /// Frontend threads carrying the (backlogged) pipes, one SG function each.
-    #[arg(long, default_value_t = 2)]
     pub threads: usize,
     /// Bytes of each pipe's TX and RX ring (a power of two, >= 4096).
-    #[arg(long, default_value_t = 4096)]
     pub ring: u32,
     /// Executor threads of the daemon's SG engine (--sg-workers).
-    #[arg(long, default_value_t = 1)]
     pub workers: usize,
     /// The burstvm binary that runs `nic` (default: this one).
-    #[arg(long)]
     pub nic_bin: Option<PathBuf>,
     /// Work directory for sockets and state (a fresh temporary one by default).
-    #[arg(long)]
     pub dir: Option<PathBuf>,
 }
 
-impl CommonArgs {
+impl Default for CommonConfig {
+    fn default() -> Self {
+        CommonConfig {
+            threads: 2,
+            ring: 4096,
+            workers: 1,
+            nic_bin: None,
+            dir: None,
+        }
+    }
+}
+
+impl CommonConfig {
     pub fn check(&self) -> Result<(), BenchSgError> {
         if self.threads == 0 || self.threads > 64 {
             return Err(BenchSgError::Config(format!(

@@ -5,25 +5,33 @@
 
 use std::time::Instant;
 
-use super::{attach, median, open_echo_pipes, settle, BenchSgError, CommonArgs, Daemon};
+use super::{attach, median, open_echo_pipes, settle, BenchSgError, CommonConfig, Daemon};
 use crate::devset::LockPolicy;
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct OpenArgs {
+/// What `bench sgiov open` runs (the `burstvm` CLI parses its flags into this).
+#[derive(Debug, Clone)]
+pub struct OpenConfig {
     /// Pipes opened on one SG function.
-    #[arg(long, default_value_t = 4096)]
     pub pipes: usize,
     /// VFs opened concurrently by `bench devset` (hierarchical lock).
-    #[arg(long, default_value_t = 200)]
     pub vfs: usize,
-    /// Memory table of each VF (bytes, K/M/G suffix).
-    #[arg(long, default_value = "4M")]
-    pub vf_mem: String,
+    /// Memory table of each VF in bytes.
+    pub vf_mem: usize,
     /// Repetitions (medians).
-    #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    #[command(flatten)]
-    pub common: CommonArgs,
+    pub common: CommonConfig,
+}
+
+impl Default for OpenConfig {
+    fn default() -> Self {
+        OpenConfig {
+            pipes: 4096,
+            vfs: 200,
+            vf_mem: 4 << 20,
+            reps: 3,
+            common: CommonConfig::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -37,12 +45,16 @@ pub struct OpenRow {
     pub idle_fds: Option<usize>,
 }
 
-pub fn run(a: &OpenArgs) -> Result<Vec<OpenRow>, BenchSgError> {
+pub fn run(a: &OpenConfig) -> Result<Vec<OpenRow>, BenchSgError> {
     a.common.check()?;
-    let vf_mem = guestmem::parse_bytes(&a.vf_mem)
-        .and_then(|n| usize::try_from(n).ok())
-        .filter(|&n| n >= crate::frontend::MIN_MEM)
-        .ok_or_else(|| BenchSgError::Config(format!("--vf-mem {:?}", a.vf_mem)))?;
+    let vf_mem = a.vf_mem;
+    if vf_mem < crate::frontend::MIN_MEM {
+        return Err(BenchSgError::Config(format!(
+            "--vf-mem {}: at least {}",
+            guestmem::format_size(vf_mem as u64),
+            guestmem::format_size(crate::frontend::MIN_MEM as u64)
+        )));
+    }
     if a.pipes == 0 || a.pipes > 8192 || a.vfs == 0 || a.vfs > crate::MAX_VFS || a.reps == 0 {
         return Err(BenchSgError::Config(format!(
             "--pipes 1..8192, --vfs 1..{}, --reps at least 1",
@@ -106,7 +118,7 @@ pub fn run(a: &OpenArgs) -> Result<Vec<OpenRow>, BenchSgError> {
     ])
 }
 
-pub fn run_cli(a: &OpenArgs) -> Result<(), BenchSgError> {
+pub fn run_cli(a: &OpenConfig) -> Result<(), BenchSgError> {
     println!(
         "bench sgiov open: {} pipes (OPEN + CONNECT, replies awaited, {} in flight) on one SG \
          function, against bench devset opening {} VFs concurrently ({} memory tables, \
@@ -114,7 +126,7 @@ pub fn run_cli(a: &OpenArgs) -> Result<(), BenchSgError> {
         a.pipes,
         super::CTRL_BATCH,
         a.vfs,
-        a.vf_mem,
+        guestmem::format_size(a.vf_mem as u64),
         a.reps
     );
     let rows = run(a)?;

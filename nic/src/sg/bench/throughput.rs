@@ -7,27 +7,36 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    jain, join_load, median, settle, signals_and_kicks, start_load, BenchSgError, CommonArgs,
+    jain, join_load, median, settle, signals_and_kicks, start_load, BenchSgError, CommonConfig,
     Daemon, Flags,
 };
 use crate::control::Client;
+use sgiov::sched::Policy;
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct ThroughputArgs {
+/// What `bench sgiov throughput` runs (the `burstvm` CLI parses its flags into this).
+#[derive(Debug, Clone)]
+pub struct ThroughputConfig {
     /// Pipe counts, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "8,512,4096")]
     pub pipes: Vec<usize>,
-    /// Seconds counted per repetition.
-    #[arg(long, default_value_t = 1.0)]
-    pub duration: f64,
+    /// Time counted per repetition.
+    pub duration: Duration,
     /// Repetitions (the columns are medians over them).
-    #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    /// Scheduling policy of the daemon's SG engine (rr, prio, drf).
-    #[arg(long, default_value = "rr")]
-    pub policy: String,
-    #[command(flatten)]
-    pub common: CommonArgs,
+    /// Scheduling policy of the daemon's SG engine.
+    pub policy: Policy,
+    pub common: CommonConfig,
+}
+
+impl Default for ThroughputConfig {
+    fn default() -> Self {
+        ThroughputConfig {
+            pipes: vec![8, 512, 4096],
+            duration: Duration::from_secs(1),
+            reps: 3,
+            policy: Policy::RoundRobin,
+            common: CommonConfig::default(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -53,10 +62,11 @@ pub struct ThroughputRow {
     pub bytes: u64,
 }
 
-pub fn run(a: &ThroughputArgs) -> Result<Vec<ThroughputRow>, BenchSgError> {
+pub fn run(a: &ThroughputConfig) -> Result<Vec<ThroughputRow>, BenchSgError> {
     a.common.check()?;
-    CommonArgs::check_pipes(&a.pipes)?;
-    if !(0.01..=600.0).contains(&a.duration) || a.reps == 0 {
+    CommonConfig::check_pipes(&a.pipes)?;
+    if !(Duration::from_millis(10)..=Duration::from_secs(600)).contains(&a.duration) || a.reps == 0
+    {
         return Err(BenchSgError::Config(
             "--duration 0.01..600 s, --reps at least 1".into(),
         ));
@@ -65,7 +75,7 @@ pub fn run(a: &ThroughputArgs) -> Result<Vec<ThroughputRow>, BenchSgError> {
         &a.common.bin()?,
         &a.common.dir("throughput"),
         a.common.threads,
-        &a.policy,
+        &a.policy.to_string(),
         a.common.workers,
     )?;
     let mut c = d.client()?;
@@ -91,7 +101,7 @@ struct Rep {
 }
 
 fn one(
-    a: &ThroughputArgs,
+    a: &ThroughputConfig,
     d: &Daemon,
     c: &mut Client,
     n: usize,
@@ -114,7 +124,7 @@ fn one(
         let cpu0 = d.cpu();
         let t0 = Instant::now();
         flags.go.store(true, Ordering::Relaxed);
-        std::thread::sleep(Duration::from_secs_f64(a.duration));
+        std::thread::sleep(a.duration);
         // Before the frontends go (their SGFs' counters end with them).
         let fds = d.fds();
         let counters = signals_and_kicks(c);
@@ -159,11 +169,11 @@ fn one(
     })
 }
 
-pub fn run_cli(a: &ThroughputArgs) -> Result<(), BenchSgError> {
+pub fn run_cli(a: &ThroughputConfig) -> Result<(), BenchSgError> {
     println!(
         "bench sgiov throughput: every pipe backlogged (echo through the daemon's copy executor, \
          {} B rings, {} frontend threads), daemon --sg-policy {} --sg-workers {}; {} s x {} reps, medians",
-        a.common.ring, a.common.threads, a.policy, a.common.workers, a.duration, a.reps
+        a.common.ring, a.common.threads, a.policy, a.common.workers, a.duration.as_secs_f64(), a.reps
     );
     println!(
         "{:>6} {:>9} {:>9} {:>9} {:>9} {:>6} {:>5} {:>6} {:>5} {:>5} {:>8} {:>6} {:>9}",

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use netutil::MacAddr;
 
-use super::latency::{measure, LatencyArgs, LatencyRow};
+use super::latency::{measure, LatencyConfig, LatencyRow};
 use super::{BenchSgError, Daemon, Flags, T};
 use crate::control::{Client, VfInfo};
 use crate::devset::VfState;
@@ -41,7 +41,7 @@ const BURST: usize = 32;
 
 /// One row per `--vfs` count: p50/p99 of the VF ping, daemon fds with every
 /// VF session open, dataplane thread preemptions (growth is set by the caller).
-pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
+pub fn run(a: &LatencyConfig) -> Result<Vec<LatencyRow>, BenchSgError> {
     if a.vfs.is_empty() || a.vfs.iter().any(|n| !(2..=crate::MAX_VFS).contains(n)) {
         return Err(BenchSgError::Config(format!(
             "--vfs {:?}: counts 2..{} (a pinging pair plus backlogged VFs)",
@@ -56,7 +56,7 @@ pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
             &a.common.dir(&format!("latency-vf{n}")),
             n,
             0,
-            &a.policy,
+            &a.policy.to_string(),
             a.common.workers,
             &[],
         )?;
@@ -95,7 +95,12 @@ fn connect(v: &VfInfo) -> Result<SimFrontend, BenchSgError> {
     })
 }
 
-fn one(a: &LatencyArgs, d: &Daemon, c: &mut Client, n: usize) -> Result<LatencyRow, BenchSgError> {
+fn one(
+    a: &LatencyConfig,
+    d: &Daemon,
+    c: &mut Client,
+    n: usize,
+) -> Result<LatencyRow, BenchSgError> {
     let mut vfs = Vec::with_capacity(n);
     for k in 0..n {
         vfs.push(
