@@ -43,6 +43,13 @@ impl<R> Clone for Region<'_, R> {
 }
 impl<R> Copy for Region<'_, R> {}
 
+/// `region` and the offset of `addr` in it, if `[addr, addr + count)` lies inside it.
+#[inline]
+fn inside<'m, R>(r: &Region<'m, R>, addr: u64, count: usize) -> Option<(&'m R, u64)> {
+    let off = addr.checked_sub(r.start)?;
+    (off < r.len && count as u64 <= r.len - off).then_some((r.region, off))
+}
+
 /// The translation cache of one memory table (see the module doc). Not
 /// `Sync`: one per thread, e.g. one per burst of the NIC's dataplane.
 pub struct Xlat<'m, M: GuestMemoryBackend> {
@@ -79,19 +86,24 @@ impl<'m, M: GuestMemoryBackend> Xlat<'m, M> {
     /// last one hit first.
     #[inline]
     fn lookup(&self, addr: u64, count: usize) -> Option<(&'m M::R, u64)> {
-        let inside = |r: &Region<'m, M::R>| {
-            let off = addr.checked_sub(r.start)?;
-            (off < r.len && count as u64 <= r.len - off).then_some((r.region, off))
-        };
-        let last = self.last.get();
-        if let Some(hit) = self.regions[last].as_ref().and_then(inside) {
-            return Some(hit);
+        match self.regions[self.last.get()].as_ref() {
+            Some(r) => match inside(r, addr, count) {
+                Some(hit) => Some(hit),
+                None => self.search(addr, count),
+            },
+            None => None,
         }
-        let (i, hit) = self
-            .regions
-            .iter()
-            .enumerate()
-            .find_map(|(i, r)| r.as_ref().and_then(inside).map(|h| (i, h)))?;
+    }
+
+    /// [`Xlat::lookup`] past the last region: the others, in order.
+    #[cold]
+    #[inline(never)]
+    fn search(&self, addr: u64, count: usize) -> Option<(&'m M::R, u64)> {
+        let (i, hit) = self.regions.iter().enumerate().find_map(|(i, r)| {
+            r.as_ref()
+                .and_then(|r| inside(r, addr, count))
+                .map(|h| (i, h))
+        })?;
         self.last.set(i);
         Some(hit)
     }
