@@ -190,15 +190,11 @@ impl Dataplane {
                     }
                 }
                 let c = &self.ports[i].counters;
-                for (counter, n) in [
+                AtomicCounters::add_burst([
                     (&c.tx_packets, packets),
                     (&c.tx_bytes, bytes),
                     (&c.tx_drops, drops),
-                ] {
-                    if n > 0 {
-                        AtomicCounters::add(counter, n);
-                    }
-                }
+                ]);
             }
             // 3. Queued frames → each VF's receive queue.
             for i in (me..self.ports.len()).step_by(step) {

@@ -245,15 +245,11 @@ fn fill_guest_rx_inner(
         }
     }
     let c = &port.counters;
-    for (counter, n) in [
+    AtomicCounters::add_burst([
         (&c.rx_packets, packets),
         (&c.rx_bytes, bytes),
         (&c.rx_drops, drops),
-    ] {
-        if n > 0 {
-            AtomicCounters::add(counter, n);
-        }
-    }
+    ]);
     result?;
     complete(rt, &gm, RXQ, used)?;
     Ok(used.len())
