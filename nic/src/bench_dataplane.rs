@@ -337,6 +337,7 @@ pub fn run_once(
         Topology::OneWay => (i.is_multiple_of(2) && i + 1 < vfs).then_some(i + 1),
     };
     for (i, fe) in fes.iter_mut().enumerate() {
+        fe.no_interrupts();
         if let Some(j) = sends(i) {
             fe.prepare_tx(&frame(macs[j], macs[i], size));
         }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Queue size of both rings.
@@ -348,6 +349,11 @@ impl VuFrontend {
         fence(Ordering::SeqCst);
     }
 
+    /// Sets queue `q`'s avail-ring flags (VRING_AVAIL_F_NO_INTERRUPT = 1).
+    pub fn set_avail_flags(&self, q: usize, flags: u16) {
+        self.w16(q as u64 * RING_AREA + 0x1000, flags);
+    }
+
     /// Avail index of queue `q` (heads published so far).
     pub fn avail_idx(&self, q: usize) -> u16 {
         self.avail[q]
@@ -519,6 +525,16 @@ impl SimFrontend {
                 Duration::from_millis(ms),
             );
             let _ = self.vu.call[0].read();
+        }
+    }
+
+    /// Poll mode: asks the NIC for no interrupts on either ring
+    /// (VRING_AVAIL_F_NO_INTERRUPT), as DPDK's virtio PMD does: the poller
+    /// reads the used rings itself.
+    pub fn no_interrupts(&mut self) {
+        for q in 0..2 {
+            self.vu
+                .set_avail_flags(q, VRING_AVAIL_F_NO_INTERRUPT as u16);
         }
     }
 

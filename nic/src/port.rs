@@ -43,6 +43,14 @@ impl AtomicCounters {
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Ordering::Relaxed);
     }
+    /// A burst's counts: one atomic add per non-zero count.
+    pub fn add_burst<const N: usize>(counts: [(&AtomicU64, u64); N]) {
+        for (c, n) in counts {
+            if n > 0 {
+                Self::add(c, n);
+            }
+        }
+    }
     pub fn snapshot(&self) -> Counters {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Counters {

@@ -14,12 +14,16 @@
 //! - more than 2^32 bytes in total (§2.7.5.2).
 
 mod segments;
+mod used;
+mod xlat;
 
 pub use segments::{read_bufs, total, write_bufs, Buf, CopyError, Split, SplitError};
+pub use used::complete_used;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
 pub use virtio_queue::desc::split::Descriptor;
 use virtio_queue::QueueT;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
+pub use xlat::{Xlat, XlatSlices};
 
 /// Feature bit VIRTIO_F_INDIRECT_DESC (named VIRTIO_RING_F_INDIRECT_DESC in Linux).
 pub const VIRTIO_F_INDIRECT_DESC: u32 = virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;

@@ -177,9 +177,24 @@ impl Dataplane {
                     Ok(n) => work += n,
                     Err(f) => self.fault(i, f),
                 }
+                // The source's counters, once per burst: each frame once, as
+                // taken by the switch or as a drop.
+                let (mut packets, mut bytes, mut drops) = (0, 0, 0);
                 for pkt in rx.drain(..) {
-                    self.forward(PortId::Vf(i), pkt, &mut out);
+                    let len = pkt.len as u64;
+                    if self.forward(PortId::Vf(i), pkt, &mut out) {
+                        packets += 1;
+                        bytes += len;
+                    } else {
+                        drops += 1;
+                    }
                 }
+                let c = &self.ports[i].counters;
+                AtomicCounters::add_burst([
+                    (&c.tx_packets, packets),
+                    (&c.tx_bytes, bytes),
+                    (&c.tx_drops, drops),
+                ]);
             }
             // 3. Queued frames → each VF's receive queue.
             for i in (me..self.ports.len()).step_by(step) {
@@ -348,10 +363,11 @@ impl Dataplane {
     }
 
     /// Switches one frame: to the uplink at once, to VFs through their
-    /// backlog. A frame from a VF counts once, as `tx_packets` when the switch
-    /// took it, or as `tx_drops` when it went nowhere; each VF it reaches
-    /// counts it as `rx_packets` when written into its ring (or `rx_drops`).
-    fn forward(&mut self, from: PortId, mut pkt: Pkt, out: &mut Vec<PortId>) {
+    /// backlog. Returns whether the switch took it (a VF's frame then counts
+    /// as the source's `tx_packets`, else as its `tx_drops`: the caller adds
+    /// them per burst); each VF it reaches counts it as `rx_packets` when
+    /// written into its ring (or `rx_drops`).
+    fn forward(&mut self, from: PortId, mut pkt: Pkt, out: &mut Vec<PortId>) -> bool {
         let vlan = match from {
             PortId::Uplink => {
                 let l = pkt.len;
@@ -361,7 +377,6 @@ impl Dataplane {
             }
             PortId::Vf(i) => self.switch.vf_vlan(i),
         };
-        let len = pkt.len as u64;
         let routed = pkt.len >= 14 && self.switch.route(from, vlan, pkt.data(), out);
         if !routed {
             if let PortId::Vf(i) = from {
@@ -409,15 +424,7 @@ impl Dataplane {
         if let Some(p) = orig {
             self.pool.free(p);
         }
-        if let PortId::Vf(i) = from {
-            let c = &self.ports[i].counters;
-            if taken {
-                AtomicCounters::add(&c.tx_packets, 1);
-                AtomicCounters::add(&c.tx_bytes, len);
-            } else {
-                AtomicCounters::add(&c.tx_drops, 1);
-            }
-        }
+        taken
     }
 
     /// A frame VF `i` sent that the switch refused: its source MAC is not the

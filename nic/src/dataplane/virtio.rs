@@ -10,8 +10,9 @@
 
 use std::collections::VecDeque;
 
-use virtio_queue::{QueueOwnedT, QueueT};
+use virtio_queue::QueueOwnedT;
 use virtq::{Ring, Split};
+use vm_memory::GuestMemoryMmap;
 
 use super::mempool::{Mempool, Pkt, BUF_SIZE};
 use crate::memory::VfMemory;
@@ -58,14 +59,14 @@ pub struct Scratch {
 /// and only device-readable (transmit) or only device-writable (receive).
 fn split_chain(
     ring: &Ring,
-    mem: &VfMemory,
+    gm: &Xlat<'_>,
     q: usize,
     head: u16,
     split: &mut Split,
 ) -> Result<(), Fault> {
     let e = |source| Fault::Split { q, source };
-    ring.split_into(&mem.gm, head, split).map_err(e)?;
-    split.check_in(&mem.gm).map_err(e)?;
+    ring.split_into(gm, head, split).map_err(e)?;
+    split.check_in(gm).map_err(e)?;
     let (wrong, what) = if q == TXQ {
         (&split.writable, "writable buffer in transmit chain")
     } else {
@@ -77,22 +78,14 @@ fn split_chain(
     Ok(())
 }
 
-/// Returns the batch's chains to the guest and interrupts it if it asked.
-fn complete(rt: &mut Runtime, mem: &VfMemory, q: usize, used: &[(u16, u32)]) -> Result<(), Fault> {
-    if used.is_empty() {
-        return Ok(());
-    }
+/// The memory table's translation cache, for one burst.
+type Xlat<'m> = virtq::Xlat<'m, GuestMemoryMmap>;
+
+/// Returns the batch's chains to the guest (one used-index update) and
+/// interrupts it if it asked.
+fn complete(rt: &mut Runtime, gm: &Xlat<'_>, q: usize, used: &[(u16, u32)]) -> Result<(), Fault> {
     let vr = &mut rt.vrings[q];
-    for &(h, len) in used {
-        vr.queue
-            .add_used(&mem.gm, h, len)
-            .map_err(|e| Fault::Queue { q, e })?;
-    }
-    if vr
-        .queue
-        .needs_notification(&mem.gm)
-        .map_err(|e| Fault::Queue { q, e })?
-    {
+    if virtq::complete_used(&mut vr.queue, gm, used).map_err(|e| Fault::Queue { q, e })? {
         vr.signal();
     }
     Ok(())
@@ -128,6 +121,7 @@ fn take_guest_tx_inner(
     out: &mut Vec<Pkt>,
 ) -> Result<usize, Fault> {
     let hdr_len = rt.hdr_len as u64;
+    let gm = Xlat::new(&mem.gm);
     let ring = Ring::of(&rt.vrings[TXQ].queue, rt.features);
     let prepare = |gpa, len| mem.prepare_for_device_write(gpa, len);
     let Scratch { split, used } = scratch;
@@ -135,12 +129,12 @@ fn take_guest_tx_inner(
     let mut drops = 0;
     let mut chains = rt.vrings[TXQ]
         .queue
-        .iter(&mem.gm)
+        .iter(&gm)
         .map_err(|e| Fault::Queue { q: TXQ, e })?;
     while used.len() < batch {
         let Some(chain) = chains.next() else { break };
         let head = chain.head_index();
-        split_chain(&ring, mem, TXQ, head, split)?;
+        split_chain(&ring, &gm, TXQ, head, split)?;
         used.push((head, 0));
         let frame_len = virtq::total(&split.readable).saturating_sub(hdr_len) as usize;
         if !(MIN_FRAME..=BUF_SIZE - VLAN_ROOM).contains(&frame_len) {
@@ -153,7 +147,7 @@ fn take_guest_tx_inner(
         };
         // The frame, without the virtio-net header, one memcpy per segment.
         let buf = &mut pkt.buf_mut()[..frame_len];
-        if let Err(source) = virtq::read_bufs(&mem.gm, &prepare, &split.readable, hdr_len, buf) {
+        if let Err(source) = virtq::read_bufs(&gm, &prepare, &split.readable, hdr_len, buf) {
             pool.free(pkt);
             return Err(Fault::Copy {
                 q: TXQ,
@@ -167,7 +161,7 @@ fn take_guest_tx_inner(
     if drops > 0 {
         AtomicCounters::add(&port.counters.tx_drops, drops);
     }
-    complete(rt, mem, TXQ, used)?;
+    complete(rt, &gm, TXQ, used)?;
     Ok(used.len())
 }
 
@@ -201,6 +195,7 @@ fn fill_guest_rx_inner(
     backlog: &mut VecDeque<Pkt>,
 ) -> Result<usize, Fault> {
     let hdr_len = rt.hdr_len;
+    let gm = Xlat::new(&mem.gm);
     let ring = Ring::of(&rt.vrings[RXQ].queue, rt.features);
     let prepare = |gpa, len| mem.prepare_for_device_write(gpa, len);
     // virtio_net_hdr: all zero (no offloads), num_buffers = 1 when present.
@@ -213,13 +208,13 @@ fn fill_guest_rx_inner(
     let (mut packets, mut bytes, mut drops) = (0, 0, 0);
     let mut chains = rt.vrings[RXQ]
         .queue
-        .iter(&mem.gm)
+        .iter(&gm)
         .map_err(|e| Fault::Queue { q: RXQ, e })?;
     let mut result = Ok(());
     while used.len() < batch && !backlog.is_empty() {
         let Some(chain) = chains.next() else { break };
         let head = chain.head_index();
-        if let Err(f) = split_chain(&ring, mem, RXQ, head, split) {
+        if let Err(f) = split_chain(&ring, &gm, RXQ, head, split) {
             result = Err(f);
             break;
         }
@@ -231,7 +226,7 @@ fn fill_guest_rx_inner(
             used.push((head, 0));
         } else {
             let parts: [&[u8]; 2] = [&hdr[..hdr_len], frame];
-            if let Err(source) = virtq::write_bufs(&mem.gm, &prepare, &split.writable, 0, &parts) {
+            if let Err(source) = virtq::write_bufs(&gm, &prepare, &split.writable, 0, &parts) {
                 result = Err(Fault::Copy {
                     q: RXQ,
                     head,
@@ -250,16 +245,12 @@ fn fill_guest_rx_inner(
         }
     }
     let c = &port.counters;
-    for (counter, n) in [
+    AtomicCounters::add_burst([
         (&c.rx_packets, packets),
         (&c.rx_bytes, bytes),
         (&c.rx_drops, drops),
-    ] {
-        if n > 0 {
-            AtomicCounters::add(counter, n);
-        }
-    }
+    ]);
     result?;
-    complete(rt, mem, RXQ, used)?;
+    complete(rt, &gm, RXQ, used)?;
     Ok(used.len())
 }

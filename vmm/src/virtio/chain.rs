@@ -32,7 +32,8 @@ where
 }
 
 /// Copies bytes `skip..skip + out.len()` of the buffers into `out`
-/// (`virtq::read_bufs`: each piece prepared, then one memcpy).
+/// (`virtq::read_bufs`: each piece prepared, then one memcpy; regions
+/// looked up through `virtq::Xlat`, the last one hit first).
 pub fn read_bufs<P>(
     mem: &GuestMemoryMmap,
     prepare: &P,
@@ -43,7 +44,7 @@ pub fn read_bufs<P>(
 where
     P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
 {
-    virtq::read_bufs(mem, prepare, bufs, skip, out)
+    virtq::read_bufs(&virtq::Xlat::new(mem), prepare, bufs, skip, out)
 }
 
 /// Writes `data` at bytes `skip..` of the buffers (`virtq::write_bufs`).
@@ -57,7 +58,7 @@ pub fn write_bufs<P>(
 where
     P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
 {
-    virtq::write_bufs(mem, prepare, bufs, skip, &[data])
+    virtq::write_bufs(&virtq::Xlat::new(mem), prepare, bufs, skip, &[data])
 }
 
 #[cfg(test)]
