@@ -143,7 +143,10 @@ impl VfSession {
     /// The (non-blocking) eventfd of a channel's SET_VRING_KICK/CALL.
     fn channel_eventfd(&self, index: u8, fd: Option<File>, what: &str) -> Result<Option<EventFd>> {
         fd.map(eventfd_from).transpose().map_err(|e| {
-            fail(format!("VF {}: channel vring {index} {what} fd: {e}", self.port.id))
+            fail(format!(
+                "VF {}: channel vring {index} {what} fd: {e}",
+                self.port.id
+            ))
         })
     }
 

@@ -132,7 +132,10 @@ fn dedicated_channels_are_signal_only_and_their_fds_come_back() {
     for (i, &s) in socks.iter().enumerate() {
         let mut b = vec![0u8; 3000];
         assert_eq!(fe.drv.recv(s, &mut b).unwrap(), 3000);
-        assert!(b.iter().all(|&x| x == i as u8 + 1), "socket {s}: bytes differ");
+        assert!(
+            b.iter().all(|&x| x == i as u8 + 1),
+            "socket {s}: bytes differ"
+        );
     }
     let v = wait_sg(&mut c, "sb-ded", "polled its channels", |v| {
         v.sg.is_some_and(|s| s.attached && s.sockets == CHANNELS as u64 && s.sgf.chan_scanned > 0)

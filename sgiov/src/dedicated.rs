@@ -59,7 +59,13 @@ impl Channel {
             tx,
             rx,
             base: at,
-            g2d: FifoConsumer::new(format!("channel of ring {tx} g2d"), mem.clone(), at, entries, 1)?,
+            g2d: FifoConsumer::new(
+                format!("channel of ring {tx} g2d"),
+                mem.clone(),
+                at,
+                entries,
+                1,
+            )?,
             d2g: FifoProducer::new(
                 format!("channel of ring {tx} d2g"),
                 mem,
@@ -259,7 +265,10 @@ mod tests {
             guests[k]
                 .push(SignalWord::encode(SignalType::Head, tx, 100))
                 .unwrap();
-            assert!(guests[k].flush().unwrap(), "an armed channel wants its doorbell");
+            assert!(
+                guests[k].flush().unwrap(),
+                "an armed channel wants its doorbell"
+            );
         }
         let (mut out, mut bad) = (Vec::new(), Vec::new());
         assert!(!plane.poll(&mut out, &mut bad));

@@ -424,7 +424,11 @@ impl Sgf {
             }
         }
         for k in bad {
-            let tx = self.chans.as_ref().and_then(|(_, _, p)| p.get(k)).map(|c| c.tx);
+            let tx = self
+                .chans
+                .as_ref()
+                .and_then(|(_, _, p)| p.get(k))
+                .map(|c| c.tx);
             // The channel is dropped (its range stays taken until CLOSE);
             // the pipe's words go over the Cross-FIFO from now on.
             if let Some((_, _, p)) = self.chans.as_mut() {
@@ -446,7 +450,8 @@ impl Sgf {
             return Err(SgfError::BadArea {
                 sgf: self.name.clone(),
                 gpa,
-                what: "channel array: FIFO slots not a power of two 64..65536, or not 64-byte aligned",
+                what:
+                    "channel array: FIFO slots not a power of two 64..65536, or not 64-byte aligned",
             });
         }
         self.chans = Some((gpa, entries, DedicatedPlane::new()));
@@ -638,11 +643,9 @@ impl Sgf {
                 self.pending.pop_front();
                 continue;
             };
-            let route = r.chan.filter(|k| {
-                self.chans
-                    .as_ref()
-                    .is_some_and(|(_, _, p)| p.contains(*k))
-            });
+            let route = r
+                .chan
+                .filter(|k| self.chans.as_ref().is_some_and(|(_, _, p)| p.contains(*k)));
             let ptr_type = if r.role == RingRole::GuestProduces {
                 SignalType::Tail
             } else {

@@ -18,7 +18,10 @@ fn dedicated() -> DriverConfig {
 
 fn echo_socket(dev: &mut Dev, g: &mut Guest) -> u16 {
     let s = open(dev, g, 64 << 10, 0);
-    let req = g.drv.connect(s, 0, Transform::Copy, PathKind::Direct).unwrap();
+    let req = g
+        .drv
+        .connect(s, 0, Transform::Copy, PathKind::Direct)
+        .unwrap();
     assert_eq!(reply(dev, g, req), 0);
     s
 }

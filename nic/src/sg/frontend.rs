@@ -185,10 +185,14 @@ impl SgFrontend {
     pub fn pump(&mut self, timeout: Duration) -> Result<bool, SgFrontendError> {
         self.flush()?;
         // The Cross-FIFO's interrupt and, in `dedicated` mode, every channel's.
-        let calls: Vec<&vmm_sys_util::eventfd::EventFd> = std::iter::once(self.vu.call_fd(SIGNAL_Q))
-            .chain((0..self.vu.channels()).filter_map(|k| self.vu.channel_fds(k).map(|c| &c.1)))
-            .collect();
-        let ready = wait_readable(&calls.iter().map(|c| eventfd_fd(c)).collect::<Vec<_>>(), timeout);
+        let calls: Vec<&vmm_sys_util::eventfd::EventFd> =
+            std::iter::once(self.vu.call_fd(SIGNAL_Q))
+                .chain((0..self.vu.channels()).filter_map(|k| self.vu.channel_fds(k).map(|c| &c.1)))
+                .collect();
+        let ready = wait_readable(
+            &calls.iter().map(|c| eventfd_fd(c)).collect::<Vec<_>>(),
+            timeout,
+        );
         let mut irq = false;
         for (c, r) in calls.iter().zip(ready) {
             if r {

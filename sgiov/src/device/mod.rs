@@ -368,7 +368,12 @@ impl Device {
     pub fn take_channel_irqs(&mut self) -> Vec<(SgfId, u16)> {
         let mut out = Vec::new();
         for (id, s) in self.sgfs.iter_mut() {
-            out.extend(s.sgf.take_channel_irqs().into_iter().map(|k| (id as SgfId, k)));
+            out.extend(
+                s.sgf
+                    .take_channel_irqs()
+                    .into_iter()
+                    .map(|k| (id as SgfId, k)),
+            );
         }
         out
     }

@@ -88,14 +88,8 @@ pub fn guest_cfg(dev: &mut Dev, name: &str, tenant: u32, cfg: DriverConfig) -> G
         Some(hook),
     );
     let guest_view: Arc<dyn Memory> = Arc::new(gview);
-    let (drv, setup) = Driver::new(
-        guest_view.clone(),
-        AREA,
-        HEAP,
-        (MEM as u64) - HEAP,
-        cfg,
-    )
-    .unwrap();
+    let (drv, setup) =
+        Driver::new(guest_view.clone(), AREA, HEAP, (MEM as u64) - HEAP, cfg).unwrap();
     let sgf = dev
         .attach_channels(
             name,

@@ -125,7 +125,10 @@ pub fn run(a: &LatencyArgs) -> Result<Vec<LatencyRow>, BenchSgError> {
     };
     let mut runs: Vec<(Signals, usize)> = budgets.iter().map(|&b| (Signals::Xfifo, b)).collect();
     if a.modes.contains(&Mode::Dedicated) {
-        runs.push((Signals::Dedicated, a.gen_budget.first().copied().unwrap_or(32)));
+        runs.push((
+            Signals::Dedicated,
+            a.gen_budget.first().copied().unwrap_or(32),
+        ));
     }
     for (signals, budget) in runs {
         let max = a.pipes.iter().max().copied().unwrap_or(1);

@@ -572,7 +572,16 @@ pub fn start_load(
     prio: u8,
     flags: &Arc<Flags>,
 ) -> Result<Vec<std::thread::JoinHandle<Result<ShardResult, BenchSgError>>>, BenchSgError> {
-    start_load_with(control, prefix, pipes, threads, ring, prio, flags, Signals::Xfifo)
+    start_load_with(
+        control,
+        prefix,
+        pipes,
+        threads,
+        ring,
+        prio,
+        flags,
+        Signals::Xfifo,
+    )
 }
 
 /// [`start_load`] with a signal mode: in `dedicated` mode a shard's pipes
@@ -675,8 +684,9 @@ fn drive(
         .collect();
     let mut buf = vec![0u8; PAT];
     let counts = |fes: &[(SgFrontend, Vec<RingId>)]| {
-        fes.iter()
-            .fold((0, 0), |(d, i), (fe, _)| (d + fe.doorbells, i + fe.interrupts))
+        fes.iter().fold((0, 0), |(d, i), (fe, _)| {
+            (d + fe.doorbells, i + fe.interrupts)
+        })
     };
     let (mut db0, mut irq0) = counts(fes);
     let mut counting = false;
