@@ -8,8 +8,7 @@ use testutil::nic as common;
 
 use std::time::{Duration, Instant};
 
-use common::TestNic;
-use nic::control::{Client, DevKind, VfInfo};
+use common::{wait_sg, TestNic};
 use nic::devset::VfState;
 use nic::sg::frontend::SgFrontend;
 use nic::sg::SgArgs;
@@ -23,26 +22,6 @@ use vhost::{VhostBackend, VringConfigData};
 const MEM: usize = 64 << 20;
 const T: Duration = Duration::from_secs(10);
 const CHANNELS: usize = 8;
-
-fn sg_of(c: &mut Client, sandbox: &str) -> VfInfo {
-    c.list()
-        .unwrap()
-        .into_iter()
-        .find(|v| v.kind == DevKind::Sg && v.sandbox.as_deref() == Some(sandbox))
-        .expect("the sandbox has an SG function")
-}
-
-fn wait_sg(c: &mut Client, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
-    let t0 = Instant::now();
-    loop {
-        let v = sg_of(c, sandbox);
-        if f(&v) {
-            return v;
-        }
-        assert!(t0.elapsed() < T, "SGF of {sandbox} never {what}: {v:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()

@@ -216,17 +216,7 @@ impl GuestChannel {
 
     /// Ends a burst: pushes held-back words; whether the doorbell must be rung.
     pub fn flush(&mut self) -> Result<bool, FifoError> {
-        let mut pushed = 0;
-        for w in &self.backlog {
-            if !self.g2d.push(*w)? {
-                break;
-            }
-            pushed += 1;
-        }
-        self.backlog.drain(..pushed);
-        if self.backlog.is_empty() {
-            self.g2d.clear_backlog()?;
-        }
+        self.g2d.push_held(&mut self.backlog)?;
         self.g2d.flush()
     }
 

@@ -558,17 +558,7 @@ impl Driver {
     /// Ends a burst of sends: pushes held-back words and says whether the
     /// doorbell must be rung.
     pub fn flush(&mut self) -> Result<bool, DriverError> {
-        let mut pushed = 0;
-        for w in &self.backlog {
-            if !self.g2d.push(*w)? {
-                break;
-            }
-            pushed += 1;
-        }
-        self.backlog.drain(..pushed);
-        if self.backlog.is_empty() {
-            self.g2d.clear_backlog()?;
-        }
+        self.g2d.push_held(&mut self.backlog)?;
         let notify = self.g2d.flush()?;
         let mut dirty = std::mem::take(&mut self.dirty_chans);
         dirty.sort_unstable();

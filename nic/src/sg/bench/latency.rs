@@ -12,7 +12,7 @@ use sgiov::signal::RingId;
 
 use super::{
     attach_channels, join_load, load_sgfs, median, open_echo_pipes, pf_lat, settle,
-    signals_and_kicks, start_load_with, BenchSgError, CommonArgs, Daemon, Flags, Signals, T,
+    signals_and_kicks, start_load, BenchSgError, CommonArgs, Daemon, Flags, Signals, T,
 };
 use crate::control::Client;
 use crate::sg::frontend::SgFrontend;
@@ -179,7 +179,7 @@ fn one(
     let ring = a.common.ring;
     let flags = Arc::new(Flags::default());
     let load = if n > 1 {
-        start_load_with(
+        start_load(
             &d.control,
             &format!("lat{n}-load"),
             n - 1,

@@ -562,34 +562,12 @@ pub fn load_sgfs(pipes: usize, threads: usize, signals: Signals) -> usize {
 
 /// Starts `threads` shards over `pipes` backlogged echo pipes (priority
 /// `prio`), SG functions of sandboxes `<prefix>-<k>`; returns once every
-/// pipe is open. The handles return each shard's counts after `stop`.
-pub fn start_load(
-    control: &Path,
-    prefix: &str,
-    pipes: usize,
-    threads: usize,
-    ring: u32,
-    prio: u8,
-    flags: &Arc<Flags>,
-) -> Result<Vec<std::thread::JoinHandle<Result<ShardResult, BenchSgError>>>, BenchSgError> {
-    start_load_with(
-        control,
-        prefix,
-        pipes,
-        threads,
-        ring,
-        prio,
-        flags,
-        Signals::Xfifo,
-    )
-}
-
-/// [`start_load`] with a signal mode: in `dedicated` mode a shard's pipes
-/// spread over SG functions `<prefix>-<k>-<j>` of at most [`MAX_CHANNELS`]
-/// pipes each, every pipe with its own channel (one thread still drives
-/// all of a shard's SGFs).
+/// pipe is open. The handles return each shard's counts after `stop`. In
+/// `dedicated` mode a shard's pipes spread over SG functions
+/// `<prefix>-<k>-<j>` of at most [`MAX_CHANNELS`] pipes each, every pipe
+/// with its own channel (one thread still drives all of a shard's SGFs).
 #[allow(clippy::too_many_arguments)]
-pub fn start_load_with(
+pub fn start_load(
     control: &Path,
     prefix: &str,
     pipes: usize,
