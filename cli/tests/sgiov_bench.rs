@@ -86,6 +86,38 @@ fn vf_row_pings_through_the_switch_with_fds_per_vf() {
 }
 
 #[test]
+fn dedicated_row_holds_an_eventfd_pair_per_pipe() {
+    let rows = latency::run(&LatencyConfig {
+        pipes: vec![4, 32],
+        samples: 10,
+        reps: 2,
+        size: 4096,
+        policy: Policy::Priority,
+        gen_budget: vec![32],
+        modes: vec![Mode::Dedicated],
+        vfs: vec![],
+        common: common("latded"),
+    })
+    .unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r.mode, "dedicated");
+        assert_eq!(r.pings, 20, "{r:?}");
+        assert!(r.p50_us > 0.0 && r.p99_us >= r.p50_us, "{r:?}");
+        assert!(r.backlog_bytes > 0, "backlogged pipes moved nothing: {r:?}");
+        assert!(r.scanned_per_kick > 0.0, "the daemon polls channels: {r:?}");
+    }
+    assert_eq!(rows[0].growth_p50, 1.0);
+    // Unlike the Cross-FIFO, every pipe costs the daemon a kick and a call
+    // eventfd (the run itself fails unless the fds are back to idle after).
+    assert!(
+        rows[1].daemon_fds - rows[0].daemon_fds >= 2 * 28,
+        "{rows:?}"
+    );
+    assert_eq!(rows[0].idle_fds, rows[1].idle_fds);
+}
+
+#[test]
 fn throughput_moves_bytes_on_every_pipe() {
     let rows = throughput::run(&ThroughputConfig {
         pipes: vec![4, 32],

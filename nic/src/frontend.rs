@@ -55,6 +55,9 @@ pub struct VuFrontend {
     kick: [EventFd; 2],
     call: [EventFd; 2],
     avail: [u16; 2],
+    /// Signal-only vrings 2 + k (an SG function's `dedicated` channels):
+    /// (kick, call) each.
+    chans: Vec<(EventFd, EventFd)>,
 }
 
 pub struct SimFrontend {
@@ -182,6 +185,16 @@ impl SimFrontend {
 impl VuFrontend {
     /// Connects and sets both vrings up; posts no buffers.
     pub fn connect_mem(socket: &Path, mem: FrontendMemory) -> Result<Self, FrontendError> {
+        Self::connect_channels(socket, mem, 0)
+    }
+
+    /// [`VuFrontend::connect_mem`] plus `channels` signal-only vrings (2..2+n:
+    /// kick and call eventfds, enabled, no virtqueue).
+    pub fn connect_channels(
+        socket: &Path,
+        mem: FrontendMemory,
+        channels: usize,
+    ) -> Result<Self, FrontendError> {
         let sock = socket.display().to_string();
         let io = |what: &'static str| {
             let s = sock.clone();
@@ -201,7 +214,10 @@ impl VuFrontend {
         };
         let mk = || EventFd::new(EFD_NONBLOCK).map_err(io("eventfd"));
         let (kick, call) = ([mk()?, mk()?], [mk()?, mk()?]);
-        let fe = Frontend::connect(socket, 2).map_err(vu("connect"))?;
+        let chans = (0..channels)
+            .map(|_| Ok((mk()?, mk()?)))
+            .collect::<Result<Vec<_>, FrontendError>>()?;
+        let fe = Frontend::connect(socket, 2 + channels as u64).map_err(vu("connect"))?;
         let mut me = VuFrontend {
             socket: sock.clone(),
             fe,
@@ -209,8 +225,18 @@ impl VuFrontend {
             kick,
             call,
             avail: [0; 2],
+            chans,
         };
         me.setup().map_err(vu("session set-up"))?;
+        for (k, (kick, call)) in me.chans.iter().enumerate() {
+            let q = 2 + k;
+            (|| {
+                me.fe.set_vring_call(q, call)?;
+                me.fe.set_vring_kick(q, kick)?;
+                me.fe.set_vring_enable(q, true)
+            })()
+            .map_err(vu("channel set-up"))?;
+        }
         Ok(me)
     }
 
@@ -385,6 +411,15 @@ impl VuFrontend {
 
     pub fn call_fd(&self, q: usize) -> &EventFd {
         &self.call[q]
+    }
+
+    /// Channel `k`'s (kick, call) eventfds (vring 2 + k).
+    pub fn channel_fds(&self, k: usize) -> Option<&(EventFd, EventFd)> {
+        self.chans.get(k)
+    }
+
+    pub fn channels(&self) -> usize {
+        self.chans.len()
     }
 
     pub fn mem(&self) -> &FrontendMemory {

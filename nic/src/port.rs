@@ -122,6 +122,23 @@ impl Vring {
     }
 }
 
+/// A signal-only vring (an SG function's `dedicated` channel, vring 2 + k):
+/// a doorbell and an interrupt eventfd, no virtqueue.
+#[derive(Default)]
+pub struct ChanVring {
+    pub kick: Option<Arc<EventFd>>,
+    pub call: Option<EventFd>,
+    pub enabled: bool,
+}
+
+impl ChanVring {
+    pub fn signal(&self) {
+        if let Some(call) = &self.call {
+            let _ = call.write(1);
+        }
+    }
+}
+
 /// What a session set up; dropped whole at close and reset.
 pub struct Runtime {
     pub active: bool,
@@ -132,6 +149,8 @@ pub struct Runtime {
     /// Shared: an SG function's jobs keep the mapping alive past a close.
     pub mem: Option<Arc<VfMemory>>,
     pub vrings: [Vring; 2],
+    /// Signal-only vrings past the two queues (SG functions; empty for a VF).
+    pub channels: Vec<ChanVring>,
 }
 
 impl Runtime {
@@ -140,6 +159,7 @@ impl Runtime {
     /// new one).
     pub fn reset_device(&mut self) {
         self.vrings = [Vring::new(), Vring::new()];
+        self.channels = Vec::new();
         self.failed = false;
         self.hdr_len = 12;
     }
@@ -152,7 +172,23 @@ impl Runtime {
             hdr_len: 12,
             mem: None,
             vrings: [Vring::new(), Vring::new()],
+            channels: Vec::new(),
         }
+    }
+
+    /// Channel vring `k`, created on first use (enabled from the start
+    /// unless the frontend negotiated VHOST_USER_F_PROTOCOL_FEATURES).
+    pub fn channel_mut(&mut self, k: usize) -> &mut ChanVring {
+        let enabled = self.features
+            & vhost::vhost_user::message::VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            == 0;
+        while self.channels.len() <= k {
+            self.channels.push(ChanVring {
+                enabled,
+                ..Default::default()
+            });
+        }
+        &mut self.channels[k]
     }
 }
 

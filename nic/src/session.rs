@@ -49,13 +49,24 @@ fn fail(what: String) -> VuError {
 pub struct Profile {
     pub features: u64,
     pub config: fn(&Port) -> Vec<u8>,
+    /// Signal-only vrings accepted past the two queues (vrings 2..2+n:
+    /// KICK, CALL and ENABLE only, never a virtqueue).
+    pub channels: usize,
 }
 
 /// virtio-net: a VF.
 pub static NET: Profile = Profile {
     features: VIRTIO_FEATURES,
     config: net_config,
+    channels: 0,
 };
+
+/// A vring index of a SET_VRING_KICK/CALL/ENABLE message.
+#[derive(Debug, Clone, Copy)]
+enum Vq {
+    Queue(usize),
+    Channel(usize),
+}
 
 fn net_config(port: &Port) -> Vec<u8> {
     // struct virtio_net_config: mac[6], status u16, max_virtqueue_pairs u16, mtu u16.
@@ -91,10 +102,24 @@ impl VfSession {
     }
 
     fn queue_index(&self, index: u32) -> Result<usize> {
-        match index {
-            0 | 1 => Ok(index as usize),
+        match self.vring_index(index)? {
+            Vq::Queue(q) => Ok(q),
+            // No virtqueue there: the daemon never walks a ring the
+            // frontend placed on a signal channel.
+            Vq::Channel(_) => Err(fail(format!(
+                "VF {}: vring {index} is a signal channel (KICK, CALL and ENABLE only)",
+                self.port.id
+            ))),
+        }
+    }
+
+    fn vring_index(&self, index: u32) -> Result<Vq> {
+        let n = self.profile.channels;
+        match index as usize {
+            q @ (0 | 1) => Ok(Vq::Queue(q)),
+            i if i - 2 < n => Ok(Vq::Channel(i - 2)),
             _ => Err(fail(format!(
-                "VF {}: vring index {index} out of range (2 queues)",
+                "VF {}: vring index {index} out of range (2 queues, {n} channels)",
                 self.port.id
             ))),
         }
@@ -113,6 +138,16 @@ impl VfSession {
             .transpose()
             .map_err(|e| fail(format!("VF {}: vring {q} {what} fd: {e}", self.port.id)))?;
         Ok((q, efd))
+    }
+
+    /// The (non-blocking) eventfd of a channel's SET_VRING_KICK/CALL.
+    fn channel_eventfd(&self, index: u8, fd: Option<File>, what: &str) -> Result<Option<EventFd>> {
+        fd.map(eventfd_from).transpose().map_err(|e| {
+            fail(format!(
+                "VF {}: channel vring {index} {what} fd: {e}",
+                self.port.id
+            ))
+        })
     }
 
     fn protocol_features_acked(&self) -> bool {
@@ -273,6 +308,15 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         Ok(VhostUserVringState::new(index, base as u32))
     }
     fn set_vring_kick(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        if let Vq::Channel(k) = self.vring_index(index as u32)? {
+            let kick = self.channel_eventfd(index, fd, "kick")?;
+            self.vf(|vf| {
+                vf.dev.port.runtime().channel_mut(k).kick = kick.map(Arc::new);
+                Ok(())
+            })?;
+            self.port.bump();
+            return Ok(());
+        }
         let (q, kick) = self.ring_eventfd(index, fd, "kick")?;
         let id = self.port.id.clone();
         let kick = kick.ok_or_else(|| {
@@ -303,6 +347,13 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         Ok(())
     }
     fn set_vring_call(&mut self, index: u8, fd: Option<File>) -> Result<()> {
+        if let Vq::Channel(k) = self.vring_index(index as u32)? {
+            let call = self.channel_eventfd(index, fd, "call")?;
+            return self.vf(|vf| {
+                vf.dev.port.runtime().channel_mut(k).call = call;
+                Ok(())
+            });
+        }
         let (q, call) = self.ring_eventfd(index, fd, "call")?;
         self.vf(|vf| {
             vf.dev.port.runtime().vrings[q].call = call;
@@ -334,9 +385,17 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         Ok(())
     }
     fn get_queue_num(&mut self) -> Result<u64> {
-        Ok(2)
+        Ok(2 + self.profile.channels as u64)
     }
     fn set_vring_enable(&mut self, index: u32, enable: bool) -> Result<()> {
+        if let Vq::Channel(k) = self.vring_index(index)? {
+            self.vf(|vf| {
+                vf.dev.port.runtime().channel_mut(k).enabled = enable;
+                Ok(())
+            })?;
+            self.port.bump();
+            return Ok(());
+        }
         let q = self.queue_index(index)?;
         self.vf(|vf| {
             vf.dev.port.runtime().vrings[q].enabled = enable;

@@ -7,8 +7,8 @@ use testutil::nic as common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::TestNic;
-use nic::control::{Client, DevKind, VfInfo};
+use common::{sg_of, wait_sg, TestNic};
+use nic::control::{DevKind, VfInfo};
 use nic::devset::VfState;
 use nic::sg::frontend::SgFrontend;
 use nic::sg::SgConfig;
@@ -30,26 +30,6 @@ fn start(name: &str, sgfs: usize) -> TestNic {
             ..Default::default()
         },
     )
-}
-
-fn sg_of(c: &mut Client, sandbox: &str) -> VfInfo {
-    c.list()
-        .unwrap()
-        .into_iter()
-        .find(|v| v.kind == DevKind::Sg && v.sandbox.as_deref() == Some(sandbox))
-        .expect("the sandbox has an SG function")
-}
-
-fn wait_sg(c: &mut Client, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
-    let t0 = Instant::now();
-    loop {
-        let v = sg_of(c, sandbox);
-        if f(&v) {
-            return v;
-        }
-        assert!(t0.elapsed() < T, "SGF of {sandbox} never {what}: {v:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Opens `n` echo sockets and checks one message through each.

@@ -1,49 +1,92 @@
-//! The `dedicated` signal plane, for comparison with the Cross-FIFO: every
-//! pipe has its own pair of signal FIFOs and its own two eventfds (doorbell
-//! and interrupt), as an SR-IOV VF has its own queues, doorbell and MSI-X
-//! vector. The device finds work by polling every channel, so its cost per
-//! round and its fd count grow with the number of pipes — the scaling the
-//! Cross-FIFO removes. Stage 2's `bench sgiov latency` runs both.
+//! The `dedicated` signal plane, for comparison with the Cross-FIFO (the
+//! SR-IOV model): every pipe (socket) has its own pair of signal FIFOs in
+//! its guest's memory and its own doorbell and interrupt eventfds (over
+//! vhost-user: vrings 2 + k of the SGF session, KICK/CALL only), as an
+//! SR-IOV VF has its own queues, doorbell and MSI-X vector. The device
+//! finds work by polling every channel of the SGF, so its cost per round
+//! and the daemon's fd count grow with the number of pipes: the scaling the
+//! Cross-FIFO removes. `bench sgiov latency --modes dedicated` runs it.
+//!
+//! A channel word may only name its own pipe's two ring ids: anything else
+//! is counted and puts that pipe into error (see `Sgf::consume`). Control
+//! messages stay on the Cross-FIFO's control rings.
 //!
 //! The FIFOs use the same [`FifoCtl`](crate::layout::FifoCtl) layout and
 //! protocol as the Cross-FIFO, one pair per channel.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
-
-use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::fifo::{FifoConsumer, FifoError, FifoProducer};
 use crate::layout::fifo;
 use crate::mem::Memory;
 use crate::signal::{RingId, SignalWord};
 
-#[derive(Debug, thiserror::Error)]
-pub enum DedicatedError {
-    #[error("dedicated channel {0}: FIFO")]
-    Fifo(RingId, #[source] FifoError),
-    #[error("dedicated channel {0}: eventfd")]
-    EventFd(RingId, #[source] std::io::Error),
-}
+/// vhost-user carries a vring index in 8 bits: 256 vrings per session, of
+/// which the SGF's setup and signal queues take two.
+pub const MAX_CHANNELS: usize = 254;
 
-/// Guest memory of one channel: two FIFOs of `entries` slots.
+/// Guest memory of one channel: two FIFOs of `entries` slots (guest →
+/// device first).
 pub fn channel_bytes(entries: u32) -> u64 {
     2 * fifo::bytes(entries)
 }
 
 /// One pipe's own signal channel, device side.
 pub struct Channel {
-    pub ring: RingId,
+    /// The pipe's rings: the only ids its words may name.
+    pub tx: RingId,
+    pub rx: RingId,
+    pub base: u64,
     g2d: FifoConsumer,
     d2g: FifoProducer,
-    /// Doorbell (guest → device) and interrupt (device → guest).
-    pub kick: EventFd,
-    pub call: EventFd,
+    /// Words were pushed to its guest since the last flush.
+    pushed: bool,
+    /// A push found its FIFO full during the current flush.
+    full: bool,
 }
 
-/// All channels of the device.
+impl Channel {
+    /// Takes over the device-owned fields of the channel at `at`.
+    pub fn new(
+        mem: Arc<dyn Memory>,
+        at: u64,
+        entries: u32,
+        tx: RingId,
+        rx: RingId,
+    ) -> Result<Channel, FifoError> {
+        Ok(Channel {
+            tx,
+            rx,
+            base: at,
+            g2d: FifoConsumer::new(
+                format!("channel of ring {tx} g2d"),
+                mem.clone(),
+                at,
+                entries,
+                1,
+            )?,
+            d2g: FifoProducer::new(
+                format!("channel of ring {tx} d2g"),
+                mem,
+                at + fifo::bytes(entries),
+                entries,
+            )?,
+            pushed: false,
+            full: false,
+        })
+    }
+
+    /// Whether a word of this channel may name `ring`.
+    pub fn owns(&self, ring: RingId) -> bool {
+        ring == self.tx || ring == self.rx
+    }
+}
+
+/// The channels of one SGF, by channel index.
 #[derive(Default)]
 pub struct DedicatedPlane {
-    chans: Vec<Channel>,
+    chans: BTreeMap<u16, Channel>,
     scanned: u64,
 }
 
@@ -52,34 +95,20 @@ impl DedicatedPlane {
         Self::default()
     }
 
-    /// Adds a channel whose two FIFOs are at `at` in `mem` (guest → device
-    /// first, then device → guest, [`channel_bytes`] in all).
-    pub fn add(
-        &mut self,
-        ring: RingId,
-        mem: Arc<dyn Memory>,
-        at: u64,
-        entries: u32,
-    ) -> Result<usize, DedicatedError> {
-        let e = |x| DedicatedError::Fifo(ring, x);
-        let g2d = FifoConsumer::new(format!("channel {ring} g2d"), mem.clone(), at, entries, 1)
-            .map_err(e)?;
-        let d2g = FifoProducer::new(
-            format!("channel {ring} d2g"),
-            mem,
-            at + fifo::bytes(entries),
-            entries,
-        )
-        .map_err(e)?;
-        let fd = || EventFd::new(EFD_NONBLOCK).map_err(|x| DedicatedError::EventFd(ring, x));
-        self.chans.push(Channel {
-            ring,
-            g2d,
-            d2g,
-            kick: fd()?,
-            call: fd()?,
-        });
-        Ok(self.chans.len() - 1)
+    pub fn insert(&mut self, k: u16, c: Channel) {
+        self.chans.insert(k, c);
+    }
+
+    pub fn remove(&mut self, k: u16) -> Option<Channel> {
+        self.chans.remove(&k)
+    }
+
+    pub fn contains(&self, k: u16) -> bool {
+        self.chans.contains_key(&k)
+    }
+
+    pub fn get(&self, k: u16) -> Option<&Channel> {
+        self.chans.get(&k)
     }
 
     pub fn len(&self) -> usize {
@@ -90,51 +119,66 @@ impl DedicatedPlane {
         self.chans.is_empty()
     }
 
-    /// File descriptors the plane holds: two per channel.
-    pub fn fds(&self) -> usize {
-        2 * self.chans.len()
-    }
-
     /// Channels looked at so far (the polling cost).
     pub fn scanned(&self) -> u64 {
         self.scanned
     }
 
     /// One polling round over every channel: collects the words found as
-    /// (channel, word). Returns the words found.
-    pub fn poll(&mut self, out: &mut Vec<(usize, SignalWord)>) -> Result<usize, DedicatedError> {
-        let mut found = 0;
+    /// (channel, word) and re-arms each channel; a channel whose FIFO is
+    /// corrupt goes to `bad`. Returns whether words raced in after a
+    /// re-arm (poll again).
+    pub fn poll(&mut self, out: &mut Vec<(u16, SignalWord)>, bad: &mut Vec<u16>) -> bool {
+        let mut again = false;
         let mut words = Vec::new();
-        for (i, c) in self.chans.iter_mut().enumerate() {
+        for (&k, c) in self.chans.iter_mut() {
             self.scanned += 1;
             words.clear();
-            found += c
-                .g2d
-                .pop(usize::MAX, &mut words)
-                .map_err(|e| DedicatedError::Fifo(c.ring, e))?;
-            out.extend(words.iter().map(|w| (i, *w)));
+            let r = c.g2d.pop(usize::MAX, &mut words).and_then(|_| c.g2d.arm());
+            match r {
+                Ok(raced) => again |= raced,
+                Err(_) => bad.push(k),
+            }
+            out.extend(words.iter().map(|w| (k, *w)));
         }
-        Ok(found)
+        again
     }
 
-    /// Sends a word to channel `i`'s guest and raises its interrupt if the
-    /// guest asked for one. Returns false if its FIFO is full.
-    pub fn send(&mut self, i: usize, w: SignalWord) -> Result<bool, DedicatedError> {
-        let c = &mut self.chans[i];
-        let e = |x| DedicatedError::Fifo(c.ring, x);
-        if !c.d2g.push(w).map_err(e)? {
+    /// Pushes a word to channel `k`'s guest. `Ok(false)`: its FIFO is full
+    /// (or the channel is gone); the caller keeps the word pending.
+    pub fn push(&mut self, k: u16, w: SignalWord) -> Result<bool, FifoError> {
+        let Some(c) = self.chans.get_mut(&k) else {
+            return Ok(false);
+        };
+        if c.full || !c.d2g.push(w)? {
+            c.full = true;
             return Ok(false);
         }
-        if c.d2g.flush().map_err(e)? {
-            c.call
-                .write(1)
-                .map_err(|x| DedicatedError::EventFd(c.ring, x))?;
-        }
+        c.pushed = true;
         Ok(true)
     }
 
-    pub fn channel(&self, i: usize) -> &Channel {
-        &self.chans[i]
+    /// Ends a flush: the channels whose guests asked to be interrupted for
+    /// what was pushed (their call eventfds fire).
+    pub fn flush(&mut self, irqs: &mut Vec<u16>) -> Result<(), FifoError> {
+        for (&k, c) in self.chans.iter_mut() {
+            if !c.full {
+                c.d2g.clear_backlog()?;
+            }
+            let pushed = std::mem::take(&mut c.pushed);
+            c.full = false;
+            if pushed && c.d2g.flush()? {
+                irqs.push(k);
+            }
+        }
+        Ok(())
+    }
+
+    /// The guest waits for room in channel `k`'s guest → device FIFO.
+    pub fn producer_backlog(&self, k: u16) -> bool {
+        self.chans
+            .get(&k)
+            .is_some_and(|c| c.g2d.producer_backlog().unwrap_or(false))
     }
 }
 
@@ -142,6 +186,8 @@ impl DedicatedPlane {
 pub struct GuestChannel {
     g2d: FifoProducer,
     d2g: FifoConsumer,
+    /// Words that did not fit the FIFO yet.
+    backlog: Vec<SignalWord>,
 }
 
 impl GuestChannel {
@@ -156,19 +202,33 @@ impl GuestChannel {
                 entries,
                 1,
             )?,
+            backlog: Vec::new(),
         })
     }
 
-    /// Pushes a word; returns whether the doorbell must be rung.
-    pub fn signal(&mut self, w: SignalWord) -> Result<bool, FifoError> {
-        self.g2d.push(w)?;
+    /// Pushes a word (held back while the FIFO is full).
+    pub fn push(&mut self, w: SignalWord) -> Result<(), FifoError> {
+        if !self.backlog.is_empty() || !self.g2d.push(w)? {
+            self.backlog.push(w);
+        }
+        Ok(())
+    }
+
+    /// Ends a burst: pushes held-back words; whether the doorbell must be rung.
+    pub fn flush(&mut self) -> Result<bool, FifoError> {
+        self.g2d.push_held(&mut self.backlog)?;
         self.g2d.flush()
     }
 
-    pub fn receive(&mut self, out: &mut Vec<SignalWord>) -> Result<usize, FifoError> {
-        let n = self.d2g.pop(usize::MAX, out)?;
-        self.d2g.arm()?;
-        Ok(n)
+    /// Drains device → guest words and re-arms. Returns whether the device
+    /// holds words back for lack of room (ring its doorbell).
+    pub fn receive(&mut self, out: &mut Vec<SignalWord>) -> Result<bool, FifoError> {
+        loop {
+            self.d2g.pop(usize::MAX, out)?;
+            if !self.d2g.arm()? {
+                return self.d2g.producer_backlog();
+            }
+        }
     }
 }
 
@@ -179,37 +239,45 @@ mod tests {
     use crate::signal::SignalType;
 
     #[test]
-    fn every_channel_is_polled_and_has_its_own_fds() {
+    fn every_channel_is_polled_and_interrupts_its_own_guest() {
         let (g, _f) = GuestMem::memfd("t-dedicated", 0, 1 << 20).unwrap();
         let mem: Arc<dyn Memory> = Arc::new(g);
         let mut plane = DedicatedPlane::new();
         let mut guests = Vec::new();
-        for i in 0..64u16 {
-            let at = i as u64 * channel_bytes(64);
+        for k in 0..64u16 {
+            let at = k as u64 * channel_bytes(64);
             guests.push(GuestChannel::new(mem.clone(), at, 64).unwrap());
-            plane.add(i + 2, mem.clone(), at, 64).unwrap();
+            let (tx, rx) = (2 + 2 * k, 3 + 2 * k);
+            plane.insert(k, Channel::new(mem.clone(), at, 64, tx, rx).unwrap());
         }
-        assert_eq!(plane.fds(), 128);
-        for i in [3usize, 17, 60] {
-            let kick = guests[i]
-                .signal(SignalWord::encode(SignalType::Head, i as u16 + 2, 100))
+        for k in [3usize, 17, 60] {
+            let tx = 2 + 2 * k as u16;
+            guests[k]
+                .push(SignalWord::encode(SignalType::Head, tx, 100))
                 .unwrap();
-            assert!(kick);
+            assert!(
+                guests[k].flush().unwrap(),
+                "an armed channel wants its doorbell"
+            );
         }
-        let mut out = Vec::new();
-        assert_eq!(plane.poll(&mut out).unwrap(), 3);
+        let (mut out, mut bad) = (Vec::new(), Vec::new());
+        assert!(!plane.poll(&mut out, &mut bad));
+        assert!(bad.is_empty());
         assert_eq!(plane.scanned(), 64, "one round looks at every channel");
         assert_eq!(
-            out.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            out.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
             vec![3, 17, 60]
         );
-        // Device → guest: the interrupt eventfd of that channel fires.
+        // Device → guest: only channel 17 asks for its interrupt.
         assert!(plane
-            .send(17, SignalWord::encode(SignalType::Tail, 19, 100))
+            .push(17, SignalWord::encode(SignalType::Tail, 36, 100))
             .unwrap());
-        assert_eq!(plane.channel(17).call.read().unwrap(), 1);
+        let mut irqs = Vec::new();
+        plane.flush(&mut irqs).unwrap();
+        assert_eq!(irqs, vec![17]);
         let mut got = Vec::new();
-        assert_eq!(guests[17].receive(&mut got).unwrap(), 1);
+        assert!(!guests[17].receive(&mut got).unwrap());
+        assert_eq!(got.len(), 1);
         assert_eq!(got[0].ptr(), 100);
     }
 }

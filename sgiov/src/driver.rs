@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use vm_memory::{ByteValued, Bytes};
 
+use crate::dedicated::{channel_bytes, GuestChannel, MAX_CHANNELS};
 use crate::fifo::{FifoConsumer, FifoError, FifoProducer};
 use crate::layout::{
     ctrl, ring as rd, CtrlMsg, CtrlOp, ErrorCode, Layout, PathKind, RingDesc, RingRole, SetupCmd,
@@ -40,6 +41,11 @@ pub struct DriverConfig {
     pub fifo_entries: u32,
     pub table_entries: u32,
     pub ctrl_ring: u32,
+    /// `dedicated` signal mode: sockets with their own signal channel (at
+    /// most [`MAX_CHANNELS`]; 0 = every signal over the Cross-FIFO), and
+    /// the slots of each channel FIFO.
+    pub channels: u32,
+    pub chan_entries: u32,
 }
 
 impl Default for DriverConfig {
@@ -48,6 +54,8 @@ impl Default for DriverConfig {
             fifo_entries: 4096,
             table_entries: 8194,
             ctrl_ring: 64 << 10,
+            channels: 0,
+            chan_entries: 64,
         }
     }
 }
@@ -79,6 +87,8 @@ struct DrvSock {
     tx: DrvRing,
     rx: DrvRing,
     state: SockState,
+    /// Its own signal channel (`dedicated` mode).
+    chan: Option<u16>,
 }
 
 pub struct Driver {
@@ -100,6 +110,15 @@ pub struct Driver {
     /// Words that did not fit the FIFO yet.
     backlog: Vec<SignalWord>,
     kick: bool,
+    /// `dedicated` mode: the channel array, the open channels, the free
+    /// ones, those written since the last flush, those whose doorbell must
+    /// ring.
+    chan_gpa: u64,
+    chan_entries: u32,
+    chans: HashMap<u16, GuestChannel>,
+    free_chans: Vec<u16>,
+    dirty_chans: Vec<u16>,
+    chan_kicks: Vec<u16>,
 }
 
 impl Driver {
@@ -156,12 +175,21 @@ impl Driver {
         };
         let req = ring(CTRL_REQ_RING, RingRole::GuestProduces, cfg.ctrl_ring)?;
         let rep = ring(CTRL_REPLY_RING, RingRole::DeviceProduces, cfg.ctrl_ring)?;
+        let channels = cfg.channels.min(MAX_CHANNELS as u32);
+        let chan_gpa = if channels > 0 {
+            let len = (channels as u64 * channel_bytes(cfg.chan_entries)).next_power_of_two();
+            heap.alloc(len)
+                .ok_or(DriverError::Exhausted("channel memory"))?
+        } else {
+            0
+        };
         let setup = SetupCmd {
             magic: SETUP_MAGIC,
             op: SETUP_ATTACH,
             area_gpa: area,
             area_len: layout.area_len,
-            ..Default::default()
+            chan_entries: if channels > 0 { cfg.chan_entries } else { 0 },
+            chan_gpa,
         };
         Ok((
             Driver {
@@ -181,6 +209,12 @@ impl Driver {
                 replies: HashMap::new(),
                 backlog: Vec::new(),
                 kick: false,
+                chan_gpa,
+                chan_entries: cfg.chan_entries,
+                chans: HashMap::new(),
+                free_chans: (0..channels as u16).rev().collect(),
+                dirty_chans: Vec::new(),
+                chan_kicks: Vec::new(),
             },
             setup,
         ))
@@ -192,6 +226,14 @@ impl Driver {
 
     fn signal(&mut self, ty: SignalType, ring: RingId, ptr: u32) -> Result<(), DriverError> {
         let w = Signal::new(ty, ring, ptr).word();
+        let chan = self
+            .ring_sock
+            .get(&ring)
+            .and_then(|s| self.socks.get(s))
+            .and_then(|s| s.chan);
+        if let Some(k) = chan {
+            return self.channel_word(k, w);
+        }
         if !self.backlog.is_empty() || !self.g2d.push(w)? {
             self.backlog.push(w);
         }
@@ -282,6 +324,36 @@ impl Driver {
         })
     }
 
+    /// A word on channel `k` (its doorbell rings at the next flush).
+    fn channel_word(&mut self, k: u16, w: SignalWord) -> Result<(), DriverError> {
+        if let Some(c) = self.chans.get_mut(&k) {
+            c.push(w)?;
+            self.dirty_chans.push(k);
+        }
+        Ok(())
+    }
+
+    /// Fault injection for tests: pushes any word on socket `sock`'s own
+    /// channel (`dedicated` mode).
+    pub fn push_channel_word(&mut self, sock: RingId, w: SignalWord) -> Result<(), DriverError> {
+        let k = self
+            .socks
+            .get(&sock)
+            .and_then(|s| s.chan)
+            .ok_or(DriverError::NoSocket(sock))?;
+        self.channel_word(k, w)
+    }
+
+    /// The socket's signal channel index (`dedicated` mode).
+    pub fn channel(&self, sock: RingId) -> Option<u16> {
+        self.socks.get(&sock).and_then(|s| s.chan)
+    }
+
+    /// The channels whose doorbells must ring (after [`Driver::flush`]).
+    pub fn take_channel_kicks(&mut self) -> Vec<u16> {
+        std::mem::take(&mut self.chan_kicks)
+    }
+
     /// Fault injection for tests: pushes any word.
     pub fn push_word(&mut self, w: SignalWord) -> Result<(), DriverError> {
         if !self.g2d.push(w)? {
@@ -309,6 +381,24 @@ impl Driver {
         prio: u8,
     ) -> Result<(RingId, u32), DriverError> {
         let sock = tx.id;
+        // `dedicated` mode: the socket's own channel, fresh guest fields.
+        let chan = match self.free_chans.pop() {
+            Some(k) => {
+                let at = self.chan_gpa + k as u64 * channel_bytes(self.chan_entries);
+                match GuestChannel::new(self.mem.clone(), at, self.chan_entries) {
+                    Ok(c) => {
+                        self.chans.insert(k, c);
+                        Some(k)
+                    }
+                    Err(e) => {
+                        self.free_chans.push(k);
+                        return Err(e.into());
+                    }
+                }
+            }
+            None if self.chan_gpa != 0 => return Err(DriverError::Exhausted("channels")),
+            None => None,
+        };
         self.ring_sock.insert(tx.id, sock);
         self.ring_sock.insert(rx.id, sock);
         let m = CtrlMsg {
@@ -316,6 +406,7 @@ impl Driver {
             sock,
             aux: rx.id,
             prio,
+            chan: chan.map_or(0, |k| k as u8 + 1),
             ..Default::default()
         };
         self.socks.insert(
@@ -324,6 +415,7 @@ impl Driver {
                 tx,
                 rx,
                 state: SockState::Opening,
+                chan,
             },
         );
         Ok((sock, self.request(m)?))
@@ -466,18 +558,18 @@ impl Driver {
     /// Ends a burst of sends: pushes held-back words and says whether the
     /// doorbell must be rung.
     pub fn flush(&mut self) -> Result<bool, DriverError> {
-        let mut pushed = 0;
-        for w in &self.backlog {
-            if !self.g2d.push(*w)? {
-                break;
-            }
-            pushed += 1;
-        }
-        self.backlog.drain(..pushed);
-        if self.backlog.is_empty() {
-            self.g2d.clear_backlog()?;
-        }
+        self.g2d.push_held(&mut self.backlog)?;
         let notify = self.g2d.flush()?;
+        let mut dirty = std::mem::take(&mut self.dirty_chans);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for k in dirty {
+            if let Some(c) = self.chans.get_mut(&k) {
+                if c.flush()? {
+                    self.chan_kicks.push(k);
+                }
+            }
+        }
         Ok(notify || std::mem::take(&mut self.kick))
     }
 
@@ -497,9 +589,30 @@ impl Driver {
                 self.kick = true;
             }
             if !self.d2g.arm()? {
-                return Ok(total);
+                break;
             }
         }
+        // `dedicated` mode: every channel is drained (a guest with one
+        // vector per channel would look at the one that fired; the cost is
+        // on the guest side, not the device's).
+        let mut words = Vec::new();
+        let ks: Vec<u16> = self.chans.keys().copied().collect();
+        for k in ks {
+            words.clear();
+            let Some(c) = self.chans.get_mut(&k) else {
+                continue;
+            };
+            if c.receive(&mut words)? {
+                // The device holds words back: tell it there is room.
+                self.dirty_chans.push(k);
+                self.chan_kicks.push(k);
+            }
+            total += words.len();
+            for &w in &words {
+                self.on_word(w)?;
+            }
+        }
+        Ok(total)
     }
 
     fn on_word(&mut self, w: SignalWord) -> Result<(), DriverError> {
@@ -567,6 +680,10 @@ impl Driver {
     /// refused OPEN): the device no longer touches them.
     fn forget(&mut self, sock: RingId) {
         if let Some(s) = self.socks.remove(&sock) {
+            if let Some(k) = s.chan {
+                self.chans.remove(&k);
+                self.free_chans.push(k);
+            }
             for r in [s.tx, s.rx] {
                 self.ring_sock.remove(&r.id);
                 self.heap.free(r.view.geom.base, r.view.geom.size as u64);

@@ -182,6 +182,23 @@ impl FifoProducer {
         Ok(true)
     }
 
+    /// Pushes words held back for lack of room, in order, as far as they
+    /// fit; clears the backlog flag once none is left.
+    pub fn push_held(&mut self, held: &mut Vec<SignalWord>) -> Result<(), FifoError> {
+        let mut pushed = 0;
+        for w in held.iter() {
+            if !self.push(*w)? {
+                break;
+            }
+            pushed += 1;
+        }
+        held.drain(..pushed);
+        if held.is_empty() {
+            self.clear_backlog()?;
+        }
+        Ok(())
+    }
+
     /// Clears the backlog flag once everything held back has been pushed.
     pub fn clear_backlog(&mut self) -> Result<(), FifoError> {
         if self.backlog {

@@ -301,7 +301,9 @@ pub struct CtrlMsg {
     pub xf: u8,
     /// CONNECT: [`PathKind`].
     pub path: u8,
-    pub reserved0: u8,
+    /// OPEN in `dedicated` mode: the socket's own signal channel, index + 1
+    /// (0 = none: its signals use the Cross-FIFO). See [`crate::dedicated`].
+    pub chan: u8,
     /// Reply to ACCEPT / CONNECT: the peer socket's id on its own SGF.
     pub peer_sock: u16,
     pub reserved1: u16,
@@ -423,7 +425,11 @@ pub struct SetupCmd {
     pub op: u32,
     pub area_gpa: u64,
     pub area_len: u32,
-    pub reserved: [u32; 3],
+    /// `dedicated` signal mode (ATTACH): slots of each channel FIFO; 0 =
+    /// Cross-FIFO only. Channel k lies at `chan_gpa + k *
+    /// dedicated::channel_bytes(chan_entries)`.
+    pub chan_entries: u32,
+    pub chan_gpa: u64,
 }
 
 /// "SGSU" little-endian.

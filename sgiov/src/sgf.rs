@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use vm_memory::Bytes;
 
+use crate::dedicated::{self, Channel, DedicatedPlane};
 use crate::engine::RingKey;
 use crate::fifo::{FifoConsumer, FifoError, FifoProducer};
 use crate::layout::{
@@ -81,6 +82,13 @@ pub struct SgfStats {
     pub ctrl_errors: u64,
     /// Times the device → guest FIFO was full.
     pub d2g_full: u64,
+    /// `dedicated` mode: channels looked at by the device's polling (the
+    /// O(pipes) scan per round), and channel words naming a ring that is
+    /// not their own pipe's (the pipe goes to error).
+    #[serde(default)]
+    pub chan_scanned: u64,
+    #[serde(default)]
+    pub chan_forged: u64,
 }
 
 /// Pending device → guest words of one ring.
@@ -103,6 +111,8 @@ pub struct SgfRing {
     /// The device's pointer as last published (tail of a TX ring, head of an RX ring).
     pub dev_ptr: u32,
     pend: u8,
+    /// `dedicated` mode: the socket's own signal channel.
+    pub chan: Option<u16>,
 }
 
 /// A guest → device signal after validation, for the device to act on.
@@ -145,6 +155,11 @@ pub struct Sgf {
     /// The guest must be interrupted (its g2d FIFO had a backlog, or words
     /// were pushed and it asked for a notification).
     irq: bool,
+    /// `dedicated` mode: the channel array (gpa, FIFO slots) and the open
+    /// channels; None = Cross-FIFO only.
+    chans: Option<(u64, u32, DedicatedPlane)>,
+    /// Channels whose guests must be interrupted.
+    chan_irqs: Vec<u16>,
 }
 
 /// Most replies held back while the reply ring is full; beyond it the
@@ -248,6 +263,7 @@ impl Sgf {
                     code: 0,
                     dev_ptr: 0,
                     pend: 0,
+                    chan: None,
                 },
             );
         }
@@ -269,6 +285,8 @@ impl Sgf {
             replies: VecDeque::new(),
             stats: SgfStats::default(),
             irq: false,
+            chans: None,
+            chan_irqs: Vec::new(),
         };
         for id in [CTRL_REQ_RING, CTRL_REPLY_RING] {
             sgf.write_desc(id, RingState::Open, 0, 0);
@@ -342,6 +360,7 @@ impl Sgf {
         if ctrl {
             out.push(Inbound::Ctrl);
         }
+        let chan_more = self.consume_channels(out);
         // The guest waits for FIFO space: tell it there is some now.
         if self
             .g2d
@@ -354,7 +373,164 @@ impl Sgf {
             // The budget ran out: more words may wait; the caller comes back.
             return Ok(true);
         }
-        self.g2d.arm().map_err(|e| fifo_err(&self.name, e))
+        Ok(self.g2d.arm().map_err(|e| fifo_err(&self.name, e))? || chan_more)
+    }
+
+    /// `dedicated` mode: one polling round over every channel (the SR-IOV
+    /// model's O(pipes) scan, counted). A word is valid only for its own
+    /// pipe's two rings: any other id is forged, counted, and puts that
+    /// pipe (its TX ring) into error; a corrupt channel FIFO does the same.
+    /// Returns whether words raced in after the channels were re-armed.
+    fn consume_channels(&mut self, out: &mut Vec<Inbound>) -> bool {
+        let Some((_, _, plane)) = self.chans.as_mut() else {
+            return false;
+        };
+        let (mut words, mut bad) = (Vec::new(), Vec::new());
+        let before = plane.scanned();
+        let again = plane.poll(&mut words, &mut bad);
+        self.stats.chan_scanned += plane.scanned() - before;
+        self.stats.signals_in += words.len() as u64;
+        let owners: Vec<Option<(RingId, bool)>> = words
+            .iter()
+            .map(|(k, w)| {
+                let c = plane.get(*k)?;
+                Some((c.tx, w.decode().is_ok_and(|s| c.owns(s.ring))))
+            })
+            .collect();
+        // A guest that found its channel full waits for a notification.
+        let mut waiting: Vec<u16> = words
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| plane.producer_backlog(*k))
+            .collect();
+        waiting.dedup();
+        self.chan_irqs.extend(waiting);
+        for ((_, w), owner) in words.into_iter().zip(owners) {
+            match owner {
+                None => {}
+                Some((tx, false)) => {
+                    if w.decode().is_err() {
+                        self.stats.bad_signals += 1;
+                    } else {
+                        self.stats.chan_forged += 1;
+                        out.push(self.ring_error(tx, ErrorCode::BadRing));
+                    }
+                }
+                Some((_, true)) => {
+                    if let Some(i) = self.inbound(w) {
+                        out.push(i);
+                    }
+                }
+            }
+        }
+        for k in bad {
+            let tx = self
+                .chans
+                .as_ref()
+                .and_then(|(_, _, p)| p.get(k))
+                .map(|c| c.tx);
+            // The channel is dropped (its range stays taken until CLOSE);
+            // the pipe's words go over the Cross-FIFO from now on.
+            if let Some((_, _, p)) = self.chans.as_mut() {
+                p.remove(k);
+            }
+            if let Some(tx) = tx {
+                out.push(self.ring_error(tx, ErrorCode::FifoCorrupt));
+            }
+        }
+        again
+    }
+
+    /// Turns on the `dedicated` mode (ATTACH with channels): channel k of
+    /// `entries` slots per FIFO lies at `gpa + k * channel_bytes(entries)`.
+    /// Each channel is checked when a socket opens it.
+    pub fn enable_channels(&mut self, gpa: u64, entries: u32) -> Result<(), SgfError> {
+        let fifo = limits::MIN_FIFO_ENTRIES..=limits::MAX_FIFO_ENTRIES;
+        if !entries.is_power_of_two() || !fifo.contains(&entries) || !gpa.is_multiple_of(64) {
+            return Err(SgfError::BadArea {
+                sgf: self.name.clone(),
+                gpa,
+                what:
+                    "channel array: FIFO slots not a power of two 64..65536, or not 64-byte aligned",
+            });
+        }
+        self.chans = Some((gpa, entries, DedicatedPlane::new()));
+        Ok(())
+    }
+
+    /// OPEN with a channel: checks that channel `k` lies in guest memory
+    /// and overlaps nothing the SGF uses (area, rings, other channels),
+    /// then takes over its device-owned fields for the pipe `tx`/`rx`.
+    pub fn open_channel(&mut self, k: u16, tx: RingId, rx: RingId) -> Result<(), ErrorCode> {
+        let Some((gpa, entries, plane)) = self.chans.as_mut() else {
+            return Err(ErrorCode::BadRequest);
+        };
+        if k as usize >= dedicated::MAX_CHANNELS {
+            return Err(ErrorCode::BadRequest);
+        }
+        if plane.contains(k) {
+            return Err(ErrorCode::Busy);
+        }
+        let bytes = dedicated::channel_bytes(*entries);
+        let at = gpa
+            .checked_add(k as u64 * bytes)
+            .filter(|a| a.checked_add(bytes).is_some())
+            .ok_or(ErrorCode::BadRing)?;
+        if self.mem.slice(at, bytes as usize).is_none() {
+            return Err(ErrorCode::BadRing);
+        }
+        let label = format!("SGF {} channel {k}", self.name);
+        self.ranges
+            .insert(at, at + bytes, label)
+            .map_err(|_| ErrorCode::Overlap)?;
+        let c = self
+            .mem
+            .prepare(at, bytes)
+            .map_err(|_| ErrorCode::Memory)
+            .and_then(|_| {
+                Channel::new(self.mem.clone(), at, *entries, tx, rx).map_err(|e| e.code())
+            });
+        match c {
+            Ok(c) => {
+                plane.insert(k, c);
+                Ok(())
+            }
+            Err(e) => {
+                self.ranges.remove(at);
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases channel `k` (a refused OPEN, or its socket's rings gone).
+    pub fn close_channel(&mut self, k: u16) {
+        if let Some((gpa, entries, plane)) = self.chans.as_mut() {
+            plane.remove(k);
+            self.ranges
+                .remove(*gpa + k as u64 * dedicated::channel_bytes(*entries));
+        }
+    }
+
+    /// The two rings of an opened socket signal over channel `k`.
+    pub fn bind_channel(&mut self, k: u16, tx: RingId, rx: RingId) {
+        for r in [tx, rx] {
+            if let Some(r) = self.rings.get_mut(&r) {
+                r.chan = Some(k);
+            }
+        }
+    }
+
+    /// Open channels (`dedicated` mode).
+    pub fn channels(&self) -> usize {
+        self.chans.as_ref().map_or(0, |(_, _, p)| p.len())
+    }
+
+    /// The channels whose guests must be interrupted (their call eventfds).
+    pub fn take_channel_irqs(&mut self) -> Vec<u16> {
+        let mut v = std::mem::take(&mut self.chan_irqs);
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     fn inbound(&mut self, w: SignalWord) -> Option<Inbound> {
@@ -460,11 +636,16 @@ impl Sgf {
             sgf: name.to_string(),
             source,
         };
-        while let Some(&id) = self.pending.front() {
+        // Rings whose channel is full: pending again after this flush.
+        let mut deferred = Vec::new();
+        'rings: while let Some(&id) = self.pending.front() {
             let Some(r) = self.rings.get(&id) else {
                 self.pending.pop_front();
                 continue;
             };
+            let route = r
+                .chan
+                .filter(|k| self.chans.as_ref().is_some_and(|(_, _, p)| p.contains(*k)));
             let ptr_type = if r.role == RingRole::GuestProduces {
                 SignalType::Tail
             } else {
@@ -481,12 +662,20 @@ impl Sgf {
                 words.push((pend::CLOSED, Signal::new(SignalType::Closed, id, 0)));
             }
             for (bit, s) in words {
-                if !self
-                    .d2g
-                    .push(s.word())
-                    .map_err(|e| fifo_err(&self.name, e))?
-                {
+                let pushed = match (route, self.chans.as_mut()) {
+                    (Some(k), Some((_, _, p))) => p.push(k, s.word()),
+                    _ => self.d2g.push(s.word()),
+                }
+                .map_err(|e| fifo_err(&self.name, e))?;
+                if !pushed {
                     self.stats.d2g_full += 1;
+                    if route.is_some() {
+                        // Only this pipe's channel is full.
+                        self.pending.pop_front();
+                        deferred.push(id);
+                        continue 'rings;
+                    }
+                    self.pending.extend(deferred);
                     return self.finish_flush();
                 }
                 self.stats.signals_out += 1;
@@ -496,6 +685,7 @@ impl Sgf {
             }
             self.pending.pop_front();
         }
+        self.pending.extend(deferred);
         self.d2g
             .clear_backlog()
             .map_err(|e| fifo_err(&self.name, e))?;
@@ -503,10 +693,14 @@ impl Sgf {
     }
 
     fn finish_flush(&mut self) -> Result<bool, SgfError> {
-        let notify = self.d2g.flush().map_err(|source| SgfError::Fifo {
+        let err = |source| SgfError::Fifo {
             sgf: self.name.clone(),
             source,
-        })?;
+        };
+        if let Some((_, _, p)) = self.chans.as_mut() {
+            p.flush(&mut self.chan_irqs).map_err(err)?;
+        }
+        let notify = self.d2g.flush().map_err(err)?;
         let irq = notify || std::mem::take(&mut self.irq);
         if irq {
             self.stats.interrupts += 1;
@@ -515,7 +709,7 @@ impl Sgf {
     }
 
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty() || self.irq
+        !self.pending.is_empty() || self.irq || !self.chan_irqs.is_empty()
     }
 
     /// Takes the next control request (read once), if a whole one is there
@@ -612,6 +806,7 @@ impl Sgf {
                 code: 0,
                 dev_ptr: 0,
                 pend: 0,
+                chan: None,
             },
         );
         self.write_desc(id, RingState::Open, 0, 0);
@@ -621,6 +816,10 @@ impl Sgf {
     pub fn remove_ring(&mut self, id: RingId) -> Option<SgfRing> {
         let r = self.rings.remove(&id)?;
         self.ranges.remove(r.geom.base);
+        // A socket's channel goes with its TX ring (the socket id).
+        if let Some(k) = r.chan.filter(|_| id == r.sock) {
+            self.close_channel(k);
+        }
         self.write_desc(id, RingState::Free, 0, 0);
         Some(r)
     }

@@ -155,6 +155,31 @@ impl Drop for TestNic {
     }
 }
 
+/// The SG function of `sandbox` as the control API lists it.
+pub fn sg_of(c: &mut Client, sandbox: &str) -> VfInfo {
+    c.list()
+        .unwrap()
+        .into_iter()
+        .find(|v| v.kind == nic::control::DevKind::Sg && v.sandbox.as_deref() == Some(sandbox))
+        .expect("the sandbox has an SG function")
+}
+
+/// Lists until the SG function of `sandbox` satisfies `f` (10 s at most).
+pub fn wait_sg(c: &mut Client, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
+    let t0 = Instant::now();
+    loop {
+        let v = sg_of(c, sandbox);
+        if f(&v) {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "SGF of {sandbox} never {what}: {v:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Polls `get` on the daemon at `control` until the VF of `sandbox` satisfies `f`.
 pub fn wait_vf(control: &Path, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
     let mut c = Client::connect(control).unwrap();

@@ -200,12 +200,14 @@ pub struct LatencyArgs {
     #[arg(long, value_delimiter = ',', default_value = "32")]
     pub gen_budget: Vec<usize>,
     /// Signal planes compared: xfifo (SG functions, Cross-FIFO, one row per
-    /// --pipes count and budget), vf (VF pairs through the switch, one row
-    /// per --vfs count, one daemon each).
+    /// --pipes count and budget), dedicated (one signal channel and eventfd
+    /// pair per pipe, polled: the SR-IOV model; one row per --pipes count,
+    /// first budget), vf (VF pairs through the switch, one row per --vfs
+    /// count, one daemon each).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "xfifo,vf",
+        default_value = "xfifo,dedicated,vf",
         value_parser = choice::<Mode>(Mode::ALL.map(Mode::name))
     )]
     pub modes: Vec<Mode>,

@@ -70,7 +70,12 @@ impl SgFrontend {
                 size: mem_size,
             });
         }
-        let vu = VuFrontend::connect_mem(socket, FrontendMemory::new(mem_size, false)?)?;
+        // `dedicated` mode: one signal-only vring (kick + call) per channel.
+        let vu = VuFrontend::connect_channels(
+            socket,
+            FrontendMemory::new(mem_size, false)?,
+            cfg.channels as usize,
+        )?;
         let (base, size) = vu.mem().host();
         // SAFETY: the mapping belongs to `vu`, which the returned value owns
         // and drops after `drv` (field order); the view is used only by `drv`.
@@ -163,7 +168,15 @@ impl SgFrontend {
             let _ = self.vu.kick_fd(SIGNAL_Q).write(1);
             self.doorbells += 1;
         }
-        Ok(ring)
+        // `dedicated` mode: each channel that wants it gets its own doorbell.
+        let chans = self.drv.take_channel_kicks();
+        for &k in &chans {
+            if let Some((kick, _)) = self.vu.channel_fds(k as usize) {
+                let _ = kick.write(1);
+                self.doorbells += 1;
+            }
+        }
+        Ok(ring || !chans.is_empty())
     }
 
     /// Flushes, waits up to `timeout` for the interrupt, and runs the
@@ -171,11 +184,22 @@ impl SgFrontend {
     /// there). Returns whether an interrupt came.
     pub fn pump(&mut self, timeout: Duration) -> Result<bool, SgFrontendError> {
         self.flush()?;
-        let call = self.vu.call_fd(SIGNAL_Q);
-        let irq = wait_readable(&[eventfd_fd(call)], timeout)[0];
-        if irq {
-            let _ = call.read();
-            self.interrupts += 1;
+        // The Cross-FIFO's interrupt and, in `dedicated` mode, every channel's.
+        let calls: Vec<&vmm_sys_util::eventfd::EventFd> =
+            std::iter::once(self.vu.call_fd(SIGNAL_Q))
+                .chain((0..self.vu.channels()).filter_map(|k| self.vu.channel_fds(k).map(|c| &c.1)))
+                .collect();
+        let ready = wait_readable(
+            &calls.iter().map(|c| eventfd_fd(c)).collect::<Vec<_>>(),
+            timeout,
+        );
+        let mut irq = false;
+        for (c, r) in calls.iter().zip(ready) {
+            if r {
+                let _ = c.read();
+                self.interrupts += 1;
+                irq = true;
+            }
         }
         self.drv
             .interrupt()

@@ -38,6 +38,8 @@ pub const MAX_SGFS: usize = 256;
 pub static PROFILE: Profile = Profile {
     features: (1 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(),
     config: |_| Vec::new(),
+    // `dedicated` signal mode: one signal-only vring per pipe (docs/sgiov.md).
+    channels: sgiov::dedicated::MAX_CHANNELS,
 };
 
 /// The SG functions (SG-IOV) of `burstvm nic` (its `--sg*` flags).

@@ -28,6 +28,8 @@ use crate::port::{AtomicCounters, Port, VfHw};
 /// Queue indexes of the SGF (docs/sgiov.md §8).
 const SETUP_Q: usize = sgiov::layout::SETUP_QUEUE as usize;
 const SIGNAL_Q: usize = sgiov::layout::SIGNAL_QUEUE as usize;
+/// `dedicated` channel k is vring CHANNEL_Q + k (signal-only).
+const CHANNEL_Q: usize = 2;
 /// Longest sleep without an event (the stats are published at this pace).
 const IDLE: Duration = Duration::from_millis(100);
 /// Setup commands taken per kick.
@@ -40,6 +42,9 @@ struct Slot {
     mem: Option<Arc<VfMemory>>,
     setup: Option<Arc<EventFd>>,
     doorbell: Option<Arc<EventFd>>,
+    /// `dedicated` mode: the doorbells of the SGF's channels (vrings 2 + k),
+    /// one per pipe: the wait set grows with pipes here, by design.
+    chan_kicks: Vec<Arc<EventFd>>,
     sgf: Option<SgfId>,
     setup_errors: u64,
 }
@@ -69,6 +74,7 @@ impl SgLoop {
                     mem: None,
                     setup: None,
                     doorbell: None,
+                    chan_kicks: Vec::new(),
                     sgf: None,
                     setup_errors: 0,
                 })
@@ -109,6 +115,12 @@ impl SgLoop {
                         fds.push(eventfd_fd(k));
                         which.push((i, SIGNAL_Q));
                     }
+                    if s.sgf.is_some() {
+                        for (c, k) in s.chan_kicks.iter().enumerate() {
+                            fds.push(eventfd_fd(k));
+                            which.push((i, CHANNEL_Q + c));
+                        }
+                    }
                 }
                 wait_readable(&fds, timeout)
             };
@@ -121,20 +133,37 @@ impl SgLoop {
             if ready[2] {
                 let _ = self.dev.engine().completions().eventfd().read();
             }
-            self.refresh();
+            // Doorbells per slot (Cross-FIFO and channels), as of before the
+            // refresh: a slot whose session changed is looked at again.
+            let mut doorbells = vec![0u64; self.slots.len()];
             for (k, &(i, q)) in which.iter().enumerate() {
                 if !ready[3 + k] {
                     continue;
                 }
                 let s = &self.slots[i];
-                let kick = if q == SETUP_Q { &s.setup } else { &s.doorbell };
+                let kick = match q {
+                    SETUP_Q => s.setup.as_ref(),
+                    SIGNAL_Q => s.doorbell.as_ref(),
+                    c => s.chan_kicks.get(c - CHANNEL_Q),
+                };
                 if let Some(k) = kick {
                     let _ = k.read();
                 }
-                if q == SETUP_Q {
+                if q != SETUP_Q {
+                    doorbells[i] += 1;
+                }
+            }
+            self.refresh();
+            for (k, &(i, q)) in which.iter().enumerate() {
+                if ready[3 + k] && q == SETUP_Q {
                     self.setup(i);
-                } else if let Some(id) = self.slots[i].sgf {
-                    self.dev.kick(id);
+                }
+            }
+            for (i, &n) in doorbells.iter().enumerate() {
+                // One consume round serves every doorbell of the SGF (in
+                // `dedicated` mode it polls all of its channels).
+                if let (true, Some(id)) = (n > 0, self.slots[i].sgf) {
+                    self.dev.kicks(id, n);
                 }
             }
             for id in self.dev.poll() {
@@ -142,6 +171,7 @@ impl SgLoop {
                     s.port.runtime().vrings[SIGNAL_Q].signal();
                 }
             }
+            self.channel_interrupts();
             if busy {
                 let q = self.dev.engine().stats().sched;
                 let depth = q.enqueued.saturating_sub(q.dispatched + q.cancelled);
@@ -160,6 +190,24 @@ impl SgLoop {
         tracing::info!("PF {}: SG device stopped", self.pf);
     }
 
+    /// Raises the call eventfds of the channels (`dedicated` mode) the
+    /// device asked for, one runtime lock per SGF.
+    fn channel_interrupts(&mut self) {
+        let mut irqs = self.dev.take_channel_irqs();
+        irqs.sort_unstable();
+        for per_sgf in irqs.chunk_by(|a, b| a.0 == b.0) {
+            let id = per_sgf[0].0;
+            if let Some(s) = self.slots.iter().find(|s| s.sgf == Some(id)) {
+                let rt = s.port.runtime();
+                for &(_, k) in per_sgf {
+                    if let Some(c) = rt.channels.get(k as usize) {
+                        c.signal();
+                    }
+                }
+            }
+        }
+    }
+
     /// Picks up session changes: a new or dropped memory table, kick fds,
     /// a closed or failed slot (which detaches its SGF).
     fn refresh(&mut self) {
@@ -170,13 +218,18 @@ impl SgLoop {
                 continue;
             }
             self.slots[i].seen = g;
-            let (mem, setup, doorbell) = {
+            let (mem, setup, doorbell, chan_kicks) = {
                 let rt = port.runtime();
                 let active = rt.active && !rt.failed;
                 (
                     rt.mem.clone().filter(|_| active),
                     rt.vrings[SETUP_Q].kick.clone().filter(|_| active),
                     rt.vrings[SIGNAL_Q].kick.clone().filter(|_| active),
+                    rt.channels
+                        .iter()
+                        .filter(|c| active && c.enabled)
+                        .filter_map(|c| c.kick.clone())
+                        .collect(),
                 )
             };
             let slot = &self.slots[i];
@@ -191,6 +244,7 @@ impl SgLoop {
             let has_setup = setup.is_some();
             slot.setup = setup;
             slot.doorbell = doorbell;
+            slot.chan_kicks = chan_kicks;
             if slot.sgf.is_none() {
                 slot.mem = None;
             }
@@ -308,10 +362,14 @@ impl SgLoop {
                 }
                 let view = Arc::new(SgMemory::new(format!("SGF {}", port.id), mem.clone()));
                 // A tenant is a sandbox: the slot stands for it (DRF).
-                match self
-                    .dev
-                    .attach(&port.id, super::tenant_of(i), view, cmd.area_gpa)
-                {
+                match self.dev.attach_channels(
+                    &port.id,
+                    super::tenant_of(i),
+                    view,
+                    cmd.area_gpa,
+                    cmd.chan_gpa,
+                    cmd.chan_entries,
+                ) {
                     Ok(id) => {
                         tracing::info!("SGF {}: attached area {:#x}", port.id, cmd.area_gpa);
                         self.slots[i].sgf = Some(id);

@@ -75,6 +75,51 @@ impl Device {
         if slot.sockets.len() >= limits::MAX_SOCKETS_PER_SGF {
             return Err(ErrorCode::NoSpace);
         }
+        // `dedicated` mode: the socket's own channel, released again if the
+        // rings are refused.
+        let chan = m.chan.checked_sub(1).map(u16::from);
+        if let Some(k) = chan {
+            sgf.open_channel(k, tx, rx)?;
+        }
+        let r = Self::open_rings(sgf, tx, rx);
+        let geoms = match (r, chan) {
+            (Ok(g), _) => g,
+            (Err(e), Some(k)) => {
+                sgf.close_channel(k);
+                return Err(e);
+            }
+            (Err(e), None) => return Err(e),
+        };
+        for (r, role, g, label) in geoms {
+            let view = RingView::new(sgf.mem.clone(), g);
+            let k = self
+                .engine
+                .add_ring(view, label, ((id as u64) << 16) | r as u64);
+            sgf.add_ring(r, role, g, k, tx);
+        }
+        if let Some(k) = chan {
+            sgf.bind_channel(k, tx, rx);
+        }
+        slot.sockets.insert(
+            tx,
+            Socket {
+                tx,
+                rx,
+                prio: m.prio.min(crate::sched::PRIO_LEVELS - 1),
+                state: SockState::Open,
+            },
+        );
+        Ok(())
+    }
+
+    /// OPEN's checks of the two ring descriptors (read once): in guest
+    /// memory, overlapping nothing, prepared for device writes.
+    #[allow(clippy::type_complexity)]
+    fn open_rings(
+        sgf: &mut Sgf,
+        tx: RingId,
+        rx: RingId,
+    ) -> Result<Vec<(RingId, RingRole, RingGeom, String)>, ErrorCode> {
         let mut geoms = Vec::with_capacity(2);
         for (r, role) in [
             (tx, RingRole::GuestProduces),
@@ -103,23 +148,7 @@ impl Device {
                 return Err(ErrorCode::Memory);
             }
         }
-        for (r, role, g, label) in geoms {
-            let view = RingView::new(sgf.mem.clone(), g);
-            let k = self
-                .engine
-                .add_ring(view, label, ((id as u64) << 16) | r as u64);
-            sgf.add_ring(r, role, g, k, tx);
-        }
-        slot.sockets.insert(
-            tx,
-            Socket {
-                tx,
-                rx,
-                prio: m.prio.min(crate::sched::PRIO_LEVELS - 1),
-                state: SockState::Open,
-            },
-        );
-        Ok(())
+        Ok(geoms)
     }
 
     pub(super) fn listen(&mut self, id: SgfId, m: &CtrlMsg) -> Result<(), ErrorCode> {

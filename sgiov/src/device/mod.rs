@@ -241,7 +241,25 @@ impl Device {
         mem: Arc<dyn Memory>,
         gpa: u64,
     ) -> Result<SgfId, DeviceError> {
-        let sgf = Sgf::attach(name, tenant, mem, gpa)?;
+        self.attach_channels(name, tenant, mem, gpa, 0, 0)
+    }
+
+    /// [`Device::attach`] in `dedicated` signal mode when `chan_entries` is
+    /// not 0: sockets may then open their own signal channel in the array
+    /// at `chan_gpa` (see [`crate::dedicated`]).
+    pub fn attach_channels(
+        &mut self,
+        name: &str,
+        tenant: u32,
+        mem: Arc<dyn Memory>,
+        gpa: u64,
+        chan_gpa: u64,
+        chan_entries: u32,
+    ) -> Result<SgfId, DeviceError> {
+        let mut sgf = Sgf::attach(name, tenant, mem, gpa)?;
+        if chan_entries != 0 {
+            sgf.enable_channels(chan_gpa, chan_entries)?;
+        }
         Ok(self.sgfs.insert(SgfSlot {
             sgf,
             sockets: HashMap::new(),
@@ -333,10 +351,31 @@ impl Device {
 
     /// The guest rang the doorbell of `id`: consume its signals.
     pub fn kick(&mut self, id: SgfId) {
+        self.kicks(id, 1);
+    }
+
+    /// `n` doorbells of `id` rang (its Cross-FIFO's and its channels'):
+    /// one consume round serves them all (it polls every channel).
+    pub fn kicks(&mut self, id: SgfId, n: u64) {
         if let Some(s) = self.sgfs.get_mut(id as usize) {
-            s.sgf.stats.kicks += 1;
+            s.sgf.stats.kicks += n;
         }
         self.consume(id);
+    }
+
+    /// The channels (`dedicated` mode) whose guests must be interrupted,
+    /// after [`Device::poll`].
+    pub fn take_channel_irqs(&mut self) -> Vec<(SgfId, u16)> {
+        let mut out = Vec::new();
+        for (id, s) in self.sgfs.iter_mut() {
+            out.extend(
+                s.sgf
+                    .take_channel_irqs()
+                    .into_iter()
+                    .map(|k| (id as SgfId, k)),
+            );
+        }
+        out
     }
 
     fn consume(&mut self, id: SgfId) {

@@ -65,6 +65,11 @@ pub fn device(workers: usize) -> Dev {
 }
 
 pub fn guest(dev: &mut Dev, name: &str, tenant: u32) -> Guest {
+    guest_cfg(dev, name, tenant, DriverConfig::default())
+}
+
+/// [`guest`] with a driver configuration (e.g. `dedicated` channels).
+pub fn guest_cfg(dev: &mut Dev, name: &str, tenant: u32, cfg: DriverConfig) -> Guest {
     let (gview, file) = GuestMem::memfd(name, 0, MEM).unwrap();
     let prepared = Arc::new(AtomicU64::new(0));
     let p = prepared.clone();
@@ -83,16 +88,17 @@ pub fn guest(dev: &mut Dev, name: &str, tenant: u32) -> Guest {
         Some(hook),
     );
     let guest_view: Arc<dyn Memory> = Arc::new(gview);
-    let (drv, setup) = Driver::new(
-        guest_view.clone(),
-        AREA,
-        HEAP,
-        (MEM as u64) - HEAP,
-        DriverConfig::default(),
-    )
-    .unwrap();
+    let (drv, setup) =
+        Driver::new(guest_view.clone(), AREA, HEAP, (MEM as u64) - HEAP, cfg).unwrap();
     let sgf = dev
-        .attach(name, tenant, Arc::new(dview), setup.area_gpa)
+        .attach_channels(
+            name,
+            tenant,
+            Arc::new(dview),
+            setup.area_gpa,
+            setup.chan_gpa,
+            setup.chan_entries,
+        )
         .unwrap();
     Guest {
         drv,
@@ -106,14 +112,21 @@ pub fn guest(dev: &mut Dev, name: &str, tenant: u32) -> Guest {
 /// One round of the transport: doorbells, the device's poll, interrupts.
 pub fn pump(dev: &mut Dev, gs: &mut [&mut Guest]) {
     for g in gs.iter_mut() {
-        if g.drv.flush().unwrap() {
-            dev.d.kick(g.sgf);
+        // The Cross-FIFO's doorbell and those of `dedicated` channels.
+        let n = u64::from(g.drv.flush().unwrap()) + g.drv.take_channel_kicks().len() as u64;
+        if n > 0 {
+            dev.d.kicks(g.sgf, n);
         }
     }
-    let mut irq = dev.d.poll();
+    let poll = |d: &mut Device| {
+        let mut irq = d.poll();
+        irq.extend(d.take_channel_irqs().into_iter().map(|(s, _)| s));
+        irq
+    };
+    let mut irq = poll(&mut dev.d);
     if irq.is_empty() {
         dev.d.engine().wait(Duration::from_millis(1));
-        irq = dev.d.poll();
+        irq = poll(&mut dev.d);
     }
     dev.irq.extend(irq);
     for g in gs.iter_mut() {

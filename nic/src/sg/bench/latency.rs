@@ -12,8 +12,8 @@ use sgiov::sched::Policy;
 use sgiov::signal::RingId;
 
 use super::{
-    attach, join_load, median, open_echo_pipes, pf_lat, settle, signals_and_kicks, start_load,
-    BenchSgError, CommonConfig, Daemon, Flags, T,
+    attach_channels, join_load, load_sgfs, median, open_echo_pipes, pf_lat, settle,
+    signals_and_kicks, start_load, BenchSgError, CommonConfig, Daemon, Flags, Signals, T,
 };
 use crate::control::Client;
 use crate::sg::frontend::SgFrontend;
@@ -39,8 +39,10 @@ pub struct LatencyConfig {
     /// of the same budget).
     pub gen_budget: Vec<usize>,
     /// Signal planes compared: xfifo (SG functions, Cross-FIFO, one row per
-    /// --pipes count and budget), vf (VF pairs through the switch, one row
-    /// per --vfs count, one daemon each).
+    /// --pipes count and budget), dedicated (one signal channel and eventfd
+    /// pair per pipe, polled: the SR-IOV model; one row per --pipes count,
+    /// first budget), vf (VF pairs through the switch, one row per --vfs
+    /// count, one daemon each).
     pub modes: Vec<Mode>,
     /// VF counts of the vf mode (2..256: the pinging pair, the rest backlogged).
     pub vfs: Vec<usize>,
@@ -67,15 +69,17 @@ impl Default for LatencyConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Xfifo,
+    Dedicated,
     Vf,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 2] = [Mode::Xfifo, Mode::Vf];
+    pub const ALL: [Mode; 3] = [Mode::Xfifo, Mode::Dedicated, Mode::Vf];
 
     pub fn name(self) -> &'static str {
         match self {
             Mode::Xfifo => "xfifo",
+            Mode::Dedicated => "dedicated",
             Mode::Vf => "vf",
         }
     }
@@ -93,7 +97,7 @@ impl std::str::FromStr for Mode {
         Self::ALL
             .into_iter()
             .find(|m| m.name() == s)
-            .ok_or_else(|| format!("unknown latency mode {s:?} (xfifo, vf)"))
+            .ok_or_else(|| format!("unknown latency mode {s:?} (xfifo, dedicated, vf)"))
     }
 }
 
@@ -133,6 +137,9 @@ pub struct LatencyRow {
     /// Involuntary context switches of the daemon's SG thread during the
     /// pings (the CPU taken away from it mid-round).
     pub sg_preempted: u64,
+    /// Channels the daemon polled per doorbell (`dedicated` rows; 0 for
+    /// the others): the O(pipes) scan of the SR-IOV model.
+    pub scanned_per_kick: f64,
 }
 
 pub fn run(a: &LatencyConfig) -> Result<Vec<LatencyRow>, BenchSgError> {
@@ -149,11 +156,20 @@ pub fn run(a: &LatencyConfig) -> Result<Vec<LatencyRow>, BenchSgError> {
     } else {
         &[]
     };
-    for &budget in budgets {
+    let mut runs: Vec<(Signals, usize)> = budgets.iter().map(|&b| (Signals::Xfifo, b)).collect();
+    if a.modes.contains(&Mode::Dedicated) {
+        runs.push((
+            Signals::Dedicated,
+            a.gen_budget.first().copied().unwrap_or(32),
+        ));
+    }
+    for (signals, budget) in runs {
+        let max = a.pipes.iter().max().copied().unwrap_or(1);
+        let sgfs = load_sgfs(max.saturating_sub(1).max(1), a.common.threads, signals) + 1;
         let d = Daemon::spawn_with(
             &a.common.bin()?,
             &a.common.dir("latency"),
-            a.common.threads + 1,
+            sgfs,
             &a.policy.to_string(),
             a.common.workers,
             &["--sg-gen-budget".into(), budget.to_string()],
@@ -162,7 +178,7 @@ pub fn run(a: &LatencyConfig) -> Result<Vec<LatencyRow>, BenchSgError> {
         let idle_fds = d.idle_fds(&mut c)?;
         let first = rows.len();
         for &n in &a.pipes {
-            let mut row = one(a, &d, &mut c, n)?;
+            let mut row = one(a, &d, &mut c, n, signals)?;
             settle(&d, &mut c, idle_fds)?;
             row.idle_fds = idle_fds;
             row.gen_budget = budget;
@@ -191,6 +207,7 @@ fn one(
     d: &Daemon,
     c: &mut Client,
     n: usize,
+    signals: Signals,
 ) -> Result<LatencyRow, BenchSgError> {
     let ring = a.common.ring;
     let flags = Arc::new(Flags::default());
@@ -203,12 +220,17 @@ fn one(
             ring,
             7,
             &flags,
+            signals,
         )?
     } else {
         Vec::new()
     };
+    let (mode, channels) = match signals {
+        Signals::Xfifo => ("xfifo", 0),
+        Signals::Dedicated => ("dedicated", 1),
+    };
     let r = (|| {
-        let (_, mut fe) = attach(c, &format!("lat{n}-ping"), 1, ring)?;
+        let (_, mut fe) = attach_channels(c, &format!("lat{n}-ping"), 1, ring, channels)?;
         let sock = open_echo_pipes(&mut fe, 1, ring, 0)?[0];
         let pat: Vec<u8> = (0..a.size).map(|i| (i * 7 + n) as u8).collect();
         let mut buf = vec![0u8; a.size];
@@ -229,12 +251,13 @@ fn one(
         // The daemon publishes its counters every 100 ms.
         std::thread::sleep(Duration::from_millis(150));
         let (sig, kicks) = signals_and_kicks(c)?;
+        let scanned = channels_scanned(c)?;
         let lat = pf_lat(c)?;
         let round = lat.round_us.since(&lat0.round_us);
         let pick = |h: &sgiov::lat::Hist, e: &sgiov::lat::Hist| h.since(e).quantile(0.99);
         Ok::<_, BenchSgError>(LatencyRow {
             pipes: n,
-            mode: "xfifo",
+            mode,
             gen_budget: 0,
             p50_us,
             p99_us,
@@ -253,12 +276,21 @@ fn one(
             queue_depth_p99: pick(&lat.queue_depth, &lat0.queue_depth),
             prio_inline: lat.prio.prio_inline - lat0.prio.prio_inline,
             sg_preempted,
+            scanned_per_kick: scanned as f64 / kicks.max(1) as f64,
         })
     })();
     let shards = join_load(&flags, load);
     let mut row = r?;
     row.backlog_bytes = shards?.iter().flat_map(|s| &s.per_pipe).sum();
     Ok(row)
+}
+
+/// Channels polled so far over every SG function of the daemon.
+fn channels_scanned(c: &mut Client) -> Result<u64, BenchSgError> {
+    Ok(super::list_sg(c)?
+        .iter()
+        .map(|v| v.sg.unwrap_or_default().sgf.chan_scanned)
+        .sum())
 }
 
 /// `--reps` times `--samples` round trips of `ping`: the medians over the
@@ -334,7 +366,7 @@ pub fn run_cli(a: &LatencyConfig) -> Result<(), BenchSgError> {
         a.size, a.common.threads, a.policy, a.common.workers, a.samples, a.reps
     );
     println!(
-        "{:>6} {:>6} {:>6} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7}",
+        "{:>6} {:>6} {:>6} {:>9} {:>9} {:>7} {:>7} {:>6} {:>6} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7} {:>9}",
         "pipes",
         "mode",
         "budget",
@@ -353,12 +385,13 @@ pub fn run_cli(a: &LatencyConfig) -> Result<(), BenchSgError> {
         "ahead99",
         "depth99",
         "inline",
-        "preempt"
+        "preempt",
+        "scan/kick"
     );
     let rows = run(a)?;
     for r in &rows {
         println!(
-            "{:>6} {:>6} {:>6} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6} {:>6} {:>8.1} {:>7.1} {:>10.1} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7}",
+            "{:>6} {:>6} {:>6} {:>9.1} {:>9.1} {:>7.2} {:>7.2} {:>6} {:>6} {:>8.1} {:>7.1} {:>10.1} {:>9} {:>9} {:>9} {:>7} {:>7} {:>6} {:>7} {:>9.1}",
             r.pipes,
             r.mode,
             r.gen_budget,
@@ -377,7 +410,8 @@ pub fn run_cli(a: &LatencyConfig) -> Result<(), BenchSgError> {
             r.prio_ahead_p99,
             r.queue_depth_p99,
             r.prio_inline,
-            r.sg_preempted
+            r.sg_preempted,
+            r.scanned_per_kick
         );
     }
     println!(
@@ -393,6 +427,15 @@ pub fn run_cli(a: &LatencyConfig) -> Result<(), BenchSgError> {
          1514-byte frames to the next one in poll mode; budget, sig/kick and the SG counters do \
          not apply (0); preempt: involuntary context switches of the dataplane thread dp-pf0",
         1500
+    );
+    println!(
+        "dedicated rows: every pipe has its own signal channel (two FIFOs in its guest's memory) \
+         and its own kick/call eventfd pair (vrings 2+k of its SGF's vhost-user session, at most \
+         {} per SGF: the pipes shard over ceil(n/{}) SGFs as SR-IOV's over VFs); the daemon polls \
+         every channel of an SGF on each of its doorbells (scan/kick: channels polled per \
+         doorbell); control messages stay on the Cross-FIFO",
+        sgiov::dedicated::MAX_CHANNELS,
+        sgiov::dedicated::MAX_CHANNELS
     );
     println!(
         "round99/roundmax: the daemon's SG thread round (doorbells, completions, bounded job \

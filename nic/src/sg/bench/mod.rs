@@ -23,6 +23,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sgiov::dedicated::MAX_CHANNELS;
 use sgiov::driver::{DriverConfig, DriverError};
 use sgiov::layout::{PathKind, Transform};
 use sgiov::signal::RingId;
@@ -354,6 +355,19 @@ pub fn attach(
     pipes: usize,
     ring: u32,
 ) -> Result<(VfInfo, SgFrontend), BenchSgError> {
+    attach_channels(c, sandbox, pipes, ring, 0)
+}
+
+/// [`attach`] in `dedicated` signal mode when `channels` > 0: that many
+/// sockets get their own signal channel (vring 2 + k, at most
+/// [`MAX_CHANNELS`]).
+pub fn attach_channels(
+    c: &mut Client,
+    sandbox: &str,
+    pipes: usize,
+    ring: u32,
+    channels: usize,
+) -> Result<(VfInfo, SgFrontend), BenchSgError> {
     let info = c
         .alloc_sg("pf0", sandbox)
         .map_err(|source| BenchSgError::Control {
@@ -363,7 +377,10 @@ pub fn attach(
     let fe = SgFrontend::connect(
         &info.socket,
         frontend_mem(pipes, ring),
-        driver_config(pipes),
+        DriverConfig {
+            channels: channels.min(MAX_CHANNELS) as u32,
+            ..driver_config(pipes)
+        },
     )
     .map_err(|source| BenchSgError::Frontend {
         what: format!("attach {}", info.id),
@@ -524,9 +541,39 @@ pub struct Flags {
     pub stop: AtomicBool,
 }
 
+/// Signal mode of a load: Cross-FIFO, or `dedicated` (one channel per pipe).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signals {
+    Xfifo,
+    Dedicated,
+}
+
+/// Pipes of load shard `k` of `threads` over `pipes`.
+fn share(pipes: usize, threads: usize, k: usize) -> usize {
+    pipes / threads + usize::from(k < pipes % threads)
+}
+
+/// SG functions a load of `pipes` over `threads` shards takes: one per
+/// shard over the Cross-FIFO; in `dedicated` mode one per
+/// [`MAX_CHANNELS`] pipes of a shard (the vhost-user vring index is 8 bits:
+/// the pipes shard over SGFs as SR-IOV's over VFs).
+pub fn load_sgfs(pipes: usize, threads: usize, signals: Signals) -> usize {
+    let threads = threads.min(pipes).max(1);
+    (0..threads)
+        .map(|k| match signals {
+            Signals::Xfifo => 1,
+            Signals::Dedicated => share(pipes, threads, k).div_ceil(MAX_CHANNELS).max(1),
+        })
+        .sum()
+}
+
 /// Starts `threads` shards over `pipes` backlogged echo pipes (priority
 /// `prio`), SG functions of sandboxes `<prefix>-<k>`; returns once every
-/// pipe is open. The handles return each shard's counts after `stop`.
+/// pipe is open. The handles return each shard's counts after `stop`. In
+/// `dedicated` mode a shard's pipes spread over SG functions
+/// `<prefix>-<k>-<j>` of at most [`MAX_CHANNELS`] pipes each, every pipe
+/// with its own channel (one thread still drives all of a shard's SGFs).
+#[allow(clippy::too_many_arguments)]
 pub fn start_load(
     control: &Path,
     prefix: &str,
@@ -535,14 +582,15 @@ pub fn start_load(
     ring: u32,
     prio: u8,
     flags: &Arc<Flags>,
+    signals: Signals,
 ) -> Result<Vec<std::thread::JoinHandle<Result<ShardResult, BenchSgError>>>, BenchSgError> {
     let threads = threads.min(pipes).max(1);
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let mut handles = Vec::new();
     for k in 0..threads {
-        let n = pipes / threads + usize::from(k < pipes % threads);
+        let n = share(pipes, threads, k);
         let (control, flags, ready) = (control.to_path_buf(), flags.clone(), ready_tx.clone());
-        let sandbox = format!("{prefix}-{k}");
+        let prefix = format!("{prefix}-{k}");
         let h = std::thread::Builder::new()
             .name(format!("sg-load-{k}"))
             .spawn(move || {
@@ -552,11 +600,27 @@ pub fn start_load(
                             what: "connect".into(),
                             source: Box::new(source),
                         })?;
-                    let (_, mut fe) = attach(&mut c, &sandbox, n, ring)?;
-                    let socks = open_echo_pipes(&mut fe, n, ring, prio)?;
-                    Ok::<_, BenchSgError>((fe, socks))
+                    let mut fes = Vec::new();
+                    match signals {
+                        Signals::Xfifo => {
+                            let (_, mut fe) = attach(&mut c, &prefix, n, ring)?;
+                            let socks = open_echo_pipes(&mut fe, n, ring, prio)?;
+                            fes.push((fe, socks));
+                        }
+                        Signals::Dedicated => {
+                            let sgfs = n.div_ceil(MAX_CHANNELS).max(1);
+                            for j in 0..sgfs {
+                                let m = share(n, sgfs, j);
+                                let sandbox = format!("{prefix}-{j}");
+                                let (_, mut fe) = attach_channels(&mut c, &sandbox, m, ring, m)?;
+                                let socks = open_echo_pipes(&mut fe, m, ring, prio)?;
+                                fes.push((fe, socks));
+                            }
+                        }
+                    }
+                    Ok::<_, BenchSgError>(fes)
                 })();
-                let (mut fe, socks) = match opened {
+                let mut fes = match opened {
                     Ok(x) => {
                         let _ = ready.send(Ok(()));
                         x
@@ -566,7 +630,7 @@ pub fn start_load(
                         return Err(e);
                     }
                 };
-                let r = drive(&mut fe, &socks, &flags);
+                let r = drive(&mut fes, &flags);
                 flags.stop.store(true, Ordering::Relaxed);
                 r
             })
@@ -593,39 +657,54 @@ pub fn start_load(
 }
 
 /// The loop of a load shard: keeps every pipe's TX ring full and drains its
-/// RX ring, doorbell and interrupt through the Cross-FIFO, until `stop`.
+/// RX ring, doorbells and interrupts through each SG function's signal
+/// plane, until `stop`.
 fn drive(
-    fe: &mut SgFrontend,
-    socks: &[RingId],
+    fes: &mut [(SgFrontend, Vec<RingId>)],
     flags: &Flags,
 ) -> Result<ShardResult, BenchSgError> {
-    let mut pipes: Vec<Pipe> = socks.iter().map(|&s| Pipe::new(s)).collect();
+    let mut pipes: Vec<Vec<Pipe>> = fes
+        .iter()
+        .map(|(_, socks)| socks.iter().map(|&s| Pipe::new(s)).collect())
+        .collect();
     let mut buf = vec![0u8; PAT];
-    let (mut db0, mut irq0) = (fe.doorbells, fe.interrupts);
+    let counts = |fes: &[(SgFrontend, Vec<RingId>)]| {
+        fes.iter().fold((0, 0), |(d, i), (fe, _)| {
+            (d + fe.doorbells, i + fe.interrupts)
+        })
+    };
+    let (mut db0, mut irq0) = counts(fes);
     let mut counting = false;
     while !flags.stop.load(Ordering::Relaxed) {
         if !counting && flags.go.load(Ordering::Relaxed) {
             counting = true;
-            (db0, irq0) = (fe.doorbells, fe.interrupts);
+            (db0, irq0) = counts(fes);
         }
         let mut moved = false;
-        for p in &mut pipes {
-            moved |= p.step(fe, &mut buf, counting)?;
+        for ((fe, _), pipes) in fes.iter_mut().zip(&mut pipes) {
+            for p in pipes.iter_mut() {
+                moved |= p.step(fe, &mut buf, counting)?;
+            }
         }
-        let wait = if moved {
-            Duration::ZERO
-        } else {
-            Duration::from_millis(1)
-        };
-        fe.pump(wait).map_err(|source| BenchSgError::Frontend {
-            what: "pump".into(),
-            source: Box::new(source),
-        })?;
+        // Idle: the first SGF waits (briefly) for its interrupts, the
+        // others are only drained.
+        for (i, (fe, _)) in fes.iter_mut().enumerate() {
+            let wait = if moved || i > 0 {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(1)
+            };
+            fe.pump(wait).map_err(|source| BenchSgError::Frontend {
+                what: "pump".into(),
+                source: Box::new(source),
+            })?;
+        }
     }
+    let (db, irq) = counts(fes);
     Ok(ShardResult {
-        per_pipe: pipes.iter().map(|p| p.counted).collect(),
-        doorbells: fe.doorbells - db0,
-        interrupts: fe.interrupts - irq0,
+        per_pipe: pipes.iter().flatten().map(|p| p.counted).collect(),
+        doorbells: db - db0,
+        interrupts: irq - irq0,
     })
 }
 

@@ -118,6 +118,7 @@ fn one(
             a.common.ring,
             4,
             &flags,
+            super::Signals::Xfifo,
         )?;
         // Warm up (rings full, executor busy) before counting.
         std::thread::sleep(Duration::from_millis(100));
