@@ -11,8 +11,6 @@ use common::{sg_of, wait_sg, TestNic};
 use nic::control::{DevKind, VfInfo};
 use nic::devset::VfState;
 use nic::sg::frontend::SgFrontend;
-use nic::sg::SgConfig;
-use nic::LockPolicy;
 use sgiov::driver::DriverConfig;
 use sgiov::layout::{PathKind, Transform};
 
@@ -20,16 +18,7 @@ const MEM: usize = 64 << 20;
 const T: Duration = Duration::from_secs(10);
 
 fn start(name: &str, sgfs: usize) -> TestNic {
-    TestNic::start_with(
-        name,
-        2,
-        None,
-        LockPolicy::Hierarchical,
-        SgConfig {
-            sgfs,
-            ..Default::default()
-        },
-    )
+    TestNic::start_sg(name, 2, sgfs)
 }
 
 /// Opens `n` echo sockets and checks one message through each.

@@ -11,8 +11,6 @@ use std::time::{Duration, Instant};
 use common::{wait_sg, TestNic};
 use nic::devset::VfState;
 use nic::sg::frontend::SgFrontend;
-use nic::sg::SgConfig;
-use nic::LockPolicy;
 use sgiov::driver::DriverConfig;
 use sgiov::layout::{PathKind, Transform};
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
@@ -42,16 +40,7 @@ fn bare(socket: &std::path::Path) -> Frontend {
 
 #[test]
 fn dedicated_channels_are_signal_only_and_their_fds_come_back() {
-    let nic = TestNic::start_with(
-        "sg-ded",
-        1,
-        None,
-        LockPolicy::Hierarchical,
-        SgConfig {
-            sgfs: 1,
-            ..Default::default()
-        },
-    );
+    let nic = TestNic::start_sg("sg-ded", 1, 1);
     let mut c = nic.client();
     let info = c.alloc_sg("pf0", "sb-ded").unwrap();
 

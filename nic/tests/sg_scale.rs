@@ -9,8 +9,6 @@ use std::time::{Duration, Instant};
 
 use common::TestNic;
 use nic::sg::frontend::SgFrontend;
-use nic::sg::SgConfig;
-use nic::LockPolicy;
 use sgiov::driver::DriverConfig;
 use sgiov::layout::{PathKind, Transform};
 
@@ -20,16 +18,7 @@ fn count(dir: &str) -> usize {
 
 #[test]
 fn four_thousand_pipes_with_a_constant_daemon_fd_count() {
-    let nic = TestNic::start_with(
-        "sg-4096",
-        1,
-        None,
-        LockPolicy::Hierarchical,
-        SgConfig {
-            sgfs: 1,
-            ..Default::default()
-        },
-    );
+    let nic = TestNic::start_sg("sg-4096", 1, 1);
     let mut c = nic.client();
     let info = c.alloc_sg("pf0", "sb-4096").unwrap();
     let t = Duration::from_secs(30);

@@ -51,6 +51,16 @@ impl TestNic {
         Self::start_full(name, vfs, uplink, policy, vec![], sg)
     }
 
+    /// As `start` (hierarchical locks, no uplink), with `sgfs` SG functions
+    /// per PF and the SG defaults.
+    pub fn start_sg(name: &str, vfs: usize, sgfs: usize) -> TestNic {
+        let sg = nic::sg::SgConfig {
+            sgfs,
+            ..Default::default()
+        };
+        Self::start_with(name, vfs, None, LockPolicy::Hierarchical, sg)
+    }
+
     pub fn start_full(
         name: &str,
         vfs: usize,
