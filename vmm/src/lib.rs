@@ -8,6 +8,7 @@ pub mod args;
 mod bootinfo;
 mod builder;
 pub mod bus;
+mod config;
 mod devices;
 mod error;
 mod events;
