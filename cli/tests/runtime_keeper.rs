@@ -10,10 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-use runtime::{Runtime, RuntimeConfig, Sandbox, SandboxSpec, Variant};
+use runtime::{Sandbox, SandboxSpec, Variant};
 
 mod cli_common;
-use cli_common::{BIN, CNI_BIN};
+use cli_common::networked_runtime;
 
 /// Runs `f` on a thread, returns its result once the thread is gone entirely
 /// (not only joined: out of /proc/self/task, so a PDEATHSIG it caused was sent).
@@ -48,23 +48,7 @@ fn running(pid: u32) -> bool {
 
 #[test]
 fn a_sandbox_and_the_nic_daemon_outlive_the_threads_that_started_them() {
-    let cni_dir = std::path::Path::new(CNI_BIN).parent().unwrap();
-    std::env::set_var("CNI_PATH", format!("{}:/opt/cni/bin", cni_dir.display()));
-    let rt = Runtime::new(RuntimeConfig {
-        bin: BIN.into(),
-        trace_path: None,
-        vfs: 1,
-        network: true,
-        cgroup_pool: 0,
-        cgroup_limits: runtime::cgroup::Limits {
-            memory_bytes: 64 << 20,
-            cpus: 1.0,
-        },
-        rootfs_layer_bytes: None,
-        net_pool: 0,
-        sgfs: 0,
-    })
-    .unwrap();
+    let rt = networked_runtime(0);
     on_a_thread_that_ends(|| rt.prepare_variant(Variant::Fastiov)).unwrap();
     let nic = rt.nic_pid().expect("NIC daemon started");
     let spec = SandboxSpec {

@@ -17,10 +17,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nic::control::{DevKind, VfInfo};
-use runtime::{Runtime, RuntimeConfig, Sandbox, SandboxSpec, SgSpec, Variant};
+use runtime::{Runtime, Sandbox, SandboxSpec, SgSpec, Variant};
 
 mod cli_common;
-use cli_common::{burstvm, text, BIN, CNI_BIN};
+use cli_common::{burstvm, networked_runtime, text};
 
 /// Both tests boot VMs on a 2-core machine: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -84,24 +84,7 @@ fn wait_sg_devices(rt: &Runtime, what: &str, ok: impl Fn(&[VfInfo]) -> bool) -> 
 #[test]
 fn two_sg_sandboxes_at_once_each_see_only_their_own_pipes_and_free_their_sgf() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    // The runtime finds burstvm-cni next to the binary or on CNI_PATH.
-    let cni_dir = std::path::Path::new(CNI_BIN).parent().unwrap();
-    std::env::set_var("CNI_PATH", format!("{}:/opt/cni/bin", cni_dir.display()));
-    let rt = Runtime::new(RuntimeConfig {
-        bin: BIN.into(),
-        trace_path: None,
-        vfs: 1,
-        network: true,
-        cgroup_pool: 0,
-        cgroup_limits: runtime::cgroup::Limits {
-            memory_bytes: 64 << 20,
-            cpus: 1.0,
-        },
-        rootfs_layer_bytes: None,
-        net_pool: 0,
-        sgfs: 2,
-    })
-    .unwrap();
+    let rt = networked_runtime(2);
     rt.prepare_variant(Variant::Fastiov).unwrap();
     assert_eq!(sg_devices(&rt).len(), 2, "the NIC daemon serves --sgfs 2");
     let pfx = rt.sandbox_prefix();

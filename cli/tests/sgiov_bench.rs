@@ -23,22 +23,27 @@ fn common(name: &str) -> CommonConfig {
     }
 }
 
-#[test]
-fn latency_pings_through_backlogged_pipes_with_a_constant_fd_count() {
-    let rows = latency::run(&LatencyConfig {
-        // Both counts leave >= 2 backlogged pipes: two load SGFs each time
-        // (fds are per SGF session, not per pipe).
-        pipes: vec![4, 32],
+/// A latency run small enough for the suite: 10 pings x 2 reps of 4 KiB,
+/// priority policy, budget 32.
+fn small_latency(name: &str, mode: Mode, pipes: Vec<usize>, vfs: Vec<usize>) -> LatencyConfig {
+    LatencyConfig {
+        pipes,
         samples: 10,
         reps: 2,
         size: 4096,
         policy: Policy::Priority,
         gen_budget: vec![32],
-        modes: vec![Mode::Xfifo],
-        vfs: vec![],
-        common: common("lat"),
-    })
-    .unwrap();
+        modes: vec![mode],
+        vfs,
+        common: common(name),
+    }
+}
+
+#[test]
+fn latency_pings_through_backlogged_pipes_with_a_constant_fd_count() {
+    // Both counts leave >= 2 backlogged pipes: two load SGFs each time
+    // (fds are per SGF session, not per pipe).
+    let rows = latency::run(&small_latency("lat", Mode::Xfifo, vec![4, 32], vec![])).unwrap();
     assert_eq!(rows.len(), 2);
     for r in &rows {
         assert_eq!(r.mode, "xfifo");
@@ -55,19 +60,8 @@ fn latency_pings_through_backlogged_pipes_with_a_constant_fd_count() {
 
 #[test]
 fn vf_row_pings_through_the_switch_with_fds_per_vf() {
-    let rows = latency::run(&LatencyConfig {
-        pipes: vec![4],
-        samples: 10,
-        reps: 2,
-        size: 4096,
-        policy: Policy::Priority,
-        gen_budget: vec![32],
-        modes: vec![Mode::Vf],
-        // 4: one backlogged VF pair; 6: two more VF sessions.
-        vfs: vec![4, 6],
-        common: common("latvf"),
-    })
-    .unwrap();
+    // 4: one backlogged VF pair; 6: two more VF sessions.
+    let rows = latency::run(&small_latency("latvf", Mode::Vf, vec![4], vec![4, 6])).unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     for r in &rows {
         assert_eq!(r.mode, "vf");
@@ -87,17 +81,12 @@ fn vf_row_pings_through_the_switch_with_fds_per_vf() {
 
 #[test]
 fn dedicated_row_holds_an_eventfd_pair_per_pipe() {
-    let rows = latency::run(&LatencyConfig {
-        pipes: vec![4, 32],
-        samples: 10,
-        reps: 2,
-        size: 4096,
-        policy: Policy::Priority,
-        gen_budget: vec![32],
-        modes: vec![Mode::Dedicated],
-        vfs: vec![],
-        common: common("latded"),
-    })
+    let rows = latency::run(&small_latency(
+        "latded",
+        Mode::Dedicated,
+        vec![4, 32],
+        vec![],
+    ))
     .unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     for r in &rows {

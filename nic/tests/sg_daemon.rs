@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use common::{sg_of, wait_sg, TestNic};
 use nic::control::{DevKind, VfInfo};
 use nic::devset::VfState;
+use nic::sg::bench::open_echo_pipes;
 use nic::sg::frontend::SgFrontend;
 use sgiov::driver::DriverConfig;
 use sgiov::layout::{PathKind, Transform};
@@ -23,17 +24,7 @@ fn start(name: &str, sgfs: usize) -> TestNic {
 
 /// Opens `n` echo sockets and checks one message through each.
 fn echo(fe: &mut SgFrontend, n: usize, payload: impl Fn(usize) -> Vec<u8>) -> Vec<u16> {
-    let mut socks = Vec::new();
-    for _ in 0..n {
-        let (s, r) = fe.drv.open(4096, 4096, 1).unwrap();
-        assert_eq!(fe.wait_reply(r, T).unwrap(), 0, "OPEN");
-        let r = fe
-            .drv
-            .connect(s, 0, Transform::Copy, PathKind::Direct)
-            .unwrap();
-        assert_eq!(fe.wait_reply(r, T).unwrap(), 0, "CONNECT echo");
-        socks.push(s);
-    }
+    let socks = open_echo_pipes(fe, n, 4096, 1).expect("OPEN + CONNECT echo");
     for (i, &s) in socks.iter().enumerate() {
         let p = payload(i);
         assert_eq!(fe.drv.send(s, &p).unwrap(), p.len());

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::{wait_sg, TestNic};
 use nic::devset::VfState;
+use nic::sg::bench::open_echo_pipes;
 use nic::sg::frontend::SgFrontend;
 use sgiov::driver::DriverConfig;
-use sgiov::layout::{PathKind, Transform};
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VringConfigData};
@@ -77,17 +77,9 @@ fn dedicated_channels_are_signal_only_and_their_fds_come_back() {
         ..Default::default()
     };
     let mut fe = SgFrontend::connect(&info.socket, MEM, cfg).unwrap();
-    let mut socks = Vec::new();
-    for _ in 0..CHANNELS {
-        let (s, r) = fe.drv.open(4096, 4096, 1).unwrap();
-        assert_eq!(fe.wait_reply(r, T).unwrap(), 0, "OPEN");
-        let r = fe
-            .drv
-            .connect(s, 0, Transform::Copy, PathKind::Direct)
-            .unwrap();
-        assert_eq!(fe.wait_reply(r, T).unwrap(), 0, "CONNECT echo");
+    let socks = open_echo_pipes(&mut fe, CHANNELS, 4096, 1).expect("OPEN + CONNECT echo");
+    for &s in &socks {
         assert!(fe.drv.channel(s).is_some(), "socket {s} has a channel");
-        socks.push(s);
     }
     for (i, &s) in socks.iter().enumerate() {
         assert_eq!(fe.drv.send(s, &vec![i as u8 + 1; 3000]).unwrap(), 3000);

@@ -176,32 +176,36 @@ pub fn sg_of(c: &mut Client, sandbox: &str) -> VfInfo {
 
 /// Lists until the SG function of `sandbox` satisfies `f` (10 s at most).
 pub fn wait_sg(c: &mut Client, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
-    let t0 = Instant::now();
-    loop {
-        let v = sg_of(c, sandbox);
-        if f(&v) {
-            return v;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "SGF of {sandbox} never {what}: {v:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(&format!("SGF of {sandbox}"), what, || sg_of(c, sandbox), f)
 }
 
 /// Polls `get` on the daemon at `control` until the VF of `sandbox` satisfies `f`.
 pub fn wait_vf(control: &Path, sandbox: &str, what: &str, f: impl Fn(&VfInfo) -> bool) -> VfInfo {
     let mut c = Client::connect(control).unwrap();
+    poll_until(
+        &format!("VF of {sandbox}"),
+        what,
+        || c.get_by_sandbox(sandbox).unwrap(),
+        f,
+    )
+}
+
+/// Reads `read` until its device satisfies `f`; fails naming `dev` after 10 s.
+fn poll_until(
+    dev: &str,
+    what: &str,
+    mut read: impl FnMut() -> VfInfo,
+    f: impl Fn(&VfInfo) -> bool,
+) -> VfInfo {
     let t0 = Instant::now();
     loop {
-        let v = c.get_by_sandbox(sandbox).unwrap();
+        let v = read();
         if f(&v) {
             return v;
         }
         assert!(
             t0.elapsed() < Duration::from_secs(10),
-            "VF of {sandbox} never {what}: {v:?}"
+            "{dev} never {what}: {v:?}"
         );
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -27,3 +27,26 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// A networked runtime (one VF, `sgfs` SG functions, 64 MiB cgroup limit, no
+/// pools, no rootfs) of this build's binary, with this build's CNI plugin
+/// first on CNI_PATH (the runtime finds burstvm-cni there).
+pub fn networked_runtime(sgfs: usize) -> runtime::Runtime {
+    let cni_dir = Path::new(CNI_BIN).parent().unwrap();
+    std::env::set_var("CNI_PATH", format!("{}:/opt/cni/bin", cni_dir.display()));
+    runtime::Runtime::new(runtime::RuntimeConfig {
+        bin: BIN.into(),
+        trace_path: None,
+        vfs: 1,
+        network: true,
+        cgroup_pool: 0,
+        cgroup_limits: runtime::cgroup::Limits {
+            memory_bytes: 64 << 20,
+            cpus: 1.0,
+        },
+        rootfs_layer_bytes: None,
+        net_pool: 0,
+        sgfs,
+    })
+    .expect("runtime")
+}
