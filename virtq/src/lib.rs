@@ -15,14 +15,16 @@
 
 mod segments;
 mod used;
+mod view;
 mod xlat;
 
 pub use segments::{read_bufs, total, write_bufs, Buf, CopyError, Split, SplitError};
-pub use used::complete_used;
+use view::Slice;
+pub use view::{AvailHeads, RingError, RingView};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
 pub use virtio_queue::desc::split::Descriptor;
 use virtio_queue::QueueT;
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
+use vm_memory::{GuestAddress, GuestMemory, VolatileMemory};
 pub use xlat::{Xlat, XlatSlices};
 
 /// Feature bit VIRTIO_F_INDIRECT_DESC (named VIRTIO_RING_F_INDIRECT_DESC in Linux).
@@ -61,56 +63,76 @@ pub enum ChainError {
     TooLong { head: u16 },
 }
 
-/// What a device needs to walk the chains of one queue: where its
-/// descriptor table is and which features were negotiated.
+/// Where one queue's rings are, how big, and what was negotiated: what a
+/// device needs to resolve a [`RingView`] and walk its chains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ring {
     pub desc_table: GuestAddress,
+    pub avail_ring: GuestAddress,
+    pub used_ring: GuestAddress,
     pub size: u16,
     pub features: u64,
+    /// VIRTIO_F_EVENT_IDX negotiated: the rings carry `used_event`/`avail_event`.
+    pub event_idx: bool,
 }
 
 impl Ring {
     pub fn of(q: &impl QueueT, features: u64) -> Self {
         Ring {
             desc_table: GuestAddress(q.desc_table()),
+            avail_ring: GuestAddress(q.avail_ring()),
+            used_ring: GuestAddress(q.used_ring()),
             size: q.size(),
             features,
+            event_idx: q.event_idx_enabled(),
         }
     }
+}
 
+impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
     /// The descriptors of the chain starting at `head`, in order; an `Err`
-    /// is the last item.
-    pub fn walk<'m, M: GuestMemory + ?Sized>(&self, mem: &'m M, head: u16) -> Walk<'m, M> {
+    /// is the last item. Direct descriptors come from the resolved table,
+    /// an indirect table is resolved (in one region) when the walk enters it.
+    pub fn walk<'v>(&'v self, head: u16) -> Walk<'v, 'm, M> {
         Walk {
-            mem,
-            indirect_ok: indirect_negotiated(self.features),
+            view: self,
+            indirect_ok: indirect_negotiated(self.ring.features),
             head,
-            table: self.desc_table,
-            size: self.size,
+            indirect: None,
+            size: self.ring.size,
             next: Some(head),
-            ttl: self.size,
-            in_indirect: false,
+            ttl: self.ring.size,
             bytes: 0,
         }
     }
 }
 
-/// Iterator of [`Ring::walk`]; fused after the chain's end or an error.
-pub struct Walk<'m, M: GuestMemory + ?Sized> {
-    mem: &'m M,
+/// Iterator of [`RingView::walk`]; fused after the chain's end or an error.
+pub struct Walk<'v, 'm, M: GuestMemory + ?Sized> {
+    view: &'v RingView<'m, M>,
     indirect_ok: bool,
     head: u16,
-    table: GuestAddress,
+    /// The indirect table being walked, once the chain entered one.
+    indirect: Option<Slice<'m, M>>,
     size: u16,
     next: Option<u16>,
     /// Descriptors left before the chain counts as a loop.
     ttl: u16,
-    in_indirect: bool,
     bytes: u32,
 }
 
-impl<M: GuestMemory + ?Sized> Walk<'_, M> {
+impl<M: GuestMemory + ?Sized> Walk<'_, '_, M> {
+    /// Descriptor `index` (< size) of the table being walked: one volatile load.
+    fn load(&self, index: u16) -> Option<Descriptor> {
+        match &self.indirect {
+            None => self.view.descriptor(index),
+            Some(t) => t
+                .get_ref::<Descriptor>(usize::from(index) * DESC_SIZE as usize)
+                .ok()
+                .map(|r| r.load()),
+        }
+    }
+
     fn step(&mut self, index: u16) -> Result<Descriptor, ChainError> {
         let head = self.head;
         if index >= self.size {
@@ -127,29 +149,18 @@ impl<M: GuestMemory + ?Sized> Walk<'_, M> {
             });
         }
         self.ttl -= 1;
-        let addr =
-            self.table
-                .checked_add(u64::from(index) * DESC_SIZE)
-                .ok_or(ChainError::Unreadable {
-                    head,
-                    index,
-                    addr: self.table.0,
-                })?;
-        let d: Descriptor = self
-            .mem
-            .read_obj(addr)
-            .map_err(|_| ChainError::Unreadable {
-                head,
-                index,
-                addr: addr.0,
-            })?;
+        let d = self.load(index).ok_or(ChainError::Unreadable {
+            head,
+            index,
+            addr: self.view.ring.desc_table.0 + u64::from(index) * DESC_SIZE,
+        })?;
         let flags = u32::from(d.flags());
         if flags & VRING_DESC_F_INDIRECT != 0 {
             if !self.indirect_ok {
                 return Err(ChainError::IndirectNotNegotiated { head, index });
             }
             let bad = |what| ChainError::BadIndirect { head, index, what };
-            if self.in_indirect {
+            if self.indirect.is_some() {
                 return Err(bad("indirect descriptor inside an indirect table"));
             }
             if flags & VRING_DESC_F_NEXT != 0 {
@@ -161,10 +172,17 @@ impl<M: GuestMemory + ?Sized> Walk<'_, M> {
                     "length not a non-zero multiple of 16 up to 65535 entries",
                 ));
             }
-            self.table = d.addr();
+            // The whole table in one region, resolved once for the walk.
+            let table = view::contiguous(self.view.mem, d.addr().0, len as usize).ok_or(
+                ChainError::Unreadable {
+                    head,
+                    index,
+                    addr: d.addr().0,
+                },
+            )?;
+            self.indirect = Some(table);
             self.size = (len / DESC_SIZE) as u16;
             self.ttl = self.size;
-            self.in_indirect = true;
             return self.step(0);
         }
         self.bytes = self
@@ -176,7 +194,7 @@ impl<M: GuestMemory + ?Sized> Walk<'_, M> {
     }
 }
 
-impl<M: GuestMemory + ?Sized> Iterator for Walk<'_, M> {
+impl<M: GuestMemory + ?Sized> Iterator for Walk<'_, '_, M> {
     type Item = Result<Descriptor, ChainError>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -188,7 +206,7 @@ impl<M: GuestMemory + ?Sized> Iterator for Walk<'_, M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::GuestMemoryMmap;
+    use vm_memory::{Bytes, GuestMemoryMmap};
 
     const TABLE: u64 = 0x1000;
     const NEXT: u16 = VRING_DESC_F_NEXT as u16;
@@ -210,13 +228,18 @@ mod tests {
 
     const T: Ring = Ring {
         desc_table: GuestAddress(TABLE),
+        avail_ring: GuestAddress(0x2000),
+        used_ring: GuestAddress(0x3000),
         size: 8,
         features: 0,
+        event_idx: false,
     };
 
     /// (addr, len) of every descriptor, or the error that ended the walk.
     fn walk(r: &Ring, m: &GuestMemoryMmap, head: u16) -> Result<Vec<(u64, u32)>, ChainError> {
-        r.walk(m, head)
+        RingView::resolve(r, m)
+            .unwrap()
+            .walk(head)
             .map(|d| d.map(|d| (d.addr().0, d.len())))
             .collect()
     }
@@ -288,17 +311,19 @@ mod tests {
             walk(&T, &m, 9),
             Err(ChainError::NextOutOfRange { index: 9, .. })
         ));
-        // Table outside guest memory.
-        let far = Ring {
-            desc_table: GuestAddress(0x20000),
+        // A table outside guest memory is refused when the view is resolved
+        // (view::tests); an indirect table outside it ends the walk.
+        let m = mem_with(&[(0x20000, 32, INDIRECT, 0)]);
+        let negotiated = Ring {
+            features: 1 << VIRTIO_F_INDIRECT_DESC,
             ..T
         };
         assert_eq!(
-            walk(&far, &m, 1),
+            walk(&negotiated, &m, 0),
             Err(ChainError::Unreadable {
-                head: 1,
-                index: 1,
-                addr: 0x20010
+                head: 0,
+                index: 0,
+                addr: 0x20000
             })
         );
         // More than 2^32 bytes.
@@ -306,7 +331,8 @@ mod tests {
         assert_eq!(walk(&T, &m, 0), Err(ChainError::TooLong { head: 0 }));
         // The walk stops after the error.
         let m = mem_with(&[(0x4000, 16, NEXT, 9)]);
-        let mut w = T.walk(&m, 0);
+        let v = RingView::resolve(&T, &m).unwrap();
+        let mut w = v.walk(0);
         assert!(matches!(w.next(), Some(Ok(_))));
         assert!(matches!(w.next(), Some(Err(_))));
         assert!(w.next().is_none());

@@ -20,7 +20,8 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
-use crate::{ChainError, Ring};
+use crate::view::contiguous;
+use crate::{ChainError, Ring, RingError, RingView};
 
 /// One buffer of a chain, as the guest described it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +46,8 @@ pub enum SplitError {
     ReadableAfterWritable { head: u16 },
     #[error("descriptor chain {head}: buffer {addr:#x}+{len:#x} outside guest memory")]
     Outside { head: u16, addr: u64, len: u32 },
+    #[error(transparent)]
+    Ring(#[from] RingError),
 }
 
 /// Why a copy between a chain's buffers and the device failed.
@@ -77,21 +80,16 @@ pub fn total(bufs: &[Buf]) -> u64 {
     bufs.iter().map(|b| u64::from(b.len)).sum()
 }
 
-impl Ring {
+impl<M: GuestMemory + ?Sized> RingView<'_, M> {
     /// Walks the chain at `head` into `out` (cleared first, its capacity
     /// reused), checking the order of readable and writable buffers. Buffers
     /// are checked against guest memory when they are copied, or all at once
     /// by [`Split::check_in`].
-    pub fn split_into<M: GuestMemory + ?Sized>(
-        &self,
-        mem: &M,
-        head: u16,
-        out: &mut Split,
-    ) -> Result<(), SplitError> {
+    pub fn split_into(&self, head: u16, out: &mut Split) -> Result<(), SplitError> {
         out.head = head;
         out.readable.clear();
         out.writable.clear();
-        for d in self.walk(mem, head) {
+        for d in self.walk(head) {
             let d = d?;
             let b = Buf {
                 addr: d.addr().0,
@@ -108,11 +106,24 @@ impl Ring {
         Ok(())
     }
 
-    /// [`Ring::split_into`] into a new [`Split`].
-    pub fn split<M: GuestMemory + ?Sized>(&self, mem: &M, head: u16) -> Result<Split, SplitError> {
+    /// [`RingView::split_into`] into a new [`Split`].
+    pub fn split(&self, head: u16) -> Result<Split, SplitError> {
         let mut s = Split::default();
-        self.split_into(mem, head, &mut s)?;
+        self.split_into(head, &mut s)?;
         Ok(s)
+    }
+}
+
+impl Ring {
+    /// One chain outside a burst: [`RingView::split_into`] on a view
+    /// resolved for it (a device handling many chains resolves one view).
+    pub fn split_into<M: GuestMemory + ?Sized>(
+        &self,
+        mem: &M,
+        head: u16,
+        out: &mut Split,
+    ) -> Result<(), SplitError> {
+        RingView::resolve(self, mem)?.split_into(head, out)
     }
 }
 
@@ -196,7 +207,14 @@ where
 {
     for_pieces(bufs, skip, out.len() as u64, |addr, off, n| {
         prepared(prepare, addr, n)?;
-        mem.read_slice(&mut out[off..off + n], GuestAddress(addr))
+        let out = &mut out[off..off + n];
+        // A piece inside one region: one host slice, one memcpy. One that
+        // crosses regions (legal for a buffer): vm-memory's own copy.
+        if let Some(s) = contiguous(mem, addr, n) {
+            s.copy_to(out);
+            return Ok(());
+        }
+        mem.read_slice(out, GuestAddress(addr))
             .map_err(|source| CopyError::Access {
                 addr,
                 len: n,
@@ -227,7 +245,12 @@ where
     let mut skip = skip;
     for data in parts {
         for_pieces(bufs, skip, data.len() as u64, |addr, off, n| {
-            mem.write_slice(&data[off..off + n], GuestAddress(addr))
+            let data = &data[off..off + n];
+            if let Some(s) = contiguous(mem, addr, n) {
+                s.copy_from(data);
+                return Ok(());
+            }
+            mem.write_slice(data, GuestAddress(addr))
                 .map_err(|source| CopyError::Access {
                     addr,
                     len: n,
@@ -263,9 +286,16 @@ mod tests {
     fn ring(size: u16) -> Ring {
         Ring {
             desc_table: GuestAddress(TABLE),
+            avail_ring: GuestAddress(0x2000),
+            used_ring: GuestAddress(0x3000),
             size,
             features: 0,
+            event_idx: false,
         }
+    }
+
+    fn split(r: Ring, m: &GuestMemoryMmap, head: u16) -> Result<Split, SplitError> {
+        RingView::resolve(&r, m).unwrap().split(head)
     }
 
     fn no_prepare(_: u64, _: u64) -> Result<(), String> {
@@ -289,7 +319,7 @@ mod tests {
             (0x5000, 8, WRITE | NEXT, 2),
             (0x6000, 1, WRITE, 0),
         ]);
-        let s = ring(8).split(&m, 0).unwrap();
+        let s = split(ring(8), &m, 0).unwrap();
         assert_eq!(
             s.readable,
             vec![Buf {
@@ -301,12 +331,12 @@ mod tests {
 
         let m = mem_with(&[(0x5000, 8, WRITE | NEXT, 1), (0x4000, 16, 0, 0)]);
         assert_eq!(
-            ring(8).split(&m, 0),
+            split(ring(8), &m, 0),
             Err(SplitError::ReadableAfterWritable { head: 0 })
         );
         // A buffer past the end of memory, also one the device would never touch.
         let m = mem_with(&[(0x4000, 16, NEXT, 1), (MEM - 4, 8, 0, 0)]);
-        let s = ring(8).split(&m, 0).unwrap();
+        let s = split(ring(8), &m, 0).unwrap();
         assert_eq!(
             s.check_in(&m),
             Err(SplitError::Outside {
@@ -318,7 +348,7 @@ mod tests {
         // Walk errors come through typed (the walk's own tests cover them all).
         let m = mem_with(&[(0x4000, 16, NEXT, 1), (0x4000, 16, NEXT, 0)]);
         assert!(matches!(
-            ring(8).split(&m, 0),
+            split(ring(8), &m, 0),
             Err(SplitError::Walk(ChainError::Loop { .. }))
         ));
     }
@@ -327,10 +357,16 @@ mod tests {
     fn split_into_reuses_its_buffers() {
         let m = mem_with(&small_descs(6, 4, 0));
         let mut s = Split::default();
-        ring(8).split_into(&m, 0, &mut s).unwrap();
+        RingView::resolve(&ring(8), &m)
+            .unwrap()
+            .split_into(0, &mut s)
+            .unwrap();
         let cap = s.readable.capacity();
         assert_eq!(s.readable.len(), 6);
-        ring(8).split_into(&m, 3, &mut s).unwrap();
+        RingView::resolve(&ring(8), &m)
+            .unwrap()
+            .split_into(3, &mut s)
+            .unwrap();
         assert_eq!((s.head, s.readable.len()), (3, 3));
         assert_eq!(s.readable.capacity(), cap, "no new allocation");
     }
@@ -346,7 +382,7 @@ mod tests {
             m.write_slice(c, GuestAddress(0x4000 + i as u64 * 0x100))
                 .unwrap();
         }
-        let s = ring(64).split(&m, 0).unwrap();
+        let s = split(ring(64), &m, 0).unwrap();
         assert_eq!(total(&s.readable), 280);
         let prepared = RefCell::new(0u64);
         let prep = |_a: u64, n: u64| -> Result<(), String> {
@@ -360,7 +396,7 @@ mod tests {
         assert_eq!(*prepared.borrow(), 268, "exactly the bytes read");
         // And back into a writable chain of the same shape, header first.
         let m2 = mem_with(&small_descs(40, 7, WRITE));
-        let s2 = ring(64).split(&m2, 0).unwrap();
+        let s2 = split(ring(64), &m2, 0).unwrap();
         let hdr = [0xeeu8; 12];
         write_bufs(&m2, &no_prepare, &s2.writable, 0, &[&hdr, &out]).unwrap();
         let mut back = vec![0u8; 280];
@@ -373,7 +409,7 @@ mod tests {
     #[test]
     fn header_alone_in_its_own_descriptor() {
         let m = mem_with(&[(0x4000, 12, WRITE | NEXT, 1), (0x5000, 1500, WRITE, 0)]);
-        let s = ring(8).split(&m, 0).unwrap();
+        let s = split(ring(8), &m, 0).unwrap();
         let calls = RefCell::new(Vec::new());
         let prep = |a: u64, n: u64| -> Result<(), String> {
             calls.borrow_mut().push((a, n));
@@ -388,7 +424,7 @@ mod tests {
         assert_eq!(f, frame);
         // Header and frame sharing a descriptor: a piece boundary inside it.
         let m = mem_with(&[(0x4000, 20, WRITE | NEXT, 1), (0x5000, 100, WRITE, 0)]);
-        let s = ring(8).split(&m, 0).unwrap();
+        let s = split(ring(8), &m, 0).unwrap();
         calls.borrow_mut().clear();
         write_bufs(&m, &prep, &s.writable, 0, &[&hdr, &frame]).unwrap();
         assert_eq!(*calls.borrow(), vec![(0x4000, 20), (0x5000, 52)]);

@@ -10,79 +10,99 @@ use std::num::Wrapping;
 use std::sync::atomic::{fence, Ordering};
 
 use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
-use virtio_queue::{Error, Queue, QueueT};
-use vm_memory::{Address, Bytes, GuestAddress, GuestMemory};
+use virtio_queue::QueueT;
+use vm_memory::{Bytes, GuestMemory, VolatileMemory};
 
-/// Bytes before the used ring's elements (flags, idx) and per element (id, len).
-const USED_HEADER: u64 = 4;
-const USED_ELEM: u64 = 8;
-/// Bytes before the avail ring's entries (flags, idx) and per entry.
-const AVAIL_HEADER: u64 = 4;
-const AVAIL_ENTRY: u64 = 2;
+use crate::view::{AVAIL_ENTRY, HEADER, IDX, USED_ELEM};
+use crate::{RingError, RingView};
 
-fn at(base: u64, offset: u64) -> Result<GuestAddress, Error> {
-    GuestAddress(base)
-        .checked_add(offset)
-        .ok_or(Error::AddressOverflow)
-}
+impl<M: GuestMemory + ?Sized> RingView<'_, M> {
+    /// Adds `used` ((head, written length) per chain, in order) to `q`'s
+    /// used ring, publishes the new used index once and moves `q`'s next
+    /// used index. Returns whether the driver wants a notification for
+    /// them. Nothing is written when a head is out of range.
+    pub fn complete_used(
+        &self,
+        q: &mut impl QueueT,
+        used: &[(u16, u32)],
+    ) -> Result<bool, RingError> {
+        let (next, notify) = self.complete(q.next_used(), used)?;
+        q.set_next_used(next);
+        Ok(notify)
+    }
 
-/// Adds `used` ((head, written length) per chain, in order) to `q`'s used
-/// ring and publishes the new used index once. Returns whether the driver
-/// wants a notification for them. Nothing is written when a head is out of
-/// range.
-pub fn complete_used<M: GuestMemory + ?Sized>(
-    q: &mut Queue,
-    mem: &M,
-    used: &[(u16, u32)],
-) -> Result<bool, Error> {
-    if used.is_empty() {
-        return Ok(false);
+    /// Writes the burst's used elements ((head, written length) per chain,
+    /// in order) from `next_used` on, publishes the new used index with one
+    /// Release store, and returns it with whether the driver wants a
+    /// notification (virtio 1.2 §2.7.7.2, §2.7.10: with EVENT_IDX its
+    /// `used_event` decides, otherwise VRING_AVAIL_F_NO_INTERRUPT). Nothing
+    /// is written when a head is out of range.
+    fn complete(&self, next_used: u16, used: &[(u16, u32)]) -> Result<(u16, bool), RingError> {
+        if used.is_empty() {
+            return Ok((next_used, false));
+        }
+        let size = self.ring.size;
+        if let Some(&(head, _)) = used.iter().find(|&&(h, _)| h >= size) {
+            return Err(RingError::HeadOutOfRange { head, size });
+        }
+        let old = Wrapping(next_used);
+        let mut next = old;
+        for &(head, len) in used {
+            let slot = usize::from(next.0 % size);
+            // virtq_used_elem: le32 id, le32 len, one 8-byte store.
+            let elem = u64::from(head) | u64::from(len) << 32;
+            self.used
+                .get_ref::<u64>(HEADER + slot * USED_ELEM)
+                .expect("resolved with size elements")
+                .store(elem.to_le());
+            next += Wrapping(1);
+        }
+        // The elements are visible before the index that hands them over.
+        // A misaligned used ring cannot take the atomic store: fenced plain store.
+        if self
+            .used
+            .store(next.0.to_le(), IDX, Ordering::Release)
+            .is_err()
+        {
+            fence(Ordering::Release);
+            self.used
+                .get_ref::<u16>(IDX)
+                .expect("resolved header")
+                .store(next.0.to_le());
+        }
+        // The index is visible before the driver's notification wish is read
+        // (pairs with the driver's barrier between its flag/event write and
+        // its used-index read).
+        fence(Ordering::SeqCst);
+        let notify = if self.ring.event_idx {
+            let off = HEADER + usize::from(size) * AVAIL_ENTRY;
+            let event = Wrapping(self.load_u16(&self.avail, off, Ordering::Relaxed));
+            // vring_need_event: `event` lies in [old, next).
+            next - event - Wrapping(1) < next - old
+        } else {
+            let flags = self.load_u16(&self.avail, 0, Ordering::Relaxed);
+            u32::from(flags) & VRING_AVAIL_F_NO_INTERRUPT == 0
+        };
+        Ok((next.0, notify))
     }
-    let size = q.size();
-    if used.iter().any(|&(h, _)| h >= size) {
-        return Err(Error::InvalidDescriptorIndex);
-    }
-    let old = Wrapping(q.next_used());
-    let ring = q.used_ring();
-    let mut next = old;
-    for &(head, len) in used {
-        let slot = u64::from(next.0 % size);
-        // virtq_used_elem: le32 id, le32 len.
-        let mut elem = [0u8; USED_ELEM as usize];
-        elem[..4].copy_from_slice(&u32::from(head).to_le_bytes());
-        elem[4..].copy_from_slice(&len.to_le_bytes());
-        mem.write_obj(elem, at(ring, USED_HEADER + slot * USED_ELEM)?)
-            .map_err(Error::GuestMemory)?;
-        next += Wrapping(1);
-    }
-    // The elements are visible before the index that hands them over.
-    mem.store(next.0.to_le(), at(ring, 2)?, Ordering::Release)
-        .map_err(Error::GuestMemory)?;
-    q.set_next_used(next.0);
-    // The index is visible before the driver's notification wish is read
-    // (pairs with the driver's barrier between its flag/event write and its
-    // used-index read).
-    fence(Ordering::SeqCst);
-    let avail = q.avail_ring();
-    if q.event_idx_enabled() {
-        let event: u16 = mem
-            .read_obj(at(avail, AVAIL_HEADER + u64::from(size) * AVAIL_ENTRY)?)
-            .map(u16::from_le)
-            .map_err(Error::GuestMemory)?;
-        // vring_need_event: `event` lies in (old, next].
-        return Ok(next - Wrapping(event) - Wrapping(1) < next - old);
-    }
-    let flags: u16 = mem
-        .load(GuestAddress(avail), Ordering::Relaxed)
-        .map(u16::from_le)
-        .map_err(Error::GuestMemory)?;
-    Ok(u32::from(flags) & VRING_AVAIL_F_NO_INTERRUPT == 0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::GuestMemoryMmap;
+    use crate::Ring;
+    use virtio_queue::Queue;
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    fn complete_used(
+        q: &mut Queue,
+        m: &GuestMemoryMmap,
+        used: &[(u16, u32)],
+    ) -> Result<bool, RingError> {
+        RingView::resolve(&Ring::of(q, 0), m)
+            .unwrap()
+            .complete_used(q, used)
+    }
 
     const AVAIL: u64 = 0x2000;
     const USED: u64 = 0x3000;
@@ -121,7 +141,10 @@ mod tests {
         // A head out of range refuses the whole burst before writing.
         assert!(matches!(
             complete_used(&mut q, &m, &[(0, 1), (SIZE, 1)]),
-            Err(Error::InvalidDescriptorIndex)
+            Err(RingError::HeadOutOfRange {
+                head: SIZE,
+                size: SIZE
+            })
         ));
         assert_eq!((q.next_used(), used_idx(&m)), (6, 6));
     }

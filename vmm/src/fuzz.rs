@@ -71,23 +71,24 @@ impl FuzzNet {
             if !q.ready() {
                 continue;
             }
-            for _ in 0..q.size() {
-                let ring = virtq::Ring::of(&*q, features);
-                let Some(chain) = q.pop_descriptor_chain(&mem) else {
-                    break;
-                };
-                let head = chain.head_index();
+            let Ok(view) = virtq::RingView::resolve(&virtq::Ring::of(&*q, features), &mem) else {
+                continue;
+            };
+            let Ok(heads) = view.avail_heads(q, usize::from(q.size())) else {
+                continue;
+            };
+            let mut used = Vec::new();
+            for head in heads {
                 let len = if i == 0 {
-                    write_rx_chain(&mem, &ring, &|_, _| Ok(()), chain, &frame).unwrap_or(0)
+                    write_rx_chain(&view, &|_, _| Ok(()), head, &frame).unwrap_or(0)
                 } else {
-                    let n =
-                        read_tx_chain(&mem, &ring, &|_, _| Ok(()), chain, &mut buf).unwrap_or(0);
+                    let n = read_tx_chain(&view, &|_, _| Ok(()), head, &mut buf).unwrap_or(0);
                     assert!(n <= 65536 + VNET_HDR_LEN, "TX frame of {n} bytes");
                     0
                 };
-                let _ = q.add_used(&mem, head, len);
+                used.push((head, len));
             }
-            let _ = q.needs_notification(&mem);
+            let _ = view.complete_used(q, &used);
         }
     }
 }

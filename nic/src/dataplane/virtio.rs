@@ -10,7 +10,6 @@
 
 use std::collections::VecDeque;
 
-use virtio_queue::QueueOwnedT;
 use virtq::{Ring, Split};
 use vm_memory::GuestMemoryMmap;
 
@@ -26,6 +25,12 @@ pub const MIN_FRAME: usize = 14;
 pub enum Fault {
     #[error("queue {q}: {e}")]
     Queue { q: usize, e: virtio_queue::Error },
+    #[error("queue {q}: {source}")]
+    Ring {
+        q: usize,
+        #[source]
+        source: virtq::RingError,
+    },
     #[error("queue {q}: descriptor chain {head} is malformed ({what})")]
     Chain {
         q: usize,
@@ -57,16 +62,10 @@ pub struct Scratch {
 
 /// Walks the chain at `head` into `split`: well formed, in the memory table,
 /// and only device-readable (transmit) or only device-writable (receive).
-fn split_chain(
-    ring: &Ring,
-    gm: &Xlat<'_>,
-    q: usize,
-    head: u16,
-    split: &mut Split,
-) -> Result<(), Fault> {
+fn split_chain(view: &View<'_, '_>, q: usize, head: u16, split: &mut Split) -> Result<(), Fault> {
     let e = |source| Fault::Split { q, source };
-    ring.split_into(gm, head, split).map_err(e)?;
-    split.check_in(gm).map_err(e)?;
+    view.split_into(head, split).map_err(e)?;
+    split.check_in(view.mem()).map_err(e)?;
     let (wrong, what) = if q == TXQ {
         (&split.writable, "writable buffer in transmit chain")
     } else {
@@ -80,12 +79,28 @@ fn split_chain(
 
 /// The memory table's translation cache, for one burst.
 type Xlat<'m> = virtq::Xlat<'m, GuestMemoryMmap>;
+/// A queue's rings resolved through it, for one burst.
+type View<'v, 'm> = virtq::RingView<'v, Xlat<'m>>;
+
+/// Resolves queue `q`'s rings for one burst.
+fn view<'v, 'm>(rt: &Runtime, gm: &'v Xlat<'m>, q: usize) -> Result<View<'v, 'm>, Fault> {
+    let ring = Ring::of(&rt.vrings[q].queue, rt.features);
+    View::resolve(&ring, gm).map_err(|source| Fault::Ring { q, source })
+}
 
 /// Returns the batch's chains to the guest (one used-index update) and
 /// interrupts it if it asked.
-fn complete(rt: &mut Runtime, gm: &Xlat<'_>, q: usize, used: &[(u16, u32)]) -> Result<(), Fault> {
+fn complete(
+    rt: &mut Runtime,
+    view: &View<'_, '_>,
+    q: usize,
+    used: &[(u16, u32)],
+) -> Result<(), Fault> {
     let vr = &mut rt.vrings[q];
-    if virtq::complete_used(&mut vr.queue, gm, used).map_err(|e| Fault::Queue { q, e })? {
+    if view
+        .complete_used(&mut vr.queue, used)
+        .map_err(|source| Fault::Ring { q, source })?
+    {
         vr.signal();
     }
     Ok(())
@@ -122,19 +137,16 @@ fn take_guest_tx_inner(
 ) -> Result<usize, Fault> {
     let hdr_len = rt.hdr_len as u64;
     let gm = Xlat::new(&mem.gm);
-    let ring = Ring::of(&rt.vrings[TXQ].queue, rt.features);
+    let view = view(rt, &gm, TXQ)?;
     let prepare = |gpa, len| mem.prepare_for_device_write(gpa, len);
     let Scratch { split, used } = scratch;
     used.clear();
     let mut drops = 0;
-    let mut chains = rt.vrings[TXQ]
-        .queue
-        .iter(&gm)
-        .map_err(|e| Fault::Queue { q: TXQ, e })?;
-    while used.len() < batch {
-        let Some(chain) = chains.next() else { break };
-        let head = chain.head_index();
-        split_chain(&ring, &gm, TXQ, head, split)?;
+    let heads = view
+        .avail_heads(&mut rt.vrings[TXQ].queue, batch)
+        .map_err(|source| Fault::Ring { q: TXQ, source })?;
+    for head in heads {
+        split_chain(&view, TXQ, head, split)?;
         used.push((head, 0));
         let frame_len = virtq::total(&split.readable).saturating_sub(hdr_len) as usize;
         if !(MIN_FRAME..=BUF_SIZE - VLAN_ROOM).contains(&frame_len) {
@@ -161,7 +173,7 @@ fn take_guest_tx_inner(
     if drops > 0 {
         AtomicCounters::add(&port.counters.tx_drops, drops);
     }
-    complete(rt, &gm, TXQ, used)?;
+    complete(rt, &view, TXQ, used)?;
     Ok(used.len())
 }
 
@@ -196,7 +208,7 @@ fn fill_guest_rx_inner(
 ) -> Result<usize, Fault> {
     let hdr_len = rt.hdr_len;
     let gm = Xlat::new(&mem.gm);
-    let ring = Ring::of(&rt.vrings[RXQ].queue, rt.features);
+    let view = view(rt, &gm, RXQ)?;
     let prepare = |gpa, len| mem.prepare_for_device_write(gpa, len);
     // virtio_net_hdr: all zero (no offloads), num_buffers = 1 when present.
     let mut hdr = [0u8; 12];
@@ -206,15 +218,12 @@ fn fill_guest_rx_inner(
     let Scratch { split, used } = scratch;
     used.clear();
     let (mut packets, mut bytes, mut drops) = (0, 0, 0);
-    let mut chains = rt.vrings[RXQ]
-        .queue
-        .iter(&gm)
-        .map_err(|e| Fault::Queue { q: RXQ, e })?;
+    let heads = view
+        .avail_heads(&mut rt.vrings[RXQ].queue, batch.min(backlog.len()))
+        .map_err(|source| Fault::Ring { q: RXQ, source })?;
     let mut result = Ok(());
-    while used.len() < batch && !backlog.is_empty() {
-        let Some(chain) = chains.next() else { break };
-        let head = chain.head_index();
-        if let Err(f) = split_chain(&ring, &gm, RXQ, head, split) {
+    for head in heads {
+        if let Err(f) = split_chain(&view, RXQ, head, split) {
             result = Err(f);
             break;
         }
@@ -251,6 +260,6 @@ fn fill_guest_rx_inner(
         (&c.rx_drops, drops),
     ]);
     result?;
-    complete(rt, &gm, RXQ, used)?;
+    complete(rt, &view, RXQ, used)?;
     Ok(used.len())
 }

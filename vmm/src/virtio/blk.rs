@@ -413,6 +413,7 @@ impl VirtioDevice for Blk {
             interrupt: self.interrupt.clone(),
             counters: self.counters.clone(),
             bounce: vec![0; BOUNCE],
+            used: Vec::new(),
         };
         let fds = [(evt.as_raw_fd(), TOKEN_QUEUE)];
         let thread = format!("virtio-blk-{}", self.thread_tag());
@@ -446,6 +447,8 @@ struct WorkerState {
     interrupt: Arc<Interrupt>,
     counters: Arc<BlkCounters>,
     bounce: Vec<u8>,
+    /// (head, used length) of one burst, returned together.
+    used: Vec<(u16, u32)>,
 }
 
 impl WorkerState {
@@ -474,39 +477,66 @@ impl WorkerState {
         }
     }
 
-    /// Serves every available request, then interrupts the guest once.
+    /// Serves every available request, returns them with one used-index
+    /// store per burst, then interrupts the guest once if it asked.
     fn process(&mut self) {
-        let mut used = false;
-        while let Some(c) = self.queue.pop_descriptor_chain(&self.mem) {
-            let head = c.head_index();
-            let ring = virtq::Ring::of(&self.queue, self.features);
-            let len = match chain::split(c, &ring) {
-                Ok(split) => self
-                    .disk
-                    .serve(
-                        &self.mem,
-                        &*self.prepare,
-                        &split,
-                        &mut self.bounce,
-                        &self.counters,
-                    )
-                    .unwrap_or_else(|e| {
-                        tracing::warn!("disk {}: bad request chain: {e}", self.disk.name);
-                        0
-                    }),
+        let WorkerState {
+            disk,
+            mem,
+            prepare,
+            queue,
+            features,
+            interrupt,
+            counters,
+            bounce,
+            used,
+        } = self;
+        let gm = chain::Xlat::new(mem);
+        let view = match chain::View::resolve(&virtq::Ring::of(&*queue, *features), &gm) {
+            Ok(v) => v,
+            Err(e) => {
+                counters.bad_chains.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("disk {}: request queue: {e}", disk.name);
+                return;
+            }
+        };
+        let mut notify = false;
+        loop {
+            let heads = match view.avail_heads(queue, usize::MAX) {
+                Ok(h) if !h.is_empty() => h,
+                Ok(_) => break,
                 Err(e) => {
-                    self.counters.bad_chains.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("disk {}: bad request chain: {e}", self.disk.name);
-                    0
+                    tracing::warn!("disk {}: request queue: {e}", disk.name);
+                    break;
                 }
             };
-            if let Err(e) = self.queue.add_used(&self.mem, head, len) {
-                tracing::warn!("disk {}: used ring: {e}", self.disk.name);
+            used.clear();
+            for head in heads {
+                let len = match chain::split(&view, head) {
+                    Ok(split) => disk
+                        .serve(mem, &**prepare, &split, bounce, counters)
+                        .unwrap_or_else(|e| {
+                            tracing::warn!("disk {}: bad request chain: {e}", disk.name);
+                            0
+                        }),
+                    Err(e) => {
+                        counters.bad_chains.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!("disk {}: bad request chain: {e}", disk.name);
+                        0
+                    }
+                };
+                // A head outside the ring has no used slot to return.
+                if head < view.size() {
+                    used.push((head, len));
+                }
             }
-            used = true;
+            match view.complete_used(queue, used) {
+                Ok(n) => notify |= n,
+                Err(e) => tracing::warn!("disk {}: used ring: {e}", disk.name),
+            }
         }
-        if used && self.queue.needs_notification(&self.mem).unwrap_or(true) {
-            self.interrupt.signal(VIRTIO_MMIO_INT_VRING);
+        if notify {
+            interrupt.signal(VIRTIO_MMIO_INT_VRING);
         }
     }
 }
@@ -518,7 +548,7 @@ mod tests {
     use vm_memory::{Bytes, GuestAddress};
 
     use super::*;
-    use crate::virtio::chain::tests::{mem, queue_with, F_NEXT, F_WRITE, MEM_SIZE};
+    use crate::virtio::chain::tests::{first_chain, mem, queue_with, F_NEXT, F_WRITE, MEM_SIZE};
 
     const HDR: u64 = 0x4000;
     const DATA: u64 = 0x5000;
@@ -555,8 +585,8 @@ mod tests {
         descs: &[(u64, u32, u16, u16)],
     ) -> (Result<u32, String>, u8) {
         let mut q = queue_with(m, descs);
-        let ring = virtq::Ring::of(&q, 0);
-        let split = chain::split(q.pop_descriptor_chain(m).unwrap(), &ring).unwrap();
+        let (v, head) = first_chain(m, &mut q, 0);
+        let split = chain::split(&v, head).unwrap();
         let counters = BlkCounters::default();
         let mut bounce = vec![0u8; 1024]; // small: requests span several rounds
         let r = d

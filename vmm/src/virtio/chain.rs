@@ -1,5 +1,8 @@
 //! Descriptor chains: the VMM's devices' door to `virtq` (shared with the
-//! NIC's dataplane), which walks a popped chain and refuses malformed ones
+//! NIC's dataplane). Per burst a device resolves its queue's rings once
+//! ([`View`], through the translation cache), takes the available heads
+//! from it and returns them with one `complete_used`; `virtq` walks each
+//! chain and refuses malformed ones
 //! (indirect without the feature, loops, bad next indexes), splits it into its device-readable head and
 //! device-writable tail (virtio 1.2 §2.7.4.2) and moves bytes between it and
 //! the device one segment at a time, each checked by vm-memory. Every range
@@ -8,8 +11,7 @@
 //! a page the guest never touched may still hold a previous tenant's bytes
 //! under lazy zeroing, and a device write must not be wiped by a later fault.
 
-use virtio_queue::DescriptorChain;
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestMemory, GuestMemoryMmap};
 
 /// Called with (gpa, len) before the device reads or writes there; an error stops the access.
 pub type PrepareWrite = dyn Fn(u64, u64) -> Result<(), guestmem::Error> + Send + Sync;
@@ -22,13 +24,18 @@ pub fn prepare_for(ctx: &crate::bus::DeviceContext) -> std::sync::Arc<PrepareWri
 
 pub use virtq::{total, Buf, CopyError, Split, SplitError};
 
-/// Splits a chain of the queue `ring` describes (`virtq::Ring::split_into`:
-/// the walk's checks, readable before writable, every buffer in memory).
-pub fn split<M>(chain: DescriptorChain<M>, ring: &virtq::Ring) -> Result<Split, SplitError>
-where
-    M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
-{
-    ring.split(chain.memory(), chain.head_index())
+/// A VM's memory table through the translation cache, for one burst.
+pub type Xlat<'m> = virtq::Xlat<'m, GuestMemoryMmap>;
+/// One queue's rings resolved in it, for one burst.
+pub type View<'v, 'm> = virtq::RingView<'v, Xlat<'m>>;
+
+/// Splits the chain at `head` (`virtq::RingView::split`: the walk's checks,
+/// readable before writable).
+pub fn split<M: GuestMemory + ?Sized>(
+    view: &virtq::RingView<'_, M>,
+    head: u16,
+) -> Result<Split, SplitError> {
+    view.split(head)
 }
 
 /// Copies bytes `skip..skip + out.len()` of the buffers into `out`
@@ -75,6 +82,17 @@ pub(crate) mod tests {
     pub const F_NEXT: u16 = 1;
     pub const F_WRITE: u16 = 2;
 
+    /// `q`'s rings resolved in `m`, and the first available head.
+    pub fn first_chain<'m>(
+        m: &'m GuestMemoryMmap,
+        q: &mut Queue,
+        features: u64,
+    ) -> (virtq::RingView<'m, GuestMemoryMmap>, u16) {
+        let v = virtq::RingView::resolve(&virtq::Ring::of(&*q, features), m).unwrap();
+        let head = v.avail_heads(q, 1).unwrap().next().unwrap();
+        (v, head)
+    }
+
     pub fn mem() -> GuestMemoryMmap {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM_SIZE as usize)]).unwrap()
     }
@@ -112,8 +130,8 @@ pub(crate) mod tests {
                 (0x6000, 1, F_WRITE, 0),
             ],
         );
-        let ring = virtq::Ring::of(&q, 0);
-        let s = split(q.pop_descriptor_chain(&m).unwrap(), &ring).unwrap();
+        let (v, head) = first_chain(&m, &mut q, 0);
+        let s = split(&v, head).unwrap();
         assert_eq!(
             s.readable,
             vec![Buf {
@@ -135,9 +153,9 @@ pub(crate) mod tests {
 
         // Readable after writable: malformed.
         let mut q = queue_with(&m, &[(0x5000, 8, F_WRITE | F_NEXT, 1), (0x4000, 16, 0, 0)]);
-        let ring = virtq::Ring::of(&q, 0);
+        let (v, head) = first_chain(&m, &mut q, 0);
         assert!(matches!(
-            split(q.pop_descriptor_chain(&m).unwrap(), &ring),
+            split(&v, head),
             Err(SplitError::ReadableAfterWritable { .. })
         ));
 
@@ -148,8 +166,8 @@ pub(crate) mod tests {
             vec![(0x4000, 16, F_NEXT, 1), (0x5000, 8, F_NEXT, 0)],
         ] {
             let mut q = queue_with(&m, &descs);
-            let ring = virtq::Ring::of(&q, 0);
-            let e = split(q.pop_descriptor_chain(&m).unwrap(), &ring).unwrap_err();
+            let (v, head) = first_chain(&m, &mut q, 0);
+            let e = split(&v, head).unwrap_err();
             assert!(
                 matches!(
                     e,
@@ -175,8 +193,8 @@ pub(crate) mod tests {
             vec![(0x5000, 8, F_NEXT, 1), (0x6000, 16, F_INDIRECT, 0)],
         ] {
             let mut q = queue_with(&m, &descs);
-            let ring = virtq::Ring::of(&q, 0);
-            let e = split(q.pop_descriptor_chain(&m).unwrap(), &ring).unwrap_err();
+            let (v, head) = first_chain(&m, &mut q, 0);
+            let e = split(&v, head).unwrap_err();
             assert!(
                 matches!(
                     e,
@@ -186,8 +204,8 @@ pub(crate) mod tests {
             );
             // Negotiated, the same chain is followed into its table.
             let mut q = queue_with(&m, &descs);
-            let ring = virtq::Ring::of(&q, 1 << virtq::VIRTIO_F_INDIRECT_DESC);
-            let s = split(q.pop_descriptor_chain(&m).unwrap(), &ring).unwrap();
+            let (v, head) = first_chain(&m, &mut q, 1 << virtq::VIRTIO_F_INDIRECT_DESC);
+            let s = split(&v, head).unwrap();
             assert_eq!(
                 s.writable,
                 vec![Buf {

@@ -15,9 +15,9 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_INT_VRING;
 use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP};
-use virtio_queue::{DescriptorChain, Queue, QueueT};
-use virtq::Ring;
-use vm_memory::GuestMemoryMmap;
+use virtio_queue::{Queue, QueueT};
+use virtq::{Ring, RingView};
+use vm_memory::{GuestMemory, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -82,20 +82,20 @@ pub enum NetChainError {
     TxTooLong { len: u64, max: usize },
 }
 
-/// Write `data` (header + frame) into the device-writable chain. Returns the
-/// number of bytes written; errors name what was wrong with the chain.
+/// Write `data` (header + frame) into the device-writable chain at `head`.
+/// Returns the number of bytes written; errors name what was wrong with the
+/// chain.
 pub fn write_rx_chain<M, P>(
-    mem: &GuestMemoryMmap,
-    ring: &Ring,
+    view: &RingView<'_, M>,
     prepare: &P,
-    chain: DescriptorChain<M>,
+    head: u16,
     data: &[u8],
 ) -> Result<u32, NetChainError>
 where
-    M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
+    M: GuestMemory + ?Sized,
     P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
 {
-    let c = chain::split(chain, ring)?;
+    let c = chain::split(view, head)?;
     if !c.readable.is_empty() {
         return Err(NetChainError::ReadableInRx);
     }
@@ -106,24 +106,23 @@ where
             need: data.len(),
         });
     }
-    chain::write_bufs(mem, prepare, &c.writable, 0, data)?;
+    virtq::write_bufs(view.mem(), prepare, &c.writable, 0, &[data])?;
     Ok(data.len() as u32)
 }
 
-/// Gather the device-readable chain into `buf`; returns its length.
+/// Gather the device-readable chain at `head` into `buf`; returns its length.
 pub fn read_tx_chain<M, P>(
-    mem: &GuestMemoryMmap,
-    ring: &Ring,
+    view: &RingView<'_, M>,
     prepare: &P,
-    chain: DescriptorChain<M>,
+    head: u16,
     buf: &mut Vec<u8>,
 ) -> Result<usize, NetChainError>
 where
-    M: std::ops::Deref<Target = GuestMemoryMmap> + Clone,
+    M: GuestMemory + ?Sized,
     P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
 {
     buf.clear();
-    let c = chain::split(chain, ring)?;
+    let c = chain::split(view, head)?;
     if !c.writable.is_empty() {
         return Err(NetChainError::WritableInTx);
     }
@@ -133,7 +132,7 @@ where
         return Err(NetChainError::TxTooLong { len, max });
     }
     buf.resize(len as usize, 0);
-    chain::read_bufs(mem, prepare, &c.readable, 0, buf)?;
+    virtq::read_bufs(view.mem(), prepare, &c.readable, 0, buf)?;
     Ok(buf.len())
 }
 
@@ -234,6 +233,7 @@ impl VirtioDevice for TapNet {
             pending: None,
             buf: vec![0; VNET_HDR_LEN + MAX_FRAME],
             txbuf: Vec::with_capacity(VNET_HDR_LEN + MAX_FRAME),
+            used: Vec::new(),
         };
         // Used rings the guest never touched must be zeroed before we write them.
         for q in [&state.rx, &state.tx] {
@@ -280,6 +280,8 @@ struct WorkerState {
     pending: Option<usize>,
     buf: Vec<u8>,
     txbuf: Vec<u8>,
+    /// (head, used length) of one burst, returned together.
+    used: Vec<(u16, u32)>,
 }
 
 impl WorkerState {
@@ -333,96 +335,148 @@ impl WorkerState {
         }
     }
 
-    /// Move frames from the tap into RX buffers. Returns false when frames
-    /// wait but the guest has no buffer.
+    /// Move frames from the tap into RX buffers, returned to the guest
+    /// with one used-index store. Returns false when frames wait but the
+    /// guest has no buffer.
     fn process_rx(&mut self) -> bool {
-        let mut used = false;
+        let WorkerState {
+            tap,
+            mem,
+            prepare,
+            rx,
+            features,
+            interrupt,
+            counters,
+            pending,
+            buf,
+            used,
+            ..
+        } = self;
+        let gm = chain::Xlat::new(mem);
+        let view = match chain::View::resolve(&Ring::of(&*rx, *features), &gm) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("tap {}: RX queue: {e}", tap.name());
+                return false;
+            }
+        };
+        used.clear();
         let blocked = loop {
-            let len = match self.pending {
+            let len = match *pending {
                 Some(n) => n,
-                None => match self.tap.read_frame(&mut self.buf[VNET_HDR_LEN..]) {
+                None => match tap.read_frame(&mut buf[VNET_HDR_LEN..]) {
                     Ok(n) => n,
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
                     Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                     Err(e) => {
-                        tracing::warn!("tap {}: read: {e}", self.tap.name());
+                        tracing::warn!("tap {}: read: {e}", tap.name());
                         break false;
                     }
                 },
             };
-            self.pending = Some(len);
-            let Some(chain) = self.rx.pop_descriptor_chain(&self.mem) else {
-                break true;
+            *pending = Some(len);
+            // One buffer at a time: a head is taken only for a frame.
+            let head = match view.avail_heads(&mut *rx, 1) {
+                Ok(mut h) => match h.next() {
+                    Some(head) => head,
+                    None => break true,
+                },
+                Err(e) => {
+                    tracing::warn!("tap {}: RX queue: {e}", tap.name());
+                    break true;
+                }
             };
             // Header: no offloads; num_buffers = 1 (no mergeable buffers).
-            self.buf[..VNET_HDR_LEN].fill(0);
-            self.buf[10..12].copy_from_slice(&1u16.to_le_bytes());
-            let head = chain.head_index();
-            let written = match write_rx_chain(
-                &self.mem,
-                &Ring::of(&self.rx, self.features),
-                &*self.prepare,
-                chain,
-                &self.buf[..VNET_HDR_LEN + len],
-            ) {
+            buf[..VNET_HDR_LEN].fill(0);
+            buf[10..12].copy_from_slice(&1u16.to_le_bytes());
+            let written = match write_rx_chain(&view, &**prepare, head, &buf[..VNET_HDR_LEN + len])
+            {
                 Ok(n) => {
-                    self.counters.rx_frames.fetch_add(1, Ordering::Relaxed);
+                    counters.rx_frames.fetch_add(1, Ordering::Relaxed);
                     n
                 }
                 Err(e) => {
-                    tracing::warn!("tap {}: frame dropped: {e}", self.tap.name());
-                    self.counters.bad_chains.fetch_add(1, Ordering::Relaxed);
-                    self.counters.rx_dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("tap {}: frame dropped: {e}", tap.name());
+                    counters.bad_chains.fetch_add(1, Ordering::Relaxed);
+                    counters.rx_dropped.fetch_add(1, Ordering::Relaxed);
                     0
                 }
             };
-            self.pending = None;
-            if let Err(e) = self.rx.add_used(&self.mem, head, written) {
-                tracing::warn!("tap {}: RX used ring: {e}", self.tap.name());
+            *pending = None;
+            // A head outside the ring has no used slot to return.
+            if head < view.size() {
+                used.push((head, written));
             }
-            used = true;
         };
-        if used {
-            self.notify_rx();
+        match view.complete_used(&mut *rx, used) {
+            Ok(true) => interrupt.signal(VIRTIO_MMIO_INT_VRING),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("tap {}: RX used ring: {e}", tap.name()),
         }
         !blocked
     }
 
-    fn notify_rx(&mut self) {
-        if self.rx.needs_notification(&self.mem).unwrap_or(true) {
-            self.interrupt.signal(VIRTIO_MMIO_INT_VRING);
-        }
-    }
-
+    /// Sends every frame the guest queued; each burst returned with one
+    /// used-index store, one interrupt at the end if the guest asked.
     fn process_tx(&mut self) {
-        let mut used = false;
-        while let Some(chain) = self.tx.pop_descriptor_chain(&self.mem) {
-            let head = chain.head_index();
-            let ring = Ring::of(&self.tx, self.features);
-            match read_tx_chain(&self.mem, &ring, &*self.prepare, chain, &mut self.txbuf) {
-                Ok(n) if n > VNET_HDR_LEN => {
-                    match self.tap.write_frame(&self.txbuf[VNET_HDR_LEN..n]) {
+        let WorkerState {
+            tap,
+            mem,
+            prepare,
+            tx,
+            features,
+            interrupt,
+            counters,
+            txbuf,
+            used,
+            ..
+        } = self;
+        let gm = chain::Xlat::new(mem);
+        let view = match chain::View::resolve(&Ring::of(&*tx, *features), &gm) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("tap {}: TX queue: {e}", tap.name());
+                return;
+            }
+        };
+        let mut notify = false;
+        loop {
+            let heads = match view.avail_heads(&mut *tx, usize::MAX) {
+                Ok(h) if !h.is_empty() => h,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!("tap {}: TX queue: {e}", tap.name());
+                    break;
+                }
+            };
+            used.clear();
+            for head in heads {
+                match read_tx_chain(&view, &**prepare, head, txbuf) {
+                    Ok(n) if n > VNET_HDR_LEN => match tap.write_frame(&txbuf[VNET_HDR_LEN..n]) {
                         Ok(_) => {
-                            self.counters.tx_frames.fetch_add(1, Ordering::Relaxed);
+                            counters.tx_frames.fetch_add(1, Ordering::Relaxed);
                         }
-                        Err(e) => tracing::debug!("tap {}: write: {e}", self.tap.name()),
+                        Err(e) => tracing::debug!("tap {}: write: {e}", tap.name()),
+                    },
+                    Ok(_) => {
+                        counters.bad_chains.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::warn!("tap {}: TX chain dropped: {e}", tap.name());
+                        counters.bad_chains.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                Ok(_) => {
-                    self.counters.bad_chains.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    tracing::warn!("tap {}: TX chain dropped: {e}", self.tap.name());
-                    self.counters.bad_chains.fetch_add(1, Ordering::Relaxed);
+                if head < view.size() {
+                    used.push((head, 0));
                 }
             }
-            if let Err(e) = self.tx.add_used(&self.mem, head, 0) {
-                tracing::warn!("tap {}: TX used ring: {e}", self.tap.name());
+            match view.complete_used(&mut *tx, used) {
+                Ok(n) => notify |= n,
+                Err(e) => tracing::warn!("tap {}: TX used ring: {e}", tap.name()),
             }
-            used = true;
         }
-        if used && self.tx.needs_notification(&self.mem).unwrap_or(true) {
-            self.interrupt.signal(VIRTIO_MMIO_INT_VRING);
+        if notify {
+            interrupt.signal(VIRTIO_MMIO_INT_VRING);
         }
     }
 }

@@ -4,12 +4,13 @@
 use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
-use crate::virtio::chain::tests::{mem, queue_with, F_NEXT, F_WRITE, MEM_SIZE};
+use crate::virtio::chain::tests::{first_chain, mem, queue_with, F_NEXT, F_WRITE, MEM_SIZE};
 
 use virtq::{ChainError, CopyError, SplitError};
 
-fn ring(q: &Queue) -> Ring {
-    Ring::of(q, NET_FEATURES)
+/// The queue's rings and its first available head.
+fn chain<'m>(m: &'m GuestMemoryMmap, q: &mut Queue) -> (RingView<'m, GuestMemoryMmap>, u16) {
+    first_chain(m, q, NET_FEATURES)
 }
 
 /// A buffer (partly) outside guest memory: refused by the split or by the
@@ -33,17 +34,14 @@ fn rx_frame_spans_a_chain_and_prepares_each_write() {
         &m,
         &[(0x4000, 8, F_WRITE | F_NEXT, 1), (0x5000, 100, F_WRITE, 0)],
     );
-    let chain = q.pop_descriptor_chain(&m).unwrap();
+    let (v, head) = chain(&m, &mut q);
     let prepared = std::sync::Mutex::new(Vec::new());
     let prepare = |gpa, len| {
         prepared.lock().unwrap().push((gpa, len));
         Ok(())
     };
     let data: Vec<u8> = (0..20).collect();
-    assert_eq!(
-        write_rx_chain(&m, &ring(&q), &prepare, chain, &data).unwrap(),
-        20
-    );
+    assert_eq!(write_rx_chain(&v, &prepare, head, &data).unwrap(), 20);
     assert_eq!(*prepared.lock().unwrap(), vec![(0x4000, 8), (0x5000, 12)]);
     let mut back = [0u8; 12];
     m.read_slice(&mut back, GuestAddress(0x5000)).unwrap();
@@ -56,25 +54,25 @@ fn malformed_rx_chains_are_rejected_without_writing() {
     let data = [0xaau8; 64];
     // Buffer outside guest memory.
     let mut q = queue_with(&m, &[(MEM_SIZE - 16, 64, F_WRITE, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
-    let e = write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data).unwrap_err();
+    let (v, head) = chain(&m, &mut q);
+    let e = write_rx_chain(&v, &*no_prepare(), head, &data).unwrap_err();
     assert!(outside_memory(&e), "{e}");
     // Address overflowing u64.
     let mut q = queue_with(&m, &[(u64::MAX - 8, 64, F_WRITE, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
-    assert!(write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data).is_err());
+    let (v, head) = chain(&m, &mut q);
+    assert!(write_rx_chain(&v, &*no_prepare(), head, &data).is_err());
     // A device-readable descriptor in an RX chain.
     let mut q = queue_with(&m, &[(0x4000, 64, 0, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
+    let (v, head) = chain(&m, &mut q);
     assert!(matches!(
-        write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data),
+        write_rx_chain(&v, &*no_prepare(), head, &data),
         Err(NetChainError::ReadableInRx)
     ));
     // Too small for the frame: nothing is written.
     let mut q = queue_with(&m, &[(0x4000, 16, F_WRITE, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
+    let (v, head) = chain(&m, &mut q);
     assert!(matches!(
-        write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data),
+        write_rx_chain(&v, &*no_prepare(), head, &data),
         Err(NetChainError::RxTooSmall {
             capacity: 16,
             need: 64
@@ -87,8 +85,8 @@ fn malformed_rx_chains_are_rejected_without_writing() {
     // at most the queue size, 8 here), never hangs, writes nothing.
     m.write_slice(&[0u8; 0x100], GuestAddress(0x4000)).unwrap();
     let mut q = queue_with(&m, &[(0x4000, 8, F_WRITE | F_NEXT, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
-    let e = write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data).unwrap_err();
+    let (v, head) = chain(&m, &mut q);
+    let e = write_rx_chain(&v, &*no_prepare(), head, &data).unwrap_err();
     assert!(
         matches!(
             e,
@@ -101,18 +99,17 @@ fn malformed_rx_chains_are_rejected_without_writing() {
     assert_eq!(after, [0u8; 0xf8], "bytes past the looping buffer");
     // A next index beyond the queue size.
     let mut q = queue_with(&m, &[(0x4000, 8, F_WRITE | F_NEXT, 200)]);
-    if let Some(chain) = q.pop_descriptor_chain(&m) {
-        assert!(write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data).is_err());
-    }
+    let (v, head) = chain(&m, &mut q);
+    assert!(write_rx_chain(&v, &*no_prepare(), head, &data).is_err());
 }
 
 #[test]
 fn failed_prepare_stops_the_write() {
     let m = mem();
     let mut q = queue_with(&m, &[(0x4000, 64, F_WRITE, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
+    let (v, head) = chain(&m, &mut q);
     let prepare = |gpa: u64, len| Err(guestmem::Error::OutOfRange { gpa, len });
-    let e = write_rx_chain(&m, &ring(&q), &prepare, chain, &[1; 8]).unwrap_err();
+    let e = write_rx_chain(&v, &prepare, head, &[1; 8]).unwrap_err();
     // The preparation's own error is the typed source of the refusal.
     let NetChainError::Copy(CopyError::Prepare { addr, source, .. }) = &e else {
         panic!("{e}");
@@ -132,28 +129,28 @@ fn tx_chain_gathers_and_rejects_malformed() {
     m.write_slice(&[4, 5], GuestAddress(0x5000)).unwrap();
     let mut buf = Vec::new();
     let mut q = queue_with(&m, &[(0x4000, 3, F_NEXT, 1), (0x5000, 2, 0, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
+    let (v, head) = chain(&m, &mut q);
     assert_eq!(
-        read_tx_chain(&m, &ring(&q), &*no_prepare(), chain, &mut buf).unwrap(),
+        read_tx_chain(&v, &*no_prepare(), head, &mut buf).unwrap(),
         5
     );
     assert_eq!(buf, [1, 2, 3, 4, 5]);
 
     let mut q = queue_with(&m, &[(0x4000, 3, F_WRITE, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
+    let (v, head) = chain(&m, &mut q);
     assert!(matches!(
-        read_tx_chain(&m, &ring(&q), &*no_prepare(), chain, &mut buf),
+        read_tx_chain(&v, &*no_prepare(), head, &mut buf),
         Err(NetChainError::WritableInTx)
     ));
     let mut q = queue_with(&m, &[(MEM_SIZE - 1, 2, 0, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
-    let e = read_tx_chain(&m, &ring(&q), &*no_prepare(), chain, &mut buf).unwrap_err();
+    let (v, head) = chain(&m, &mut q);
+    let e = read_tx_chain(&v, &*no_prepare(), head, &mut buf).unwrap_err();
     assert!(outside_memory(&e), "{e}");
     // A huge length is refused before any allocation.
     let mut q = queue_with(&m, &[(0x4000, u32::MAX, 0, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
+    let (v, head) = chain(&m, &mut q);
     assert!(matches!(
-        read_tx_chain(&m, &ring(&q), &*no_prepare(), chain, &mut buf),
+        read_tx_chain(&v, &*no_prepare(), head, &mut buf),
         Err(NetChainError::TxTooLong { .. })
     ));
 }
@@ -186,8 +183,8 @@ fn indirect_chains_are_refused_without_the_feature() {
     let data = [0x5au8; 32];
     table(F_WRITE);
     let mut q = queue_with(&m, &[(0x6000, 16, F_INDIRECT, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
-    let e = write_rx_chain(&m, &ring(&q), &*no_prepare(), chain, &data).unwrap_err();
+    let (v, head) = chain(&m, &mut q);
+    let e = write_rx_chain(&v, &*no_prepare(), head, &data).unwrap_err();
     assert!(
         matches!(
             e,
@@ -198,9 +195,9 @@ fn indirect_chains_are_refused_without_the_feature() {
     assert_eq!(m.read_obj::<u8>(GuestAddress(0x4000)).unwrap(), 0);
     table(0);
     let mut q = queue_with(&m, &[(0x6000, 16, F_INDIRECT, 0)]);
-    let chain = q.pop_descriptor_chain(&m).unwrap();
+    let (v, head) = chain(&m, &mut q);
     let mut buf = Vec::new();
-    let e = read_tx_chain(&m, &ring(&q), &*no_prepare(), chain, &mut buf).unwrap_err();
+    let e = read_tx_chain(&v, &*no_prepare(), head, &mut buf).unwrap_err();
     assert!(
         matches!(
             e,

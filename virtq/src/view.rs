@@ -1,0 +1,334 @@
+//! A split virtqueue's three rings as host memory, resolved once per burst.
+//!
+//! [`RingView::resolve`] translates the descriptor table (16 × size bytes),
+//! the available ring (flags, idx, size entries, `used_event`) and the used
+//! ring (flags, idx, size elements, `avail_event`) through the memory table
+//! (e.g. [`crate::Xlat`]) into one [`VolatileSlice`] each, bounds checked
+//! there once. Every access afterwards is an index check and one volatile
+//! load or store: a descriptor as one 16-byte load, a used element as one
+//! 8-byte store, the available index with Acquire, the used index with one
+//! Release store per burst. A ring that does not lie inside one memory region
+//! is refused (as DPDK's `vring_translate` refuses a ring it cannot map
+//! contiguously); guests put each ring in one allocation, so only a hostile
+//! or broken driver meets that.
+//!
+//! The view *borrows* the memory table: a device builds one per burst and
+//! keeps no host address across bursts, so a memory-table change (applied
+//! between bursts) never meets a stale translation.
+
+use std::sync::atomic::{fence, Ordering};
+
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::QueueT;
+use vm_memory::bitmap::BS;
+use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions, VolatileMemory, VolatileSlice};
+
+use crate::{Ring, DESC_SIZE};
+
+/// Bytes before the rings' entries (flags, idx), per available entry and per used element.
+pub(crate) const HEADER: usize = 4;
+pub(crate) const AVAIL_ENTRY: usize = 2;
+pub(crate) const USED_ELEM: usize = 8;
+/// Offset of the `idx` word in both rings.
+pub(crate) const IDX: usize = 2;
+
+/// Why a queue's rings cannot be used. The device names the queue.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RingError {
+    #[error("{part} at {addr:#x}+{len:#x} is not inside one guest memory region")]
+    NotMapped {
+        part: &'static str,
+        addr: u64,
+        len: u64,
+    },
+    #[error("available index {avail} is more than the ring's {size} entries ahead of {next}")]
+    AvailAhead { avail: u16, next: u16, size: u16 },
+    #[error("used element for head {head} outside a ring of {size}")]
+    HeadOutOfRange { head: u16, size: u16 },
+}
+
+/// `[addr, addr + len)` as one host slice, if it lies inside one region.
+pub(crate) fn contiguous<M: GuestMemory + ?Sized>(
+    mem: &M,
+    addr: u64,
+    len: usize,
+) -> Option<VolatileSlice<'_, BS<'_, M::Bitmap>>> {
+    let mut slices = mem
+        .get_slices(GuestAddress(addr), len, Permissions::ReadWrite)
+        .ok()?;
+    let s = slices.next()?.ok()?;
+    (s.len() == len).then_some(s)
+}
+
+/// A host slice of guest memory `M`.
+pub(crate) type Slice<'m, M> = VolatileSlice<'m, BS<'m, <M as GuestMemory>::Bitmap>>;
+
+/// The rings of one queue for one burst (see the module doc).
+pub struct RingView<'m, M: GuestMemory + ?Sized> {
+    pub(crate) ring: Ring,
+    pub(crate) mem: &'m M,
+    desc: Slice<'m, M>,
+    pub(crate) avail: Slice<'m, M>,
+    pub(crate) used: Slice<'m, M>,
+}
+
+impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
+    /// Resolves `ring`'s descriptor table, available and used rings (with
+    /// the event-index words when `ring.event_idx`) in `mem`.
+    pub fn resolve(ring: &Ring, mem: &'m M) -> Result<Self, RingError> {
+        let size = usize::from(ring.size);
+        let event = if ring.event_idx { 2 } else { 0 };
+        let part = |part, addr: GuestAddress, len: usize| {
+            contiguous(mem, addr.0, len).ok_or(RingError::NotMapped {
+                part,
+                addr: addr.0,
+                len: len as u64,
+            })
+        };
+        Ok(RingView {
+            ring: *ring,
+            mem,
+            desc: part(
+                "descriptor table",
+                ring.desc_table,
+                size * DESC_SIZE as usize,
+            )?,
+            avail: part(
+                "available ring",
+                ring.avail_ring,
+                HEADER + size * AVAIL_ENTRY + event,
+            )?,
+            used: part(
+                "used ring",
+                ring.used_ring,
+                HEADER + size * USED_ELEM + event,
+            )?,
+        })
+    }
+
+    /// The memory the view was resolved in (for the buffers' own checks and copies).
+    pub fn mem(&self) -> &'m M {
+        self.mem
+    }
+
+    pub fn size(&self) -> u16 {
+        self.ring.size
+    }
+
+    /// Descriptor `index` of the table (`index` < size, checked by the caller).
+    #[inline]
+    pub(crate) fn descriptor(&self, index: u16) -> Option<Descriptor> {
+        let r = self
+            .desc
+            .get_ref::<Descriptor>(usize::from(index) * DESC_SIZE as usize)
+            .ok()?;
+        Some(r.load())
+    }
+
+    /// How many chains the driver made available past `next_avail` (the
+    /// index read with Acquire: the entries and descriptors it covers are
+    /// visible after it).
+    pub fn pending(&self, next_avail: u16) -> Result<u16, RingError> {
+        let avail = self.load_u16(&self.avail, IDX, Ordering::Acquire);
+        let n = avail.wrapping_sub(next_avail);
+        if n > self.ring.size {
+            return Err(RingError::AvailAhead {
+                avail,
+                next: next_avail,
+                size: self.ring.size,
+            });
+        }
+        Ok(n)
+    }
+
+    /// The chains the driver made available, at most `max`: `q`'s next
+    /// available index moves past them now (each one taken must be returned
+    /// through [`RingView::complete_used`], or the queue fails).
+    pub fn avail_heads(
+        &self,
+        q: &mut impl QueueT,
+        max: usize,
+    ) -> Result<AvailHeads<'_, 'm, M>, RingError> {
+        let next = q.next_avail();
+        let n = self
+            .pending(next)?
+            .min(u16::try_from(max).unwrap_or(u16::MAX));
+        q.set_next_avail(next.wrapping_add(n));
+        Ok(AvailHeads {
+            view: self,
+            pos: next,
+            left: n,
+        })
+    }
+
+    /// The head index in available entry `pos` (a free-running index, taken
+    /// modulo the ring size); the caller checks it as a descriptor index.
+    #[inline]
+    pub fn avail_head(&self, pos: u16) -> u16 {
+        let slot = usize::from(pos % self.ring.size);
+        self.avail
+            .get_ref::<u16>(HEADER + slot * AVAIL_ENTRY)
+            .map(|r| u16::from_le(r.load()))
+            .expect("resolved with size entries")
+    }
+
+    /// The word at `off` of a resolved ring (in bounds by construction).
+    /// A misaligned ring cannot take the atomic load: a volatile load and
+    /// a fence then.
+    pub(crate) fn load_u16(&self, s: &Slice<'m, M>, off: usize, order: Ordering) -> u16 {
+        let v = s.load::<u16>(off, order).unwrap_or_else(|_| {
+            let v = s.get_ref::<u16>(off).expect("resolved header").load();
+            fence(Ordering::Acquire);
+            v
+        });
+        u16::from_le(v)
+    }
+}
+
+/// Iterator of [`RingView::avail_heads`]: head indexes, in the driver's order.
+pub struct AvailHeads<'v, 'm, M: GuestMemory + ?Sized> {
+    view: &'v RingView<'m, M>,
+    pos: u16,
+    left: u16,
+}
+
+impl<M: GuestMemory + ?Sized> AvailHeads<'_, '_, M> {
+    /// Heads not yet taken.
+    pub fn len(&self) -> usize {
+        usize::from(self.left)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.left == 0
+    }
+}
+
+impl<M: GuestMemory + ?Sized> Iterator for AvailHeads<'_, '_, M> {
+    type Item = u16;
+
+    #[inline]
+    fn next(&mut self) -> Option<u16> {
+        self.left = self.left.checked_sub(1)?;
+        let head = self.view.avail_head(self.pos);
+        self.pos = self.pos.wrapping_add(1);
+        Some(head)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestMemoryMmap;
+
+    const SIZE: u16 = 8;
+    const DESC_LEN: u64 = 16 * SIZE as u64;
+    const AVAIL_LEN: u64 = 4 + 2 * SIZE as u64;
+    const USED_LEN: u64 = 4 + 8 * SIZE as u64;
+
+    /// Two adjacent regions: [0, 0x4000) and [0x4000, 0x8000).
+    fn two_regions() -> GuestMemoryMmap {
+        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x4000), (GuestAddress(0x4000), 0x4000)])
+            .unwrap()
+    }
+
+    fn ring(desc: u64, avail: u64, used: u64, event_idx: bool) -> Ring {
+        Ring {
+            desc_table: GuestAddress(desc),
+            avail_ring: GuestAddress(avail),
+            used_ring: GuestAddress(used),
+            size: SIZE,
+            features: 0,
+            event_idx,
+        }
+    }
+
+    fn refused(r: Ring, m: &GuestMemoryMmap) -> Option<&'static str> {
+        match RingView::resolve(&r, m) {
+            Ok(_) => None,
+            Err(RingError::NotMapped { part, .. }) => Some(part),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn a_ring_must_lie_inside_one_region() {
+        let m = two_regions();
+        let end = 0x4000u64;
+        // Each ring ending exactly at the first region's end: accepted.
+        assert_eq!(refused(ring(end - DESC_LEN, 0x100, 0x200, false), &m), None);
+        assert_eq!(refused(ring(0, end - AVAIL_LEN, 0x200, false), &m), None);
+        assert_eq!(refused(ring(0, 0x100, end - USED_LEN, false), &m), None);
+        // With EVENT_IDX each ring is 2 bytes longer.
+        assert_eq!(
+            refused(ring(0, end - AVAIL_LEN - 2, end - 0x100, true), &m),
+            None
+        );
+        assert_eq!(refused(ring(0, 0x100, end - USED_LEN - 2, true), &m), None);
+        // One byte past (so crossing into the adjacent region): refused, named.
+        for (r, part) in [
+            (
+                ring(end - DESC_LEN + 1, 0x100, 0x200, false),
+                "descriptor table",
+            ),
+            (ring(0, end - AVAIL_LEN + 1, 0x200, false), "available ring"),
+            (ring(0, 0x100, end - USED_LEN + 1, false), "used ring"),
+            (ring(0, end - AVAIL_LEN, 0x200, true), "available ring"),
+            (ring(0, 0x100, end - USED_LEN, true), "used ring"),
+            // Past the end of memory, and far outside it.
+            (
+                ring(0x8000 - DESC_LEN + 1, 0x100, 0x200, false),
+                "descriptor table",
+            ),
+            (ring(0, 0x100, u64::MAX - 8, false), "used ring"),
+        ] {
+            assert_eq!(refused(r, &m), Some(part), "{r:?}");
+        }
+        let e = RingView::resolve(&ring(end - 8, 0x100, 0x200, false), &m)
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.to_string(),
+            "descriptor table at 0x3ff8+0x80 is not inside one guest memory region"
+        );
+        // A ring of size 0 has nothing to resolve: refused too.
+        let zero = Ring {
+            size: 0,
+            ..ring(0, 0x100, 0x200, false)
+        };
+        assert_eq!(refused(zero, &m), Some("descriptor table"));
+    }
+
+    #[test]
+    fn avail_heads_wrap_around_at_65535() {
+        let m = two_regions();
+        let r = ring(0, 0x1000, 0x2000, false);
+        let mut q = virtio_queue::Queue::new(SIZE).unwrap();
+        q.set_size(SIZE);
+        q.set_next_avail(65534);
+        // The driver made 4 available: entries 65534, 65535, 0, 1 (slots 6, 7, 0, 1).
+        for (slot, head) in [(6u64, 3u16), (7, 5), (0, 1), (1, 7)] {
+            m.write_obj(head, GuestAddress(0x1000 + 4 + 2 * slot))
+                .unwrap();
+        }
+        m.write_obj(2u16, GuestAddress(0x1002)).unwrap();
+        let v = RingView::resolve(&r, &m).unwrap();
+        assert_eq!(v.pending(65534), Ok(4));
+        let heads: Vec<u16> = v.avail_heads(&mut q, 3).unwrap().collect();
+        assert_eq!(heads, [3, 5, 1], "at most max, in order");
+        assert_eq!(q.next_avail(), 1);
+        let heads: Vec<u16> = v.avail_heads(&mut q, 64).unwrap().collect();
+        assert_eq!((heads, q.next_avail()), (vec![7], 2));
+        assert!(v.avail_heads(&mut q, 64).unwrap().is_empty());
+        // An index more than the ring ahead of the device: refused, nothing taken.
+        m.write_obj(2u16 + SIZE + 1, GuestAddress(0x1002)).unwrap();
+        assert_eq!(
+            v.avail_heads(&mut q, 64).err(),
+            Some(RingError::AvailAhead {
+                avail: 11,
+                next: 2,
+                size: SIZE
+            })
+        );
+        assert_eq!(q.next_avail(), 2);
+    }
+}
