@@ -264,6 +264,12 @@ impl VfMemory {
         GuestMemoryBackend::check_range(&self.gm, GuestAddress(gpa), len)
     }
 
+    /// Whether any region is pool memory with a page-state table (lazy
+    /// zeroing); without one, preparing a range is only a bounds check.
+    pub fn tracked(&self) -> bool {
+        self.regions.iter().any(|r| r.dev.tracked())
+    }
+
     /// Must be called before the NIC writes into (or reads from) guest pages:
     /// with lazy zeroing a still-dirty page is zeroed first (proactive fault),
     /// so a write is not lost and a read never sees a previous sandbox's bytes.

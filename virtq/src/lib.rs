@@ -18,7 +18,10 @@ mod used;
 mod view;
 mod xlat;
 
-pub use segments::{read_bufs, total, write_bufs, Buf, CopyError, Split, SplitError};
+pub use segments::{
+    read_bufs, read_kept, total, write_bufs, write_kept, Buf, CopyError, Kept, Split, SplitError,
+    KEPT,
+};
 use view::Slice;
 pub use view::{AvailHeads, RingError, RingView};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};

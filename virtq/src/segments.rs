@@ -20,7 +20,7 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
-use crate::view::contiguous;
+use crate::view::{contiguous, Slice};
 use crate::{ChainError, Ring, RingError, RingView};
 
 /// One buffer of a chain, as the guest described it.
@@ -131,27 +131,81 @@ impl Split {
     /// Every buffer lies in `mem`, also those a copy would not reach (a
     /// device that must refuse the whole chain, as the NIC does).
     pub fn check_in<M: GuestMemory + ?Sized>(&self, mem: &M) -> Result<(), SplitError> {
-        let bad = self.readable.iter().chain(&self.writable).find(|b| {
-            !mem.check_range(GuestAddress(b.addr), b.len as usize, Permissions::ReadWrite)
-        });
-        match bad {
-            Some(b) => Err(SplitError::Outside {
-                head: self.head,
-                addr: b.addr,
-                len: b.len,
-            }),
-            None => Ok(()),
-        }
+        self.check_in_keep(mem).map(drop)
+    }
+
+    /// [`Split::check_in`], keeping the host slices of the first [`KEPT`]
+    /// readable and writable buffers (readable, writable): a copy through
+    /// them ([`read_kept`], [`write_kept`]) does not translate again.
+    pub fn check_in_keep<'m, M: GuestMemory + ?Sized>(
+        &self,
+        mem: &'m M,
+    ) -> Result<(Kept<'m, M>, Kept<'m, M>), SplitError> {
+        let keep = |bufs: &[Buf]| {
+            let mut kept = Kept::none();
+            for (i, b) in bufs.iter().enumerate() {
+                let one = if i < KEPT {
+                    contiguous(mem, b.addr, b.len as usize)
+                } else {
+                    None
+                };
+                match one {
+                    Some(s) => kept.slices[i] = Some(s),
+                    // Past the kept ones, or a buffer over adjacent regions.
+                    None if mem.check_range(
+                        GuestAddress(b.addr),
+                        b.len as usize,
+                        Permissions::ReadWrite,
+                    ) => {}
+                    None => {
+                        return Err(SplitError::Outside {
+                            head: self.head,
+                            addr: b.addr,
+                            len: b.len,
+                        })
+                    }
+                }
+            }
+            Ok(kept)
+        };
+        Ok((keep(&self.readable)?, keep(&self.writable)?))
     }
 }
 
-/// Calls `f(gpa, offset, n)` for each piece of `bufs` that covers bytes
-/// `skip..skip + len` of their concatenation (`offset` counts from `skip`).
+/// How many buffers per side [`Split::check_in_keep`] keeps as host slices
+/// (a frame's chain has one or two).
+pub const KEPT: usize = 2;
+
+/// Host slices of a chain's first buffers, for one burst (they borrow the
+/// memory table like the ring view).
+pub struct Kept<'m, M: GuestMemory + ?Sized> {
+    slices: [Option<Slice<'m, M>>; KEPT],
+}
+
+impl<'m, M: GuestMemory + ?Sized> Kept<'m, M> {
+    /// Nothing kept: every piece is translated when copied.
+    pub fn none() -> Self {
+        Kept {
+            slices: std::array::from_fn(|_| None),
+        }
+    }
+
+    /// Bytes `off..off + n` of buffer `i`, if it was kept.
+    #[inline]
+    fn piece(&self, i: usize, off: u64, n: usize) -> Option<Slice<'m, M>> {
+        let s = self.slices.get(i)?.as_ref()?;
+        s.subslice(usize::try_from(off).ok()?, n).ok()
+    }
+}
+
+/// Calls `f(i, in_buf, gpa, offset, n)` for each piece of `bufs` that covers
+/// bytes `skip..skip + len` of their concatenation (`i` the buffer, `in_buf`
+/// the piece's offset in it, `offset` counts from `skip`).
 fn for_pieces(
     bufs: &[Buf],
     skip: u64,
     len: u64,
-    mut f: impl FnMut(u64, usize, usize) -> Result<(), CopyError>,
+    mut f: impl FnMut(usize, u64, u64, usize, usize) -> Result<(), CopyError>,
 ) -> Result<(), CopyError> {
     let total = total(bufs);
     let end = skip
@@ -159,7 +213,7 @@ fn for_pieces(
         .filter(|&e| e <= total)
         .ok_or(CopyError::Beyond { skip, len, total })?;
     let mut at = 0u64;
-    for b in bufs {
+    for (i, b) in bufs.iter().enumerate() {
         let (lo, hi) = (at, at + u64::from(b.len));
         at = hi;
         if hi <= skip {
@@ -173,7 +227,7 @@ fn for_pieces(
             addr: b.addr,
             len: b.len,
         })?;
-        f(addr, (s - skip) as usize, (e - s) as usize)?;
+        f(i, s - lo, addr, (s - skip) as usize, (e - s) as usize)?;
     }
     Ok(())
 }
@@ -205,11 +259,33 @@ where
     P: Fn(u64, u64) -> Result<(), E> + ?Sized,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    for_pieces(bufs, skip, out.len() as u64, |addr, off, n| {
+    read_kept(mem, &Kept::none(), prepare, bufs, skip, out)
+}
+
+/// [`read_bufs`] through the host slices `kept` holds for `bufs`.
+pub fn read_kept<M, P, E>(
+    mem: &M,
+    kept: &Kept<'_, M>,
+    prepare: &P,
+    bufs: &[Buf],
+    skip: u64,
+    out: &mut [u8],
+) -> Result<(), CopyError>
+where
+    M: GuestMemory + ?Sized,
+    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    for_pieces(bufs, skip, out.len() as u64, |i, in_buf, addr, off, n| {
         prepared(prepare, addr, n)?;
         let out = &mut out[off..off + n];
-        // A piece inside one region: one host slice, one memcpy. One that
-        // crosses regions (legal for a buffer): vm-memory's own copy.
+        // A kept buffer or a piece inside one region: one host slice, one
+        // memcpy. One that crosses regions (legal for a buffer):
+        // vm-memory's own copy.
+        if let Some(s) = kept.piece(i, in_buf, n) {
+            s.copy_to(out);
+            return Ok(());
+        }
         if let Some(s) = contiguous(mem, addr, n) {
             s.copy_to(out);
             return Ok(());
@@ -238,14 +314,37 @@ where
     P: Fn(u64, u64) -> Result<(), E> + ?Sized,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    write_kept(mem, &Kept::none(), prepare, bufs, skip, parts)
+}
+
+/// [`write_bufs`] through the host slices `kept` holds for `bufs`.
+pub fn write_kept<M, P, E>(
+    mem: &M,
+    kept: &Kept<'_, M>,
+    prepare: &P,
+    bufs: &[Buf],
+    skip: u64,
+    parts: &[&[u8]],
+) -> Result<(), CopyError>
+where
+    M: GuestMemory + ?Sized,
+    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     // Every piece the parts land in is prepared first, once (a header and a
     // frame sharing a descriptor: one call), so a refusal moves no byte.
     let len = parts.iter().map(|p| p.len() as u64).sum();
-    for_pieces(bufs, skip, len, |addr, _, n| prepared(prepare, addr, n))?;
+    for_pieces(bufs, skip, len, |_, _, addr, _, n| {
+        prepared(prepare, addr, n)
+    })?;
     let mut skip = skip;
     for data in parts {
-        for_pieces(bufs, skip, data.len() as u64, |addr, off, n| {
+        for_pieces(bufs, skip, data.len() as u64, |i, in_buf, addr, off, n| {
             let data = &data[off..off + n];
+            if let Some(s) = kept.piece(i, in_buf, n) {
+                s.copy_from(data);
+                return Ok(());
+            }
             if let Some(s) = contiguous(mem, addr, n) {
                 s.copy_from(data);
                 return Ok(());
@@ -394,6 +493,12 @@ mod tests {
         read_bufs(&m, &prep, &s.readable, 12, &mut out).unwrap();
         assert_eq!(out, frame[12..]);
         assert_eq!(*prepared.borrow(), 268, "exactly the bytes read");
+        // The same through the host slices kept by the check (the first
+        // KEPT buffers; the others translated by the copy).
+        let (kept, _) = s.check_in_keep(&m).unwrap();
+        let mut via = vec![0u8; 280 - 12];
+        read_kept(&m, &kept, &no_prepare, &s.readable, 12, &mut via).unwrap();
+        assert_eq!(via, out);
         // And back into a writable chain of the same shape, header first.
         let m2 = mem_with(&small_descs(40, 7, WRITE));
         let s2 = split(ring(64), &m2, 0).unwrap();
@@ -428,6 +533,44 @@ mod tests {
         calls.borrow_mut().clear();
         write_bufs(&m, &prep, &s.writable, 0, &[&hdr, &frame]).unwrap();
         assert_eq!(*calls.borrow(), vec![(0x4000, 20), (0x5000, 52)]);
+    }
+
+    /// A buffer over two adjacent regions is legal: not kept as one host
+    /// slice, still checked and copied whole; one past the memory is refused.
+    #[test]
+    fn kept_slices_and_buffers_across_regions() {
+        let m = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 0x8000),
+            (GuestAddress(0x8000), 0x8000),
+        ])
+        .unwrap();
+        let descs = [(0x4000, 16, WRITE | NEXT, 1), (0x7ff8, 16, WRITE, 0)];
+        for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
+            let d = Descriptor::new(addr, len, flags, next);
+            m.write_obj(d, GuestAddress(TABLE + 16 * i as u64)).unwrap();
+        }
+        let s = split(ring(8), &m, 0).unwrap();
+        let (_, kept) = s.check_in_keep(&m).unwrap();
+        assert!(kept.piece(0, 0, 16).is_some() && kept.piece(1, 0, 16).is_none());
+        let data: Vec<u8> = (0..32).collect();
+        write_kept(&m, &kept, &no_prepare, &s.writable, 0, &[&data]).unwrap();
+        let mut back = [0u8; 16];
+        m.read_slice(&mut back, GuestAddress(0x7ff8)).unwrap();
+        assert_eq!(back[..], data[16..]);
+        let mut via = [0u8; 32];
+        read_kept(&m, &kept, &no_prepare, &s.writable, 0, &mut via).unwrap();
+        assert_eq!(via[..], data[..]);
+        // Past the end of memory: refused by the check.
+        m.write_obj(
+            Descriptor::new(0xfff8, 16, WRITE, 0),
+            GuestAddress(TABLE + 16),
+        )
+        .unwrap();
+        let s = split(ring(8), &m, 0).unwrap();
+        assert!(matches!(
+            s.check_in_keep(&m),
+            Err(SplitError::Outside { addr: 0xfff8, .. })
+        ));
     }
 
     #[test]
