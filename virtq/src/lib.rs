@@ -1,16 +1,27 @@
 //! The one descriptor-chain walk shared by every device that reads
 //! guest-written split virtqueues: the NIC's dataplane and the VMM's own
-//! virtio devices (virtio-net, virtio-blk). virtio-queue pops the available
-//! ring; its chain iterator is not used, because it follows an indirect
-//! descriptor (VRING_DESC_F_INDIRECT) whatever was negotiated and ends a
-//! malformed chain silently. [`Ring::walk`] reads each descriptor exactly
-//! once (so a guest rewriting the table meanwhile cannot slip a flag past a
-//! check) and ends with an error when the chain is malformed:
+//! virtio devices (virtio-net, virtio-blk).
+//!
+//! Per burst a device resolves its queue's rings once into host slices
+//! ([`RingView`], through the translation cache [`Xlat`]); it takes the
+//! available heads from the view ([`RingView::avail_heads`], in place of
+//! virtio-queue's `AvailIter`, whose chain iterator would also follow an
+//! indirect descriptor whatever was negotiated and end a malformed chain
+//! silently), walks and splits each chain ([`RingView::walk`],
+//! [`RingView::split_into`]), checks and copies its buffers
+//! ([`Split::check_in_keep`], [`read_kept`]/[`write_kept`]) and returns the
+//! burst with one used-index store ([`RingView::complete_used`]).
+//! virtio-queue's `Queue` stays the holder of the queue state (addresses,
+//! size, ready, next_avail, next_used).
+//!
+//! [`RingView::walk`] reads each descriptor exactly once (so a guest
+//! rewriting the table meanwhile cannot slip a flag past a check) and ends
+//! with an error when the chain is malformed:
 //! - an indirect descriptor without VIRTIO_F_INDIRECT_DESC (virtio 1.2
 //!   §2.7.5.3.2: the driver MUST NOT set the flag unless negotiated), a
 //!   nested indirect table or one whose length is not a multiple of 16;
 //! - a next index outside the table, a chain longer than the table (a
-//!   loop), a descriptor outside guest memory;
+//!   loop), an indirect table not inside one memory region;
 //! - more than 2^32 bytes in total (§2.7.5.2).
 
 mod segments;

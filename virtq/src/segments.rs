@@ -3,7 +3,7 @@
 //! and the copies between those buffers and the device. Shared by the NIC's
 //! dataplane and the VMM's virtio-net and virtio-blk, so every check lives
 //! here once:
-//! - the walk itself ([`Ring::walk`]: indirect refusal, loops, next indexes,
+//! - the walk itself ([`RingView::walk`]: indirect refusal, loops, next indexes,
 //!   2^32 bytes);
 //! - a readable descriptor after a writable one is malformed;
 //! - every buffer lies inside guest memory (checked by each copy, or for the
@@ -13,10 +13,11 @@
 //!   lazy zeroing a page the guest never touched may still hold a previous
 //!   tenant's bytes, and a device write must not be wiped by a later zeroing.
 //!
-//! Copies are whole segments (one `read_slice`/`write_slice`, a memcpy, per
-//! piece of a buffer), and a device that keeps one [`Split`] across chains
-//! allocates only for the longest chain it has seen: the hot path of the NIC
-//! allocates nothing.
+//! Copies are whole segments (one memcpy per piece of a buffer, on the host
+//! slice [`Split::check_in_keep`] kept or one translated for the piece; a
+//! piece over two adjacent regions through vm-memory), and a device that
+//! keeps one [`Split`] across chains allocates only for the longest chain it
+//! has seen: the hot path of the NIC allocates nothing.
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 

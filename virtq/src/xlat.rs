@@ -1,12 +1,11 @@
 //! A guest-address translation cache: the regions of one memory table
 //! (guest start, length, region) copied into a small array once, and the
 //! region the last access hit checked first. It is a vm-memory
-//! [`GuestMemory`], so virtio-queue's ring accesses, [`crate::Ring::walk`]
-//! and the segment copies run through it unchanged: in a burst, a
-//! descriptor, a used-ring write and a segment copy cost one bounds check
-//! against the last region instead of a region search each (DPDK's vhost
-//! library does the same: ring host addresses resolved once, a per-ring
-//! cache for buffers).
+//! [`GuestMemory`]: the ring view ([`crate::RingView`], rings resolved once
+//! per burst), indirect tables and the segment copies translate through
+//! it, each with one bounds check against the last region instead of a
+//! region search (DPDK's vhost library does the same: ring host addresses
+//! resolved once, a per-ring cache for buffers).
 //!
 //! Safety is the memory table's own: `Xlat` borrows the table, so it cannot
 //! outlive it, and a memory-table change (which replaces the table) cannot

@@ -492,13 +492,10 @@ impl WorkerState {
             used,
         } = self;
         let gm = chain::Xlat::new(mem);
-        let view = match chain::View::resolve(&virtq::Ring::of(&*queue, *features), &gm) {
-            Ok(v) => v,
-            Err(e) => {
-                counters.bad_chains.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!("disk {}: request queue: {e}", disk.name);
-                return;
-            }
+        let what = format_args!("disk {}: request queue", disk.name);
+        let Some(view) = chain::view(&gm, queue, *features, &what) else {
+            counters.bad_chains.fetch_add(1, Ordering::Relaxed);
+            return;
         };
         let mut notify = false;
         loop {

@@ -29,6 +29,19 @@ pub type Xlat<'m> = virtq::Xlat<'m, GuestMemoryMmap>;
 /// One queue's rings resolved in it, for one burst.
 pub type View<'v, 'm> = virtq::RingView<'v, Xlat<'m>>;
 
+/// `q`'s rings resolved in `gm` for one burst, or `None` (logged, naming
+/// `queue`) when they are not inside one memory region.
+pub fn view<'v, 'm>(
+    gm: &'v Xlat<'m>,
+    q: &virtio_queue::Queue,
+    features: u64,
+    queue: &dyn std::fmt::Display,
+) -> Option<View<'v, 'm>> {
+    View::resolve(&virtq::Ring::of(q, features), gm)
+        .inspect_err(|e| tracing::warn!("{queue}: {e}"))
+        .ok()
+}
+
 /// Splits the chain at `head` (`virtq::RingView::split`: the walk's checks,
 /// readable before writable).
 pub fn split<M: GuestMemory + ?Sized>(

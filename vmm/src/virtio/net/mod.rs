@@ -16,7 +16,7 @@ use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_INT_VRING;
 use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP};
 use virtio_queue::{Queue, QueueT};
-use virtq::{Ring, RingView};
+use virtq::RingView;
 use vm_memory::{GuestMemory, GuestMemoryMmap};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
@@ -353,12 +353,9 @@ impl WorkerState {
             ..
         } = self;
         let gm = chain::Xlat::new(mem);
-        let view = match chain::View::resolve(&Ring::of(&*rx, *features), &gm) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!("tap {}: RX queue: {e}", tap.name());
-                return false;
-            }
+        let what = format_args!("tap {}: RX queue", tap.name());
+        let Some(view) = chain::view(&gm, rx, *features, &what) else {
+            return false;
         };
         used.clear();
         let blocked = loop {
@@ -432,12 +429,9 @@ impl WorkerState {
             ..
         } = self;
         let gm = chain::Xlat::new(mem);
-        let view = match chain::View::resolve(&Ring::of(&*tx, *features), &gm) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!("tap {}: TX queue: {e}", tap.name());
-                return;
-            }
+        let what = format_args!("tap {}: TX queue", tap.name());
+        let Some(view) = chain::view(&gm, tx, *features, &what) else {
+            return;
         };
         let mut notify = false;
         loop {

@@ -81,7 +81,7 @@ fn malformed_rx_chains_are_rejected_without_writing() {
     let mut b = [0u8; 16];
     m.read_slice(&mut b, GuestAddress(0x4000)).unwrap();
     assert_eq!(b, [0; 16]);
-    // A chain looping onto itself is refused (`virtq::Ring::walk` counts
+    // A chain looping onto itself is refused (`virtq::RingView::walk` counts
     // at most the queue size, 8 here), never hangs, writes nothing.
     m.write_slice(&[0u8; 0x100], GuestAddress(0x4000)).unwrap();
     let mut q = queue_with(&m, &[(0x4000, 8, F_WRITE | F_NEXT, 0)]);
