@@ -142,34 +142,45 @@ impl Split {
         &self,
         mem: &'m M,
     ) -> Result<(Kept<'m, M>, Kept<'m, M>), SplitError> {
-        let keep = |bufs: &[Buf]| {
-            let mut kept = Kept::none();
-            for (i, b) in bufs.iter().enumerate() {
-                let one = if i < KEPT {
-                    contiguous(mem, b.addr, b.len as usize)
-                } else {
-                    None
-                };
-                match one {
-                    Some(s) => kept.slices[i] = Some(s),
-                    // Past the kept ones, or a buffer over adjacent regions.
-                    None if mem.check_range(
-                        GuestAddress(b.addr),
-                        b.len as usize,
-                        Permissions::ReadWrite,
-                    ) => {}
-                    None => {
-                        return Err(SplitError::Outside {
-                            head: self.head,
-                            addr: b.addr,
-                            len: b.len,
-                        })
-                    }
+        Ok((
+            self.keep(mem, &self.readable)?,
+            self.keep(mem, &self.writable)?,
+        ))
+    }
+
+    /// Checks `bufs` (one side of this split) like [`Split::check_in`] and
+    /// keeps the host slices of the first [`KEPT`]: for a device that uses
+    /// one side and has refused chains with the other.
+    pub fn keep<'m, M: GuestMemory + ?Sized>(
+        &self,
+        mem: &'m M,
+        bufs: &[Buf],
+    ) -> Result<Kept<'m, M>, SplitError> {
+        let mut kept = Kept::none();
+        for (i, b) in bufs.iter().enumerate() {
+            let one = if i < KEPT {
+                contiguous(mem, b.addr, b.len as usize)
+            } else {
+                None
+            };
+            match one {
+                Some(s) => kept.slices[i] = Some(s),
+                // Past the kept ones, or a buffer over adjacent regions.
+                None if mem.check_range(
+                    GuestAddress(b.addr),
+                    b.len as usize,
+                    Permissions::ReadWrite,
+                ) => {}
+                None => {
+                    return Err(SplitError::Outside {
+                        head: self.head,
+                        addr: b.addr,
+                        len: b.len,
+                    })
                 }
             }
-            Ok(kept)
-        };
-        Ok((keep(&self.readable)?, keep(&self.writable)?))
+        }
+        Ok(kept)
     }
 }
 

@@ -71,16 +71,24 @@ fn split_chain<'v, 'm>(
 ) -> Result<virtq::Kept<'v, Xlat<'m>>, Fault> {
     let e = |source| Fault::Split { q, source };
     view.split_into(head, split).map_err(e)?;
-    let (readable, writable) = split.check_in_keep(view.mem()).map_err(e)?;
-    let (wrong, what) = if q == TXQ {
-        (&split.writable, "writable buffer in transmit chain")
+    let (used, wrong, what) = if q == TXQ {
+        (
+            &split.readable,
+            &split.writable,
+            "writable buffer in transmit chain",
+        )
     } else {
-        (&split.readable, "read-only buffer in receive chain")
+        (
+            &split.writable,
+            &split.readable,
+            "read-only buffer in receive chain",
+        )
     };
-    if !wrong.is_empty() || split.readable.len() + split.writable.len() == 0 {
+    if !wrong.is_empty() || used.is_empty() {
         return Err(Fault::Chain { q, head, what });
     }
-    Ok(if q == TXQ { readable } else { writable })
+    // The other side is empty: checking the used side checks the chain.
+    split.keep(view.mem(), used).map_err(e)
 }
 
 /// The memory table's translation cache, for one burst.
