@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::daemon::{BackgroundServer, Nic};
-use crate::dataplane::Dataplane;
+use crate::dataplane::{Dataplane, SAFETY_SLEEP};
 use crate::devset::LockPolicy;
 use crate::frontend::{SimFrontend, MIN_MEM};
 
@@ -221,6 +221,19 @@ impl BenchNic {
         pin: Option<usize>,
         threads: usize,
     ) -> Result<BenchNic, BenchDpError> {
+        Self::start_capped(dir, vfs, batch, pin, threads, SAFETY_SLEEP)
+    }
+
+    /// As `start`, with the dataplane threads' longest sleep (a test sets a
+    /// long one, so that a missed wake-up shows as a stall).
+    pub fn start_capped(
+        dir: &Path,
+        vfs: usize,
+        batch: usize,
+        pin: Option<usize>,
+        threads: usize,
+        sleep_cap: Duration,
+    ) -> Result<BenchNic, BenchDpError> {
         let nic_err = |what| move |source| BenchDpError::Nic { what, source };
         let nic = Arc::new(
             Nic::new(
@@ -260,7 +273,8 @@ impl BenchNic {
             dp_threads: Vec::new(),
             dp_tids: Vec::new(),
         };
-        for (k, dp) in dps.into_iter().enumerate() {
+        for (k, mut dp) in dps.into_iter().enumerate() {
+            dp.set_sleep_cap(sleep_cap);
             let (tid_tx, tid_rx) = std::sync::mpsc::channel();
             let st = b.stop.clone();
             let t = std::thread::Builder::new()

@@ -31,8 +31,12 @@ pub const DEFAULT_BATCH: usize = 32;
 /// Frames queued for one VF while its guest posts no receive buffers.
 pub(crate) const BACKLOG_MAX: usize = 256;
 const SPIN_ROUNDS: u32 = 1000;
-/// Upper bound of a sleep: a safety net, not the wake-up mechanism.
-const SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
+/// Upper bound of a sleep. Not the wake-up mechanism: every source of work
+/// wakes a sleeping thread itself (kick and wake eventfds, the uplink fd, the
+/// cross-thread Dekker in `shard`), so a sleep that runs out is a missed
+/// wake-up, i.e. a bug; the cap bounds what such a bug costs. Tests set it far
+/// longer (`Dataplane::set_sleep_cap`) so that a missed wake-up fails them.
+pub const SAFETY_SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct Dataplane {
     devset: Arc<Devset<VfHw>>,
@@ -60,6 +64,7 @@ pub struct Dataplane {
     /// The spoof warning was given for the VF's current session.
     spoof_warned: Vec<bool>,
     scratch: virtio::Scratch,
+    sleep_cap: std::time::Duration,
     /// ixy-style accounting: time spent in busy periods, and frames moved.
     busy_ns: u128,
     frames: u64,
@@ -124,6 +129,7 @@ impl Dataplane {
             active: vec![false; n],
             spoof_warned: vec![false; n],
             scratch: virtio::Scratch::default(),
+            sleep_cap: SAFETY_SLEEP,
             busy_ns: 0,
             frames: 0,
             ports,
@@ -134,6 +140,11 @@ impl Dataplane {
     /// The eventfd this thread sleeps on (to wake it for a stop).
     pub fn wake(&self) -> Arc<EventFd> {
         self.wake.clone()
+    }
+
+    /// The longest sleep (`SAFETY_SLEEP` by default).
+    pub fn set_sleep_cap(&mut self, cap: std::time::Duration) {
+        self.sleep_cap = cap;
     }
 
     pub fn run(mut self, stop: &AtomicBool) {
@@ -511,7 +522,7 @@ impl Dataplane {
                     .map(|u| u.as_fd()),
             )
             .collect();
-        wait_readable(&fds, SLEEP);
+        wait_readable(&fds, self.sleep_cap);
         self.peers.awake();
         // Drain the eventfds that fired (non-blocking); the uplink fd is read by the loop.
         for k in &kicks {
