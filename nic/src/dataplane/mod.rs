@@ -6,6 +6,7 @@
 //! call eventfd (see `virtio`).
 
 pub mod mempool;
+pub mod park;
 pub mod shard;
 pub mod switch;
 pub mod uplink;
@@ -64,6 +65,8 @@ pub struct Dataplane {
     /// The spoof warning was given for the VF's current session.
     spoof_warned: Vec<bool>,
     scratch: virtio::Scratch,
+    /// Idle transmit queues: not polled, woken by their kicks (`park`).
+    park: park::Parking,
     sleep_cap: std::time::Duration,
     /// ixy-style accounting: time spent in busy periods, and frames moved.
     busy_ns: u128,
@@ -99,7 +102,7 @@ impl Dataplane {
                 let up = uplink.clone();
                 Self::shard(devset.clone(), ports.clone(), up, wake, batch, peers, pool)
             })
-            .collect())
+            .collect::<io::Result<_>>()?)
     }
 
     fn shard(
@@ -110,9 +113,9 @@ impl Dataplane {
         batch: usize,
         peers: Peers,
         pool: usize,
-    ) -> Self {
+    ) -> io::Result<Self> {
         let n = ports.len();
-        Dataplane {
+        Ok(Dataplane {
             devset,
             uplink,
             wake,
@@ -129,12 +132,13 @@ impl Dataplane {
             active: vec![false; n],
             spoof_warned: vec![false; n],
             scratch: virtio::Scratch::default(),
+            park: park::Parking::new(n)?,
             sleep_cap: SAFETY_SLEEP,
             busy_ns: 0,
             frames: 0,
             ports,
             peers,
-        }
+        })
     }
 
     /// The eventfd this thread sleeps on (to wake it for a stop).
@@ -155,6 +159,7 @@ impl Dataplane {
         let mut busy_since: Option<std::time::Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             self.refresh_ports();
+            self.park.round();
             let (me, step) = (self.peers.me(), self.peers.threads());
             // 0. Frames other threads switched to our VFs.
             let mut work = if step > 1 {
@@ -170,11 +175,16 @@ impl Dataplane {
                     self.forward(PortId::Uplink, pkt, &mut out);
                 }
             }
-            // 2. Each live VF's transmit queue → switch (VFs not owned are skipped).
+            // 2. Each live VF's transmit queue → switch (VFs not owned and
+            // parked queues are skipped).
             for i in (me..self.ports.len()).step_by(step) {
                 let Some(rt) = self.owned[i].as_mut() else {
                     continue;
                 };
+                if self.park.is_parked(i) {
+                    continue;
+                }
+                self.park.before_poll(i, rt.vrings[TXQ].kick.as_deref());
                 let port = &self.ports[i];
                 let r = virtio::take_guest_tx(
                     port,
@@ -185,7 +195,12 @@ impl Dataplane {
                     &mut rx,
                 );
                 match r {
-                    Ok(n) => work += n,
+                    Ok(n) => {
+                        work += n;
+                        // A queue that found no buffer is waiting, not idle.
+                        let busy = n > 0 || self.pool.available() == 0;
+                        self.park.after_poll(i, busy);
+                    }
                     Err(f) => self.fault(i, f),
                 }
                 // The source's counters, once per burst: each frame once, as
@@ -293,6 +308,8 @@ impl Dataplane {
     }
 
     fn give_back(&mut self, i: usize) {
+        // Before its kick eventfd can go with the runtime.
+        self.park.unpark(i);
         if let Some(rt) = self.owned[i].take() {
             self.ports[i].return_runtime(rt);
             self.pending[i] = true;
@@ -528,6 +545,8 @@ impl Dataplane {
         for k in &kicks {
             let _ = k.read();
         }
+        // Parked queues' kicks were among them: poll them all again.
+        self.park.unpark_all();
         let _ = self.wake.read();
     }
 }
