@@ -15,7 +15,7 @@ pub mod virtio;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -53,6 +53,10 @@ pub struct Dataplane {
     /// they were switched in (a frame never outlives a reset of its VF).
     backlog: Vec<VecDeque<Pkt>>,
     seen_generation: Vec<u64>,
+    /// The PF's change count (raised by every port wake-up) at the last look
+    /// at the ports' `want` and generations: unchanged, no port is touched.
+    changes: Arc<AtomicU64>,
+    seen_changes: u64,
     /// The runtimes of the VFs with an open, working session, owned by this
     /// thread (see `port`): the others are skipped without touching them.
     owned: Vec<Option<Runtime>>,
@@ -90,32 +94,43 @@ impl Dataplane {
         for _ in 1..threads {
             wakes.push(Arc::new(EventFd::new(EFD_NONBLOCK)?));
         }
+        let changes = Arc::new(AtomicU64::new(1));
         for (i, port) in ports.iter().enumerate() {
-            port.set_wake(wakes[i % threads].clone());
+            port.set_wake(wakes[i % threads].clone(), changes.clone());
         }
         let pool = pool_size(ports.len().div_ceil(threads));
         let uplink = uplink.map(Arc::new);
-        Ok(Peers::build(&wakes, pool)
+        Peers::build(&wakes, pool)
             .into_iter()
             .zip(wakes)
             .map(|(peers, wake)| {
-                let up = uplink.clone();
-                Self::shard(devset.clone(), ports.clone(), up, wake, batch, peers, pool)
+                let (up, ch) = (uplink.clone(), changes.clone());
+                Self::shard(
+                    devset.clone(),
+                    ports.clone(),
+                    up,
+                    (wake, ch),
+                    batch,
+                    peers,
+                    pool,
+                )
             })
-            .collect::<io::Result<_>>()?)
+            .collect()
     }
 
     fn shard(
         devset: Arc<Devset<VfHw>>,
         ports: Vec<Arc<Port>>,
         uplink: Option<Arc<Uplink>>,
-        wake: Arc<EventFd>,
+        (wake, changes): (Arc<EventFd>, Arc<AtomicU64>),
         batch: usize,
         peers: Peers,
         pool: usize,
     ) -> io::Result<Self> {
         let n = ports.len();
         Ok(Dataplane {
+            changes,
+            seen_changes: 0,
             devset,
             uplink,
             wake,
@@ -278,7 +293,15 @@ impl Dataplane {
     /// At round start: hands runtimes back to the session-side users that
     /// want them, and picks up config and lifecycle changes of the VFs.
     fn refresh_ports(&mut self) {
-        for i in 0..self.ports.len() {
+        let c = self.changes.load(Ordering::Acquire);
+        // Nothing announced since the last look: no port is read.
+        let n = if c != self.seen_changes {
+            self.ports.len()
+        } else {
+            0
+        };
+        self.seen_changes = c;
+        for i in 0..n {
             if self.owned[i].is_some() && self.ports[i].wanted() {
                 self.give_back(i);
             }
@@ -518,7 +541,12 @@ impl Dataplane {
         let mut kicks = Vec::new();
         for (i, rt) in self.owned.iter().enumerate() {
             let Some(rt) = rt else { continue };
-            if let Some(k) = &rt.vrings[TXQ].kick {
+            // A parked queue's kick is in the parking's epoll set (below).
+            if let Some(k) = rt.vrings[TXQ]
+                .kick
+                .as_ref()
+                .filter(|_| !self.park.is_parked(i))
+            {
                 kicks.push(k.clone());
             }
             // Receive kicks matter only with frames waiting for buffers.
@@ -531,7 +559,7 @@ impl Dataplane {
         let fds: Vec<BorrowedFd<'_>> = kicks
             .iter()
             .map(|k| eventfd_fd(k))
-            .chain(std::iter::once(eventfd_fd(&self.wake)))
+            .chain([eventfd_fd(&self.wake), self.park.fd()])
             .chain(
                 self.uplink
                     .as_ref()
@@ -545,8 +573,8 @@ impl Dataplane {
         for k in &kicks {
             let _ = k.read();
         }
-        // Parked queues' kicks were among them: poll them all again.
-        self.park.unpark_all();
+        // Parked queues stay parked unless kicked.
+        self.park.unpark_kicked();
         let _ = self.wake.read();
     }
 }

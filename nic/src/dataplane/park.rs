@@ -15,7 +15,7 @@
 //! buffers are waiting): it stays polled.
 
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use vmm_sys_util::eventfd::EventFd;
@@ -103,13 +103,9 @@ impl Parking {
         }
     }
 
-    pub fn unpark_all(&mut self) {
-        if self.n_parked == 0 {
-            return;
-        }
-        for vf in 0..self.parked.len() {
-            self.unpark(vf);
-        }
+    /// Readable when a parked queue was kicked (the thread's sleep waits on it).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.epoll.0.as_fd()
     }
 
     /// At round start, every `READY_EVERY` rounds while a queue is parked:
@@ -119,7 +115,14 @@ impl Parking {
             return;
         }
         self.round = self.round.wrapping_add(1);
-        if self.round % READY_EVERY != 0 {
+        if self.round.is_multiple_of(READY_EVERY) {
+            self.unpark_kicked();
+        }
+    }
+
+    /// Unparks the queues that were kicked.
+    pub fn unpark_kicked(&mut self) {
+        if self.n_parked == 0 {
             return;
         }
         let n = self
@@ -183,6 +186,5 @@ mod tests {
             q.after_poll(0, false);
         }
         assert!(!q.is_parked(0));
-        p.unpark_all();
     }
 }
