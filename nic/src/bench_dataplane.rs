@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::daemon::{BackgroundServer, Nic};
-use crate::dataplane::Dataplane;
+use crate::dataplane::{Dataplane, SAFETY_SLEEP};
 use crate::devset::LockPolicy;
 use crate::frontend::{SimFrontend, MIN_MEM};
 
@@ -98,6 +98,9 @@ pub struct BenchDataplaneConfig {
     pub peer: Option<Peer>,
     /// VFs driven (at least 2; one-way uses them in pairs).
     pub vfs: usize,
+    /// Idle VFs beside the driven ones: live ports, each with a connected
+    /// frontend that never sends (the cost of ports without work).
+    pub idle_vfs: Vec<usize>,
     /// Frame sizes in bytes (Ethernet header included, no FCS).
     pub sizes: Vec<usize>,
     /// Batch sizes: the NIC's `--batch` and the frontend's burst.
@@ -221,6 +224,19 @@ impl BenchNic {
         pin: Option<usize>,
         threads: usize,
     ) -> Result<BenchNic, BenchDpError> {
+        Self::start_capped(dir, vfs, batch, pin, threads, SAFETY_SLEEP)
+    }
+
+    /// As `start`, with the dataplane threads' longest sleep (a test sets a
+    /// long one, so that a missed wake-up shows as a stall).
+    pub fn start_capped(
+        dir: &Path,
+        vfs: usize,
+        batch: usize,
+        pin: Option<usize>,
+        threads: usize,
+        sleep_cap: Duration,
+    ) -> Result<BenchNic, BenchDpError> {
         let nic_err = |what| move |source| BenchDpError::Nic { what, source };
         let nic = Arc::new(
             Nic::new(
@@ -260,7 +276,8 @@ impl BenchNic {
             dp_threads: Vec::new(),
             dp_tids: Vec::new(),
         };
-        for (k, dp) in dps.into_iter().enumerate() {
+        for (k, mut dp) in dps.into_iter().enumerate() {
+            dp.set_sleep_cap(sleep_cap);
             let (tid_tx, tid_rx) = std::sync::mpsc::channel();
             let st = b.stop.clone();
             let t = std::thread::Builder::new()
@@ -311,26 +328,45 @@ impl Drop for BenchNic {
     }
 }
 
-/// One run: a fresh in-process NIC with `vfs` VFs and its dataplane thread,
-/// one frontend per VF, traffic for `duration`.
-pub fn run_once(
-    dir: &Path,
-    vfs: usize,
-    topology: Topology,
-    size: usize,
-    batch: usize,
-    threads: usize,
-    duration: Duration,
-) -> Result<Sample, BenchDpError> {
+/// One configuration of a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    /// VFs driven.
+    pub vfs: usize,
+    /// Idle VFs after them (connected frontends that never send).
+    pub idle_vfs: usize,
+    pub topology: Topology,
+    pub size: usize,
+    pub batch: usize,
+    pub threads: usize,
+}
+
+/// One run: a fresh in-process NIC with `vfs + idle_vfs` VFs and its
+/// dataplane threads, one frontend per VF, traffic for `duration`.
+pub fn run_once(dir: &Path, run: Run, duration: Duration) -> Result<Sample, BenchDpError> {
+    let Run {
+        vfs,
+        idle_vfs,
+        topology,
+        size,
+        batch,
+        threads,
+    } = run;
     // Kept until the run ends: it owns the NIC and its dataplane threads.
-    let b = BenchNic::start(dir, vfs, batch, None, threads)?;
+    let b = BenchNic::start(dir, vfs + idle_vfs, batch, None, threads)?;
     let nic = &b.nic;
     let cpu = || -> Result<u64, BenchDpError> { b.dp_tids.iter().map(|&t| thread_cpu_ns(t)).sum() };
     let ports = &nic.pfs[0].ports;
-    let mut fes = ports
+    let all = ports
         .iter()
         .map(|p| SimFrontend::connect(&p.socket, MIN_MEM))
         .collect::<Result<Vec<_>, _>>()?;
+    // The idle ones stay connected (their rings live) until the run ends.
+    let (mut fes, mut idle) = (all, Vec::new());
+    idle.extend(fes.drain(vfs..));
+    for fe in &mut idle {
+        fe.no_interrupts();
+    }
     let macs: Vec<[u8; 6]> = ports.iter().map(|p| p.config().mac).collect();
     let sends = |i: usize| match topology {
         Topology::Loop => Some((i + 1) % vfs),
@@ -361,6 +397,7 @@ pub fn run_once(
     }
     let seconds = t0.elapsed().as_secs_f64();
     let cpu1 = cpu()?;
+    drop(idle);
     Ok(Sample {
         packets,
         seconds,
@@ -390,6 +427,16 @@ pub fn run_cli(args: &BenchDataplaneConfig) -> Result<(), BenchDpError> {
         return Err(BenchDpError::Config(format!(
             "--vfs {}: must be 2..{}",
             args.vfs,
+            crate::MAX_VFS
+        )));
+    }
+    if let Some(i) = args
+        .idle_vfs
+        .iter()
+        .find(|&&i| args.vfs + i > crate::MAX_VFS)
+    {
+        return Err(BenchDpError::Config(format!(
+            "--idle-vfs {i}: --vfs + --idle-vfs must be at most {}",
             crate::MAX_VFS
         )));
     }
@@ -430,22 +477,34 @@ pub fn run_cli(args: &BenchDataplaneConfig) -> Result<(), BenchDpError> {
     }
     let (hz, source) = nominal_hz();
     println!(
-        "# nominal {:.3} GHz ({source}); {} VFs, {} dataplane thread(s), {} s x {} runs, median",
+        "# nominal {:.3} GHz ({source}); {} VFs driven, {} dataplane thread(s), {} s x {} runs, median",
         hz / 1e9,
         args.vfs,
         threads,
         args.duration.as_secs_f64(),
         args.reps
     );
-    println!("topology  size  batch      Mpps   cpu_s  cycles/pkt");
+    println!("topology  size  batch  idle      Mpps   cpu_s  cycles/pkt");
     let dur = args.duration;
     let mut result = Ok(());
     'all: for &topo in &args.topology {
         for &size in &args.sizes {
-            for &batch in &args.batch {
+            for (&batch, &idle_vfs) in args
+                .batch
+                .iter()
+                .flat_map(|b| args.idle_vfs.iter().map(move |i| (b, i)))
+            {
+                let run = Run {
+                    vfs: args.vfs,
+                    idle_vfs,
+                    topology: topo,
+                    size,
+                    batch,
+                    threads,
+                };
                 let mut samples = Vec::new();
                 for _ in 0..args.reps {
-                    match run_once(&dir, args.vfs, topo, size, batch, threads, dur) {
+                    match run_once(&dir, run, dur) {
                         Ok(s) => samples.push(s),
                         Err(e) => {
                             result = Err(e);
@@ -454,10 +513,11 @@ pub fn run_cli(args: &BenchDataplaneConfig) -> Result<(), BenchDpError> {
                     }
                 }
                 println!(
-                    "{:<8} {:>5} {:>6} {:>9.3} {:>7.3} {:>11.0}",
+                    "{:<8} {:>5} {:>6} {:>5} {:>9.3} {:>7.3} {:>11.0}",
                     topo.name(),
                     size,
                     batch,
+                    idle_vfs,
                     median(samples.iter().map(|s| s.pps() / 1e6).collect()),
                     median(samples.iter().map(|s| s.cpu_seconds).collect()),
                     median(samples.iter().map(|s| s.cycles_per_packet(hz)).collect()),
@@ -486,7 +546,15 @@ mod tests {
             (Topology::OneWay, 1),
             (Topology::Loop, 2),
         ] {
-            let s = run_once(&dir, 2, topo, 64, 8, threads, Duration::from_millis(200)).unwrap();
+            let run = Run {
+                vfs: 2,
+                idle_vfs: 0,
+                topology: topo,
+                size: 64,
+                batch: 8,
+                threads,
+            };
+            let s = run_once(&dir, run, Duration::from_millis(200)).unwrap();
             assert!(s.packets > 0, "{topo:?} {threads}: {s:?}");
             assert!(s.cpu_seconds > 0.0, "{topo:?} {threads}: {s:?}");
         }

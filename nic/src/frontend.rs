@@ -22,7 +22,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 pub const QSIZE: u16 = 256;
 const HDR_LEN: usize = 12;
 const BUF: u64 = 2048;
-const RING_AREA: u64 = 0x10000; // per queue: desc, avail, used
+/// Per queue: descriptor table, avail ring at +0x1000, used ring at +0x2000.
+pub const RING_AREA: u64 = 0x10000;
 pub const BUFFERS: u64 = 2 * RING_AREA; // then QSIZE rx buffers, QSIZE tx buffers
 /// Smallest memory a frontend needs.
 pub const MIN_MEM: usize = (BUFFERS + 2 * QSIZE as u64 * BUF) as usize;

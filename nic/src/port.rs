@@ -209,8 +209,10 @@ pub struct Port {
     /// Bumped on every open, close, reset and config change: the dataplane drops
     /// what it holds for an older generation (queued frames).
     generation: AtomicU64,
-    /// Wakes the dataplane thread that serves the VF (one of the PF's).
-    wake: Mutex<Arc<EventFd>>,
+    /// Wakes the dataplane thread that serves the VF (one of the PF's), and
+    /// the PF's change count, raised with every wake-up: a dataplane round
+    /// looks at the ports' `want` and generation only when it moved.
+    wake: Mutex<(Arc<EventFd>, Arc<AtomicU64>)>,
     /// The serving dataplane thread runs the VF (for the PF's other threads,
     /// which switch frames to it).
     live: AtomicBool,
@@ -241,7 +243,7 @@ impl Port {
             returned: Condvar::new(),
             want: AtomicU32::new(0),
             generation: AtomicU64::new(1),
-            wake: Mutex::new(wake),
+            wake: Mutex::new((wake, Arc::default())),
             live: AtomicBool::new(false),
         }
     }
@@ -306,11 +308,16 @@ impl Port {
         self.notify();
     }
     pub fn notify(&self) {
-        let _ = lock(&self.wake).write(1);
+        let w = lock(&self.wake);
+        // Before the eventfd write; after the change it announces (`want`,
+        // generation): a round that sees the new count sees the change.
+        w.1.fetch_add(1, Ordering::Release);
+        let _ = w.0.write(1);
     }
-    /// The dataplane thread that serves this VF (set before it runs).
-    pub fn set_wake(&self, wake: Arc<EventFd>) {
-        *lock(&self.wake) = wake;
+    /// The dataplane thread that serves this VF and the PF's change count
+    /// (set before the threads run).
+    pub fn set_wake(&self, wake: Arc<EventFd>, changes: Arc<AtomicU64>) {
+        *lock(&self.wake) = (wake, changes);
     }
     pub fn live(&self) -> bool {
         self.live.load(Ordering::Acquire)

@@ -144,3 +144,93 @@ fn vfs_on_different_dataplane_threads_exchange_frames_with_exact_counters() {
     drop((fa, fb));
     nic.stop();
 }
+
+/// The scheduler state of thread `tid` of this process ('S': asleep, here in poll(2)).
+fn thread_state(tid: i32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap_or_default();
+    // "tid (comm) S ...": the state follows the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next())
+        .unwrap_or('?')
+}
+
+/// Waits (up to 5 s) until every dataplane thread sleeps in poll(2).
+fn all_asleep(tids: &[i32]) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        if tids.iter().all(|&t| thread_state(t) == 'S') {
+            return true;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    false
+}
+
+/// Every path that makes work for another dataplane thread wakes it: with
+/// the safety sleep at 30 s, a missed wake-up stalls a frame for 30 s. Many
+/// small rounds of frames, one way at a time, between VFs of two threads; before every
+/// other round both threads are seen asleep in poll(2) (so the frame's first
+/// thread is woken by the kick and must wake the second itself), the rounds
+/// between start at once (the receiver may be on its way to sleep: the
+/// sleeper's flag/re-check against the sender's publish/flag read). Every
+/// frame must arrive within 3 s, far below the sleep.
+#[test]
+fn a_sleeping_dataplane_thread_is_woken_for_every_cross_thread_frame() {
+    const ROUNDS: usize = 60;
+    const SLOW: Duration = Duration::from_secs(3);
+    let dir = testutil::fresh_dir("nic-wake", "threads");
+    let b =
+        nic::bench_dataplane::BenchNic::start_capped(&dir, 2, 32, None, 2, Duration::from_secs(30))
+            .unwrap();
+    let ports = &b.nic.pfs[0].ports;
+    let mut fa = SimFrontend::connect(&ports[0].socket, MIN_MEM).unwrap();
+    let mut fb = SimFrontend::connect(&ports[1].socket, MIN_MEM).unwrap();
+    let (ma, mb) = (ports[0].config().mac, ports[1].config().mac);
+    let mac = |m: [u8; 6]| netutil::MacAddr::new(m).to_string();
+    let ab = frame(&mac(mb), &mac(ma), &[1; 60]);
+    let ba = frame(&mac(ma), &mac(mb), &[2; 200]);
+    // Routable both ways (a VF is routable from the other thread once it saw it live).
+    cross(&mut fa, &mut fb, &ab);
+    cross(&mut fb, &mut fa, &ba);
+    let base = [0, 1].map(|i| ports[i].counters.snapshot());
+
+    // Round r: one direction ((r / 2) % 2), so the receiving thread has no
+    // kick of its own to wake it; every other round waits for both threads asleep.
+    let (mut sent, mut asleep_rounds) = ([0u64; 2], 0);
+    for round in 0..ROUNDS {
+        if round % 2 == 0 {
+            assert!(all_asleep(&b.dp_tids), "round {round}: threads never slept");
+            asleep_rounds += 1;
+        }
+        let k = 1 + round % 3;
+        let dir = (round / 2) % 2;
+        let (from, to, f, name) = match dir {
+            0 => (&mut fa, &mut fb, &ab, "A→B"),
+            _ => (&mut fb, &mut fa, &ba, "B→A"),
+        };
+        for _ in 0..k {
+            from.send(f);
+        }
+        sent[dir] += k as u64;
+        for n in 0..k {
+            let t0 = Instant::now();
+            let got = to.recv(SLOW);
+            assert_eq!(
+                got.as_deref(),
+                Some(&f[..]),
+                "round {round}: {name} frame {n} of {k} not there after {:?} (a lost wake-up)",
+                t0.elapsed()
+            );
+        }
+    }
+    assert_eq!(asleep_rounds, ROUNDS / 2);
+    let [ca, cb] = [0, 1].map(|i| delta(&ports[i].counters.snapshot(), &base[i]));
+    assert_eq!((ca.tx_packets, cb.rx_packets), (sent[0], sent[0]));
+    assert_eq!((cb.tx_packets, ca.rx_packets), (sent[1], sent[1]));
+    assert_eq!(
+        (ca.tx_drops, ca.rx_drops, cb.tx_drops, cb.rx_drops),
+        (0, 0, 0, 0)
+    );
+    drop((fa, fb, b));
+    let _ = std::fs::remove_dir_all(&dir);
+}

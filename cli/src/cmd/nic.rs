@@ -163,6 +163,10 @@ pub struct BenchDataplaneArgs {
     /// VFs driven (at least 2; one-way uses them in pairs).
     #[arg(long, default_value_t = 2)]
     pub vfs: usize,
+    /// Idle VFs beside the driven ones (each a live port with a connected
+    /// frontend that never sends): one row per count, e.g. `0,64`.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub idle_vfs: Vec<usize>,
     /// Frame sizes in bytes (Ethernet header included, no FCS).
     #[arg(long, value_delimiter = ',', default_value = "64,1500")]
     pub sizes: Vec<usize>,
@@ -196,6 +200,7 @@ impl BenchDataplaneArgs {
         Ok(BenchDataplaneConfig {
             peer: self.peer,
             vfs: self.vfs,
+            idle_vfs: self.idle_vfs,
             sizes: self.sizes,
             batch: self.batch,
             topology: self.topology,

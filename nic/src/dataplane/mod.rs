@@ -6,6 +6,7 @@
 //! call eventfd (see `virtio`).
 
 pub mod mempool;
+pub mod park;
 pub mod shard;
 pub mod switch;
 pub mod uplink;
@@ -14,7 +15,7 @@ pub mod virtio;
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
@@ -31,8 +32,12 @@ pub const DEFAULT_BATCH: usize = 32;
 /// Frames queued for one VF while its guest posts no receive buffers.
 pub(crate) const BACKLOG_MAX: usize = 256;
 const SPIN_ROUNDS: u32 = 1000;
-/// Upper bound of a sleep: a safety net, not the wake-up mechanism.
-const SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
+/// Upper bound of a sleep. Not the wake-up mechanism: every source of work
+/// wakes a sleeping thread itself (kick and wake eventfds, the uplink fd, the
+/// cross-thread Dekker in `shard`), so a sleep that runs out is a missed
+/// wake-up, i.e. a bug; the cap bounds what such a bug costs. Tests set it far
+/// longer (`Dataplane::set_sleep_cap`) so that a missed wake-up fails them.
+pub const SAFETY_SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub struct Dataplane {
     devset: Arc<Devset<VfHw>>,
@@ -48,6 +53,10 @@ pub struct Dataplane {
     /// they were switched in (a frame never outlives a reset of its VF).
     backlog: Vec<VecDeque<Pkt>>,
     seen_generation: Vec<u64>,
+    /// The PF's change count (raised by every port wake-up) at the last look
+    /// at the ports' `want` and generations: unchanged, no port is touched.
+    changes: Arc<AtomicU64>,
+    seen_changes: u64,
     /// The runtimes of the VFs with an open, working session, owned by this
     /// thread (see `port`): the others are skipped without touching them.
     owned: Vec<Option<Runtime>>,
@@ -60,6 +69,9 @@ pub struct Dataplane {
     /// The spoof warning was given for the VF's current session.
     spoof_warned: Vec<bool>,
     scratch: virtio::Scratch,
+    /// Idle transmit queues: not polled, woken by their kicks (`park`).
+    park: park::Parking,
+    sleep_cap: std::time::Duration,
     /// ixy-style accounting: time spent in busy periods, and frames moved.
     busy_ns: u128,
     frames: u64,
@@ -82,32 +94,43 @@ impl Dataplane {
         for _ in 1..threads {
             wakes.push(Arc::new(EventFd::new(EFD_NONBLOCK)?));
         }
+        let changes = Arc::new(AtomicU64::new(1));
         for (i, port) in ports.iter().enumerate() {
-            port.set_wake(wakes[i % threads].clone());
+            port.set_wake(wakes[i % threads].clone(), changes.clone());
         }
         let pool = pool_size(ports.len().div_ceil(threads));
         let uplink = uplink.map(Arc::new);
-        Ok(Peers::build(&wakes, pool)
+        Peers::build(&wakes, pool)
             .into_iter()
             .zip(wakes)
             .map(|(peers, wake)| {
-                let up = uplink.clone();
-                Self::shard(devset.clone(), ports.clone(), up, wake, batch, peers, pool)
+                let (up, ch) = (uplink.clone(), changes.clone());
+                Self::shard(
+                    devset.clone(),
+                    ports.clone(),
+                    up,
+                    (wake, ch),
+                    batch,
+                    peers,
+                    pool,
+                )
             })
-            .collect())
+            .collect()
     }
 
     fn shard(
         devset: Arc<Devset<VfHw>>,
         ports: Vec<Arc<Port>>,
         uplink: Option<Arc<Uplink>>,
-        wake: Arc<EventFd>,
+        (wake, changes): (Arc<EventFd>, Arc<AtomicU64>),
         batch: usize,
         peers: Peers,
         pool: usize,
-    ) -> Self {
+    ) -> io::Result<Self> {
         let n = ports.len();
-        Dataplane {
+        Ok(Dataplane {
+            changes,
+            seen_changes: 0,
             devset,
             uplink,
             wake,
@@ -124,16 +147,23 @@ impl Dataplane {
             active: vec![false; n],
             spoof_warned: vec![false; n],
             scratch: virtio::Scratch::default(),
+            park: park::Parking::new(n)?,
+            sleep_cap: SAFETY_SLEEP,
             busy_ns: 0,
             frames: 0,
             ports,
             peers,
-        }
+        })
     }
 
     /// The eventfd this thread sleeps on (to wake it for a stop).
     pub fn wake(&self) -> Arc<EventFd> {
         self.wake.clone()
+    }
+
+    /// The longest sleep (`SAFETY_SLEEP` by default).
+    pub fn set_sleep_cap(&mut self, cap: std::time::Duration) {
+        self.sleep_cap = cap;
     }
 
     pub fn run(mut self, stop: &AtomicBool) {
@@ -144,6 +174,7 @@ impl Dataplane {
         let mut busy_since: Option<std::time::Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             self.refresh_ports();
+            self.park.round();
             let (me, step) = (self.peers.me(), self.peers.threads());
             // 0. Frames other threads switched to our VFs.
             let mut work = if step > 1 {
@@ -159,11 +190,16 @@ impl Dataplane {
                     self.forward(PortId::Uplink, pkt, &mut out);
                 }
             }
-            // 2. Each live VF's transmit queue → switch (VFs not owned are skipped).
+            // 2. Each live VF's transmit queue → switch (VFs not owned and
+            // parked queues are skipped).
             for i in (me..self.ports.len()).step_by(step) {
                 let Some(rt) = self.owned[i].as_mut() else {
                     continue;
                 };
+                if self.park.is_parked(i) {
+                    continue;
+                }
+                self.park.before_poll(i, rt.vrings[TXQ].kick.as_deref());
                 let port = &self.ports[i];
                 let r = virtio::take_guest_tx(
                     port,
@@ -174,7 +210,12 @@ impl Dataplane {
                     &mut rx,
                 );
                 match r {
-                    Ok(n) => work += n,
+                    Ok(n) => {
+                        work += n;
+                        // A queue that found no buffer is waiting, not idle.
+                        let busy = n > 0 || self.pool.available() == 0;
+                        self.park.after_poll(i, busy);
+                    }
                     Err(f) => self.fault(i, f),
                 }
                 // The source's counters, once per burst: each frame once, as
@@ -252,7 +293,15 @@ impl Dataplane {
     /// At round start: hands runtimes back to the session-side users that
     /// want them, and picks up config and lifecycle changes of the VFs.
     fn refresh_ports(&mut self) {
-        for i in 0..self.ports.len() {
+        let c = self.changes.load(Ordering::Acquire);
+        // Nothing announced since the last look: no port is read.
+        let n = if c != self.seen_changes {
+            self.ports.len()
+        } else {
+            0
+        };
+        self.seen_changes = c;
+        for i in 0..n {
             if self.owned[i].is_some() && self.ports[i].wanted() {
                 self.give_back(i);
             }
@@ -282,6 +331,8 @@ impl Dataplane {
     }
 
     fn give_back(&mut self, i: usize) {
+        // Before its kick eventfd can go with the runtime.
+        self.park.unpark(i);
         if let Some(rt) = self.owned[i].take() {
             self.ports[i].return_runtime(rt);
             self.pending[i] = true;
@@ -490,7 +541,12 @@ impl Dataplane {
         let mut kicks = Vec::new();
         for (i, rt) in self.owned.iter().enumerate() {
             let Some(rt) = rt else { continue };
-            if let Some(k) = &rt.vrings[TXQ].kick {
+            // A parked queue's kick is in the parking's epoll set (below).
+            if let Some(k) = rt.vrings[TXQ]
+                .kick
+                .as_ref()
+                .filter(|_| !self.park.is_parked(i))
+            {
                 kicks.push(k.clone());
             }
             // Receive kicks matter only with frames waiting for buffers.
@@ -503,7 +559,7 @@ impl Dataplane {
         let fds: Vec<BorrowedFd<'_>> = kicks
             .iter()
             .map(|k| eventfd_fd(k))
-            .chain(std::iter::once(eventfd_fd(&self.wake)))
+            .chain([eventfd_fd(&self.wake), self.park.fd()])
             .chain(
                 self.uplink
                     .as_ref()
@@ -511,12 +567,14 @@ impl Dataplane {
                     .map(|u| u.as_fd()),
             )
             .collect();
-        wait_readable(&fds, SLEEP);
+        wait_readable(&fds, self.sleep_cap);
         self.peers.awake();
         // Drain the eventfds that fired (non-blocking); the uplink fd is read by the loop.
         for k in &kicks {
             let _ = k.read();
         }
+        // Parked queues stay parked unless kicked.
+        self.park.unpark_kicked();
         let _ = self.wake.read();
     }
 }
