@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
+use virtio_bindings::virtio_ring::{VRING_AVAIL_F_NO_INTERRUPT, VRING_USED_F_NO_NOTIFY};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 /// Queue size of both rings.
@@ -64,9 +64,6 @@ pub struct VuFrontend {
 pub struct SimFrontend {
     vu: VuFrontend,
     rx_used_seen: u16,
-    /// Poll mode: avail index at the last kick, used index at the last burst, per queue.
-    kicked_at: [u16; 2],
-    last_used: [u16; 2],
 }
 
 /// The frontend's "guest memory": a memfd mapped shared; `populate` touches
@@ -175,8 +172,6 @@ impl SimFrontend {
         let mut me = SimFrontend {
             vu: VuFrontend::connect_mem(socket, mem)?,
             rx_used_seen: 0,
-            kicked_at: [u16::MAX; 2],
-            last_used: [0; 2],
         };
         me.post_rx(QSIZE);
         Ok(me)
@@ -395,6 +390,11 @@ impl VuFrontend {
         self.avail[q] % QSIZE
     }
 
+    /// Queue `q`'s used-ring flags (the NIC's VRING_USED_F_NO_NOTIFY).
+    pub fn used_flags(&self, q: usize) -> u16 {
+        self.r16(q as u64 * RING_AREA + 0x2000)
+    }
+
     pub fn used_idx(&self, q: usize) -> u16 {
         fence(Ordering::SeqCst);
         self.r16(q as u64 * RING_AREA + 0x2000 + 2)
@@ -452,8 +452,6 @@ impl SimFrontend {
     pub fn switch_memory(&mut self, mem: FrontendMemory) -> Result<FrontendMemory, FrontendError> {
         let old = self.vu.switch_memory(mem)?;
         self.rx_used_seen = 0;
-        self.kicked_at = [u16::MAX; 2];
-        self.last_used = [0; 2];
         self.post_rx(QSIZE);
         Ok(old)
     }
@@ -587,9 +585,9 @@ impl SimFrontend {
     }
 
     /// Poll mode: publishes up to `n` prepared transmit buffers (as many as
-    /// the ring has free), one avail-index update; kicks only when the NIC
-    /// made no progress since the last kick (it may be asleep). Returns how
-    /// many it published.
+    /// the ring has free), one avail-index update; kicks as a virtio driver
+    /// does (see [`SimFrontend::kick_unless_suppressed`]). Returns how many it
+    /// published.
     pub fn tx_burst(&mut self, n: usize) -> usize {
         let used = self.vu.used_idx(1);
         let start = self.vu.avail_idx(1);
@@ -599,8 +597,13 @@ impl SimFrontend {
             self.vu.put_avail(1, k, start.wrapping_add(k) % QSIZE);
         }
         self.vu.advance_avail(1, n);
-        self.kick_if_stalled(1, used);
+        self.kick_unless_suppressed(1, n);
         n as usize
+    }
+
+    /// Queue `q`'s used-ring flags (the NIC sets VRING_USED_F_NO_NOTIFY while it polls).
+    pub fn used_flags(&self, q: usize) -> u16 {
+        self.vu.used_flags(q)
     }
 
     /// Poll mode: counts the frames received since the last call and posts
@@ -618,22 +621,19 @@ impl SimFrontend {
         }
         self.rx_used_seen = used;
         self.vu.advance_avail(0, n);
-        self.kick_if_stalled(0, used);
+        self.kick_unless_suppressed(0, n);
         (n as usize, bytes)
     }
 
-    /// Kicks when the NIC made no progress on queue `q` since the last call
-    /// (it may be asleep) and something was published since the last kick: a
-    /// polling NIC costs the frontend no syscalls. Once per avail index, not
-    /// per used index: a kick spent while nothing new was published (a full
-    /// ring) must not stand for the buffers published after it, or a NIC that
-    /// went to sleep meanwhile waits for its safety timeout.
-    fn kick_if_stalled(&mut self, q: usize, used: u16) {
-        let stalled = used == self.last_used[q];
-        self.last_used[q] = used;
-        let avail = self.vu.avail_idx(q);
-        if stalled && avail != used && self.kicked_at[q] != avail {
-            self.kicked_at[q] = avail;
+    /// After publishing `n` buffers on queue `q`: kicks unless the NIC set
+    /// VRING_USED_F_NO_NOTIFY (virtio 1.2 §2.7.10; Linux's and DPDK's
+    /// `virtqueue_kick_prepare`). A NIC that polls the ring sets the flag
+    /// and costs the frontend no syscall; one about to sleep clears it and
+    /// looks at the ring again, so a buffer published here is either seen by
+    /// that look or kicked (the fence in `advance_avail` orders the index
+    /// store before the flag load).
+    fn kick_unless_suppressed(&mut self, q: usize, n: u16) {
+        if n > 0 && self.vu.used_flags(q) & VRING_USED_F_NO_NOTIFY as u16 == 0 {
             self.vu.kick(q);
         }
     }

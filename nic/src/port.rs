@@ -92,6 +92,10 @@ pub struct Vring {
     /// tells the guest (DEVICE_NEEDS_RESET and a config interrupt).
     pub err: Option<EventFd>,
     pub enabled: bool,
+    /// Whether the ring last told the driver to kick (VRING_USED_F_NO_NOTIFY
+    /// clear, as a fresh ring starts): the dataplane clears it while it polls
+    /// the ring and sets it again before it relies on kicks (`dataplane::virtio`).
+    pub kicks_wanted: bool,
 }
 
 impl Vring {
@@ -102,6 +106,7 @@ impl Vring {
             call: None,
             err: None,
             enabled: false,
+            kicks_wanted: true,
         }
     }
     /// The dataplane may use the ring: addresses set, kick fd received, enabled.

@@ -199,7 +199,12 @@ impl Dataplane {
                 if self.park.is_parked(i) {
                     continue;
                 }
-                self.park.before_poll(i, rt.vrings[TXQ].kick.as_deref());
+                if self.park.before_poll(i, rt.vrings[TXQ].kick.as_deref()) {
+                    // Its last poll follows: from here on a publish comes with a kick.
+                    virtio::want_kicks(rt, TXQ);
+                } else {
+                    virtio::quiet(rt, TXQ);
+                }
                 let port = &self.ports[i];
                 let r = virtio::take_guest_tx(
                     port,
@@ -246,6 +251,7 @@ impl Dataplane {
                 let Some(rt) = self.owned[i].as_mut() else {
                     continue;
                 };
+                virtio::quiet(rt, RXQ);
                 let port = &self.ports[i];
                 let r = virtio::fill_guest_rx(
                     port,
@@ -530,8 +536,27 @@ impl Dataplane {
         port.bump();
     }
 
+    /// Before a sleep: the queues the thread would wake for ask their drivers
+    /// for kicks again (polled queues do not get them: `virtio::want_kicks`).
+    /// False when one of them has work already: the thread polls on.
+    fn ask_for_kicks(&mut self) -> bool {
+        for (i, rt) in self.owned.iter_mut().enumerate() {
+            let Some(rt) = rt else { continue };
+            if !self.park.is_parked(i) && virtio::want_kicks(rt, TXQ) {
+                return false;
+            }
+            if !self.backlog[i].is_empty() && virtio::want_kicks(rt, RXQ) {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Sleeps until a kick, an uplink frame, a wake-up, or the safety timeout.
     fn sleep(&mut self) {
+        if !self.ask_for_kicks() {
+            return;
+        }
         if !self
             .peers
             .sleeping(&mut self.pool, &mut self.backlog, &self.active, &self.ports)

@@ -7,10 +7,11 @@
 //! offers it (`rte_vhost_enable_guest_notification` + the kickfd), applied
 //! only to queues without work, so busy queues keep being polled every round.
 //!
-//! No publish is missed: parking drains the kick eventfd and registers it
-//! *before* the queue's last poll, so a buffer published after that poll
-//! comes with a kick (the NIC never sets VRING_USED_F_NO_NOTIFY: a driver
-//! kicks after every publish), and one published before it is found by it.
+//! No publish is missed: parking drains the kick eventfd, registers it and
+//! asks the driver for kicks again (clears VRING_USED_F_NO_NOTIFY, which the
+//! dataplane sets while it polls: `virtio::want_kicks`) *before* the queue's
+//! last poll, so a buffer published after that poll comes with a kick, and
+//! one published before it is found by it.
 //! A queue that took nothing because the pool ran dry is not idle (its
 //! buffers are waiting): it stays polled.
 
@@ -61,12 +62,14 @@ impl Parking {
 
     /// Before polling VF `vf`'s transmit queue: parks it once it was idle
     /// long enough (the poll that follows is its last, and sees everything
-    /// published before the kick eventfd was drained).
-    pub fn before_poll(&mut self, vf: usize, kick: Option<&EventFd>) {
+    /// published before the kick eventfd was drained). Returns whether it
+    /// parked the queue now: the caller then asks the driver for kicks
+    /// before that last poll.
+    pub fn before_poll(&mut self, vf: usize, kick: Option<&EventFd>) -> bool {
         if self.idle[vf] < PARK_ROUNDS || self.parked[vf].is_some() {
-            return;
+            return false;
         }
-        let Some(kick) = kick else { return };
+        let Some(kick) = kick else { return false };
         // Kicks of the busy period: drained, so only later ones report.
         let _ = kick.read();
         let fd = eventfd_fd(kick);
@@ -78,7 +81,9 @@ impl Parking {
             self.parked[vf] = Some(std::os::fd::AsRawFd::as_raw_fd(&fd));
             self.n_parked += 1;
             self.parks += 1;
+            return true;
         }
+        false
     }
 
     /// After the poll: `busy` when it took frames or could not (no buffers).

@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 
+use virtio_queue::QueueT;
 use virtq::{Ring, Split};
 use vm_memory::GuestMemoryMmap;
 
@@ -115,6 +116,47 @@ fn preparer(mem: &VfMemory) -> impl Fn(u64, u64) -> Result<(), crate::memory::Me
             Ok(())
         }
     }
+}
+
+/// Kick suppression (virtio 1.2 §2.7.10), as DPDK's vhost backend in poll
+/// mode: while the dataplane polls queue `q` it sets VRING_USED_F_NO_NOTIFY,
+/// so the driver publishes without kicking (a kick is an eventfd write: a
+/// syscall per burst for a virtio-user frontend, an exit for a guest). Once
+/// per ring state change, not per burst.
+/// The caller polls the queue next (but not for the last time: see `want_kicks`).
+pub fn quiet(rt: &mut Runtime, q: usize) {
+    if !rt.vrings[q].kicks_wanted || !rt.vrings[q].usable() {
+        return;
+    }
+    let Runtime { mem, vrings, .. } = rt;
+    let Some(mem) = mem.as_ref() else { return };
+    let vr = &mut vrings[q];
+    // A used ring outside guest memory fails the burst's own resolution.
+    let _ = vr.queue.disable_notification(&Xlat::new(&mem.gm));
+    vr.kicks_wanted = false;
+}
+
+/// Before the dataplane stops polling queue `q` (it sleeps, or parks the
+/// queue): asks the driver for kicks again, then looks at the available
+/// index once more (virtio-queue's `enable_notification`: flag store, SeqCst
+/// fence, index load), so a buffer published before the driver saw the flag
+/// is found here and one published after it comes with a kick. Returns
+/// whether such a buffer is waiting (then the caller must poll, not sleep).
+/// A queue the dataplane would not poll has nothing waiting for it.
+pub fn want_kicks(rt: &mut Runtime, q: usize) -> bool {
+    if !rt.active || rt.failed || !rt.vrings[q].usable() {
+        return false;
+    }
+    let Runtime { mem, vrings, .. } = rt;
+    let Some(mem) = mem.as_ref() else {
+        return false;
+    };
+    let vr = &mut vrings[q];
+    vr.kicks_wanted = true;
+    // A ring outside guest memory: polled again, where the burst faults it.
+    vr.queue
+        .enable_notification(&Xlat::new(&mem.gm))
+        .unwrap_or(true)
 }
 
 /// Returns the batch's chains to the guest (one used-index update) and
