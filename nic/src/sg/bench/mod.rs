@@ -15,7 +15,6 @@ pub mod open;
 pub mod throughput;
 pub mod vf;
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -216,13 +215,7 @@ impl Daemon {
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null());
-        // SAFETY: prctl is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        procutil::die_with_parent(&mut cmd);
         let child = cmd.spawn().map_err(|source| BenchSgError::Spawn {
             bin: bin.into(),
             source: Box::new(source),
