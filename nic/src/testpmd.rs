@@ -163,14 +163,8 @@ impl Testpmd {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // SAFETY: prctl is async-signal-safe; the peer dies with us.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        // The peer dies with us.
+        procutil::die_with_parent(&mut cmd);
         let mut child = cmd.spawn().map_err(|source| TestpmdError::Io {
             what: format!("spawn {TESTPMD} ({name})"),
             source,

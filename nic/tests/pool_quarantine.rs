@@ -224,7 +224,7 @@ fn stopped_then_killed_nic_holds_memory_until_it_is_gone() {
     // Stopped NIC, dead VMM: quarantined, not recycled.
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-    wait_stopped(pid);
+    testutil::wait_stopped(pid as u32);
     drop(fa);
     drop(vmm_a);
     let st = wait_stats(&pool, "saw A's VMM go", |s| {
@@ -270,25 +270,4 @@ fn stopped_then_killed_nic_holds_memory_until_it_is_gone() {
     wait_stats(&pool, "got B's memory back", |s| {
         s.lent_memfds == 0 && s.cached_memfds == 2
     });
-}
-
-/// Waits until every thread of `pid` is stopped (SIGSTOP takes effect asynchronously).
-fn wait_stopped(pid: i32) {
-    let t0 = Instant::now();
-    loop {
-        let all = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .flatten()
-            .all(|t| {
-                std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
-                    s.rsplit_once(')')
-                        .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
-                })
-            });
-        if all {
-            return;
-        }
-        assert!(t0.elapsed() < T, "NIC {pid} never stopped");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }

@@ -68,17 +68,12 @@ pub fn spawn_kept(mut cmd: Command, name: &str) -> std::io::Result<(Child, Keepe
 /// Between fork and exec: own process group, SIGKILL when the forking
 /// thread (a keeper) exits. Only async-signal-safe calls.
 pub fn own_group_dying_with_parent() -> std::io::Result<()> {
-    // SAFETY: plain system calls without memory arguments.
-    unsafe {
-        // Own process group: a terminal Ctrl-C reaches only the runtime, which tears down in order.
-        if libc::setpgid(0, 0) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    // Own process group: a terminal Ctrl-C reaches only the runtime, which tears down in order.
+    // SAFETY: setpgid(2) with integer arguments only; no memory is touched.
+    if unsafe { libc::setpgid(0, 0) } < 0 {
+        return Err(std::io::Error::last_os_error());
     }
-    Ok(())
+    procutil::pdeathsig_kill()
 }
 
 /// Between fork and exec: joins the network namespace open as `ns_fd` (the

@@ -4,7 +4,6 @@
 //! host's containerd, if any.
 
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -112,13 +111,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe; containerd dies with its owner.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        // containerd dies with its owner.
+        procutil::die_with_parent(&mut cmd);
         let child = cmd
             .spawn()
             .map_err(io("spawn containerd (apt install containerd)"))?;

@@ -39,6 +39,54 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
     }
 }
 
+/// Calls `check` every 10 ms until it returns `Some`, for `limit` at most; then
+/// fails with `what` and the last `Err` description. The one bounded poll loop
+/// of the tests: wait for a condition, never sleep for a guessed time.
+pub fn poll_until<T>(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> T {
+    let t0 = Instant::now();
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(last) => assert!(t0.elapsed() < limit, "{what} not within {limit:?}: {last}"),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits (10 s at most) until every thread of `pid` is in job-control stop
+/// (state `T`). kill(SIGSTOP) returns before that: the kernel wakes one thread,
+/// which then stops the others, and until it runs the others keep serving.
+pub fn wait_stopped(pid: u32) {
+    poll_until(
+        &format!("SIGSTOP of pid {pid}"),
+        Duration::from_secs(10),
+        || {
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .map_err(|e| format!("/proc/{pid}/task: {e}"))?;
+            let mut running = Vec::new();
+            for t in tasks.flatten() {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                // The state is the first field after the parenthesised comm.
+                let state = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, r)| r.split_whitespace().next());
+                if state != Some("T") {
+                    running.push(format!("{:?}={state:?}", t.file_name()));
+                }
+            }
+            if running.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("threads not stopped: {running:?}"))
+            }
+        },
+    )
+}
+
 /// Stops a daemon the test started: SIGTERM, up to 10 s to exit, then SIGKILL.
 pub fn stop_child(child: &mut Child) {
     // SAFETY: signalling our own child by its pid.

@@ -197,18 +197,14 @@ fn poll_until(
     mut read: impl FnMut() -> VfInfo,
     f: impl Fn(&VfInfo) -> bool,
 ) -> VfInfo {
-    let t0 = Instant::now();
-    loop {
+    crate::poll_until(&format!("{dev} {what}"), Duration::from_secs(10), || {
         let v = read();
         if f(&v) {
-            return v;
+            Ok(v)
+        } else {
+            Err(format!("{v:?}"))
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{dev} never {what}: {v:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    })
 }
 
 const CHILD_SOCKET_ENV: &str = "NIC_TEST_CHILD_SOCKET";

@@ -3,7 +3,6 @@
 
 #![allow(dead_code)]
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -57,13 +56,8 @@ impl Fixture {
             )
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("services.log")).unwrap());
-        // SAFETY: prctl is async-signal-safe; the services die with the test.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        // The services die with the test.
+        procutil::die_with_parent(&mut cmd);
         let services = cmd.spawn().unwrap();
         let info = services_dir.join("services.json");
         let deadline = Instant::now() + Duration::from_secs(30);
