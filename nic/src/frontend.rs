@@ -601,6 +601,11 @@ impl SimFrontend {
         n as usize
     }
 
+    /// Transmit buffers published and not yet used by the NIC.
+    pub fn tx_in_flight(&self) -> u16 {
+        self.vu.avail_idx(1).wrapping_sub(self.vu.used_idx(1))
+    }
+
     /// Queue `q`'s used-ring flags (the NIC sets VRING_USED_F_NO_NOTIFY while it polls).
     pub fn used_flags(&self, q: usize) -> u16 {
         self.vu.used_flags(q)

@@ -13,7 +13,8 @@ use nic::control::Counters;
 use nic::frontend::{SimFrontend, MIN_MEM, QSIZE};
 use nic::LockPolicy;
 
-/// More than one thread's pool (4096 + 64 buffers per VF served).
+/// More than one thread's pool (its cap: 4096 + 256 per VF of the PF + 1024
+/// for the channel to the other thread = 5632 here).
 const FRAMES: u64 = 3 * 4160;
 
 /// Sends `n` prepared frames from `tx` to `rx` in poll mode, never more in

@@ -1,6 +1,10 @@
-//! A mempool in the style of ixy: a fixed number of fixed-size packet buffers
-//! allocated once, handed out and taken back through a free stack. Owned by
-//! one dataplane thread, so no locking.
+//! A mempool in the style of ixy: fixed-size packet buffers handed out and
+//! taken back through a free stack. Owned by one dataplane thread, so no
+//! locking. A working set is allocated at once; past it the pool grows on
+//! demand up to its cap, each buffer allocated once (when the pool first
+//! runs past its high-water mark) and then reused, so the steady state
+//! allocates nothing and a pool sized for every backlog full costs memory
+//! only when guests actually leave frames waiting.
 //!
 //! With several dataplane threads a packet may cross to another thread (a
 //! frame for a VF it serves); a buffer always goes back to the pool it came
@@ -40,25 +44,43 @@ pub struct Mempool {
     free: Vec<Buf>,
     /// Buffers of other pools freed here, per home pool.
     away: Vec<Vec<Pkt>>,
+    /// Buffers the pool may still allocate before it reaches its cap.
+    unallocated: usize,
 }
 
 impl Mempool {
     pub fn new(n: usize) -> Self {
         Self::with_home(n, 0, 1)
     }
-    /// Pool `home` of `homes` pools of `n` buffers each.
+    /// Pool `home` of `homes` pools of `n` buffers each, all allocated now.
     pub fn with_home(n: usize, home: usize, homes: usize) -> Self {
+        Self::growing(n, n, home, homes)
+    }
+    /// Pool `home` of `homes`: `prealloc` buffers now, up to `cap` on demand.
+    pub fn growing(prealloc: usize, cap: usize, home: usize, homes: usize) -> Self {
+        let prealloc = prealloc.min(cap);
+        // At most `cap` buffers of a pool are anywhere: pushing never reallocates.
+        let mut free = Vec::with_capacity(cap);
+        free.extend((0..prealloc).map(|_| Box::new([0; BUF_SIZE])));
         Mempool {
             home,
-            free: (0..n).map(|_| Box::new([0; BUF_SIZE])).collect(),
-            // At most n buffers of a pool are anywhere: pushing never reallocates.
+            free,
             away: (0..homes)
-                .map(|h| Vec::with_capacity(if h == home { 0 } else { n }))
+                .map(|h| Vec::with_capacity(if h == home { 0 } else { cap }))
                 .collect(),
+            unallocated: cap - prealloc,
         }
     }
     pub fn alloc(&mut self) -> Option<Pkt> {
-        self.free.pop().map(|buf| Pkt {
+        let buf = match self.free.pop() {
+            Some(buf) => buf,
+            None if self.unallocated > 0 => {
+                self.unallocated -= 1;
+                Box::new([0; BUF_SIZE])
+            }
+            None => return None,
+        };
+        Some(Pkt {
             buf,
             len: 0,
             home: self.home,
@@ -71,8 +93,9 @@ impl Mempool {
             self.away[p.home].push(p);
         }
     }
+    /// Buffers an `alloc` can still hand out (free, or not yet allocated).
     pub fn available(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.unallocated
     }
     /// Buffers of pool `home` freed here, to send home.
     pub fn away(&mut self, home: usize) -> &mut Vec<Pkt> {
@@ -102,6 +125,18 @@ mod tests {
         m.free(a);
         m.free(b);
         assert_eq!(m.available(), 2);
+    }
+
+    #[test]
+    fn a_growing_pool_allocates_up_to_its_cap_and_then_reuses() {
+        let mut m = Mempool::growing(1, 3, 0, 1);
+        assert_eq!(m.available(), 3);
+        let p: Vec<Pkt> = (0..3).map(|_| m.alloc().unwrap()).collect();
+        assert!(m.alloc().is_none(), "capped");
+        for p in p {
+            m.free(p);
+        }
+        assert_eq!((m.available(), m.unallocated), (3, 0), "grown once, kept");
     }
 
     #[test]

@@ -31,6 +31,8 @@ use uplink::Uplink;
 pub const DEFAULT_BATCH: usize = 32;
 /// Frames queued for one VF while its guest posts no receive buffers.
 pub(crate) const BACKLOG_MAX: usize = 256;
+/// Pool buffers for the frames being switched, whatever the backlogs hold.
+const WORKING_SET: usize = 4096;
 const SPIN_ROUNDS: u32 = 1000;
 /// Upper bound of a sleep. Not the wake-up mechanism: every source of work
 /// wakes a sleeping thread itself (kick and wake eventfds, the uplink fd, the
@@ -98,9 +100,12 @@ impl Dataplane {
         for (i, port) in ports.iter().enumerate() {
             port.set_wake(wakes[i % threads].clone(), changes.clone());
         }
-        let pool = pool_size(ports.len().div_ceil(threads));
+        let pool = (
+            WORKING_SET + ports.len().div_ceil(threads) * BACKLOG_MAX / 4,
+            pool_cap(ports.len(), threads),
+        );
         let uplink = uplink.map(Arc::new);
-        Peers::build(&wakes, pool)
+        Peers::build(&wakes, pool.1)
             .into_iter()
             .zip(wakes)
             .map(|(peers, wake)| {
@@ -125,7 +130,7 @@ impl Dataplane {
         (wake, changes): (Arc<EventFd>, Arc<AtomicU64>),
         batch: usize,
         peers: Peers,
-        pool: usize,
+        pool: (usize, usize),
     ) -> io::Result<Self> {
         let n = ports.len();
         Ok(Dataplane {
@@ -135,7 +140,7 @@ impl Dataplane {
             uplink,
             wake,
             batch: batch.max(1),
-            pool: Mempool::with_home(pool, peers.me(), peers.threads()),
+            pool: Mempool::growing(pool.0, pool.1, peers.me(), peers.threads()),
             switch: Switch::new(n),
             backlog: (0..n)
                 .map(|i| VecDeque::with_capacity(if peers.mine(i) { BACKLOG_MAX } else { 0 }))
@@ -616,9 +621,16 @@ impl Drop for Dataplane {
     }
 }
 
-/// Buffers of one thread's pool serving `vfs` VFs.
-fn pool_size(vfs: usize) -> usize {
-    4096 + vfs * BACKLOG_MAX / 4
+/// The cap of one thread's pool, for a PF of `vfs` VFs served by `threads`
+/// threads. A thread's buffers can wait in any VF's backlog (its own VFs',
+/// and another thread's after a cross-thread send) and in its channels to the
+/// other threads; the pool can hold all of those at once and still have its
+/// working set, so guests that never read their receive queue hold at most
+/// their backlogs and never starve another VF's transmit queue of buffers
+/// (tenant isolation). It preallocates the working set and a quarter of the
+/// backlogs, and grows to the cap only as backlogs actually fill.
+fn pool_cap(vfs: usize, threads: usize) -> usize {
+    WORKING_SET + vfs * BACKLOG_MAX + (threads - 1) * shard::CROSS_RING
 }
 
 const _: () = assert!(BUF_SIZE >= 1518 + 4);

@@ -18,7 +18,7 @@ use super::BACKLOG_MAX;
 use crate::port::{AtomicCounters, Port};
 
 /// Frames in flight from one thread to another.
-const CROSS_RING: usize = 1024;
+pub(crate) const CROSS_RING: usize = 1024;
 
 /// This thread's side of the link with one other thread.
 struct Link {
