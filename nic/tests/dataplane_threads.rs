@@ -168,6 +168,43 @@ fn all_asleep(tids: &[i32]) -> bool {
     false
 }
 
+/// Two VFs served by two dataplane threads whose safety sleep is 30 s (a
+/// missed wake-up then holds a frame for 30 s), their frontends, and a frame
+/// each way, already routable both ways (a VF is routable from the other
+/// thread once that thread saw it live).
+struct TwoThreads {
+    dir: std::path::PathBuf,
+    b: nic::bench_dataplane::BenchNic,
+    fa: SimFrontend,
+    fb: SimFrontend,
+    ab: Vec<u8>,
+    ba: Vec<u8>,
+}
+
+fn two_threads(name: &str) -> TwoThreads {
+    let dir = testutil::fresh_dir("nic-threads", name);
+    let b =
+        nic::bench_dataplane::BenchNic::start_capped(&dir, 2, 32, None, 2, Duration::from_secs(30))
+            .unwrap();
+    let ports = &b.nic.pfs[0].ports;
+    let mut fa = SimFrontend::connect(&ports[0].socket, MIN_MEM).unwrap();
+    let mut fb = SimFrontend::connect(&ports[1].socket, MIN_MEM).unwrap();
+    let (ma, mb) = (ports[0].config().mac, ports[1].config().mac);
+    let mac = |m: [u8; 6]| netutil::MacAddr::new(m).to_string();
+    let ab = frame(&mac(mb), &mac(ma), &[1; 60]);
+    let ba = frame(&mac(ma), &mac(mb), &[2; 200]);
+    cross(&mut fa, &mut fb, &ab);
+    cross(&mut fb, &mut fa, &ba);
+    TwoThreads {
+        dir,
+        b,
+        fa,
+        fb,
+        ab,
+        ba,
+    }
+}
+
 /// Every path that makes work for another dataplane thread wakes it: with
 /// the safety sleep at 30 s, a missed wake-up stalls a frame for 30 s. Many
 /// small rounds of frames, one way at a time, between VFs of two threads; before every
@@ -180,20 +217,15 @@ fn all_asleep(tids: &[i32]) -> bool {
 fn a_sleeping_dataplane_thread_is_woken_for_every_cross_thread_frame() {
     const ROUNDS: usize = 60;
     const SLOW: Duration = Duration::from_secs(3);
-    let dir = testutil::fresh_dir("nic-wake", "threads");
-    let b =
-        nic::bench_dataplane::BenchNic::start_capped(&dir, 2, 32, None, 2, Duration::from_secs(30))
-            .unwrap();
+    let TwoThreads {
+        dir,
+        b,
+        mut fa,
+        mut fb,
+        ab,
+        ba,
+    } = two_threads("wake");
     let ports = &b.nic.pfs[0].ports;
-    let mut fa = SimFrontend::connect(&ports[0].socket, MIN_MEM).unwrap();
-    let mut fb = SimFrontend::connect(&ports[1].socket, MIN_MEM).unwrap();
-    let (ma, mb) = (ports[0].config().mac, ports[1].config().mac);
-    let mac = |m: [u8; 6]| netutil::MacAddr::new(m).to_string();
-    let ab = frame(&mac(mb), &mac(ma), &[1; 60]);
-    let ba = frame(&mac(ma), &mac(mb), &[2; 200]);
-    // Routable both ways (a VF is routable from the other thread once it saw it live).
-    cross(&mut fa, &mut fb, &ab);
-    cross(&mut fb, &mut fa, &ba);
     let base = [0, 1].map(|i| ports[i].counters.snapshot());
 
     // Round r: one direction ((r / 2) % 2), so the receiving thread has no
@@ -248,19 +280,17 @@ fn a_sleeping_dataplane_thread_is_woken_for_every_cross_thread_frame() {
 fn a_polled_queue_suppresses_kicks_and_a_sleeping_one_asks_for_them() {
     const NO_NOTIFY: u16 = virtio_bindings::virtio_ring::VRING_USED_F_NO_NOTIFY as u16;
     const PER_ROUND: u64 = 2000;
-    let dir = testutil::fresh_dir("nic-kick", "suppress");
-    let b =
-        nic::bench_dataplane::BenchNic::start_capped(&dir, 2, 32, None, 2, Duration::from_secs(30))
-            .unwrap();
+    let TwoThreads {
+        dir,
+        b,
+        mut fa,
+        mut fb,
+        ab,
+        ..
+    } = two_threads("kick");
     let ports = &b.nic.pfs[0].ports;
-    let mut fa = SimFrontend::connect(&ports[0].socket, MIN_MEM).unwrap();
-    let mut fb = SimFrontend::connect(&ports[1].socket, MIN_MEM).unwrap();
     fa.no_interrupts();
     fb.no_interrupts();
-    let (ma, mb) = (ports[0].config().mac, ports[1].config().mac);
-    let mac = |m: [u8; 6]| netutil::MacAddr::new(m).to_string();
-    let ab = frame(&mac(mb), &mac(ma), &[3; 60]);
-    cross(&mut fa, &mut fb, &ab);
     let base = [0, 1].map(|i| ports[i].counters.snapshot());
     fa.prepare_tx(&ab);
     // Rounds in which the polling thread was seen suppressing kicks: not
