@@ -29,7 +29,7 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_INT_VRING;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestMemory, GuestMemoryMmap};
 use vmm_sys_util::epoll::{Epoll, EpollEvent};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -200,15 +200,16 @@ impl Disk {
 
     /// Serves one request; returns the used length (bytes written into the
     /// chain). A chain with no status byte is an error of its own.
-    pub fn serve<P>(
+    pub fn serve<M, P>(
         &self,
-        mem: &GuestMemoryMmap,
+        mem: &M,
         prepare: &P,
         c: &Split,
         bounce: &mut [u8],
         counters: &BlkCounters,
     ) -> Result<u32, BlkChainError>
     where
+        M: GuestMemory + ?Sized,
         P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
     {
         let wtotal = chain::total(&c.writable);
@@ -230,14 +231,14 @@ impl Disk {
                 }
             }
         };
-        chain::write_bufs(mem, prepare, &c.writable, status_at, &[status as u8])
+        virtq::write_bufs(mem, prepare, &c.writable, status_at, &[&[status as u8]])
             .map_err(BlkChainError::Status)?;
         Ok(written + 1)
     }
 
-    fn execute<P>(
+    fn execute<M, P>(
         &self,
-        mem: &GuestMemoryMmap,
+        mem: &M,
         prepare: &P,
         c: &Split,
         data_len_in: u64,
@@ -245,10 +246,11 @@ impl Disk {
         counters: &BlkCounters,
     ) -> Result<u32, ReqError>
     where
+        M: GuestMemory + ?Sized,
         P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
     {
         let mut hdr = [0u8; HDR_LEN];
-        chain::read_bufs(mem, prepare, &c.readable, 0, &mut hdr).map_err(|source| {
+        virtq::read_bufs(mem, prepare, &c.readable, 0, &mut hdr).map_err(|source| {
             ReqError::Guest {
                 what: "request header",
                 source,
@@ -272,7 +274,7 @@ impl Disk {
                     self.file
                         .read_exact_at(&mut bounce[..n], base + done)
                         .map_err(|e| io("read", base + done, e))?;
-                    chain::write_bufs(mem, prepare, &c.writable, done, &bounce[..n])
+                    virtq::write_bufs(mem, prepare, &c.writable, done, &[&bounce[..n]])
                         .map_err(guest("read data"))?;
                     done += n as u64;
                 }
@@ -288,7 +290,7 @@ impl Disk {
                 let mut done = 0u64;
                 while done < len {
                     let n = ((len - done) as usize).min(bounce.len());
-                    chain::read_bufs(
+                    virtq::read_bufs(
                         mem,
                         prepare,
                         &c.readable,
@@ -315,7 +317,7 @@ impl Disk {
             }
             VIRTIO_BLK_T_GET_ID => {
                 let n = (data_len_in as usize).min(self.id.len());
-                chain::write_bufs(mem, prepare, &c.writable, 0, &self.id[..n])
+                virtq::write_bufs(mem, prepare, &c.writable, 0, &[&self.id[..n]])
                     .map_err(guest("id"))?;
                 Ok(n as u32)
             }
@@ -509,9 +511,10 @@ impl WorkerState {
             };
             used.clear();
             for head in heads {
-                let len = match chain::split(&view, head) {
+                // Copies go through the burst's translation cache, as the rings do.
+                let len = match view.split(head) {
                     Ok(split) => disk
-                        .serve(mem, &**prepare, &split, bounce, counters)
+                        .serve(&gm, &**prepare, &split, bounce, counters)
                         .unwrap_or_else(|e| {
                             tracing::warn!("disk {}: bad request chain: {e}", disk.name);
                             0
@@ -583,7 +586,7 @@ mod tests {
     ) -> (Result<u32, String>, u8) {
         let mut q = queue_with(m, descs);
         let (v, head) = first_chain(m, &mut q, 0);
-        let split = chain::split(&v, head).unwrap();
+        let split = v.split(head).unwrap();
         let counters = BlkCounters::default();
         let mut bounce = vec![0u8; 1024]; // small: requests span several rounds
         let r = d

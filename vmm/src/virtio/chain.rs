@@ -11,7 +11,7 @@
 //! a page the guest never touched may still hold a previous tenant's bytes
 //! under lazy zeroing, and a device write must not be wiped by a later fault.
 
-use vm_memory::{GuestMemory, GuestMemoryMmap};
+use vm_memory::GuestMemoryMmap;
 
 /// Called with (gpa, len) before the device reads or writes there; an error stops the access.
 pub type PrepareWrite = dyn Fn(u64, u64) -> Result<(), guestmem::Error> + Send + Sync;
@@ -22,7 +22,7 @@ pub fn prepare_for(ctx: &crate::bus::DeviceContext) -> std::sync::Arc<PrepareWri
     std::sync::Arc::new(move |gpa, len| guestmem.prepare_for_device_write(gpa, len))
 }
 
-pub use virtq::{total, Buf, CopyError, Split, SplitError};
+pub use virtq::{total, CopyError, Split, SplitError};
 
 /// A VM's memory table through the translation cache, for one burst.
 pub type Xlat<'m> = virtq::Xlat<'m, GuestMemoryMmap>;
@@ -42,51 +42,13 @@ pub fn view<'v, 'm>(
         .ok()
 }
 
-/// Splits the chain at `head` (`virtq::RingView::split`: the walk's checks,
-/// readable before writable).
-pub fn split<M: GuestMemory + ?Sized>(
-    view: &virtq::RingView<'_, M>,
-    head: u16,
-) -> Result<Split, SplitError> {
-    view.split(head)
-}
-
-/// Copies bytes `skip..skip + out.len()` of the buffers into `out`
-/// (`virtq::read_bufs`: each piece prepared, then one memcpy; regions
-/// looked up through `virtq::Xlat`, the last one hit first).
-pub fn read_bufs<P>(
-    mem: &GuestMemoryMmap,
-    prepare: &P,
-    bufs: &[Buf],
-    skip: u64,
-    out: &mut [u8],
-) -> Result<(), CopyError>
-where
-    P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
-{
-    virtq::read_bufs(&virtq::Xlat::new(mem), prepare, bufs, skip, out)
-}
-
-/// Writes `data` at bytes `skip..` of the buffers (`virtq::write_bufs`).
-pub fn write_bufs<P>(
-    mem: &GuestMemoryMmap,
-    prepare: &P,
-    bufs: &[Buf],
-    skip: u64,
-    data: &[u8],
-) -> Result<(), CopyError>
-where
-    P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
-{
-    virtq::write_bufs(&virtq::Xlat::new(mem), prepare, bufs, skip, &[data])
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use virtio_queue::{Queue, QueueT};
     use vm_memory::{Bytes, GuestAddress};
 
     use super::*;
+    use virtq::Buf;
 
     pub const DESC: u64 = 0x1000;
     pub const AVAIL: u64 = 0x2000;
@@ -144,7 +106,7 @@ pub(crate) mod tests {
             ],
         );
         let (v, head) = first_chain(&m, &mut q, 0);
-        let s = split(&v, head).unwrap();
+        let s = v.split(head).unwrap();
         assert_eq!(
             s.readable,
             vec![Buf {
@@ -157,18 +119,18 @@ pub(crate) mod tests {
         let pieces = std::sync::Mutex::new(Vec::new());
         let record = |a, n| {
             pieces.lock().unwrap().push((a, n));
-            Ok(())
+            Ok::<(), guestmem::Error>(())
         };
-        read_bufs(&m, &record, &s.writable, 6, &mut [0u8; 3]).unwrap();
+        virtq::read_bufs(&m, &record, &s.writable, 6, &mut [0u8; 3]).unwrap();
         assert_eq!(*pieces.lock().unwrap(), vec![(0x5006, 2), (0x6000, 1)]);
-        assert!(read_bufs(&m, &record, &s.writable, 6, &mut [0u8; 4]).is_err());
-        assert!(read_bufs(&m, &record, &s.writable, u64::MAX, &mut [0u8; 2]).is_err());
+        assert!(virtq::read_bufs(&m, &record, &s.writable, 6, &mut [0u8; 4]).is_err());
+        assert!(virtq::read_bufs(&m, &record, &s.writable, u64::MAX, &mut [0u8; 2]).is_err());
 
         // Readable after writable: malformed.
         let mut q = queue_with(&m, &[(0x5000, 8, F_WRITE | F_NEXT, 1), (0x4000, 16, 0, 0)]);
         let (v, head) = first_chain(&m, &mut q, 0);
         assert!(matches!(
-            split(&v, head),
+            v.split(head),
             Err(SplitError::ReadableAfterWritable { .. })
         ));
 
@@ -180,7 +142,7 @@ pub(crate) mod tests {
         ] {
             let mut q = queue_with(&m, &descs);
             let (v, head) = first_chain(&m, &mut q, 0);
-            let e = split(&v, head).unwrap_err();
+            let e = v.split(head).unwrap_err();
             assert!(
                 matches!(
                     e,
@@ -207,7 +169,7 @@ pub(crate) mod tests {
         ] {
             let mut q = queue_with(&m, &descs);
             let (v, head) = first_chain(&m, &mut q, 0);
-            let e = split(&v, head).unwrap_err();
+            let e = v.split(head).unwrap_err();
             assert!(
                 matches!(
                     e,
@@ -218,7 +180,7 @@ pub(crate) mod tests {
             // Negotiated, the same chain is followed into its table.
             let mut q = queue_with(&m, &descs);
             let (v, head) = first_chain(&m, &mut q, 1 << virtq::VIRTIO_F_INDIRECT_DESC);
-            let s = split(&v, head).unwrap();
+            let s = v.split(head).unwrap();
             assert_eq!(
                 s.writable,
                 vec![Buf {

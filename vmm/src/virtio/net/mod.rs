@@ -95,7 +95,7 @@ where
     M: GuestMemory + ?Sized,
     P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
 {
-    let c = chain::split(view, head)?;
+    let c = view.split(head)?;
     if !c.readable.is_empty() {
         return Err(NetChainError::ReadableInRx);
     }
@@ -122,7 +122,7 @@ where
     P: Fn(u64, u64) -> Result<(), guestmem::Error> + ?Sized,
 {
     buf.clear();
-    let c = chain::split(view, head)?;
+    let c = view.split(head)?;
     if !c.writable.is_empty() {
         return Err(NetChainError::WritableInTx);
     }
