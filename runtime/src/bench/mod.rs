@@ -98,6 +98,50 @@ pub struct BenchOutput {
     pub clean: bool,
 }
 
+/// The variant's runtime set-up, and (unless the variant takes memory from
+/// the pool) room in host memory for `n` fresh sandboxes.
+fn prepare_variant(
+    rt: &Runtime,
+    v: Variant,
+    n: usize,
+    spec: &RoundSpec,
+    log: &mut dyn FnMut(&str),
+) -> Result<(), crate::Error> {
+    rt.prepare_variant(v)?;
+    if !v.policy().uses_pool() {
+        let released = fit_pool_for_fresh_round(rt, n, spec);
+        if released > 0 {
+            log(&format!("pool: released {released} cached memfds so that {n} fresh sandboxes fit in host memory"));
+        }
+    }
+    Ok(())
+}
+
+/// The uncounted warm-up round of `n` × `v` (sandbox ids `w<n><tag>`: the
+/// concurrency and the run's tag are in them, so ids of sweep levels and
+/// runs never collide in the trace). False if it left something behind.
+fn warm_up(
+    rt: &Runtime,
+    v: Variant,
+    n: usize,
+    label: &str,
+    tag: &str,
+    spec: &RoundSpec,
+    log: &mut dyn FnMut(&str),
+) -> bool {
+    log(&format!("{label} x{n}: warm-up round"));
+    let w = run_round(rt, v, n, &format!("w{n}{tag}"), spec);
+    for f in &w.failures {
+        log(&format!("  warm-up failure: {f}"));
+    }
+    let lc = leaks::check(rt, Duration::from_secs(5));
+    if !lc.is_clean() {
+        log(&format!("  after warm-up: {}", lc.describe()));
+        return false;
+    }
+    true
+}
+
 /// Everything before a measured round of `n` × `v`: the NIC's lock policy,
 /// room for fresh memory, the uncounted warm-up round, the pre-zeroer.
 /// Returns false if the warm-up left something behind. Shared by
@@ -109,27 +153,8 @@ pub fn prepare_measured_round(
     plan: &BenchPlan,
     log: &mut dyn FnMut(&str),
 ) -> Result<bool, crate::Error> {
-    let mut clean = true;
-    rt.prepare_variant(v)?;
-    if !v.policy().uses_pool() {
-        let released = fit_pool_for_fresh_round(rt, n, &plan.spec);
-        if released > 0 {
-            log(&format!("pool: released {released} cached memfds so that {n} fresh sandboxes fit in host memory"));
-        }
-    }
-    if plan.warmup {
-        log(&format!("{v} x{n}: warm-up round"));
-        // The concurrency is in the label: sandbox ids of sweep levels must not collide in the trace.
-        let w = run_round(rt, v, n, &format!("w{n}"), &plan.spec);
-        for f in &w.failures {
-            log(&format!("  warm-up failure: {f}"));
-        }
-        let lc = leaks::check(rt, Duration::from_secs(5));
-        if !lc.is_clean() {
-            log(&format!("  after warm-up: {}", lc.describe()));
-            clean = false;
-        }
-    }
+    prepare_variant(rt, v, n, &plan.spec, log)?;
+    let clean = !plan.warmup || warm_up(rt, v, n, v.name(), "", &plan.spec, log);
     if let Some(w) = idle_prezero(rt, v) {
         log(&format!("  {}", w.describe()));
     }
@@ -194,13 +219,7 @@ pub fn run(
             if net_pool {
                 label.push_str("+pool");
             }
-            rt.prepare_variant(v)?;
-            if !v.policy().uses_pool() {
-                let released = fit_pool_for_fresh_round(rt, n, &plan.spec);
-                if released > 0 {
-                    log(&format!("pool: released {released} cached memfds so that {n} fresh sandboxes fit in host memory"));
-                }
-            }
+            prepare_variant(rt, v, n, &plan.spec, log)?;
             let mut tag = mode.map_or(String::new(), |m| m.name()[..1].to_string());
             if template.is_some() {
                 tag.push('t');
@@ -212,17 +231,7 @@ pub fn run(
                 if net_pool {
                     wait_net_pool(rt, log);
                 }
-                log(&format!("{label} x{n}: warm-up round"));
-                // The concurrency is in the label: sandbox ids of sweep levels must not collide in the trace.
-                let w = run_round(rt, v, n, &format!("w{n}{tag}"), &round_spec);
-                for f in &w.failures {
-                    log(&format!("  warm-up failure: {f}"));
-                }
-                let lc = leaks::check(rt, Duration::from_secs(5));
-                if !lc.is_clean() {
-                    log(&format!("  after warm-up: {}", lc.describe()));
-                    clean = false;
-                }
+                clean &= warm_up(rt, v, n, &label, &tag, &round_spec, log);
             }
             let prezero = idle_prezero(rt, v);
             if let Some(w) = &prezero {
