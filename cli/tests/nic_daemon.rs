@@ -248,6 +248,36 @@ fn nic_forwards_between_vfs_and_survives_bad_descriptors() {
     drop((fa, fb, fx));
 }
 
+/// A frame sent the moment a frontend's set-up returns reaches that VF, for
+/// every VF that comes up: set-up messages are acked once the session did
+/// them, and the dataplane looks at the VFs again before it routes a burst.
+/// (CI once lost the first frame of `nic_forwards_between_vfs_...`: the
+/// test's frontend did not wait for acks and raced the session thread.)
+#[test]
+fn a_frame_sent_right_after_a_vf_comes_up_is_delivered() {
+    const SESSIONS: u8 = 20;
+    let vfs = (SESSIONS + 1).to_string();
+    let d = Daemon::start("up", &["--pf", "pf0", "--vfs", &vfs]);
+    let mut c = d.client();
+    let a = c.alloc("pf0", "sb-a", None, None).unwrap();
+    let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    // Sandboxes keep coming up on the other VFs; each is sent to at once.
+    for k in 0..SESSIONS {
+        let sb = format!("sb-b{k}");
+        let b = c.alloc("pf0", &sb, None, None).unwrap();
+        let mut fb = SimFrontend::connect(&b.socket, MIN_MEM).unwrap();
+        let f = frame(&b.mac, &a.mac, &[k; 16]);
+        fa.send(&f);
+        assert_eq!(fb.recv(T).as_deref(), Some(&f[..]), "session {k}");
+        let vb = d.wait_vf(&sb, "counted", |v| v.counters.rx_packets == 1);
+        assert_eq!(vb.counters.rx_drops, 0, "session {k}");
+    }
+    let va = d.wait_vf("sb-a", "counted", |v| {
+        v.counters.tx_packets == u64::from(SESSIONS)
+    });
+    assert_eq!(va.counters.tx_drops, 0);
+}
+
 #[test]
 fn nic_frontend_killed_with_sigkill_frees_its_vf() {
     const NAME: &str = "nic_frontend_killed_with_sigkill_frees_its_vf";

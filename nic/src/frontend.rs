@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use virtio_bindings::virtio_ring::{VRING_AVAIL_F_NO_INTERRUPT, VRING_USED_F_NO_NOTIFY};
@@ -243,9 +243,15 @@ impl VuFrontend {
             | vhost::vhost_user::message::VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
         self.fe.set_features(features & want)?;
         let proto = self.fe.get_protocol_features()?;
-        self.fe.set_protocol_features(
-            proto & (VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::CONFIG),
-        )?;
+        let proto =
+            proto & (VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::CONFIG);
+        self.fe.set_protocol_features(proto)?;
+        // Every later message waits for the backend's ack (as Cloud Hypervisor's
+        // frontend does): set-up returns once the VF is up, so a frame sent
+        // right after it is not raced against the session's own work.
+        if proto.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+            self.fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
         self.set_up_memory()
     }
 

@@ -228,6 +228,12 @@ impl Dataplane {
                     }
                     Err(f) => self.fault(i, f),
                 }
+                // A VF that came up since the round started (its set-up was
+                // acked before this guest published) is switched to: the view
+                // is refreshed before the burst is routed, not a round later.
+                if !rx.is_empty() && self.changes.load(Ordering::Acquire) != self.seen_changes {
+                    self.refresh_ports();
+                }
                 // The source's counters, once per burst: each frame once, as
                 // taken by the switch or as a drop.
                 let (mut packets, mut bytes, mut drops) = (0, 0, 0);
