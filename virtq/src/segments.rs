@@ -21,6 +21,8 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
+use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
+
 use crate::view::{contiguous, Slice};
 use crate::{ChainError, Ring, RingError, RingView};
 
@@ -90,6 +92,26 @@ impl<M: GuestMemory + ?Sized> RingView<'_, M> {
         out.head = head;
         out.readable.clear();
         out.writable.clear();
+        // A chain of one descriptor (a frame with its header, as virtio-net
+        // drivers post them): one load, the decision on the flags of that
+        // same load, nothing a walk would check left unchecked (no next, no
+        // indirect table, one length under 2^32). Anything else, and a head
+        // outside the table, is walked.
+        if let Some(d) = self.descriptor_at(head) {
+            let flags = u32::from(d.flags());
+            if flags & (VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT) == 0 {
+                let b = Buf {
+                    addr: d.addr().0,
+                    len: d.len(),
+                };
+                if d.is_write_only() {
+                    out.writable.push(b);
+                } else {
+                    out.readable.push(b);
+                }
+                return Ok(());
+            }
+        }
         for d in self.walk(head) {
             let d = d?;
             let b = Buf {
@@ -151,6 +173,7 @@ impl Split {
     /// Checks `bufs` (one side of this split) like [`Split::check_in`] and
     /// keeps the host slices of the first [`KEPT`]: for a device that uses
     /// one side and has refused chains with the other.
+    #[inline]
     pub fn keep<'m, M: GuestMemory + ?Sized>(
         &self,
         mem: &'m M,
@@ -208,6 +231,37 @@ impl<'m, M: GuestMemory + ?Sized> Kept<'m, M> {
         let s = self.slices.get(i)?.as_ref()?;
         s.subslice(usize::try_from(off).ok()?, n).ok()
     }
+}
+
+/// A copy of `len` (> 0) bytes at `skip..` of a chain of one buffer whose
+/// host slice was kept (a frame in one descriptor, the common case): the
+/// range checks [`for_pieces`] makes, then the one piece, without walking
+/// pieces. `None` when the chain is not that (the caller walks pieces).
+#[inline]
+fn one_kept<'m, M: GuestMemory + ?Sized>(
+    kept: &Kept<'m, M>,
+    bufs: &[Buf],
+    skip: u64,
+    len: u64,
+) -> Option<Result<(u64, Slice<'m, M>), CopyError>> {
+    let ([b], Some(_)) = (bufs, kept.slices[0].as_ref()) else {
+        return None;
+    };
+    if len == 0 {
+        return None;
+    }
+    let total = u64::from(b.len);
+    if skip.checked_add(len).is_none_or(|end| end > total) {
+        return Some(Err(CopyError::Beyond { skip, len, total }));
+    }
+    let Some(addr) = b.addr.checked_add(skip) else {
+        return Some(Err(CopyError::Overflow {
+            addr: b.addr,
+            len: b.len,
+        }));
+    };
+    let piece = kept.piece(0, skip, len as usize)?;
+    Some(Ok((addr, piece)))
 }
 
 /// Calls `f(i, in_buf, gpa, offset, n)` for each piece of `bufs` that covers
@@ -288,6 +342,12 @@ where
     P: Fn(u64, u64) -> Result<(), E> + ?Sized,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    if let Some(one) = one_kept(kept, bufs, skip, out.len() as u64) {
+        let (addr, s) = one?;
+        prepared(prepare, addr, out.len())?;
+        s.copy_to(out);
+        return Ok(());
+    }
     for_pieces(bufs, skip, out.len() as u64, |i, in_buf, addr, off, n| {
         prepared(prepare, addr, n)?;
         let out = &mut out[off..off + n];
@@ -346,6 +406,19 @@ where
     // Every piece the parts land in is prepared first, once (a header and a
     // frame sharing a descriptor: one call), so a refusal moves no byte.
     let len = parts.iter().map(|p| p.len() as u64).sum();
+    if let Some(one) = one_kept(kept, bufs, skip, len) {
+        let (addr, s) = one?;
+        prepared(prepare, addr, len as usize)?;
+        let mut at = 0;
+        for data in parts {
+            s.offset(at)
+                .and_then(|rest| rest.subslice(0, data.len()))
+                .expect("inside the piece checked above")
+                .copy_from(data);
+            at += data.len();
+        }
+        return Ok(());
+    }
     for_pieces(bufs, skip, len, |_, _, addr, _, n| {
         prepared(prepare, addr, n)
     })?;
@@ -421,6 +494,71 @@ mod tests {
                 (0x4000 + u64::from(i) * 0x100, len, flags | next, i + 1)
             })
             .collect()
+    }
+
+    /// The single-descriptor path gives what the walk gives, for every
+    /// flag a lone descriptor may carry, and for heads it must not take.
+    #[test]
+    fn a_one_descriptor_chain_splits_as_the_walk_does() {
+        const INDIRECT: u16 = 4;
+        let walked = |r: &Ring, m: &GuestMemoryMmap, head: u16| -> Result<Split, SplitError> {
+            let v = RingView::resolve(r, m).unwrap();
+            let mut s = Split {
+                head,
+                ..Split::default()
+            };
+            for d in v.walk(head) {
+                let d = d?;
+                let b = Buf {
+                    addr: d.addr().0,
+                    len: d.len(),
+                };
+                if d.is_write_only() {
+                    s.writable.push(b);
+                } else {
+                    s.readable.push(b);
+                }
+            }
+            Ok(s)
+        };
+        let m = mem_with(&[
+            (0x4000, 60, 0, 0),
+            (0x5000, 2048, WRITE, 0),
+            (0x6000, 32, INDIRECT, 0),
+            (0x7000, 0, 0, 0),
+            (0x8000, u32::MAX, WRITE, 0),
+            (0x9000, 16, NEXT, 7),
+        ]);
+        let indirect_ok = Ring {
+            features: 1 << crate::VIRTIO_F_INDIRECT_DESC,
+            ..ring(8)
+        };
+        for r in [ring(8), indirect_ok] {
+            for head in [0, 1, 2, 3, 4, 5, 8, 200, u16::MAX] {
+                assert_eq!(split(r, &m, head), walked(&r, &m, head), "head {head}");
+            }
+        }
+        assert_eq!(
+            split(ring(8), &m, 1).unwrap().writable,
+            [Buf {
+                addr: 0x5000,
+                len: 2048
+            }]
+        );
+        assert_eq!(
+            split(ring(8), &m, 2),
+            Err(SplitError::Walk(ChainError::IndirectNotNegotiated {
+                head: 2,
+                index: 2
+            }))
+        );
+        assert!(matches!(
+            split(ring(8), &m, 8),
+            Err(SplitError::Walk(ChainError::NextOutOfRange {
+                index: 8,
+                ..
+            }))
+        ));
     }
 
     #[test]
@@ -583,6 +721,46 @@ mod tests {
             s.check_in_keep(&m),
             Err(SplitError::Outside { addr: 0xfff8, .. })
         ));
+    }
+
+    /// A chain of one kept buffer (the frame path) copies and refuses
+    /// exactly as the piece walk does, preparation included.
+    #[test]
+    fn one_kept_buffer_copies_as_the_piece_walk_does() {
+        let m = mem_with(&[(0x4000, 100, WRITE, 0)]);
+        let s = split(ring(8), &m, 0).unwrap();
+        let (_, kept) = s.check_in_keep(&m).unwrap();
+        let none = Kept::none();
+        let hdr = [0xaa; 12];
+        let frame: Vec<u8> = (0..64).collect();
+        let seen = RefCell::new(Vec::new());
+        let log = |a: u64, n: u64| -> Result<(), String> {
+            seen.borrow_mut().push((a, n));
+            Ok(())
+        };
+        let mut results = Vec::new();
+        for k in [&kept, &none] {
+            m.write_slice(&[0u8; 100], GuestAddress(0x4000)).unwrap();
+            seen.borrow_mut().clear();
+            write_kept(&m, k, &log, &s.writable, 3, &[&hdr, &frame]).unwrap();
+            let mut back = [0u8; 100];
+            m.read_slice(&mut back, GuestAddress(0x4000)).unwrap();
+            let mut via = [0u8; 70];
+            read_kept(&m, k, &log, &s.writable, 5, &mut via).unwrap();
+            let over = read_kept(&m, k, &log, &s.writable, 40, &mut [0u8; 61]);
+            let too_long = write_kept(&m, k, &log, &s.writable, 0, &[&[1; 101]]);
+            results.push((
+                back.to_vec(),
+                via.to_vec(),
+                seen.borrow().clone(),
+                format!("{over:?} {too_long:?}"),
+            ));
+        }
+        assert_eq!(results[0], results[1]);
+        let (back, _, prepared, errors) = &results[0];
+        assert_eq!((&back[3..15], &back[15..79]), (&hdr[..], &frame[..]));
+        assert_eq!(prepared[..2], [(0x4003, 76), (0x4005, 70)]);
+        assert!(errors.contains("Beyond"), "{errors}");
     }
 
     #[test]

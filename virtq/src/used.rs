@@ -48,7 +48,7 @@ impl<M: GuestMemory + ?Sized> RingView<'_, M> {
         let old = Wrapping(next_used);
         let mut next = old;
         for &(head, len) in used {
-            let slot = usize::from(next.0 % size);
+            let slot = usize::from(next.0 & self.mask);
             // virtq_used_elem: le32 id, le32 len, one 8-byte store.
             let elem = u64::from(head) | u64::from(len) << 32;
             self.used
