@@ -135,6 +135,75 @@ fn bad_setup_commands_are_refused_and_counted() {
     nic.stop();
 }
 
+/// Setup chains written by hand on a raw vhost-user session: a command and
+/// its status spread over several descriptors are read and written whole; a
+/// chain with a bad descriptor puts that SGF (only) in error, and the daemon
+/// serves the next one.
+#[test]
+fn setup_chains_over_several_descriptors_and_a_bad_descriptor() {
+    use nic::frontend::{FrontendMemory, VuFrontend, BUFFERS, QSIZE};
+    use sgiov::layout::{ErrorCode, SetupCmd, SETUP_DETACH, SETUP_MAGIC, SETUP_QUEUE};
+    use vm_memory::ByteValued;
+    const Q: usize = SETUP_QUEUE as usize;
+    const CMD: u64 = BUFFERS;
+    const STATUS: u64 = BUFFERS + 0x100;
+    const NEXT: u16 = 1;
+    const WRITE: u16 = 2;
+    let nic = start("sg-raw", 2);
+    let mut c = nic.client();
+    let info = c.alloc_sg("pf0", "sb-raw").unwrap();
+    let mem = FrontendMemory::new(MEM, false).unwrap();
+    let mut vu = VuFrontend::connect_mem(&info.socket, mem).unwrap();
+    // A DETACH before any attach is answered State; a command read wrong
+    // (pieces out of order or short) would have a bad magic: BadRequest.
+    let cmd = SetupCmd {
+        magic: SETUP_MAGIC,
+        op: SETUP_DETACH,
+        ..Default::default()
+    };
+    let bytes = cmd.as_slice();
+    // SAFETY: both ranges are in the frontend's own memory (ptr checks bounds).
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), vu.ptr(CMD, bytes.len()), bytes.len());
+        std::ptr::write_volatile(vu.ptr(STATUS, 4) as *mut u32, u32::MAX);
+    }
+    // Readable 5 + 11 + 16 bytes, then the status as 1 + 3 writable bytes.
+    vu.write_desc(Q, 0, CMD, 5, NEXT, 1);
+    vu.write_desc(Q, 1, CMD + 5, 11, NEXT, 2);
+    vu.write_desc(Q, 2, CMD + 16, 16, NEXT, 3);
+    vu.write_desc(Q, 3, STATUS, 1, NEXT | WRITE, 4);
+    vu.write_desc(Q, 4, STATUS + 1, 3, WRITE, 0);
+    vu.publish(Q, 0);
+    testutil::poll_until("the split setup chain's used entry", T, || {
+        (vu.used_idx(Q) == 1)
+            .then_some(())
+            .ok_or(format!("used index {}", vu.used_idx(Q)))
+    });
+    assert_eq!(vu.used_elem(Q, 0), (0, 4), "head 0, 4 status bytes written");
+    // SAFETY: in our own memory.
+    let status = u32::from_le(unsafe { std::ptr::read_volatile(vu.ptr(STATUS, 4) as *const u32) });
+    assert_eq!(status, ErrorCode::State as u32);
+    wait_sg(&mut c, "sb-raw", "counted", |v| {
+        v.sg.is_some_and(|s| s.setup_errors == 1)
+    });
+
+    // A next index outside the table: this SGF goes to error, no used entry.
+    vu.write_desc(Q, 8, CMD, 32, NEXT, QSIZE + 3);
+    vu.publish(Q, 8);
+    let v = wait_sg(&mut c, "sb-raw", "in error", |v| v.state == VfState::Error);
+    assert_eq!(v.counters.bad_descriptors, 1);
+    assert_eq!(vu.used_idx(Q), 1, "the bad chain is not returned");
+
+    // The daemon lives: another sandbox's SGF attaches and echoes.
+    let ok = c.alloc_sg("pf0", "sb-ok").unwrap();
+    let mut fe = SgFrontend::connect(&ok.socket, MEM, DriverConfig::default()).unwrap();
+    echo(&mut fe, 1, |_| b"after a bad setup chain".to_vec());
+    drop(fe);
+    drop(vu);
+    wait_sg(&mut c, "sb-ok", "detached", no_leak);
+    nic.stop();
+}
+
 const CHILD_ENV: &str = "NIC_SG_CHILD_SOCKET";
 
 #[test]

@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use sgiov::device::{Device, DeviceError};
 use sgiov::layout::{ErrorCode, SetupCmd, SETUP_ATTACH, SETUP_DETACH, SETUP_MAGIC};
 use sgiov::sgf::SgfId;
-use virtio_queue::{QueueOwnedT, QueueT};
-use virtq::{Ring, Split};
+use virtq::{Ring, RingView, Split};
 use vm_memory::ByteValued;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -285,6 +284,9 @@ impl SgLoop {
         }
     }
 
+    /// Takes up to [`SETUP_BATCH`] chains through the one walker (`virtq`,
+    /// as every other device): a malformed chain or buffer is a [`Fault`]
+    /// naming the queue, which puts this SGF only in error.
     fn setup_chains(
         &mut self,
         i: usize,
@@ -293,19 +295,18 @@ impl SgLoop {
         mem: &Arc<VfMemory>,
     ) -> Result<(), Fault> {
         let gm = &mem.gm;
-        let ring = Ring::of(&rt.vrings[SETUP_Q].queue, rt.features);
+        let ring = |source| Fault::Ring { q: SETUP_Q, source };
+        let view = RingView::resolve(&Ring::of(&rt.vrings[SETUP_Q].queue, rt.features), gm)
+            .map_err(ring)?;
         let prepare = |gpa, len| mem.prepare_for_device_write(gpa, len);
         let mut split = Split::default();
         let mut used = Vec::new();
-        let mut chains = rt.vrings[SETUP_Q]
-            .queue
-            .iter(gm)
-            .map_err(|e| Fault::Queue { q: SETUP_Q, e })?;
-        while used.len() < SETUP_BATCH {
-            let Some(chain) = chains.next() else { break };
-            let head = chain.head_index();
+        let heads = view
+            .avail_heads(&mut rt.vrings[SETUP_Q].queue, SETUP_BATCH)
+            .map_err(ring)?;
+        for head in heads {
             let e = |source| Fault::Split { q: SETUP_Q, source };
-            ring.split_into(gm, head, &mut split).map_err(e)?;
+            view.split_into(head, &mut split).map_err(e)?;
             split.check_in(gm).map_err(e)?;
             let size = std::mem::size_of::<SetupCmd>() as u64;
             if virtq::total(&split.readable) < size || virtq::total(&split.writable) < 4 {
@@ -331,15 +332,10 @@ impl SgLoop {
             };
             virtq::write_bufs(gm, &prepare, &split.writable, 0, &[&status.to_le_bytes()])
                 .map_err(copy)?;
-            used.push(head);
+            used.push((head, 4));
         }
         let vr = &mut rt.vrings[SETUP_Q];
-        for &h in &used {
-            vr.queue
-                .add_used(gm, h, 4)
-                .map_err(|e| Fault::Queue { q: SETUP_Q, e })?;
-        }
-        if !used.is_empty() {
+        if view.complete_used(&mut vr.queue, &used).map_err(ring)? {
             vr.signal();
         }
         Ok(())

@@ -1,0 +1,225 @@
+//! The virtio-blk device: its transport face (features, config, activate,
+//! reset) and the worker thread that serves the request queue in bursts.
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
+use virtio_bindings::virtio_mmio::VIRTIO_MMIO_INT_VRING;
+use virtio_queue::{Queue, QueueT};
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::epoll::{Epoll, EpollEvent};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::{Blk, BlkCounters, Disk, BOUNCE, TOKEN_QUEUE};
+use crate::bus::DeviceContext;
+use crate::virtio::chain::{self, PrepareWrite};
+use crate::virtio::net::read_config_bytes;
+use crate::virtio::worker::{Worker, STOP_TOKEN};
+use crate::virtio::{Interrupt, VirtioDevice, VirtioError, QUEUE_MAX_SIZE};
+
+impl Blk {
+    pub fn new(
+        disk: Disk,
+        ctx: &DeviceContext,
+        queue_evt: EventFd,
+        interrupt: Arc<Interrupt>,
+    ) -> Self {
+        let prepare = chain::prepare_for(ctx);
+        Blk {
+            disk: Arc::new(disk),
+            mem: ctx.mem.clone(),
+            prepare,
+            queue_evt,
+            interrupt,
+            counters: Arc::default(),
+            worker: None,
+        }
+    }
+}
+
+impl Drop for Blk {
+    fn drop(&mut self) {
+        self.worker = None;
+        let c = &self.counters;
+        tracing::debug!(
+            "disk {}: reads {} writes {} flushes {} failed {} bad_chains {}",
+            self.disk.name,
+            c.reads.load(Ordering::Relaxed),
+            c.writes.load(Ordering::Relaxed),
+            c.flushes.load(Ordering::Relaxed),
+            c.failed.load(Ordering::Relaxed),
+            c.bad_chains.load(Ordering::Relaxed)
+        );
+    }
+}
+
+impl VirtioDevice for Blk {
+    fn device_type(&self) -> u32 {
+        VIRTIO_ID_BLOCK
+    }
+    fn features(&self) -> u64 {
+        self.disk.features()
+    }
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[QUEUE_MAX_SIZE]
+    }
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.disk.config(), offset, data)
+    }
+    fn activate(&mut self, features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
+        let name = self.disk.name.clone();
+        let device = || format!("disk {name}");
+        let Some(queue) = queues.into_iter().next().filter(|q| q.ready()) else {
+            return Err(VirtioError::QueuesNotReady {
+                device: device(),
+                need: "request queue",
+            });
+        };
+        let len = 6 + 8 * queue.size() as u64;
+        (self.prepare)(queue.used_ring(), len).map_err(|source| VirtioError::UsedRing {
+            device: device(),
+            source,
+        })?;
+        let evt = self
+            .queue_evt
+            .try_clone()
+            .map_err(|source| VirtioError::DupEventFd {
+                device: device(),
+                source,
+            })?;
+        let mut state = WorkerState {
+            disk: self.disk.clone(),
+            mem: self.mem.clone(),
+            prepare: self.prepare.clone(),
+            queue,
+            features,
+            interrupt: self.interrupt.clone(),
+            counters: self.counters.clone(),
+            bounce: vec![0; BOUNCE],
+            used: Vec::new(),
+        };
+        let fds = [(evt.as_raw_fd(), TOKEN_QUEUE)];
+        let thread = format!("virtio-blk-{}", self.thread_tag());
+        let worker = Worker::spawn(thread, &fds, move |epoll| state.run(epoll, evt))
+            .map_err(|source| VirtioError::DiskWorker { path: name, source })?;
+        self.worker = Some(worker);
+        Ok(())
+    }
+    fn reset(&mut self) {
+        self.worker = None; // stops and joins
+    }
+}
+
+impl Blk {
+    /// A short thread-name tag: the file name (comm holds 15 bytes).
+    fn thread_tag(&self) -> String {
+        std::path::Path::new(&self.disk.name)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+}
+
+struct WorkerState {
+    disk: Arc<Disk>,
+    mem: GuestMemoryMmap,
+    prepare: Arc<PrepareWrite>,
+    queue: Queue,
+    /// Negotiated features (indirect descriptors only if they include it).
+    features: u64,
+    interrupt: Arc<Interrupt>,
+    counters: Arc<BlkCounters>,
+    bounce: Vec<u8>,
+    /// (head, used length) of one burst, returned together.
+    used: Vec<(u16, u32)>,
+}
+
+impl WorkerState {
+    fn run(&mut self, epoll: Epoll, evt: EventFd) {
+        let mut events = [EpollEvent::default(); 4];
+        // Requests may have been queued before the worker started.
+        self.process();
+        loop {
+            let n = match epoll.wait(-1, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::error!("disk {}: epoll wait: {e}", self.disk.name);
+                    return;
+                }
+            };
+            for ev in &events[..n] {
+                match ev.data() {
+                    STOP_TOKEN => return,
+                    _ => {
+                        let _ = evt.read();
+                        self.process();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Serves every available request, returns them with one used-index
+    /// store per burst, then interrupts the guest once if it asked.
+    fn process(&mut self) {
+        let WorkerState {
+            disk,
+            mem,
+            prepare,
+            queue,
+            features,
+            interrupt,
+            counters,
+            bounce,
+            used,
+        } = self;
+        let gm = chain::Xlat::new(mem);
+        let what = format_args!("disk {}: request queue", disk.name);
+        let Some(view) = chain::view(&gm, queue, *features, &what) else {
+            counters.bad_chains.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let mut notify = false;
+        loop {
+            let heads = match view.avail_heads(queue, usize::MAX) {
+                Ok(h) if !h.is_empty() => h,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!("disk {}: request queue: {e}", disk.name);
+                    break;
+                }
+            };
+            used.clear();
+            for head in heads {
+                // Copies go through the burst's translation cache, as the rings do.
+                let len = match view.split(head) {
+                    Ok(split) => disk
+                        .serve(&gm, &**prepare, &split, bounce, counters)
+                        .unwrap_or_else(|e| {
+                            tracing::warn!("disk {}: bad request chain: {e}", disk.name);
+                            0
+                        }),
+                    Err(e) => {
+                        counters.bad_chains.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!("disk {}: bad request chain: {e}", disk.name);
+                        0
+                    }
+                };
+                // A head outside the ring has no used slot to return.
+                if head < view.size() {
+                    used.push((head, len));
+                }
+            }
+            match view.complete_used(queue, used) {
+                Ok(n) => notify |= n,
+                Err(e) => tracing::warn!("disk {}: used ring: {e}", disk.name),
+            }
+        }
+        if notify {
+            interrupt.signal(VIRTIO_MMIO_INT_VRING);
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! Tests of the virtio-mmio transport.
+
+use std::sync::Mutex;
+
+use vm_memory::GuestAddress;
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::*;
+use crate::virtio::{VirtioError, INT_CONFIG, INT_USED_RING};
+
+const FEATURES: u64 = 1 << VIRTIO_F_VERSION_1 | 1 << 5;
+
+/// ready, size, desc, avail, used
+type QueueSnapshot = (bool, u16, u64, u64, u64);
+
+#[derive(Default)]
+struct Log {
+    activated: Vec<(u64, Vec<QueueSnapshot>)>,
+    resets: usize,
+}
+
+struct TestDev {
+    log: Arc<Mutex<Log>>,
+    config: [u8; 8],
+}
+
+impl VirtioDevice for TestDev {
+    fn device_type(&self) -> u32 {
+        1
+    }
+    fn features(&self) -> u64 {
+        FEATURES
+    }
+    fn queue_max_sizes(&self) -> &[u16] {
+        &[16, 16]
+    }
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        crate::virtio::net::read_config_bytes(&self.config, offset, data)
+    }
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        let o = offset as usize;
+        if o + data.len() <= self.config.len() {
+            self.config[o..o + data.len()].copy_from_slice(data);
+        }
+    }
+    fn config_generation(&self) -> u32 {
+        7
+    }
+    fn activate(&mut self, features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
+        let q = queues
+            .iter()
+            .map(|q| {
+                (
+                    q.ready(),
+                    q.size(),
+                    q.desc_table(),
+                    q.avail_ring(),
+                    q.used_ring(),
+                )
+            })
+            .collect();
+        self.log.lock().unwrap().activated.push((features, q));
+        Ok(())
+    }
+    fn reset(&mut self) {
+        self.log.lock().unwrap().resets += 1;
+    }
+}
+
+fn transport() -> (MmioTransport<TestDev>, Arc<Mutex<Log>>, Arc<Interrupt>) {
+    let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+    let log = Arc::new(Mutex::new(Log::default()));
+    let irq = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
+    let dev = TestDev {
+        log: log.clone(),
+        config: [1, 2, 3, 4, 5, 6, 0, 0],
+    };
+    (
+        MmioTransport::new(dev, mem, irq.clone(), 0xd000_0000),
+        log,
+        irq,
+    )
+}
+
+fn r(t: &mut MmioTransport<TestDev>, off: u64) -> u32 {
+    let mut d = [0xffu8; 4];
+    t.read(off, &mut d);
+    u32::from_le_bytes(d)
+}
+
+fn w(t: &mut MmioTransport<TestDev>, off: u64, v: u32) {
+    t.write(off, &v.to_le_bytes());
+}
+
+const ACK_DRIVER: u32 = 1 | VIRTIO_CONFIG_S_DRIVER;
+
+fn negotiate(t: &mut MmioTransport<TestDev>, features: u64) -> u32 {
+    w(t, STATUS, 0);
+    w(t, STATUS, 1);
+    w(t, STATUS, ACK_DRIVER);
+    w(t, DRIVER_FEATURES_SEL, 0);
+    w(t, DRIVER_FEATURES, features as u32);
+    w(t, DRIVER_FEATURES_SEL, 1);
+    w(t, DRIVER_FEATURES, (features >> 32) as u32);
+    w(t, STATUS, ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK);
+    r(t, STATUS)
+}
+
+fn setup_queue(t: &mut MmioTransport<TestDev>, q: u32, size: u32, desc: u64) {
+    w(t, QUEUE_SEL, q);
+    w(t, QUEUE_NUM, size);
+    w(t, QUEUE_DESC_LOW, desc as u32);
+    w(t, QUEUE_DESC_HIGH, (desc >> 32) as u32);
+    w(t, QUEUE_DRIVER_LOW, (desc + 0x400) as u32);
+    w(t, QUEUE_DRIVER_HIGH, 0);
+    w(t, QUEUE_DEVICE_LOW, (desc + 0x800) as u32);
+    w(t, QUEUE_DEVICE_HIGH, 0);
+    w(t, QUEUE_READY, 1);
+}
+
+#[test]
+fn identity_registers_and_access_width() {
+    let (mut t, _, _) = transport();
+    assert_eq!(r(&mut t, MAGIC_VALUE), 0x7472_6976);
+    assert_eq!(r(&mut t, VERSION), 2);
+    assert_eq!(r(&mut t, DEVICE_ID), 1);
+    assert_eq!(r(&mut t, VENDOR_ID), VENDOR);
+    assert_eq!(r(&mut t, CONFIG_GENERATION), 7);
+    assert_eq!(r(&mut t, SHM_LEN_LOW), u32::MAX, "no shared memory region");
+    // Registers are 32-bit only: narrower or unaligned accesses read 0.
+    let mut b = [0xffu8; 2];
+    t.read(MAGIC_VALUE, &mut b);
+    assert_eq!(b, [0, 0]);
+    let mut d = [0xffu8; 4];
+    t.read(MAGIC_VALUE + 2, &mut d);
+    assert_eq!(d, [0; 4]);
+    // Config space: any width, past its end reads 0, writes go to the device.
+    let mut m = [0u8; 6];
+    t.read(CONFIG, &mut m);
+    assert_eq!(m, [1, 2, 3, 4, 5, 6]);
+    t.write(CONFIG + 1, &[9]);
+    let mut one = [0u8; 1];
+    t.read(CONFIG + 1, &mut one);
+    assert_eq!(one, [9]);
+    let mut far = [0xffu8; 4];
+    t.read(CONFIG + 0x200, &mut far);
+    assert_eq!(far, [0; 4]);
+}
+
+#[test]
+fn feature_negotiation() {
+    let (mut t, _, _) = transport();
+    w(&mut t, DEVICE_FEATURES_SEL, 0);
+    assert_eq!(r(&mut t, DEVICE_FEATURES), FEATURES as u32);
+    w(&mut t, DEVICE_FEATURES_SEL, 1);
+    assert_eq!(r(&mut t, DEVICE_FEATURES), (FEATURES >> 32) as u32);
+    w(&mut t, DEVICE_FEATURES_SEL, 2);
+    assert_eq!(r(&mut t, DEVICE_FEATURES), 0);
+
+    // A feature the device does not offer: FEATURES_OK stays clear.
+    assert_eq!(negotiate(&mut t, FEATURES | 1 << 6), ACK_DRIVER);
+    // Legacy driver (no VERSION_1): refused too.
+    assert_eq!(negotiate(&mut t, 1 << 5), ACK_DRIVER);
+    // A subset including VERSION_1 is accepted.
+    assert_eq!(
+        negotiate(&mut t, 1 << VIRTIO_F_VERSION_1),
+        ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK
+    );
+    // Once FEATURES_OK is set, driver features are frozen.
+    w(&mut t, DRIVER_FEATURES_SEL, 0);
+    w(&mut t, DRIVER_FEATURES, 1 << 5);
+    assert_eq!(t.driver_features, 1 << VIRTIO_F_VERSION_1);
+}
+
+#[test]
+fn driver_features_ignored_before_driver_status() {
+    let (mut t, _, _) = transport();
+    w(&mut t, DRIVER_FEATURES_SEL, 1);
+    w(&mut t, DRIVER_FEATURES, 1);
+    assert_eq!(t.driver_features, 0);
+}
+
+#[test]
+fn queue_setup_and_activation() {
+    let (mut t, log, _) = transport();
+    // Queue registers are ignored before FEATURES_OK.
+    w(&mut t, QUEUE_SEL, 0);
+    w(&mut t, QUEUE_NUM, 8);
+    w(&mut t, QUEUE_READY, 1);
+    assert_eq!(r(&mut t, QUEUE_READY), 0);
+
+    negotiate(&mut t, FEATURES);
+    w(&mut t, QUEUE_SEL, 0);
+    assert_eq!(r(&mut t, QUEUE_NUM_MAX), 16);
+    w(&mut t, QUEUE_SEL, 2);
+    assert_eq!(r(&mut t, QUEUE_NUM_MAX), 0, "queue 2 does not exist");
+    w(&mut t, QUEUE_NUM, 8); // ignored, no such queue
+    setup_queue(&mut t, 0, 8, 0x1000);
+    assert_eq!(r(&mut t, QUEUE_READY), 1);
+    // Rings outside guest memory: the queue never becomes ready.
+    setup_queue(&mut t, 1, 8, 0x20_0000);
+    assert_eq!(r(&mut t, QUEUE_READY), 0);
+    setup_queue(&mut t, 1, 4, 0x4000);
+    assert_eq!(r(&mut t, QUEUE_READY), 1);
+    // A ready queue's registers are frozen.
+    w(&mut t, QUEUE_DESC_LOW, 0x8000);
+
+    w(
+        &mut t,
+        STATUS,
+        ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
+    );
+    let log = log.lock().unwrap();
+    assert_eq!(log.activated.len(), 1);
+    let (features, queues) = &log.activated[0];
+    assert_eq!(*features, FEATURES);
+    assert_eq!(queues[0], (true, 8, 0x1000, 0x1400, 0x1800));
+    assert_eq!(queues[1], (true, 4, 0x4000, 0x4400, 0x4800));
+}
+
+#[test]
+fn invalid_queue_size_is_ignored() {
+    let (mut t, _, _) = transport();
+    negotiate(&mut t, FEATURES);
+    w(&mut t, QUEUE_SEL, 0);
+    w(&mut t, QUEUE_NUM, 8);
+    w(&mut t, QUEUE_NUM, 5); // not a power of two
+    w(&mut t, QUEUE_NUM, 32); // above QueueNumMax
+    assert_eq!(t.queues[0].size(), 8);
+}
+
+#[test]
+fn status_rules_and_reset() {
+    let (mut t, log, irq) = transport();
+    // DRIVER_OK without FEATURES_OK: the device marks itself FAILED.
+    w(&mut t, STATUS, 1);
+    w(&mut t, STATUS, ACK_DRIVER | VIRTIO_CONFIG_S_DRIVER_OK);
+    assert_eq!(r(&mut t, STATUS), ACK_DRIVER | VIRTIO_CONFIG_S_FAILED);
+    assert!(log.lock().unwrap().activated.is_empty());
+
+    negotiate(&mut t, FEATURES);
+    setup_queue(&mut t, 0, 8, 0x1000);
+    w(
+        &mut t,
+        STATUS,
+        ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
+    );
+    // Clearing bits other than by reset is ignored.
+    w(&mut t, STATUS, 1);
+    assert_eq!(
+        r(&mut t, STATUS),
+        ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK
+    );
+
+    // Interrupt status and acknowledge.
+    irq.signal(INT_USED_RING | INT_CONFIG);
+    assert_eq!(r(&mut t, INTERRUPT_STATUS), 3);
+    w(&mut t, INTERRUPT_ACK, INT_USED_RING);
+    assert_eq!(r(&mut t, INTERRUPT_STATUS), INT_CONFIG);
+    assert_eq!(irq.irqfd().read().unwrap(), 1, "one irqfd write per signal");
+
+    // Reset: device stopped, every register back to its initial value.
+    w(&mut t, STATUS, 0);
+    assert_eq!(log.lock().unwrap().resets, 1);
+    assert_eq!(r(&mut t, STATUS), 0);
+    assert_eq!(r(&mut t, INTERRUPT_STATUS), 0);
+    w(&mut t, QUEUE_SEL, 0);
+    assert_eq!(r(&mut t, QUEUE_READY), 0);
+    assert_eq!(t.driver_features, 0);
+    // The driver can start over and the device is activated again.
+    negotiate(&mut t, FEATURES);
+    setup_queue(&mut t, 0, 8, 0x1000);
+    w(
+        &mut t,
+        STATUS,
+        ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK,
+    );
+    assert_eq!(log.lock().unwrap().activated.len(), 2);
+}
+
+#[test]
+fn notify_writes_that_reach_the_transport_are_harmless() {
+    let (mut t, log, _) = transport();
+    w(&mut t, QUEUE_NOTIFY, 0xffff);
+    t.write(QUEUE_NOTIFY, &[0]);
+    w(&mut t, 0x200_0000, 1);
+    assert!(log.lock().unwrap().activated.is_empty());
+}
