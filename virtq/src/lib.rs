@@ -24,11 +24,13 @@
 //!   loop), an indirect table not inside one memory region;
 //! - more than 2^32 bytes in total (§2.7.5.2).
 
+mod one;
 mod segments;
 mod used;
 mod view;
 mod xlat;
 
+pub use one::OneBuf;
 pub use segments::{
     read_bufs, read_kept, total, write_bufs, write_kept, Buf, CopyError, Kept, Split, SplitError,
     KEPT,

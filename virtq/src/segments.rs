@@ -23,6 +23,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, Permissions};
 
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
 
+use crate::one::{read_one, write_one};
 use crate::view::{contiguous, Slice};
 use crate::{ChainError, Ring, RingError, RingView};
 
@@ -233,35 +234,18 @@ impl<'m, M: GuestMemory + ?Sized> Kept<'m, M> {
     }
 }
 
-/// A copy of `len` (> 0) bytes at `skip..` of a chain of one buffer whose
-/// host slice was kept (a frame in one descriptor, the common case): the
-/// range checks [`for_pieces`] makes, then the one piece, without walking
-/// pieces. `None` when the chain is not that (the caller walks pieces).
+/// The one buffer of `bufs` and its kept host slice, if `bufs` is one
+/// buffer that was kept (a frame in one descriptor): copied without the
+/// piece walk (`crate::one`).
 #[inline]
-fn one_kept<'m, M: GuestMemory + ?Sized>(
-    kept: &Kept<'m, M>,
-    bufs: &[Buf],
-    skip: u64,
-    len: u64,
-) -> Option<Result<(u64, Slice<'m, M>), CopyError>> {
-    let ([b], Some(_)) = (bufs, kept.slices[0].as_ref()) else {
-        return None;
-    };
-    if len == 0 {
-        return None;
+fn one_kept<'k, 'm, M: GuestMemory + ?Sized>(
+    kept: &'k Kept<'m, M>,
+    bufs: &'k [Buf],
+) -> Option<(&'k Buf, &'k Slice<'m, M>)> {
+    match (bufs, kept.slices[0].as_ref()) {
+        ([b], Some(s)) => Some((b, s)),
+        _ => None,
     }
-    let total = u64::from(b.len);
-    if skip.checked_add(len).is_none_or(|end| end > total) {
-        return Some(Err(CopyError::Beyond { skip, len, total }));
-    }
-    let Some(addr) = b.addr.checked_add(skip) else {
-        return Some(Err(CopyError::Overflow {
-            addr: b.addr,
-            len: b.len,
-        }));
-    };
-    let piece = kept.piece(0, skip, len as usize)?;
-    Some(Ok((addr, piece)))
 }
 
 /// Calls `f(i, in_buf, gpa, offset, n)` for each piece of `bufs` that covers
@@ -298,7 +282,7 @@ fn for_pieces(
     Ok(())
 }
 
-fn prepared<P, E>(prepare: &P, addr: u64, n: usize) -> Result<(), CopyError>
+pub(crate) fn prepared<P, E>(prepare: &P, addr: u64, n: usize) -> Result<(), CopyError>
 where
     P: Fn(u64, u64) -> Result<(), E> + ?Sized,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -342,11 +326,8 @@ where
     P: Fn(u64, u64) -> Result<(), E> + ?Sized,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    if let Some(one) = one_kept(kept, bufs, skip, out.len() as u64) {
-        let (addr, s) = one?;
-        prepared(prepare, addr, out.len())?;
-        s.copy_to(out);
-        return Ok(());
+    if let Some((b, s)) = one_kept(kept, bufs) {
+        return read_one::<M, _, _>(b, s, prepare, skip, out);
     }
     for_pieces(bufs, skip, out.len() as u64, |i, in_buf, addr, off, n| {
         prepared(prepare, addr, n)?;
@@ -405,20 +386,10 @@ where
 {
     // Every piece the parts land in is prepared first, once (a header and a
     // frame sharing a descriptor: one call), so a refusal moves no byte.
-    let len = parts.iter().map(|p| p.len() as u64).sum();
-    if let Some(one) = one_kept(kept, bufs, skip, len) {
-        let (addr, s) = one?;
-        prepared(prepare, addr, len as usize)?;
-        let mut at = 0;
-        for data in parts {
-            s.offset(at)
-                .and_then(|rest| rest.subslice(0, data.len()))
-                .expect("inside the piece checked above")
-                .copy_from(data);
-            at += data.len();
-        }
-        return Ok(());
+    if let Some((b, s)) = one_kept(kept, bufs) {
+        return write_one::<M, _, _>(b, s, prepare, skip, parts);
     }
+    let len = parts.iter().map(|p| p.len() as u64).sum();
     for_pieces(bufs, skip, len, |_, _, addr, _, n| {
         prepared(prepare, addr, n)
     })?;

@@ -450,49 +450,58 @@ impl Dataplane {
             if let PortId::Vf(i) = from {
                 self.spoofed(i, &pkt);
             }
+            self.pool.free(pkt);
+            return false;
         }
+        // One buffer per destination: copies first, the original goes last
+        // (a unicast frame, the common case, is just handed on).
+        let copies = out.len().saturating_sub(1);
         let mut taken = false;
-        // One buffer per destination: copies first, the original goes last.
-        let mut orig = Some(pkt);
-        let n = if routed { out.len() } else { 0 };
-        for (k, dest) in out.iter().take(n).enumerate() {
-            let p = if k + 1 == n {
-                orig.take()
-            } else {
-                orig.as_ref().and_then(|o| self.pool.clone_pkt(o))
-            };
-            let Some(mut p) = p else { continue };
-            match *dest {
-                PortId::Uplink => {
-                    if let Some(v) = vlan {
-                        let l = p.len;
-                        p.len = switch::tag(p.buf_mut(), l, v);
-                    }
-                    taken |= self.uplink.as_ref().is_some_and(|u| u.send(p.data()));
-                    self.pool.free(p);
-                }
-                PortId::Vf(j) if !self.peers.mine(j) => {
-                    taken = true;
-                    if let Err(p) = self.peers.send(j, p) {
-                        AtomicCounters::add(&self.ports[j].counters.rx_drops, 1);
-                        self.pool.free(p);
-                    }
-                }
-                PortId::Vf(j) => {
-                    taken = true;
-                    if self.backlog[j].len() >= BACKLOG_MAX {
-                        AtomicCounters::add(&self.ports[j].counters.rx_drops, 1);
-                        self.pool.free(p);
-                    } else {
-                        self.backlog[j].push_back(p);
-                    }
-                }
+        for &dest in &out[..copies] {
+            if let Some(p) = self.pool.clone_pkt(&pkt) {
+                taken |= self.deliver(dest, p, vlan);
             }
         }
-        if let Some(p) = orig {
-            self.pool.free(p);
+        match out.last() {
+            Some(&dest) => taken | self.deliver(dest, pkt, vlan),
+            None => {
+                self.pool.free(pkt);
+                taken
+            }
         }
-        taken
+    }
+
+    /// Hands `p` to destination `dest` (its buffer goes with it); whether
+    /// the switch took it there.
+    #[inline]
+    fn deliver(&mut self, dest: PortId, mut p: Pkt, vlan: Option<u16>) -> bool {
+        match dest {
+            PortId::Uplink => {
+                if let Some(v) = vlan {
+                    let l = p.len;
+                    p.len = switch::tag(p.buf_mut(), l, v);
+                }
+                let sent = self.uplink.as_ref().is_some_and(|u| u.send(p.data()));
+                self.pool.free(p);
+                sent
+            }
+            PortId::Vf(j) if !self.peers.mine(j) => {
+                if let Err(p) = self.peers.send(j, p) {
+                    AtomicCounters::add(&self.ports[j].counters.rx_drops, 1);
+                    self.pool.free(p);
+                }
+                true
+            }
+            PortId::Vf(j) => {
+                if self.backlog[j].len() >= BACKLOG_MAX {
+                    AtomicCounters::add(&self.ports[j].counters.rx_drops, 1);
+                    self.pool.free(p);
+                } else {
+                    self.backlog[j].push_back(p);
+                }
+                true
+            }
+        }
     }
 
     /// A frame VF `i` sent that the switch refused: its source MAC is not the

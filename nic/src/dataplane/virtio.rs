@@ -88,7 +88,6 @@ fn take_heads(
 /// Walks the chain at `head` into `split`: well formed, in the memory table,
 /// and only device-readable (transmit) or only device-writable (receive).
 /// Returns the host slices of its (first) buffers, for the copy.
-#[inline(always)]
 fn split_chain<'v, 'm>(
     view: &View<'v, 'm>,
     q: usize,
@@ -115,6 +114,69 @@ fn split_chain<'v, 'm>(
     }
     // The other side is empty: checking the used side checks the chain.
     split.keep(view.mem(), used).map_err(e)
+}
+
+/// A chain of the queue, ready for its copy: one buffer straight from its
+/// descriptor (`virtq::OneBuf`, how frontends post frames), or walked and
+/// split (any other well-formed chain; `Scratch::split` holds its buffers).
+enum Chain<'v, 'm> {
+    One(virtq::OneBuf<'v, Xlat<'m>>),
+    Split(virtq::Kept<'v, Xlat<'m>>),
+}
+
+impl<'v, 'm> Chain<'v, 'm> {
+    /// The chain at `head` of queue `q` (checked as `split_chain` checks it).
+    #[inline(always)]
+    fn take(view: &View<'v, 'm>, q: usize, head: u16, split: &mut Split) -> Result<Self, Fault> {
+        match view.one_buf(head) {
+            // Transmit reads device-readable buffers, receive writes writable ones;
+            // a buffer of the wrong kind is reported by the general path.
+            Some(one) if one.writable == (q == RXQ) => Ok(Chain::One(one)),
+            _ => split_chain(view, q, head, split).map(Chain::Split),
+        }
+    }
+
+    /// Bytes in the chain's buffers.
+    fn len(&self, split: &Split) -> u64 {
+        match self {
+            Chain::One(one) => u64::from(one.buf.len),
+            Chain::Split(_) if !split.readable.is_empty() => virtq::total(&split.readable),
+            Chain::Split(_) => virtq::total(&split.writable),
+        }
+    }
+
+    fn read<P>(
+        &self,
+        gm: &Xlat<'m>,
+        prepare: &P,
+        split: &Split,
+        skip: u64,
+        out: &mut [u8],
+    ) -> Result<(), virtq::CopyError>
+    where
+        P: Fn(u64, u64) -> Result<(), crate::memory::MemError>,
+    {
+        match self {
+            Chain::One(one) => one.read(prepare, skip, out),
+            Chain::Split(kept) => virtq::read_kept(gm, kept, prepare, &split.readable, skip, out),
+        }
+    }
+
+    fn write<P>(
+        &self,
+        gm: &Xlat<'m>,
+        prepare: &P,
+        split: &Split,
+        parts: &[&[u8]],
+    ) -> Result<(), virtq::CopyError>
+    where
+        P: Fn(u64, u64) -> Result<(), crate::memory::MemError>,
+    {
+        match self {
+            Chain::One(one) => one.write(prepare, 0, parts),
+            Chain::Split(kept) => virtq::write_kept(gm, kept, prepare, &split.writable, 0, parts),
+        }
+    }
 }
 
 /// The memory table's translation cache, for one burst.
@@ -240,9 +302,9 @@ fn take_guest_tx_inner(
     let mut drops = 0;
     take_heads(&view, rt, TXQ, batch, heads)?;
     for &head in heads.iter() {
-        let kept = split_chain(&view, TXQ, head, split)?;
+        let chain = Chain::take(&view, TXQ, head, split)?;
         used.push((head, 0));
-        let frame_len = virtq::total(&split.readable).saturating_sub(hdr_len) as usize;
+        let frame_len = chain.len(split).saturating_sub(hdr_len) as usize;
         if !(MIN_FRAME..=BUF_SIZE - VLAN_ROOM).contains(&frame_len) {
             drops += 1;
             continue;
@@ -253,7 +315,7 @@ fn take_guest_tx_inner(
         };
         // The frame, without the virtio-net header, one memcpy per segment.
         let buf = &mut pkt.buf_mut()[..frame_len];
-        if let Err(source) = virtq::read_kept(&gm, &kept, &prepare, &split.readable, hdr_len, buf) {
+        if let Err(source) = chain.read(&gm, &prepare, split, hdr_len, buf) {
             pool.free(pkt);
             return Err(Fault::Copy {
                 q: TXQ,
@@ -315,8 +377,8 @@ fn fill_guest_rx_inner(
     take_heads(&view, rt, RXQ, batch.min(backlog.len()), heads)?;
     let mut result = Ok(());
     for &head in heads.iter() {
-        let kept = match split_chain(&view, RXQ, head, split) {
-            Ok(k) => k,
+        let chain = match Chain::take(&view, RXQ, head, split) {
+            Ok(c) => c,
             Err(f) => {
                 result = Err(f);
                 break;
@@ -325,13 +387,12 @@ fn fill_guest_rx_inner(
         let pkt = backlog.pop_front().expect("checked non-empty");
         let frame = pkt.data();
         let len = hdr_len + frame.len();
-        if virtq::total(&split.writable) < len as u64 {
+        if chain.len(split) < len as u64 {
             drops += 1;
             used.push((head, 0));
         } else {
             let parts: [&[u8]; 2] = [&hdr[..hdr_len], frame];
-            if let Err(source) = virtq::write_kept(&gm, &kept, &prepare, &split.writable, 0, &parts)
-            {
+            if let Err(source) = chain.write(&gm, &prepare, split, &parts) {
                 result = Err(Fault::Copy {
                     q: RXQ,
                     head,

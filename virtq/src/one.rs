@@ -1,0 +1,265 @@
+//! A chain of one descriptor whose buffer lies in one memory region: how
+//! virtio-net drivers post frames (header and frame in one buffer, Linux
+//! with VIRTIO_F_ANY_LAYOUT/VERSION_1, DPDK's virtio PMD). A device takes it
+//! straight from the descriptor with its host slice and copies through that
+//! slice: no split into lists, no kept slices, no piece walk. Nothing is
+//! checked less than on the general path: one descriptor load decides (no
+//! NEXT, no INDIRECT, the head inside the table), the buffer must lie in
+//! one region, and every copy makes the range checks [`crate::read_kept`]
+//! makes and prepares what it touches. Any other chain (and a buffer over
+//! two regions or outside memory) goes the general way
+//! ([`RingView::split_into`]), which says what is wrong with it.
+
+use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
+use vm_memory::GuestMemory;
+
+use crate::segments::prepared;
+use crate::view::{contiguous, Slice};
+use crate::{Buf, CopyError, RingView};
+
+/// The chain at `head`: one buffer, and its host slice for this burst.
+pub struct OneBuf<'m, M: GuestMemory + ?Sized> {
+    pub head: u16,
+    pub buf: Buf,
+    /// Device-writable (VRING_DESC_F_WRITE): a receive buffer.
+    pub writable: bool,
+    slice: Slice<'m, M>,
+}
+
+impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
+    /// The chain at `head` if it is one descriptor whose buffer lies in one
+    /// region (see the module doc); `None` sends the caller the general way.
+    #[inline]
+    pub fn one_buf(&self, head: u16) -> Option<OneBuf<'m, M>> {
+        let d = self.descriptor_at(head)?;
+        if u32::from(d.flags()) & (VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT) != 0 {
+            return None;
+        }
+        let buf = Buf {
+            addr: d.addr().0,
+            len: d.len(),
+        };
+        Some(OneBuf {
+            head,
+            buf,
+            writable: d.is_write_only(),
+            slice: contiguous(self.mem, buf.addr, buf.len as usize)?,
+        })
+    }
+}
+
+impl<M: GuestMemory + ?Sized> OneBuf<'_, M> {
+    /// [`crate::read_bufs`] for this chain: bytes `skip..skip + out.len()`.
+    #[inline]
+    pub fn read<P, E>(&self, prepare: &P, skip: u64, out: &mut [u8]) -> Result<(), CopyError>
+    where
+        P: Fn(u64, u64) -> Result<(), E> + ?Sized,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        read_one::<M, _, _>(&self.buf, &self.slice, prepare, skip, out)
+    }
+
+    /// [`crate::write_bufs`] for this chain: `parts` one after the other from `skip`.
+    #[inline]
+    pub fn write<P, E>(&self, prepare: &P, skip: u64, parts: &[&[u8]]) -> Result<(), CopyError>
+    where
+        P: Fn(u64, u64) -> Result<(), E> + ?Sized,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        write_one::<M, _, _>(&self.buf, &self.slice, prepare, skip, parts)
+    }
+}
+
+/// Bytes `skip..skip + len` of buffer `b` (host slice `s`, all of it): its
+/// guest address and host piece, or the error the piece walk gives.
+#[inline]
+fn piece<'m, M: GuestMemory + ?Sized>(
+    b: &Buf,
+    s: &Slice<'m, M>,
+    skip: u64,
+    len: u64,
+) -> Result<(u64, Slice<'m, M>), CopyError> {
+    let total = u64::from(b.len);
+    let beyond = CopyError::Beyond { skip, len, total };
+    if skip.checked_add(len).is_none_or(|end| end > total) {
+        return Err(beyond);
+    }
+    let addr = b.addr.checked_add(skip).ok_or(CopyError::Overflow {
+        addr: b.addr,
+        len: b.len,
+    })?;
+    // In range of `s` (b.len bytes) by the check above.
+    let piece = s
+        .subslice(skip as usize, len as usize)
+        .map_err(|_| beyond)?;
+    Ok((addr, piece))
+}
+
+/// Reads bytes `skip..` of one buffer `b` whose whole host slice is `s`.
+#[inline]
+pub(crate) fn read_one<M, P, E>(
+    b: &Buf,
+    s: &Slice<'_, M>,
+    prepare: &P,
+    skip: u64,
+    out: &mut [u8],
+) -> Result<(), CopyError>
+where
+    M: GuestMemory + ?Sized,
+    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (addr, p) = piece::<M>(b, s, skip, out.len() as u64)?;
+    if !out.is_empty() {
+        prepared(prepare, addr, out.len())?;
+        p.copy_to(out);
+    }
+    Ok(())
+}
+
+/// Writes `parts` one after the other at bytes `skip..` of one buffer `b`
+/// whose whole host slice is `s`, after preparing the range they cover.
+#[inline]
+pub(crate) fn write_one<M, P, E>(
+    b: &Buf,
+    s: &Slice<'_, M>,
+    prepare: &P,
+    skip: u64,
+    parts: &[&[u8]],
+) -> Result<(), CopyError>
+where
+    M: GuestMemory + ?Sized,
+    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let (addr, p) = piece::<M>(b, s, skip, len as u64)?;
+    if len == 0 {
+        return Ok(());
+    }
+    prepared(prepare, addr, len)?;
+    let mut at = 0;
+    for data in parts {
+        if let Ok(dst) = p.subslice(at, data.len()) {
+            dst.copy_from(data);
+        }
+        at += data.len();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{read_bufs, write_bufs, Ring, VIRTIO_F_INDIRECT_DESC};
+    use std::cell::RefCell;
+    use virtio_queue::desc::split::Descriptor;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    const TABLE: u64 = 0x1000;
+    const NEXT: u16 = 1;
+    const WRITE: u16 = 2;
+    const INDIRECT: u16 = 4;
+
+    /// Two adjacent regions [0, 0x8000) and [0x8000, 0x10000).
+    fn mem_with(descs: &[(u64, u32, u16, u16)]) -> GuestMemoryMmap {
+        let m = GuestMemoryMmap::from_ranges(&[
+            (GuestAddress(0), 0x8000),
+            (GuestAddress(0x8000), 0x8000),
+        ])
+        .unwrap();
+        for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
+            let d = Descriptor::new(addr, len, flags, next);
+            m.write_obj(d, GuestAddress(TABLE + 16 * i as u64)).unwrap();
+        }
+        m
+    }
+
+    fn ring(features: u64) -> Ring {
+        Ring {
+            desc_table: GuestAddress(TABLE),
+            avail_ring: GuestAddress(0x2000),
+            used_ring: GuestAddress(0x3000),
+            size: 8,
+            features,
+            event_idx: false,
+        }
+    }
+
+    #[test]
+    fn only_a_lone_descriptor_in_one_region_is_taken() {
+        let m = mem_with(&[
+            (0x4000, 100, 0, 0),
+            (0x5000, 2048, WRITE, 0),
+            (0x4000, 16, NEXT, 0),
+            (0x6000, 32, INDIRECT, 0),
+            (0x7ff0, 32, 0, 0),
+            (0xfff0, 32, WRITE, 0),
+            (0x4000, 0, 0, 0),
+        ]);
+        for features in [0, 1 << VIRTIO_F_INDIRECT_DESC] {
+            let r = ring(features);
+            let v = RingView::resolve(&r, &m).unwrap();
+            let one = v.one_buf(0).unwrap();
+            assert_eq!(
+                (one.head, one.buf, one.writable),
+                (
+                    0,
+                    Buf {
+                        addr: 0x4000,
+                        len: 100
+                    },
+                    false
+                )
+            );
+            assert!(v.one_buf(1).unwrap().writable);
+            // NEXT, INDIRECT, over two regions, past memory, empty, outside the table.
+            for head in [2, 3, 4, 5, 6, 8, u16::MAX] {
+                assert!(v.one_buf(head).is_none(), "head {head}");
+            }
+        }
+    }
+
+    #[test]
+    fn copies_match_the_general_copiers_and_refuse_alike() {
+        let m = mem_with(&[(0x4000, 100, WRITE, 0)]);
+        let r = ring(0);
+        let v = RingView::resolve(&r, &m).unwrap();
+        let one = v.one_buf(0).unwrap();
+        let bufs = [one.buf];
+        let seen = RefCell::new(Vec::new());
+        let log = |a: u64, n: u64| -> Result<(), String> {
+            seen.borrow_mut().push((a, n));
+            Ok(())
+        };
+        let (hdr, frame) = ([7u8; 12], [9u8; 60]);
+        one.write(&log, 2, &[&hdr, &frame]).unwrap();
+        let mut a = [0u8; 80];
+        one.read(&log, 1, &mut a).unwrap();
+        let mut b = [0u8; 80];
+        read_bufs(&m, &log, &bufs, 1, &mut b).unwrap();
+        assert_eq!(a, b);
+        assert_eq!((&a[1..13], &a[13..73]), (&hdr[..], &frame[..]));
+        assert_eq!(seen.borrow()[..2], [(0x4002, 72), (0x4001, 80)]);
+        // Too long, or past the end: the errors the general copiers give, no byte moved.
+        let long = one.read(&log, 41, &mut [0u8; 60]).unwrap_err();
+        let general = read_bufs(&m, &log, &bufs, 41, &mut [0u8; 60]).unwrap_err();
+        assert_eq!(format!("{long:?}"), format!("{general:?}"));
+        let over = one.write(&log, 0, &[&[1u8; 101]]).unwrap_err();
+        let general = write_bufs(&m, &log, &bufs, 0, &[&[1u8; 101]]).unwrap_err();
+        assert_eq!(format!("{over:?}"), format!("{general:?}"));
+        // A refused preparation moves nothing.
+        let refuse = |_: u64, _: u64| -> Result<(), String> { Err("no".into()) };
+        assert!(matches!(
+            one.write(&refuse, 0, &[&[1u8; 4]]),
+            Err(CopyError::Prepare {
+                addr: 0x4000,
+                len: 4,
+                ..
+            })
+        ));
+        let mut back = [0u8; 4];
+        m.read_slice(&mut back, GuestAddress(0x4000)).unwrap();
+        assert_eq!(back, [0, 0, 7, 7]);
+    }
+}
