@@ -26,6 +26,8 @@
 
 mod one;
 mod segments;
+#[cfg(test)]
+mod testing;
 mod used;
 mod view;
 mod xlat;
@@ -222,34 +224,10 @@ impl<M: GuestMemory + ?Sized> Iterator for Walk<'_, '_, M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestMemoryMmap};
+    use crate::testing::{mem_with, ring, write_table, INDIRECT, NEXT, WRITE};
+    use vm_memory::GuestMemoryMmap;
 
-    const TABLE: u64 = 0x1000;
-    const NEXT: u16 = VRING_DESC_F_NEXT as u16;
-    const INDIRECT: u16 = VRING_DESC_F_INDIRECT as u16;
-    const WRITE: u16 = 2;
-
-    fn write_table(m: &GuestMemoryMmap, at: u64, descs: &[(u64, u32, u16, u16)]) {
-        for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
-            let d = Descriptor::new(addr, len, flags, next);
-            m.write_obj(d, GuestAddress(at + 16 * i as u64)).unwrap();
-        }
-    }
-
-    fn mem_with(descs: &[(u64, u32, u16, u16)]) -> GuestMemoryMmap {
-        let m = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
-        write_table(&m, TABLE, descs);
-        m
-    }
-
-    const T: Ring = Ring {
-        desc_table: GuestAddress(TABLE),
-        avail_ring: GuestAddress(0x2000),
-        used_ring: GuestAddress(0x3000),
-        size: 8,
-        features: 0,
-        event_idx: false,
-    };
+    const T: Ring = ring(8, 0);
 
     /// (addr, len) of every descriptor, or the error that ended the walk.
     fn walk(r: &Ring, m: &GuestMemoryMmap, head: u16) -> Result<Vec<(u64, u32)>, ChainError> {

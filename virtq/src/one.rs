@@ -151,15 +151,10 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{read_bufs, write_bufs, Ring, VIRTIO_F_INDIRECT_DESC};
+    use crate::testing::{ring, write_table, INDIRECT, NEXT, TABLE, WRITE};
+    use crate::{read_bufs, write_bufs, VIRTIO_F_INDIRECT_DESC};
     use std::cell::RefCell;
-    use virtio_queue::desc::split::Descriptor;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-
-    const TABLE: u64 = 0x1000;
-    const NEXT: u16 = 1;
-    const WRITE: u16 = 2;
-    const INDIRECT: u16 = 4;
 
     /// Two adjacent regions [0, 0x8000) and [0x8000, 0x10000).
     fn mem_with(descs: &[(u64, u32, u16, u16)]) -> GuestMemoryMmap {
@@ -168,22 +163,8 @@ mod tests {
             (GuestAddress(0x8000), 0x8000),
         ])
         .unwrap();
-        for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
-            let d = Descriptor::new(addr, len, flags, next);
-            m.write_obj(d, GuestAddress(TABLE + 16 * i as u64)).unwrap();
-        }
+        write_table(&m, TABLE, descs);
         m
-    }
-
-    fn ring(features: u64) -> Ring {
-        Ring {
-            desc_table: GuestAddress(TABLE),
-            avail_ring: GuestAddress(0x2000),
-            used_ring: GuestAddress(0x3000),
-            size: 8,
-            features,
-            event_idx: false,
-        }
     }
 
     #[test]
@@ -198,7 +179,7 @@ mod tests {
             (0x4000, 0, 0, 0),
         ]);
         for features in [0, 1 << VIRTIO_F_INDIRECT_DESC] {
-            let r = ring(features);
+            let r = ring(8, features);
             let v = RingView::resolve(&r, &m).unwrap();
             let one = v.one_buf(0).unwrap();
             assert_eq!(
@@ -223,7 +204,7 @@ mod tests {
     #[test]
     fn copies_match_the_general_copiers_and_refuse_alike() {
         let m = mem_with(&[(0x4000, 100, WRITE, 0)]);
-        let r = ring(0);
+        let r = ring(8, 0);
         let v = RingView::resolve(&r, &m).unwrap();
         let one = v.one_buf(0).unwrap();
         let bufs = [one.buf];

@@ -420,33 +420,13 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{self, mem_with, INDIRECT, MEM, NEXT, TABLE, WRITE};
     use std::cell::RefCell;
     use virtio_queue::desc::split::Descriptor;
     use vm_memory::GuestMemoryMmap;
 
-    const TABLE: u64 = 0x1000;
-    const NEXT: u16 = 1;
-    const WRITE: u16 = 2;
-    const MEM: u64 = 0x10000;
-
-    fn mem_with(descs: &[(u64, u32, u16, u16)]) -> GuestMemoryMmap {
-        let m = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM as usize)]).unwrap();
-        for (i, &(addr, len, flags, next)) in descs.iter().enumerate() {
-            let d = Descriptor::new(addr, len, flags, next);
-            m.write_obj(d, GuestAddress(TABLE + 16 * i as u64)).unwrap();
-        }
-        m
-    }
-
     fn ring(size: u16) -> Ring {
-        Ring {
-            desc_table: GuestAddress(TABLE),
-            avail_ring: GuestAddress(0x2000),
-            used_ring: GuestAddress(0x3000),
-            size,
-            features: 0,
-            event_idx: false,
-        }
+        testing::ring(size, 0)
     }
 
     fn split(r: Ring, m: &GuestMemoryMmap, head: u16) -> Result<Split, SplitError> {
@@ -471,7 +451,6 @@ mod tests {
     /// flag a lone descriptor may carry, and for heads it must not take.
     #[test]
     fn a_one_descriptor_chain_splits_as_the_walk_does() {
-        const INDIRECT: u16 = 4;
         let walked = |r: &Ring, m: &GuestMemoryMmap, head: u16| -> Result<Split, SplitError> {
             let v = RingView::resolve(r, m).unwrap();
             let mut s = Split {
