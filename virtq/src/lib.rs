@@ -34,8 +34,8 @@ mod xlat;
 
 pub use one::OneBuf;
 pub use segments::{
-    read_bufs, read_kept, total, write_bufs, write_kept, Buf, CopyError, Kept, Split, SplitError,
-    KEPT,
+    read_bufs, read_kept, total, write_bufs, write_kept, Buf, CopyError, Kept, Prepare, Split,
+    SplitError, KEPT,
 };
 use view::Slice;
 pub use view::{AvailHeads, RingError, RingView};

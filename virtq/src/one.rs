@@ -13,7 +13,7 @@
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
 use vm_memory::GuestMemory;
 
-use crate::segments::prepared;
+use crate::segments::{prepared, Prepare};
 use crate::view::{contiguous, Slice};
 use crate::{Buf, CopyError, RingView};
 
@@ -51,22 +51,20 @@ impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
 impl<M: GuestMemory + ?Sized> OneBuf<'_, M> {
     /// [`crate::read_bufs`] for this chain: bytes `skip..skip + out.len()`.
     #[inline]
-    pub fn read<P, E>(&self, prepare: &P, skip: u64, out: &mut [u8]) -> Result<(), CopyError>
+    pub fn read<P>(&self, prepare: &P, skip: u64, out: &mut [u8]) -> Result<(), CopyError>
     where
-        P: Fn(u64, u64) -> Result<(), E> + ?Sized,
-        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+        P: Prepare + ?Sized,
     {
-        read_one::<M, _, _>(&self.buf, &self.slice, prepare, skip, out)
+        read_one::<M, _>(&self.buf, &self.slice, prepare, skip, out)
     }
 
     /// [`crate::write_bufs`] for this chain: `parts` one after the other from `skip`.
     #[inline]
-    pub fn write<P, E>(&self, prepare: &P, skip: u64, parts: &[&[u8]]) -> Result<(), CopyError>
+    pub fn write<P>(&self, prepare: &P, skip: u64, parts: &[&[u8]]) -> Result<(), CopyError>
     where
-        P: Fn(u64, u64) -> Result<(), E> + ?Sized,
-        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+        P: Prepare + ?Sized,
     {
-        write_one::<M, _, _>(&self.buf, &self.slice, prepare, skip, parts)
+        write_one::<M, _>(&self.buf, &self.slice, prepare, skip, parts)
     }
 }
 
@@ -97,7 +95,7 @@ fn piece<'m, M: GuestMemory + ?Sized>(
 
 /// Reads bytes `skip..` of one buffer `b` whose whole host slice is `s`.
 #[inline]
-pub(crate) fn read_one<M, P, E>(
+pub(crate) fn read_one<M, P>(
     b: &Buf,
     s: &Slice<'_, M>,
     prepare: &P,
@@ -106,8 +104,7 @@ pub(crate) fn read_one<M, P, E>(
 ) -> Result<(), CopyError>
 where
     M: GuestMemory + ?Sized,
-    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    P: Prepare + ?Sized,
 {
     let (addr, p) = piece::<M>(b, s, skip, out.len() as u64)?;
     if !out.is_empty() {
@@ -120,7 +117,7 @@ where
 /// Writes `parts` one after the other at bytes `skip..` of one buffer `b`
 /// whose whole host slice is `s`, after preparing the range they cover.
 #[inline]
-pub(crate) fn write_one<M, P, E>(
+pub(crate) fn write_one<M, P>(
     b: &Buf,
     s: &Slice<'_, M>,
     prepare: &P,
@@ -129,8 +126,7 @@ pub(crate) fn write_one<M, P, E>(
 ) -> Result<(), CopyError>
 where
     M: GuestMemory + ?Sized,
-    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    P: Prepare + ?Sized,
 {
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let (addr, p) = piece::<M>(b, s, skip, len as u64)?;

@@ -282,22 +282,42 @@ fn for_pieces(
     Ok(())
 }
 
-pub(crate) fn prepared<P, E>(prepare: &P, addr: u64, n: usize) -> Result<(), CopyError>
+/// What a device does to a guest range before it reads or writes it (under
+/// lazy zeroing a never-touched page must read as zeros, and a device write
+/// must not be wiped by a later zeroing); refusing the range refuses the
+/// copy. Any `Fn(gpa, len) -> Result<(), E>` is one.
+pub trait Prepare {
+    fn prepare(&self, gpa: u64, len: u64) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
+}
+
+impl<F, E> Prepare for F
 where
-    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
+    F: Fn(u64, u64) -> Result<(), E> + ?Sized,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    prepare(addr, n as u64).map_err(|e| CopyError::Prepare {
-        addr,
-        len: n,
-        source: e.into(),
-    })
+    #[inline]
+    fn prepare(&self, gpa: u64, len: u64) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        self(gpa, len).map_err(Into::into)
+    }
+}
+
+pub(crate) fn prepared<P>(prepare: &P, addr: u64, n: usize) -> Result<(), CopyError>
+where
+    P: Prepare + ?Sized,
+{
+    prepare
+        .prepare(addr, n as u64)
+        .map_err(|source| CopyError::Prepare {
+            addr,
+            len: n,
+            source,
+        })
 }
 
 /// Copies bytes `skip..skip + out.len()` of the buffers into `out`, one
 /// memcpy per piece, preparing each piece first (a read of a never-touched
 /// page must see zeros, not a previous tenant's bytes).
-pub fn read_bufs<M, P, E>(
+pub fn read_bufs<M, P>(
     mem: &M,
     prepare: &P,
     bufs: &[Buf],
@@ -306,14 +326,13 @@ pub fn read_bufs<M, P, E>(
 ) -> Result<(), CopyError>
 where
     M: GuestMemory + ?Sized,
-    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    P: Prepare + ?Sized,
 {
     read_kept(mem, &Kept::none(), prepare, bufs, skip, out)
 }
 
 /// [`read_bufs`] through the host slices `kept` holds for `bufs`.
-pub fn read_kept<M, P, E>(
+pub fn read_kept<M, P>(
     mem: &M,
     kept: &Kept<'_, M>,
     prepare: &P,
@@ -323,11 +342,10 @@ pub fn read_kept<M, P, E>(
 ) -> Result<(), CopyError>
 where
     M: GuestMemory + ?Sized,
-    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    P: Prepare + ?Sized,
 {
     if let Some((b, s)) = one_kept(kept, bufs) {
-        return read_one::<M, _, _>(b, s, prepare, skip, out);
+        return read_one::<M, _>(b, s, prepare, skip, out);
     }
     for_pieces(bufs, skip, out.len() as u64, |i, in_buf, addr, off, n| {
         prepared(prepare, addr, n)?;
@@ -355,7 +373,7 @@ where
 /// Writes `parts` one after the other at bytes `skip..` of the buffers (a
 /// header and a frame, without gathering them first), one memcpy per piece,
 /// after preparing every buffer range they cover.
-pub fn write_bufs<M, P, E>(
+pub fn write_bufs<M, P>(
     mem: &M,
     prepare: &P,
     bufs: &[Buf],
@@ -364,14 +382,13 @@ pub fn write_bufs<M, P, E>(
 ) -> Result<(), CopyError>
 where
     M: GuestMemory + ?Sized,
-    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    P: Prepare + ?Sized,
 {
     write_kept(mem, &Kept::none(), prepare, bufs, skip, parts)
 }
 
 /// [`write_bufs`] through the host slices `kept` holds for `bufs`.
-pub fn write_kept<M, P, E>(
+pub fn write_kept<M, P>(
     mem: &M,
     kept: &Kept<'_, M>,
     prepare: &P,
@@ -381,13 +398,12 @@ pub fn write_kept<M, P, E>(
 ) -> Result<(), CopyError>
 where
     M: GuestMemory + ?Sized,
-    P: Fn(u64, u64) -> Result<(), E> + ?Sized,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    P: Prepare + ?Sized,
 {
     // Every piece the parts land in is prepared first, once (a header and a
     // frame sharing a descriptor: one call), so a refusal moves no byte.
     if let Some((b, s)) = one_kept(kept, bufs) {
-        return write_one::<M, _, _>(b, s, prepare, skip, parts);
+        return write_one::<M, _>(b, s, prepare, skip, parts);
     }
     let len = parts.iter().map(|p| p.len() as u64).sum();
     for_pieces(bufs, skip, len, |_, _, addr, _, n| {

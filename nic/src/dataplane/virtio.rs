@@ -24,8 +24,6 @@ pub const MIN_FRAME: usize = 14;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Fault {
-    #[error("queue {q}: {e}")]
-    Queue { q: usize, e: virtio_queue::Error },
     #[error("queue {q}: {source}")]
     Ring {
         q: usize,
@@ -154,7 +152,7 @@ impl<'v, 'm> Chain<'v, 'm> {
         out: &mut [u8],
     ) -> Result<(), virtq::CopyError>
     where
-        P: Fn(u64, u64) -> Result<(), crate::memory::MemError>,
+        P: virtq::Prepare,
     {
         match self {
             Chain::One(one) => one.read(prepare, skip, out),
@@ -170,7 +168,7 @@ impl<'v, 'm> Chain<'v, 'm> {
         parts: &[&[u8]],
     ) -> Result<(), virtq::CopyError>
     where
-        P: Fn(u64, u64) -> Result<(), crate::memory::MemError>,
+        P: virtq::Prepare,
     {
         match self {
             Chain::One(one) => one.write(prepare, 0, parts),
