@@ -20,7 +20,7 @@ use vhost::vhost_user::{
     Backend, BackendReqHandler, Error as VuError, GpuBackend, VhostUserBackendReqHandlerMut,
 };
 use vhost::VhostUserMemoryRegionBase;
-use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_config::{VIRTIO_F_IN_ORDER, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
@@ -35,6 +35,7 @@ use crate::port::{Port, VfHw, MAX_QUEUE_SIZE};
 type Result<T> = std::result::Result<T, VuError>;
 
 pub const VIRTIO_FEATURES: u64 = (1 << VIRTIO_F_VERSION_1)
+    | (1u64 << VIRTIO_F_IN_ORDER)
     | (1 << VIRTIO_NET_F_MAC)
     | (1 << VIRTIO_NET_F_STATUS)
     | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();

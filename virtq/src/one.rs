@@ -10,23 +10,29 @@
 //! two regions or outside memory) goes the general way
 //! ([`RingView::split_into`]), which says what is wrong with it.
 
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
 use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
 use vm_memory::GuestMemory;
 
 use crate::segments::{prepared, Prepare};
-use crate::view::{contiguous, Slice};
+use crate::view::Slice;
+use crate::xlat::HostRange;
 use crate::{Buf, CopyError, RingView};
 
-/// The chain at `head`: one buffer, and its host slice for this burst.
-pub struct OneBuf<'m, M: GuestMemory + ?Sized> {
+/// The chain at `head`: one buffer, and its host address for this burst.
+pub struct OneBuf<'m, M: ?Sized> {
     pub head: u16,
     pub buf: Buf,
     /// Device-writable (VRING_DESC_F_WRITE): a receive buffer.
     pub writable: bool,
-    slice: Slice<'m, M>,
+    /// `buf.len` bytes of guest memory (`HostRange`), mapped while `'m` lasts.
+    host: NonNull<u8>,
+    mem: PhantomData<&'m M>,
 }
 
-impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
+impl<'m, M: GuestMemory + HostRange + ?Sized> RingView<'m, M> {
     /// The chain at `head` if it is one descriptor whose buffer lies in one
     /// region (see the module doc); `None` sends the caller the general way.
     #[inline]
@@ -43,19 +49,45 @@ impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
             head,
             buf,
             writable: d.is_write_only(),
-            slice: contiguous(self.mem, buf.addr, buf.len as usize)?,
+            host: self.mem.host_range(buf.addr, buf.len as usize)?,
+            mem: PhantomData,
         })
     }
 }
 
-impl<M: GuestMemory + ?Sized> OneBuf<'_, M> {
+impl<M: ?Sized> OneBuf<'_, M> {
+    /// Starts loading the lines of the buffer's first 65 bytes (a small
+    /// frame with its virtio-net header, wherever the buffer starts): a
+    /// device that holds a burst's buffers asks for all of them before it
+    /// copies the first, so the misses on lines the driver's CPU just wrote
+    /// overlap. Longer copies run ahead by themselves.
+    #[inline]
+    pub fn prefetch(&self) {
+        let p = self.host.as_ptr();
+        crate::view::prefetch_ptr(p);
+        if self.buf.len > 64 {
+            crate::view::prefetch_ptr(p.wrapping_add(64));
+        }
+    }
+
     /// [`crate::read_bufs`] for this chain: bytes `skip..skip + out.len()`.
     #[inline]
     pub fn read<P>(&self, prepare: &P, skip: u64, out: &mut [u8]) -> Result<(), CopyError>
     where
         P: Prepare + ?Sized,
     {
-        read_one::<M, _>(&self.buf, &self.slice, prepare, skip, out)
+        let at = self.range(skip, out.len())?;
+        if !out.is_empty() {
+            prepared(prepare, self.buf.addr + at as u64, out.len())?;
+            // SAFETY: `at + out.len()` <= buf.len (`range`), and the buffer's
+            // buf.len bytes are mapped while 'm lasts (`host`); `out` is the
+            // caller's exclusive memory. A racing guest write changes what is
+            // read, never where (as vm-memory's own copies).
+            unsafe {
+                std::ptr::copy(self.host.as_ptr().add(at), out.as_mut_ptr(), out.len());
+            }
+        }
+        Ok(())
     }
 
     /// [`crate::write_bufs`] for this chain: `parts` one after the other from `skip`.
@@ -64,33 +96,35 @@ impl<M: GuestMemory + ?Sized> OneBuf<'_, M> {
     where
         P: Prepare + ?Sized,
     {
-        write_one::<M, _>(&self.buf, &self.slice, prepare, skip, parts)
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut at = self.range(skip, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        prepared(prepare, self.buf.addr + at as u64, len)?;
+        for data in parts {
+            // SAFETY: the parts end at `skip + len` <= buf.len (`range`),
+            // inside the mapped buffer (`host`); `ptr::copy` allows a part
+            // that overlaps it.
+            unsafe {
+                std::ptr::copy(data.as_ptr(), self.host.as_ptr().add(at), data.len());
+            }
+            at += data.len();
+        }
+        Ok(())
     }
-}
 
-/// Bytes `skip..skip + len` of buffer `b` (host slice `s`, all of it): its
-/// guest address and host piece, or the error the piece walk gives.
-#[inline]
-fn piece<'m, M: GuestMemory + ?Sized>(
-    b: &Buf,
-    s: &Slice<'m, M>,
-    skip: u64,
-    len: u64,
-) -> Result<(u64, Slice<'m, M>), CopyError> {
-    let total = u64::from(b.len);
-    let beyond = CopyError::Beyond { skip, len, total };
-    if skip.checked_add(len).is_none_or(|end| end > total) {
-        return Err(beyond);
+    /// The offset of bytes `skip..skip + len` in the buffer, or the error
+    /// the piece walk gives for them.
+    #[inline]
+    fn range(&self, skip: u64, len: usize) -> Result<usize, CopyError> {
+        let total = u64::from(self.buf.len);
+        let len = len as u64;
+        if skip.checked_add(len).is_none_or(|end| end > total) {
+            return Err(CopyError::Beyond { skip, len, total });
+        }
+        Ok(skip as usize)
     }
-    let addr = b.addr.checked_add(skip).ok_or(CopyError::Overflow {
-        addr: b.addr,
-        len: b.len,
-    })?;
-    // In range of `s` (b.len bytes) by the check above.
-    let piece = s
-        .subslice(skip as usize, len as usize)
-        .map_err(|_| beyond)?;
-    Ok((addr, piece))
 }
 
 /// Reads bytes `skip..` of one buffer `b` whose whole host slice is `s`.
@@ -144,11 +178,36 @@ where
     Ok(())
 }
 
+/// Bytes `skip..skip + len` of buffer `b` (host slice `s`, all of it): its
+/// guest address and host piece, or the error the piece walk gives.
+#[inline]
+fn piece<'m, M: GuestMemory + ?Sized>(
+    b: &Buf,
+    s: &Slice<'m, M>,
+    skip: u64,
+    len: u64,
+) -> Result<(u64, Slice<'m, M>), CopyError> {
+    let total = u64::from(b.len);
+    let beyond = CopyError::Beyond { skip, len, total };
+    if skip.checked_add(len).is_none_or(|end| end > total) {
+        return Err(beyond);
+    }
+    let addr = b.addr.checked_add(skip).ok_or(CopyError::Overflow {
+        addr: b.addr,
+        len: b.len,
+    })?;
+    // In range of `s` (b.len bytes) by the check above.
+    let piece = s
+        .subslice(skip as usize, len as usize)
+        .map_err(|_| beyond)?;
+    Ok((addr, piece))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::{ring, write_table, INDIRECT, NEXT, TABLE, WRITE};
-    use crate::{read_bufs, write_bufs, VIRTIO_F_INDIRECT_DESC};
+    use crate::{read_bufs, write_bufs, Xlat, VIRTIO_F_INDIRECT_DESC};
     use std::cell::RefCell;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -176,7 +235,8 @@ mod tests {
         ]);
         for features in [0, 1 << VIRTIO_F_INDIRECT_DESC] {
             let r = ring(8, features);
-            let v = RingView::resolve(&r, &m).unwrap();
+            let x = Xlat::new(&m);
+            let v = RingView::resolve(&r, &x).unwrap();
             let one = v.one_buf(0).unwrap();
             assert_eq!(
                 (one.head, one.buf, one.writable),
@@ -201,7 +261,8 @@ mod tests {
     fn copies_match_the_general_copiers_and_refuse_alike() {
         let m = mem_with(&[(0x4000, 100, WRITE, 0)]);
         let r = ring(8, 0);
-        let v = RingView::resolve(&r, &m).unwrap();
+        let x = Xlat::new(&m);
+        let v = RingView::resolve(&r, &x).unwrap();
         let one = v.one_buf(0).unwrap();
         let bufs = [one.buf];
         let seen = RefCell::new(Vec::new());

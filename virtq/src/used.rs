@@ -13,7 +13,7 @@ use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestMemory, VolatileMemory};
 
-use crate::view::{AVAIL_ENTRY, HEADER, IDX, USED_ELEM};
+use crate::view::{AVAIL_ENTRY, HEADER, IDX};
 use crate::{RingError, RingView};
 
 impl<M: GuestMemory + ?Sized> RingView<'_, M> {
@@ -48,17 +48,9 @@ impl<M: GuestMemory + ?Sized> RingView<'_, M> {
         let old = Wrapping(next_used);
         let mut next = old;
         for &(head, len) in used {
-            let slot = usize::from(next.0 & self.mask);
-            // virtq_used_elem: le32 id, le32 len, one 8-byte store.
-            let elem = u64::from(head) | u64::from(len) << 32;
-            self.used
-                .get_ref::<u64>(HEADER + slot * USED_ELEM)
-                .expect("resolved with size elements")
-                .store(elem.to_le());
+            self.put_used(next.0, head, len);
             next += Wrapping(1);
         }
-        // The elements are visible before the index that hands them over.
-        // A misaligned used ring cannot take the atomic store: fenced plain store.
         if self
             .used
             .store(next.0.to_le(), IDX, Ordering::Release)

@@ -16,6 +16,7 @@
 //! keeps no host address across bursts, so a memory-table change (applied
 //! between bursts) never meets a stale translation.
 
+use std::ptr::NonNull;
 use std::sync::atomic::{fence, Ordering};
 
 use virtio_queue::desc::split::Descriptor;
@@ -49,6 +50,13 @@ pub enum RingError {
     /// virtio-queue refuses other sizes when the driver sets them.
     #[error("queue size {size} is not a power of two")]
     BadSize { size: u16 },
+    /// virtio 1.2 §2.7: the table is 16-aligned, the available ring 2, the used ring 4.
+    #[error("{part} at {addr:#x} is not {align}-byte aligned")]
+    Misaligned {
+        part: &'static str,
+        addr: u64,
+        align: usize,
+    },
 }
 
 /// `[addr, addr + len)` as one host slice, if it lies inside one region.
@@ -69,16 +77,24 @@ pub(crate) fn contiguous<M: GuestMemory + ?Sized>(
 /// A hint only: no byte is read or written, and it never faults.
 #[inline]
 pub(crate) fn prefetch<B: vm_memory::bitmap::BitmapSlice>(s: &VolatileSlice<'_, B>, off: usize) {
-    if off >= s.len() {
-        return;
+    if off < s.len() {
+        prefetch_ptr(s.ptr_guard().as_ptr().wrapping_add(off));
     }
+}
+
+/// Starts loading the cache line at `p`. A hint: it accesses nothing
+/// architecturally and never faults, whatever `p` is.
+#[inline]
+pub(crate) fn prefetch_ptr(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 (SSE, in every x86_64 CPU) only hints the cache; it
-    // accesses nothing architecturally, and the address is inside `s`.
+    // SAFETY: PREFETCHT0 only hints the cache; it accesses no memory
+    // architecturally and does not fault on any address.
     unsafe {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(s.ptr_guard().as_ptr().add(off).cast());
+        _mm_prefetch::<_MM_HINT_T0>(p.cast());
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// A host slice of guest memory `M`.
@@ -93,6 +109,13 @@ pub struct RingView<'m, M: GuestMemory + ?Sized> {
     desc: Slice<'m, M>,
     pub(crate) avail: Slice<'m, M>,
     pub(crate) used: Slice<'m, M>,
+    /// Host addresses inside the three slices (aligned, checked by
+    /// `resolve`): descriptor 0, available entry 0, used element 0 (as
+    /// u32 id/len pairs). A slot access is a masked index and one volatile
+    /// load or store, as in DPDK's vhost library.
+    desc_host: NonNull<Descriptor>,
+    avail_host: NonNull<u16>,
+    used_host: NonNull<u32>,
 }
 
 impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
@@ -111,25 +134,43 @@ impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
                 len: len as u64,
             })
         };
+        let desc = part(
+            "descriptor table",
+            ring.desc_table,
+            size * DESC_SIZE as usize,
+        )?;
+        let avail = part(
+            "available ring",
+            ring.avail_ring,
+            HEADER + size * AVAIL_ENTRY + event,
+        )?;
+        let used = part(
+            "used ring",
+            ring.used_ring,
+            HEADER + size * USED_ELEM + event,
+        )?;
+        let host = |part, addr: GuestAddress, s: &Slice<'m, M>, align: usize, skip: usize| {
+            let p = s.ptr_guard_mut().as_ptr();
+            if !(p as usize).is_multiple_of(align) {
+                return Err(RingError::Misaligned {
+                    part,
+                    addr: addr.0,
+                    align,
+                });
+            }
+            // `skip` < s.len() (the header of a ring resolved with its entries).
+            Ok(NonNull::new(p.wrapping_add(skip)).expect("a mapped slice"))
+        };
         Ok(RingView {
             ring: *ring,
             mask: ring.size - 1,
             mem,
-            desc: part(
-                "descriptor table",
-                ring.desc_table,
-                size * DESC_SIZE as usize,
-            )?,
-            avail: part(
-                "available ring",
-                ring.avail_ring,
-                HEADER + size * AVAIL_ENTRY + event,
-            )?,
-            used: part(
-                "used ring",
-                ring.used_ring,
-                HEADER + size * USED_ELEM + event,
-            )?,
+            desc_host: host("descriptor table", ring.desc_table, &desc, 16, 0)?.cast(),
+            avail_host: host("available ring", ring.avail_ring, &avail, 2, HEADER)?.cast(),
+            used_host: host("used ring", ring.used_ring, &used, 4, HEADER)?.cast(),
+            desc,
+            avail,
+            used,
         })
     }
 
@@ -155,11 +196,14 @@ impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
     /// Descriptor `index` of the table (`index` < size, checked by the caller).
     #[inline]
     pub(crate) fn descriptor(&self, index: u16) -> Option<Descriptor> {
-        let r = self
-            .desc
-            .get_ref::<Descriptor>(usize::from(index) * DESC_SIZE as usize)
-            .ok()?;
-        Some(r.load())
+        if index >= self.ring.size {
+            return None;
+        }
+        // SAFETY: `index` < size: inside the table slice (size × 16 bytes,
+        // mapped while 'm lasts), 16-aligned (`resolve`). The driver may
+        // rewrite it meanwhile: the one load gives a consistent copy that
+        // every check is made on.
+        Some(unsafe { self.desc_host.add(usize::from(index)).read_volatile() })
     }
 
     /// Starts loading descriptor `index` into the cache (nothing if it is
@@ -214,11 +258,29 @@ impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
     /// modulo the ring size); the caller checks it as a descriptor index.
     #[inline]
     pub fn avail_head(&self, pos: u16) -> u16 {
-        let slot = usize::from(pos & self.mask);
-        self.avail
-            .get_ref::<u16>(HEADER + slot * AVAIL_ENTRY)
-            .map(|r| u16::from_le(r.load()))
-            .expect("resolved with size entries")
+        // SAFETY: the slot is masked below size: inside the ring's entries
+        // (mapped while 'm lasts), 2-aligned (`resolve`).
+        u16::from_le(unsafe {
+            self.avail_host
+                .add(usize::from(pos & self.mask))
+                .read_volatile()
+        })
+    }
+
+    /// Writes used element `slot` (< size, masked by the caller): `head` and
+    /// `len`, as two aligned 32-bit stores (a used ring is 4-aligned, so
+    /// its 8-byte elements need not be 8-aligned).
+    #[inline]
+    pub(crate) fn put_used(&self, slot: u16, head: u16, len: u32) {
+        let e = usize::from(slot & self.mask) * 2;
+        // SAFETY: the slot is masked below size: inside the ring's elements
+        // (mapped while 'm lasts), 4-aligned (`resolve`).
+        unsafe {
+            self.used_host
+                .add(e)
+                .write_volatile(u32::from(head).to_le());
+            self.used_host.add(e + 1).write_volatile(len.to_le());
+        }
     }
 
     /// The word at `off` of a resolved ring (in bounds by construction).
@@ -312,7 +374,8 @@ mod tests {
             refused(ring(0, end - AVAIL_LEN - 2, end - 0x100, true), &m),
             None
         );
-        assert_eq!(refused(ring(0, 0x100, end - USED_LEN - 2, true), &m), None);
+        // (A used ring is 4-aligned: with its 70 bytes it ends 2 short of the region.)
+        assert_eq!(refused(ring(0, 0x100, end - USED_LEN - 4, true), &m), None);
         // One byte past (so crossing into the adjacent region): refused, named.
         for (r, part) in [
             (
@@ -339,6 +402,18 @@ mod tests {
             e.to_string(),
             "descriptor table at 0x3ff8+0x80 is not inside one guest memory region"
         );
+        // Misaligned rings (virtio 1.2 §2.7: 16, 2, 4): refused, named.
+        for (r, part, addr, align) in [
+            (ring(8, 0x100, 0x200, false), "descriptor table", 8, 16),
+            (ring(0, 0x101, 0x200, false), "available ring", 0x101, 2),
+            (ring(0, 0x100, 0x202, false), "used ring", 0x202, 4),
+        ] {
+            assert_eq!(
+                RingView::resolve(&r, &m).err(),
+                Some(RingError::Misaligned { part, addr, align }),
+                "{r:?}"
+            );
+        }
         // A ring of size 0 or not a power of two: refused, named.
         for size in [0, 3, 6, 0xffff] {
             let r = Ring {

@@ -16,6 +16,7 @@
 
 use std::cell::Cell;
 use std::iter::FusedIterator;
+use std::ptr::NonNull;
 
 use vm_memory::bitmap::{Bitmap, MS};
 use vm_memory::guest_memory::{GuestMemoryBackendSliceIterator, GuestMemorySliceIterator};
@@ -33,6 +34,9 @@ struct Region<'m, R> {
     start: u64,
     len: u64,
     region: &'m R,
+    /// The host address of `start` (null: the region has no host mapping,
+    /// and only the slice accessors serve it).
+    host: *mut u8,
 }
 
 impl<R> Clone for Region<'_, R> {
@@ -66,6 +70,9 @@ impl<'m, M: GuestMemoryBackend> Xlat<'m, M> {
                 start: r.start_addr().0,
                 len: r.len(),
                 region: r,
+                host: r
+                    .get_host_address(MemoryRegionAddress(0))
+                    .unwrap_or(std::ptr::null_mut()),
             });
         }
         Xlat {
@@ -85,23 +92,26 @@ impl<'m, M: GuestMemoryBackend> Xlat<'m, M> {
     /// last one hit first.
     #[inline]
     fn lookup(&self, addr: u64, count: usize) -> Option<(&'m M::R, u64)> {
-        match self.regions[self.last.get()].as_ref() {
-            Some(r) => match inside(r, addr, count) {
-                Some(hit) => Some(hit),
-                None => self.search(addr, count),
-            },
-            None => None,
+        self.find(addr, count).map(|(r, off)| (r.region, off))
+    }
+
+    /// [`Xlat::lookup`], with the cached region itself.
+    #[inline]
+    fn find(&self, addr: u64, count: usize) -> Option<(&Region<'m, M::R>, u64)> {
+        let r = self.regions[self.last.get()].as_ref()?;
+        match inside(r, addr, count) {
+            Some((_, off)) => Some((r, off)),
+            None => self.search(addr, count),
         }
     }
 
-    /// [`Xlat::lookup`] past the last region: the others, in order.
+    /// [`Xlat::find`] past the last region: the others, in order.
     #[cold]
     #[inline(never)]
-    fn search(&self, addr: u64, count: usize) -> Option<(&'m M::R, u64)> {
+    fn search(&self, addr: u64, count: usize) -> Option<(&Region<'m, M::R>, u64)> {
         let (i, hit) = self.regions.iter().enumerate().find_map(|(i, r)| {
-            r.as_ref()
-                .and_then(|r| inside(r, addr, count))
-                .map(|h| (i, h))
+            let r = r.as_ref()?;
+            inside(r, addr, count).map(|(_, off)| (i, (r, off)))
         })?;
         self.last.set(i);
         Some(hit)
@@ -172,6 +182,39 @@ where
     }
 }
 
+/// Guest memory whose ranges inside one region have a host address a
+/// device may copy through directly: the frame path's buffers
+/// ([`crate::OneBuf`]), one pointer and one bounds check instead of a
+/// vm-memory slice per access (DPDK's vhost copies the same way, through
+/// the host address of each descriptor).
+pub trait HostRange {
+    /// The host address of `[addr, addr + len)` (`len` > 0) if it lies in
+    /// one region with a host mapping: valid for `len` bytes as long as
+    /// `self` is borrowed. The guest may write the same bytes meanwhile
+    /// (shared memory): a copy through it sees some of each, never bytes
+    /// outside the range.
+    fn host_range(&self, addr: u64, len: usize) -> Option<NonNull<u8>>;
+}
+
+/// Only for regions without a dirty bitmap (`B = ()`): a copy through the
+/// host address marks nothing, and there is nothing to mark.
+impl<M> HostRange for Xlat<'_, M>
+where
+    M: GuestMemoryBackend,
+    M::R: GuestMemoryRegion<B = ()>,
+{
+    #[inline]
+    fn host_range(&self, addr: u64, len: usize) -> Option<NonNull<u8>> {
+        if len == 0 {
+            return None;
+        }
+        let (r, off) = self.find(addr, len)?;
+        // SAFETY: in bounds: `inside` checked off + len <= r.len, and the
+        // region maps r.len bytes from `host` (null only without a mapping).
+        NonNull::new(r.host).map(|h| unsafe { h.add(off as usize) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,6 +248,26 @@ mod tests {
                 .unwrap(),
             0xabcd
         );
+    }
+
+    #[test]
+    fn host_range_is_the_tables_bytes_inside_one_region_only() {
+        let m = table();
+        let x = Xlat::new(&m);
+        m.write_slice(&[5, 6, 7, 8], GuestAddress(0x8ffc)).unwrap();
+        let p = x.host_range(0x8ffc, 4).unwrap();
+        // SAFETY: host_range gave 4 mapped bytes of the table, which `m` keeps alive.
+        let got = unsafe { std::slice::from_raw_parts(p.as_ptr(), 4) };
+        assert_eq!(got, [5, 6, 7, 8]);
+        assert_eq!(
+            p.as_ptr(),
+            m.get_host_address(GuestAddress(0x8ffc)).unwrap(),
+            "the table's own host address"
+        );
+        // Crossing two regions, past a region's end, in no region, empty: none.
+        for (addr, len) in [(0x2ff0, 32), (0x8ffc, 5), (0x5000, 1), (0x1000, 0)] {
+            assert!(x.host_range(addr, len).is_none(), "{addr:#x}+{len}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! it), with the counters the dataplane keeps exact.
 
 use super::mempool::Pkt;
-use super::switch::{self, PortId};
+use super::switch::{self, PortId, Route};
 use super::{Dataplane, BACKLOG_MAX};
 use crate::port::AtomicCounters;
 
@@ -24,28 +24,43 @@ impl Dataplane {
             }
             PortId::Vf(i) => self.switch.vf_vlan(i),
         };
-        let routed = pkt.len >= 14 && self.switch.route(from, vlan, pkt.data(), out);
-        if !routed {
-            if let PortId::Vf(i) = from {
-                self.spoofed(i, &pkt);
-            }
-            self.pool.free(pkt);
-            return false;
-        }
-        // One buffer per destination: copies first, the original goes last
-        // (a unicast frame, the common case, is just handed on).
-        let copies = out.len().saturating_sub(1);
-        let mut taken = false;
-        for &dest in &out[..copies] {
-            if let Some(p) = self.pool.clone_pkt(&pkt) {
-                taken |= self.deliver(dest, p, vlan);
-            }
-        }
-        match out.last() {
-            Some(&dest) => taken | self.deliver(dest, pkt, vlan),
-            None => {
+        out.clear();
+        let route = if pkt.len >= 14 {
+            self.switch.decide(from, vlan, pkt.data(), out)
+        } else {
+            Route::Refused
+        };
+        match route {
+            // A unicast frame, the common case, is just handed on.
+            Route::To(Some(dest)) => self.deliver(dest, pkt, vlan),
+            // Nowhere to go: a drop at the source, as a refused frame.
+            Route::To(None) => {
                 self.pool.free(pkt);
-                taken
+                false
+            }
+            Route::Refused => {
+                if let PortId::Vf(i) = from {
+                    self.spoofed(i, &pkt);
+                }
+                self.pool.free(pkt);
+                false
+            }
+            // One buffer per destination: copies first, the original goes last.
+            Route::Flood => {
+                let copies = out.len().saturating_sub(1);
+                let mut taken = false;
+                for &dest in &out[..copies] {
+                    if let Some(p) = self.pool.clone_pkt(&pkt) {
+                        taken |= self.deliver(dest, p, vlan);
+                    }
+                }
+                match out.last() {
+                    Some(&dest) => taken | self.deliver(dest, pkt, vlan),
+                    None => {
+                        self.pool.free(pkt);
+                        taken
+                    }
+                }
             }
         }
     }

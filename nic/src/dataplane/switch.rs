@@ -21,14 +21,40 @@ pub struct VfView {
     pub active: bool,
 }
 
+/// Where the switch sends one frame ([`Switch::decide`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Refused: the source MAC is not the sending VF's (spoof check).
+    Refused,
+    /// Unicast, taken: to this port, or nowhere (a VF that is not open, or
+    /// in another segment; an unknown address from the uplink).
+    To(Option<PortId>),
+    /// Broadcast or multicast, taken: to the ports written to `out`.
+    Flood,
+}
+
 #[derive(Default)]
 pub struct Switch {
     vfs: Vec<VfView>,
+    /// Per VF, its MAC as a 48-bit number (`mac48`), and the same only
+    /// while the VF is active (else `INACTIVE`, which no unicast address
+    /// equals): the per-frame lookups compare one word per VF.
+    macs: Vec<u64>,
+    active_macs: Vec<u64>,
 }
 
-pub fn dst_mac(frame: &[u8]) -> [u8; 6] {
-    frame[0..6].try_into().expect("frame has 14 bytes")
+/// No unicast MAC: the group bit is set.
+const INACTIVE: u64 = u64::MAX;
+
+/// The 6 bytes at `frame[at..]` as a number (`frame` has at least `at + 6`).
+#[inline]
+fn mac48(frame: &[u8], at: usize) -> u64 {
+    let m: [u8; 6] = frame[at..at + 6].try_into().expect("checked length");
+    let mut w = [0u8; 8];
+    w[..6].copy_from_slice(&m);
+    u64::from_le_bytes(w)
 }
+
 pub fn src_mac(frame: &[u8]) -> [u8; 6] {
     frame[6..12].try_into().expect("frame has 14 bytes")
 }
@@ -44,11 +70,15 @@ impl Switch {
                 };
                 n_vfs
             ],
+            macs: vec![0; n_vfs],
+            active_macs: vec![INACTIVE; n_vfs],
         }
     }
 
     pub fn set_vf(&mut self, i: usize, v: VfView) {
         self.vfs[i] = v;
+        self.macs[i] = mac48(&v.mac, 0);
+        self.active_macs[i] = if v.active { self.macs[i] } else { INACTIVE };
     }
 
     pub fn vf_mac(&self, i: usize) -> [u8; 6] {
@@ -60,12 +90,8 @@ impl Switch {
     }
 
     /// Output ports for a frame that entered at `from` in VLAN segment `vlan`
-    /// (the frame is untagged here). `false` means: drop (spoofed source).
-    ///
-    /// Unicast to an open VF of the segment goes to that VF; to the MAC of a
-    /// VF that is not open (not yet, or its VMM died) or in another segment,
-    /// nowhere; to any other address, to the uplink (from a VF) or nowhere
-    /// (from the uplink). Broadcast and multicast flood the segment.
+    /// (the frame is untagged here), in `out` (cleared first). `false`
+    /// means: drop (spoofed source). See [`Switch::decide`].
     pub fn route(
         &mut self,
         from: PortId,
@@ -74,25 +100,49 @@ impl Switch {
         out: &mut Vec<PortId>,
     ) -> bool {
         out.clear();
-        let (dst, src) = (dst_mac(frame), src_mac(frame));
+        match self.decide(from, vlan, frame, out) {
+            Route::Refused => false,
+            Route::To(port) => {
+                out.extend(port);
+                true
+            }
+            Route::Flood => true,
+        }
+    }
+
+    /// Where a frame (at least 14 bytes, untagged) that entered at `from` in
+    /// VLAN segment `vlan` goes; for a flood, the ports are pushed to `out`.
+    ///
+    /// Unicast to an open VF of the segment goes to that VF; to the MAC of a
+    /// VF that is not open (not yet, or its VMM died) or in another segment,
+    /// nowhere; to any other address, to the uplink (from a VF) or nowhere
+    /// (from the uplink). Broadcast and multicast flood the segment.
+    #[inline]
+    pub fn decide(
+        &self,
+        from: PortId,
+        vlan: Option<u16>,
+        frame: &[u8],
+        out: &mut Vec<PortId>,
+    ) -> Route {
         if let PortId::Vf(i) = from {
-            if self.vfs[i].mac != src {
-                return false;
+            if self.macs[i] != mac48(frame, 6) {
+                return Route::Refused;
             }
         }
-        if dst[0] & 1 == 0 {
-            if let Some(i) = self
-                .vfs
+        if frame[0] & 1 == 0 {
+            let dst = mac48(frame, 0);
+            let hit = self
+                .active_macs
                 .iter()
-                .position(|v| v.active && v.mac == dst && v.vlan == vlan)
-            {
-                if PortId::Vf(i) != from {
-                    out.push(PortId::Vf(i));
-                }
-            } else if from != PortId::Uplink && !self.vfs.iter().any(|v| v.mac == dst) {
-                out.push(PortId::Uplink);
-            }
-            return true;
+                .zip(&self.vfs)
+                .position(|(&m, v)| m == dst && v.vlan == vlan);
+            return Route::To(match hit {
+                Some(i) if PortId::Vf(i) != from => Some(PortId::Vf(i)),
+                Some(_) => None,
+                None if from != PortId::Uplink && !self.macs.contains(&dst) => Some(PortId::Uplink),
+                None => None,
+            });
         }
         for (i, v) in self.vfs.iter().enumerate() {
             if v.active && v.vlan == vlan && PortId::Vf(i) != from {
@@ -102,7 +152,7 @@ impl Switch {
         if from != PortId::Uplink {
             out.push(PortId::Uplink);
         }
-        true
+        Route::Flood
     }
 }
 

@@ -23,8 +23,10 @@ pub use sim::SimFrontend;
 
 /// Queue size of both rings.
 pub const QSIZE: u16 = 256;
-const HDR_LEN: usize = 12;
-const BUF: u64 = 2048;
+/// The virtio-net header the NIC puts before each received frame.
+pub const HDR_LEN: usize = 12;
+/// Bytes of each buffer the frontends post.
+pub const BUF: u64 = 2048;
 /// Per queue: descriptor table, avail ring at +0x1000, used ring at +0x2000.
 pub const RING_AREA: u64 = 0x10000;
 pub const BUFFERS: u64 = 2 * RING_AREA; // then QSIZE rx buffers, QSIZE tx buffers
