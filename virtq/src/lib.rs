@@ -43,7 +43,7 @@ use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT};
 pub use virtio_queue::desc::split::Descriptor;
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddress, GuestMemory, VolatileMemory};
-pub use xlat::{Xlat, XlatSlices};
+pub use xlat::{HostRange, Xlat, XlatSlices};
 
 /// Feature bit VIRTIO_F_INDIRECT_DESC (named VIRTIO_RING_F_INDIRECT_DESC in Linux).
 pub const VIRTIO_F_INDIRECT_DESC: u32 = virtio_bindings::virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;

@@ -1,8 +1,11 @@
 //! A chain of one descriptor whose buffer lies in one memory region: how
 //! virtio-net drivers post frames (header and frame in one buffer, Linux
 //! with VIRTIO_F_ANY_LAYOUT/VERSION_1, DPDK's virtio PMD). A device takes it
-//! straight from the descriptor with its host slice and copies through that
-//! slice: no split into lists, no kept slices, no piece walk. Nothing is
+//! straight from the descriptor with its host address (memory that is a
+//! [`crate::HostRange`], the translation cache) and copies through that
+//! address, one `memmove` per part: no split into lists, no kept slices, no
+//! piece walk, no vm-memory slice (DPDK's vhost library copies the same way,
+//! through each descriptor's host address). Nothing is
 //! checked less than on the general path: one descriptor load decides (no
 //! NEXT, no INDIRECT, the head inside the table), the buffer must lie in
 //! one region, and every copy makes the range checks [`crate::read_kept`]

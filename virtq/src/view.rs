@@ -4,13 +4,16 @@
 //! the available ring (flags, idx, size entries, `used_event`) and the used
 //! ring (flags, idx, size elements, `avail_event`) through the memory table
 //! (e.g. [`crate::Xlat`]) into one [`VolatileSlice`] each, bounds checked
-//! there once. Every access afterwards is an index check and one volatile
-//! load or store: a descriptor as one 16-byte load, a used element as one
-//! 8-byte store, the available index with Acquire, the used index with one
-//! Release store per burst. A ring that does not lie inside one memory region
-//! is refused (as DPDK's `vring_translate` refuses a ring it cannot map
-//! contiguously); guests put each ring in one allocation, so only a hostile
-//! or broken driver meets that.
+//! there once, and keeps the host addresses of the table and of the rings'
+//! entries. Every access afterwards is a masked index and one volatile load
+//! or store through those addresses: a descriptor as one 16-byte load, an
+//! available entry as one 2-byte load, a used element as two 4-byte stores,
+//! the available index with Acquire, the used index with one Release store
+//! per burst. A ring that does not lie inside one memory region is refused
+//! (as DPDK's `vring_translate` refuses a ring it cannot map contiguously);
+//! guests put each ring in one allocation, so only a hostile or broken
+//! driver meets that. So is a ring that breaks virtio's alignment (table 16,
+//! available ring 2, used ring 4), which the volatile accesses rely on.
 //!
 //! The view *borrows* the memory table: a device builds one per burst and
 //! keeps no host address across bursts, so a memory-table change (applied
