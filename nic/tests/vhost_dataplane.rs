@@ -298,20 +298,13 @@ fn indirect_chain_without_the_feature_fails_the_vf() {
 /// length 0, and each frame lands in the buffer of its turn.
 #[test]
 fn receive_buffers_are_used_in_the_order_they_were_made_available() {
-    use nic::frontend::{FrontendMemory, VuFrontend, BUF, BUFFERS, HDR_LEN};
+    use nic::frontend::{BUF, BUFFERS, HDR_LEN};
     assert_ne!(
         nic::session::VIRTIO_FEATURES & (1 << virtio_bindings::virtio_config::VIRTIO_F_IN_ORDER),
         0,
         "offered, so DPDK's virtio PMD takes its in-order paths"
     );
-    let nic = TestNic::start("inorder", 2, None, LockPolicy::Hierarchical);
-    let mut c = nic.client();
-    let a = c.alloc("pf0", "sb-a", None, None).unwrap();
-    let b = c.alloc("pf0", "sb-b", None, None).unwrap();
-    let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
-    let mut fb =
-        VuFrontend::connect_mem(&b.socket, FrontendMemory::new(MIN_MEM, false).unwrap()).unwrap();
-    nic.wait_vf("sb-b", "open", |v| v.state == VfState::Open);
+    let (nic, a, b, mut fa, mut fb) = sim_to_raw("inorder");
     // Heads 5, 3 (too short for any frame with its header), 9, posted in that order.
     let order = [(5u16, BUF as u32), (3, 8), (9, BUF as u32)];
     for (k, &(head, len)) in order.iter().enumerate() {
@@ -357,4 +350,107 @@ fn receive_buffers_are_used_in_the_order_they_were_made_available() {
         (vb.counters.rx_packets, vb.counters.bad_descriptors),
         (2, 0)
     );
+}
+
+/// Cut-through (a VF→VF frame copied straight into the destination's
+/// receive buffer) never lets a frame overtake an earlier one of the same
+/// source: frames that had to wait for receive buffers are delivered
+/// before a later frame that finds a buffer free.
+#[test]
+fn frames_waiting_for_receive_buffers_are_not_overtaken() {
+    use nic::frontend::{VuFrontend, BUF, BUFFERS, HDR_LEN};
+    let (nic, a, b, mut fa, mut fb) = sim_to_raw("cut-order");
+    let post = |fb: &mut VuFrontend, heads: std::ops::Range<u16>| {
+        for (k, head) in heads.clone().enumerate() {
+            fb.write_desc(0, head, BUFFERS + head as u64 * BUF, BUF as u32, 2, 0);
+            fb.put_avail(0, k as u16, head);
+        }
+        fb.advance_avail(0, heads.len() as u16);
+    };
+    let wait_used = |fb: &VuFrontend, n: u16| {
+        let end = std::time::Instant::now() + T;
+        while fb.used_idx(0) != n {
+            assert!(std::time::Instant::now() < end, "{n} used entries");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    let frames: Vec<Vec<u8>> = (1..=6u8).map(|i| frame(&b.mac, &a.mac, &[i; 50])).collect();
+    // One receive buffer: frame 1 takes it, 2 and 3 wait in B's backlog.
+    post(&mut fb, 0..1);
+    for f in &frames[..3] {
+        fa.send(f);
+    }
+    wait_used(&fb, 1);
+    nic.wait_vf("sb-a", "sent", |v| v.counters.tx_packets == 3);
+    // Buffers for everything, and frames 4..6 right behind them: whichever
+    // the dataplane sees first, 2 and 3 must come before 4.
+    post(&mut fb, 1..6);
+    for f in &frames[3..] {
+        fa.send(f);
+    }
+    wait_used(&fb, 6);
+    for (k, f) in frames.iter().enumerate() {
+        let (id, len) = fb.used_elem(0, k as u16);
+        assert_eq!(
+            (id, len),
+            (k as u32, (HDR_LEN + f.len()) as u32),
+            "entry {k}"
+        );
+        let p = fb.ptr(BUFFERS + k as u64 * BUF + HDR_LEN as u64, f.len());
+        // SAFETY: inside the frontend's own memory (a posted buffer of BUF bytes).
+        let got = unsafe { std::slice::from_raw_parts(p, f.len()) };
+        assert_eq!(got, &f[..], "frame {} in order", k + 1);
+    }
+    let vb = nic.wait_vf("sb-b", "counted", |v| v.counters.rx_packets == 6);
+    let va = nic.wait_vf("sb-a", "counted", |v| v.counters.tx_packets == 6);
+    assert_eq!((va.counters.tx_drops, vb.counters.rx_drops), (0, 0));
+    let n: u64 = frames.iter().map(|f| f.len() as u64).sum();
+    assert_eq!((va.counters.tx_bytes, vb.counters.rx_bytes), (n, n));
+}
+
+/// A destination whose receive ring is broken (its available index more
+/// than the ring ahead) goes to error when a frame is cut through to it;
+/// the source, whose frame it was, stays open and counts the frame once,
+/// as a drop (its destination went down before it could take it).
+#[test]
+fn a_broken_destination_ring_fails_the_destination_not_the_source() {
+    use nic::frontend::QSIZE;
+    let (nic, a, b, mut fa, mut fb) = sim_to_raw("cut-fault");
+    fb.advance_avail(0, QSIZE + 7);
+    fa.send(&frame(&b.mac, &a.mac, b"to a broken ring"));
+    let vb = nic.wait_vf("sb-b", "error", |v| v.state == VfState::Error);
+    assert_eq!(vb.counters.bad_descriptors, 1);
+    let va = nic.wait_vf("sb-a", "counted", |v| v.counters.tx_drops == 1);
+    assert_eq!(
+        (
+            va.state,
+            va.counters.bad_descriptors,
+            va.counters.tx_packets
+        ),
+        (VfState::Open, 0, 0)
+    );
+}
+
+/// A NIC with VFs `sb-a` (driven by a `SimFrontend`, all its receive
+/// buffers posted) and `sb-b` (a raw `VuFrontend` that posts nothing yet),
+/// both open.
+fn sim_to_raw(
+    name: &str,
+) -> (
+    TestNic,
+    nic::control::VfInfo,
+    nic::control::VfInfo,
+    SimFrontend,
+    nic::frontend::VuFrontend,
+) {
+    use nic::frontend::{FrontendMemory, VuFrontend};
+    let nic = TestNic::start(name, 2, None, LockPolicy::Hierarchical);
+    let mut c = nic.client();
+    let a = c.alloc("pf0", "sb-a", None, None).unwrap();
+    let b = c.alloc("pf0", "sb-b", None, None).unwrap();
+    let fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    let fb =
+        VuFrontend::connect_mem(&b.socket, FrontendMemory::new(MIN_MEM, false).unwrap()).unwrap();
+    nic.wait_vf("sb-b", "open", |v| v.state == VfState::Open);
+    (nic, a, b, fa, fb)
 }

@@ -117,6 +117,42 @@ impl<M: ?Sized> OneBuf<'_, M> {
         Ok(())
     }
 
+    /// Copies bytes `skip..skip + len` of this buffer to bytes
+    /// `dst_skip..` of `dst`, another chain's buffer (guest to guest: one
+    /// `memmove`, no bounce buffer), after preparing both ranges
+    /// (`prepare` for this buffer's memory, `dst_prepare` for `dst`'s).
+    #[inline]
+    pub fn copy_to<N, P, Q>(
+        &self,
+        prepare: &P,
+        skip: u64,
+        dst: &OneBuf<'_, N>,
+        dst_prepare: &Q,
+        dst_skip: u64,
+        len: usize,
+    ) -> Result<(), CopyError>
+    where
+        N: ?Sized,
+        P: Prepare + ?Sized,
+        Q: Prepare + ?Sized,
+    {
+        let from = self.range(skip, len)?;
+        let to = dst.range(dst_skip, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        prepared(prepare, self.buf.addr + from as u64, len)?;
+        prepared(dst_prepare, dst.buf.addr + to as u64, len)?;
+        // SAFETY: both ranges lie inside their buffers (`range`), which are
+        // mapped while their views' memory is borrowed (`host`); `ptr::copy`
+        // allows the two to overlap (two ports of one frontend may share
+        // its memory).
+        unsafe {
+            std::ptr::copy(self.host.as_ptr().add(from), dst.host.as_ptr().add(to), len);
+        }
+        Ok(())
+    }
+
     /// The offset of bytes `skip..skip + len` in the buffer, or the error
     /// the piece walk gives for them.
     #[inline]

@@ -5,6 +5,7 @@
 //! eventfd, so idle VFs cost no CPU. Interrupts go to the guest through the
 //! call eventfd (see `virtio`).
 
+mod cut;
 mod forward;
 pub mod mempool;
 pub mod park;
@@ -72,6 +73,9 @@ pub struct Dataplane {
     /// The spoof warning was given for the VF's current session.
     spoof_warned: Vec<bool>,
     scratch: virtio::Scratch,
+    /// Cut-through's chain walks, and a destination's fault met in one (`cut`).
+    scratch_split: virtq::Split,
+    cut_fault: Option<cut::DestFault>,
     /// Idle transmit queues: not polled, woken by their kicks (`park`).
     park: park::Parking,
     sleep_cap: std::time::Duration,
@@ -153,6 +157,8 @@ impl Dataplane {
             active: vec![false; n],
             spoof_warned: vec![false; n],
             scratch: virtio::Scratch::default(),
+            scratch_split: virtq::Split::default(),
+            cut_fault: None,
             park: park::Parking::new(n)?,
             sleep_cap: SAFETY_SLEEP,
             busy_ns: 0,
@@ -211,15 +217,12 @@ impl Dataplane {
                 } else {
                     virtio::quiet(rt, TXQ);
                 }
-                let port = &self.ports[i];
-                let r = virtio::take_guest_tx(
-                    port,
-                    rt,
-                    &mut self.pool,
-                    &mut self.scratch,
-                    self.batch,
-                    &mut rx,
-                );
+                let mut src = self.owned[i].take().expect("checked");
+                let (r, dest_fault) = self.tx_burst(i, &mut src, &mut rx);
+                self.owned[i] = Some(src);
+                if let Some(cut::DestFault(j, f)) = dest_fault {
+                    self.fault(j, f);
+                }
                 match r {
                     Ok(n) => {
                         work += n;

@@ -54,11 +54,11 @@ pub enum Fault {
 /// Per-thread working space of the VF side, allocated once.
 #[derive(Default)]
 pub struct Scratch {
-    split: Split,
+    pub(super) split: Split,
     /// (head, used length) of the chains of one batch, completed together.
-    used: Vec<(u16, u32)>,
+    pub(super) used: Vec<(u16, u32)>,
     /// The heads of one batch, taken before the first is walked.
-    heads: Vec<u16>,
+    pub(super) heads: Vec<u16>,
 }
 
 /// Takes up to `max` heads of queue `q` into `heads` and starts loading
@@ -68,7 +68,7 @@ pub struct Scratch {
 /// (DPDK's vhost library prefetches the same way). Receive buffers are not
 /// prefetched: measured, a PREFETCHW of them ahead of the copies changed
 /// nothing (docs/results.md), so the pass is not paid for.
-fn take_heads(
+pub(super) fn take_heads(
     view: &View<'_, '_>,
     rt: &mut Runtime,
     q: usize,
@@ -127,7 +127,7 @@ fn split_chain<'v, 'm>(
 /// A chain of the queue, ready for its copy: one buffer straight from its
 /// descriptor (`virtq::OneBuf`, how frontends post frames), or walked and
 /// split (any other well-formed chain; `Scratch::split` holds its buffers).
-enum Chain<'v, 'm> {
+pub(super) enum Chain<'v, 'm> {
     One(virtq::OneBuf<'v, Xlat<'m>>),
     Split(virtq::Kept<'v, Xlat<'m>>),
 }
@@ -135,7 +135,12 @@ enum Chain<'v, 'm> {
 impl<'v, 'm> Chain<'v, 'm> {
     /// The chain at `head` of queue `q` (checked as `split_chain` checks it).
     #[inline(always)]
-    fn take(view: &View<'v, 'm>, q: usize, head: u16, split: &mut Split) -> Result<Self, Fault> {
+    pub(super) fn take(
+        view: &View<'v, 'm>,
+        q: usize,
+        head: u16,
+        split: &mut Split,
+    ) -> Result<Self, Fault> {
         match view.one_buf(head) {
             // Transmit reads device-readable buffers, receive writes writable ones;
             // a buffer of the wrong kind is reported by the general path.
@@ -145,7 +150,7 @@ impl<'v, 'm> Chain<'v, 'm> {
     }
 
     /// Bytes in the chain's buffers.
-    fn len(&self, split: &Split) -> u64 {
+    pub(super) fn len(&self, split: &Split) -> u64 {
         match self {
             Chain::One(one) => u64::from(one.buf.len),
             Chain::Split(_) if !split.readable.is_empty() => virtq::total(&split.readable),
@@ -153,7 +158,7 @@ impl<'v, 'm> Chain<'v, 'm> {
         }
     }
 
-    fn read<P>(
+    pub(super) fn read<P>(
         &self,
         gm: &Xlat<'m>,
         prepare: &P,
@@ -188,12 +193,16 @@ impl<'v, 'm> Chain<'v, 'm> {
 }
 
 /// The memory table's translation cache, for one burst.
-type Xlat<'m> = virtq::Xlat<'m, GuestMemoryMmap>;
+pub(super) type Xlat<'m> = virtq::Xlat<'m, GuestMemoryMmap>;
 /// A queue's rings resolved through it, for one burst.
-type View<'v, 'm> = virtq::RingView<'v, Xlat<'m>>;
+pub(super) type View<'v, 'm> = virtq::RingView<'v, Xlat<'m>>;
 
 /// Resolves queue `q`'s rings for one burst.
-fn view<'v, 'm>(rt: &Runtime, gm: &'v Xlat<'m>, q: usize) -> Result<View<'v, 'm>, Fault> {
+pub(super) fn view<'v, 'm>(
+    rt: &Runtime,
+    gm: &'v Xlat<'m>,
+    q: usize,
+) -> Result<View<'v, 'm>, Fault> {
     let ring = Ring::of(&rt.vrings[q].queue, rt.features);
     View::resolve(&ring, gm).map_err(|source| Fault::Ring { q, source })
 }
@@ -202,7 +211,9 @@ fn view<'v, 'm>(rt: &Runtime, gm: &'v Xlat<'m>, q: usize) -> Result<View<'v, 'm>
 /// lazy zeroing exists only for pool memory (a page-state table); without
 /// it, preparing is the bounds check `check_in` already made, so the burst
 /// skips it (one decision per burst instead of a region search per piece).
-fn preparer(mem: &VfMemory) -> impl Fn(u64, u64) -> Result<(), crate::memory::MemError> + '_ {
+pub(super) fn preparer(
+    mem: &VfMemory,
+) -> impl Fn(u64, u64) -> Result<(), crate::memory::MemError> + '_ {
     let tracked = mem.tracked();
     move |gpa, len| {
         if tracked {
@@ -256,7 +267,7 @@ pub fn want_kicks(rt: &mut Runtime, q: usize) -> bool {
 
 /// Returns the batch's chains to the guest (one used-index update) and
 /// interrupts it if it asked.
-fn complete(
+pub(super) fn complete(
     rt: &mut Runtime,
     view: &View<'_, '_>,
     q: usize,
@@ -270,6 +281,36 @@ fn complete(
         vr.signal();
     }
     Ok(())
+}
+
+/// The frame of transmit chain `head` (after its `hdr_len`-byte virtio-net
+/// header) copied into a packet buffer, one memcpy per segment; `None` when
+/// it cannot be taken (a bad length, no buffer left): a `tx_drops`.
+pub(super) fn copy_out<'v, 'm>(
+    chain: &Chain<'v, 'm>,
+    (gm, prepare, split): (&Xlat<'m>, &impl virtq::Prepare, &Split),
+    hdr_len: u64,
+    head: u16,
+    pool: &mut Mempool,
+) -> Result<Option<Pkt>, Fault> {
+    let frame_len = chain.len(split).saturating_sub(hdr_len) as usize;
+    if !(MIN_FRAME..=BUF_SIZE - VLAN_ROOM).contains(&frame_len) {
+        return Ok(None);
+    }
+    let Some(mut pkt) = pool.alloc() else {
+        return Ok(None);
+    };
+    let buf = &mut pkt.buf_mut()[..frame_len];
+    if let Err(source) = chain.read(gm, prepare, split, hdr_len, buf) {
+        pool.free(pkt);
+        return Err(Fault::Copy {
+            q: TXQ,
+            head,
+            source,
+        });
+    }
+    pkt.len = frame_len;
+    Ok(Some(pkt))
 }
 
 /// Guest transmit queue → packets in `out`. Frames that cannot be taken (bad
@@ -312,27 +353,10 @@ fn take_guest_tx_inner(
     for &head in heads.iter() {
         let chain = Chain::take(&view, TXQ, head, split)?;
         used.push((head, 0));
-        let frame_len = chain.len(split).saturating_sub(hdr_len) as usize;
-        if !(MIN_FRAME..=BUF_SIZE - VLAN_ROOM).contains(&frame_len) {
-            drops += 1;
-            continue;
+        match copy_out(&chain, (&gm, &prepare, split), hdr_len, head, pool)? {
+            Some(pkt) => out.push(pkt),
+            None => drops += 1,
         }
-        let Some(mut pkt) = pool.alloc() else {
-            drops += 1;
-            continue;
-        };
-        // The frame, without the virtio-net header, one memcpy per segment.
-        let buf = &mut pkt.buf_mut()[..frame_len];
-        if let Err(source) = chain.read(&gm, &prepare, split, hdr_len, buf) {
-            pool.free(pkt);
-            return Err(Fault::Copy {
-                q: TXQ,
-                head,
-                source,
-            });
-        }
-        pkt.len = frame_len;
-        out.push(pkt);
     }
     if drops > 0 {
         AtomicCounters::add(&port.counters.tx_drops, drops);
