@@ -35,6 +35,14 @@ pub struct OneBuf<'m, M: ?Sized> {
     mem: PhantomData<&'m M>,
 }
 
+// A view of guest memory, not the memory: copying it is free (no bound on `M`).
+impl<M: ?Sized> Clone for OneBuf<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<M: ?Sized> Copy for OneBuf<'_, M> {}
+
 impl<'m, M: GuestMemory + HostRange + ?Sized> RingView<'m, M> {
     /// The chain at `head` if it is one descriptor whose buffer lies in one
     /// region (see the module doc); `None` sends the caller the general way.
@@ -157,13 +165,19 @@ impl<M: ?Sized> OneBuf<'_, M> {
     /// the piece walk gives for them.
     #[inline]
     fn range(&self, skip: u64, len: usize) -> Result<usize, CopyError> {
-        let total = u64::from(self.buf.len);
-        let len = len as u64;
-        if skip.checked_add(len).is_none_or(|end| end > total) {
-            return Err(CopyError::Beyond { skip, len, total });
-        }
-        Ok(skip as usize)
+        within(&self.buf, skip, len as u64).map(|()| skip as usize)
     }
+}
+
+/// Whether bytes `skip..skip + len` lie in buffer `b`; the error the piece
+/// walk gives when they do not.
+#[inline]
+fn within(b: &Buf, skip: u64, len: u64) -> Result<(), CopyError> {
+    let total = u64::from(b.len);
+    if skip.checked_add(len).is_none_or(|end| end > total) {
+        return Err(CopyError::Beyond { skip, len, total });
+    }
+    Ok(())
 }
 
 /// Reads bytes `skip..` of one buffer `b` whose whole host slice is `s`.
@@ -226,11 +240,7 @@ fn piece<'m, M: GuestMemory + ?Sized>(
     skip: u64,
     len: u64,
 ) -> Result<(u64, Slice<'m, M>), CopyError> {
-    let total = u64::from(b.len);
-    let beyond = CopyError::Beyond { skip, len, total };
-    if skip.checked_add(len).is_none_or(|end| end > total) {
-        return Err(beyond);
-    }
+    within(b, skip, len)?;
     let addr = b.addr.checked_add(skip).ok_or(CopyError::Overflow {
         addr: b.addr,
         len: b.len,
@@ -238,7 +248,11 @@ fn piece<'m, M: GuestMemory + ?Sized>(
     // In range of `s` (b.len bytes) by the check above.
     let piece = s
         .subslice(skip as usize, len as usize)
-        .map_err(|_| beyond)?;
+        .map_err(|_| CopyError::Beyond {
+            skip,
+            len,
+            total: u64::from(b.len),
+        })?;
     Ok((addr, piece))
 }
 

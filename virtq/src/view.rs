@@ -76,15 +76,6 @@ pub(crate) fn contiguous<M: GuestMemory + ?Sized>(
     (s.len() == len).then_some(s)
 }
 
-/// Starts loading the cache line of `s` at `off` (< `s.len()`, checked).
-/// A hint only: no byte is read or written, and it never faults.
-#[inline]
-pub(crate) fn prefetch<B: vm_memory::bitmap::BitmapSlice>(s: &VolatileSlice<'_, B>, off: usize) {
-    if off < s.len() {
-        prefetch_ptr(s.ptr_guard().as_ptr().wrapping_add(off));
-    }
-}
-
 /// Starts loading the cache line at `p`. A hint: it accesses nothing
 /// architecturally and never faults, whatever `p` is.
 #[inline]
@@ -109,13 +100,12 @@ pub struct RingView<'m, M: GuestMemory + ?Sized> {
     /// `size - 1`: ring slots are free-running indexes masked with it (no division).
     pub(crate) mask: u16,
     pub(crate) mem: &'m M,
-    desc: Slice<'m, M>,
     pub(crate) avail: Slice<'m, M>,
     pub(crate) used: Slice<'m, M>,
-    /// Host addresses inside the three slices (aligned, checked by
-    /// `resolve`): descriptor 0, available entry 0, used element 0 (as
-    /// u32 id/len pairs). A slot access is a masked index and one volatile
-    /// load or store, as in DPDK's vhost library.
+    /// Host addresses (aligned and bounds checked by `resolve`): descriptor
+    /// 0 of the table, available entry 0 and used element 0 (as u32 id/len
+    /// pairs) inside the two ring slices above. A slot access is a masked
+    /// index and one volatile load or store, as in DPDK's vhost library.
     desc_host: NonNull<Descriptor>,
     avail_host: NonNull<u16>,
     used_host: NonNull<u32>,
@@ -171,7 +161,6 @@ impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
             desc_host: host("descriptor table", ring.desc_table, &desc, 16, 0)?.cast(),
             avail_host: host("available ring", ring.avail_ring, &avail, 2, HEADER)?.cast(),
             used_host: host("used ring", ring.used_ring, &used, 4, HEADER)?.cast(),
-            desc,
             avail,
             used,
         })
@@ -217,7 +206,13 @@ impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
     #[inline]
     pub fn prefetch_desc(&self, index: u16) {
         if index < self.ring.size {
-            prefetch(&self.desc, usize::from(index) * DESC_SIZE as usize);
+            // `index` < size: inside the table (a hint in any case).
+            prefetch_ptr(
+                self.desc_host
+                    .as_ptr()
+                    .wrapping_add(usize::from(index))
+                    .cast(),
+            );
         }
     }
 

@@ -14,10 +14,11 @@
 use std::sync::Arc;
 
 use virtio_queue::QueueT;
+use virtq::{OneBuf, Split};
 
-use super::mempool::{Pkt, BUF_SIZE};
+use super::mempool::Pkt;
 use super::switch::{PortId, Route};
-use super::virtio::{self, Chain, Fault, Scratch, View, Xlat, MIN_FRAME, VLAN_ROOM};
+use super::virtio::{self, Chain, Fault, Scratch, View, Xlat};
 use super::Dataplane;
 use crate::memory::VfMemory;
 use crate::port::{AtomicCounters, Runtime, RXQ, TXQ};
@@ -27,6 +28,35 @@ const ETH_HDR: usize = 14;
 /// A fault of the destination VF met while serving a source's burst: the
 /// destination goes to error once the source's runtime is back.
 pub(super) struct DestFault(pub usize, pub Fault);
+
+/// A transmit frame that can be cut through: one descriptor, a length the
+/// switch takes, a unicast destination VF.
+struct Candidate<'v, 'm> {
+    src: OneBuf<'v, Xlat<'m>>,
+    /// Our copy of its Ethernet header: routed by, and delivered.
+    eth: [u8; ETH_HDR],
+    frame_len: usize,
+    dest: usize,
+}
+
+/// How a run of frames cut through to one destination ended.
+#[derive(Default)]
+struct Run {
+    frames: usize,
+    bytes: u64,
+    /// The source's chain or memory failed (after `frames` went through).
+    src_fault: Option<Fault>,
+    dest_fault: Option<DestFault>,
+}
+
+/// What every frame of the source's burst shares.
+struct Burst<'a, 'v, 'm, P> {
+    i: usize,
+    vlan: Option<u16>,
+    hdr_len: u64,
+    view: &'a View<'v, 'm>,
+    prepare: &'a P,
+}
 
 impl Dataplane {
     /// VF `i`'s transmit queue: frames cut through to their destination
@@ -60,16 +90,19 @@ impl Dataplane {
         out: &mut Vec<Pkt>,
         dest_fault: &mut Option<DestFault>,
     ) -> Result<usize, Fault> {
-        let hdr_len = src.hdr_len as u64;
         let gm = Xlat::new(&mem.gm);
         let view = virtio::view(src, &gm, TXQ)?;
         let prepare = virtio::preparer(mem);
-        let Scratch {
-            split, used, heads, ..
-        } = scratch;
+        let b = Burst {
+            i,
+            vlan: self.switch.vf_vlan(i),
+            hdr_len: src.hdr_len as u64,
+            view: &view,
+            prepare: &prepare,
+        };
+        let Scratch { split, used, heads } = scratch;
         used.clear();
         virtio::take_heads(&view, src, TXQ, self.batch, heads)?;
-        let vlan = self.switch.vf_vlan(i);
         // (drops, frames cut through, their bytes): added on every way out.
         let mut count = (0u64, 0u64, 0u64);
         let mut cutting = true;
@@ -83,27 +116,27 @@ impl Dataplane {
                 Err(f) => break Err(f),
             };
             if cutting {
-                let cut = self.try_cut(i, vlan, hdr_len, &chain, (&view, &prepare), heads, k);
-                // A destination failed: it goes to error after the burst, and
-                // no more frames are cut through in this one.
-                if let Some(f) = self.cut_fault.take() {
-                    *dest_fault = Some(f);
-                    cutting = false;
-                }
-                match cut {
-                    Ok(Some((n, bytes))) => {
-                        used.extend(heads[k..k + n].iter().map(|&h| (h, 0)));
-                        count.1 += n as u64;
-                        count.2 += bytes;
-                        k += n;
-                        continue;
+                let first = match self.candidate(&b, &chain) {
+                    Ok(c) => c.filter(|c| self.cut_ok(c.dest)),
+                    Err(f) => break Err(f),
+                };
+                if let Some(first) = first {
+                    let run = self.cut_run(&b, first, &heads[k..], split);
+                    used.extend(heads[k..k + run.frames].iter().map(|&h| (h, 0)));
+                    count.1 += run.frames as u64;
+                    count.2 += run.bytes;
+                    k += run.frames;
+                    // A destination failed: it goes to error after the burst,
+                    // and no more frames are cut through in this one.
+                    if run.dest_fault.is_some() {
+                        *dest_fault = run.dest_fault;
+                        cutting = false;
                     }
-                    Ok(None) => {}
-                    Err((f, n, bytes)) => {
-                        // The source failed after `n` frames went through.
-                        count.1 += n as u64;
-                        count.2 += bytes;
+                    if let Some(f) = run.src_fault {
                         break Err(f);
+                    }
+                    if run.frames > 0 {
+                        continue;
                     }
                 }
             }
@@ -113,7 +146,7 @@ impl Dataplane {
             match virtio::copy_out(
                 &chain,
                 (&gm, &prepare, split),
-                hdr_len,
+                b.hdr_len,
                 head,
                 &mut self.pool,
             ) {
@@ -134,53 +167,46 @@ impl Dataplane {
         Ok(used.len())
     }
 
-    /// Frame `heads[k]` (its chain `chain`) and the ones after it cut
-    /// through to their destination, if the first can be: `Some((frames,
-    /// bytes))`, or `None` for the packet-buffer path. A destination's
-    /// fault is left in `cut_fault`; the source's comes back as the error,
-    /// with the frames and bytes that went through before it.
-    #[allow(clippy::too_many_arguments)]
-    fn try_cut(
-        &mut self,
-        i: usize,
-        vlan: Option<u16>,
-        hdr_len: u64,
-        chain: &Chain<'_, '_>,
-        (view, prepare): (&View<'_, '_>, &impl virtq::Prepare),
-        heads: &[u16],
-        k: usize,
-    ) -> Result<Option<(usize, u64)>, (Fault, usize, u64)> {
-        let Chain::One(one) = chain else {
+    /// `chain` as a cut-through candidate, if it is one; a source fault if
+    /// its Ethernet header cannot be read. (Inlined: it is the per-frame
+    /// check of every cut frame.)
+    #[inline(always)]
+    fn candidate<'v, 'm, P: virtq::Prepare>(
+        &self,
+        b: &Burst<'_, 'v, 'm, P>,
+        chain: &Chain<'v, 'm>,
+    ) -> Result<Option<Candidate<'v, 'm>>, Fault> {
+        let Chain::One(src) = *chain else {
             return Ok(None);
         };
-        let Some(eth) = read_eth(one, prepare, hdr_len).map_err(|f| (f, 0, 0))? else {
+        // At least MIN_FRAME (an Ethernet header) long.
+        let Some(frame_len) = virtio::frame_len(u64::from(src.buf.len), b.hdr_len) else {
             return Ok(None);
         };
-        let j = match self.route_unicast(i, vlan, &eth) {
-            Some(j) if self.cut_ok(j) => j,
-            _ => return Ok(None),
-        };
-        match self.cut_run(j, (i, vlan, hdr_len), (view, prepare), &heads[k..]) {
-            (0, _, None) => Ok(None),
-            (n, bytes, None) => Ok(Some((n, bytes))),
-            (n, bytes, Some(f)) => Err((f, n, bytes)),
-        }
-    }
-
-    /// The VF a unicast frame with Ethernet header `eth` from VF `i` goes
-    /// to, if the switch sends it to one.
-    fn route_unicast(&self, i: usize, vlan: Option<u16>, eth: &[u8; ETH_HDR]) -> Option<usize> {
+        let mut eth = [0u8; ETH_HDR];
+        src.read(b.prepare, b.hdr_len, &mut eth)
+            .map_err(|source| Fault::Copy {
+                q: TXQ,
+                head: src.head,
+                source,
+            })?;
         if eth[0] & 1 != 0 {
-            return None;
+            return Ok(None);
         }
         // Unicast: `decide` writes no destination list.
-        match self
+        let dest = match self
             .switch
-            .decide(PortId::Vf(i), vlan, eth, &mut Vec::new())
+            .decide(PortId::Vf(b.i), b.vlan, &eth, &mut Vec::new())
         {
-            Route::To(Some(PortId::Vf(j))) => Some(j),
-            _ => None,
-        }
+            Route::To(Some(PortId::Vf(j))) => j,
+            _ => return Ok(None),
+        };
+        Ok(Some(Candidate {
+            src,
+            eth,
+            frame_len,
+            dest,
+        }))
     }
 
     /// Whether VF `j` can take a frame straight into its receive queue now.
@@ -192,77 +218,64 @@ impl Dataplane {
                 .is_some_and(|rt| rt.active && !rt.failed && rt.vrings[RXQ].usable())
     }
 
-    /// Cuts frames `heads[0..]` of the source's burst through to VF `j`
-    /// while they are one-descriptor frames for `j` and `j` has a simple
-    /// receive buffer big enough for each (in the order it posted them).
-    /// Returns how many went, their bytes, and the source's fault if its
-    /// chain or memory failed; a fault of `j` is left in `cut_fault`.
-    fn cut_run(
+    /// Cuts `first` (the frame at `heads[0]`, for a destination `cut_ok`
+    /// accepted) and the frames after it through to that destination while
+    /// they are candidates for it and it has a one-descriptor receive
+    /// buffer big enough for each (in the order it posted them).
+    fn cut_run<P: virtq::Prepare>(
         &mut self,
-        j: usize,
-        (i, vlan, hdr_len): (usize, Option<u16>, u64),
-        (view, prepare): (&View<'_, '_>, &impl virtq::Prepare),
+        b: &Burst<'_, '_, '_, P>,
+        first: Candidate<'_, '_>,
         heads: &[u16],
-    ) -> (usize, u64, Option<Fault>) {
+        split: &mut Split,
+    ) -> Run {
+        let j = first.dest;
+        let dest_fault = |f| Run {
+            dest_fault: Some(DestFault(j, f)),
+            ..Run::default()
+        };
         let rt = self.owned[j].as_mut().expect("cut_ok");
         virtio::quiet(rt, RXQ);
         let mem_j: Arc<VfMemory> = rt.mem.clone().expect("usable ring implies a memory table");
         let gm_j = Xlat::new(&mem_j.gm);
         let view_j = match virtio::view(rt, &gm_j, RXQ) {
             Ok(v) => v,
-            Err(f) => {
-                self.cut_fault = Some(DestFault(j, f));
-                return (0, 0, None);
-            }
+            Err(f) => return dest_fault(f),
         };
         let prep_j = virtio::preparer(&mem_j);
         let next = rt.vrings[RXQ].queue.next_avail();
         let pending = match view_j.pending(next) {
             Ok(n) => usize::from(n),
-            Err(source) => {
-                self.cut_fault = Some(DestFault(j, Fault::Ring { q: RXQ, source }));
-                return (0, 0, None);
-            }
+            Err(source) => return dest_fault(Fault::Ring { q: RXQ, source }),
         };
         let hdr_j = rt.hdr_len;
-        // virtio_net_hdr: all zero (no offloads), num_buffers = 1 when present.
-        let mut vnet = [0u8; 12];
-        if hdr_j == 12 {
-            vnet[10] = 1;
-        }
+        let vnet = virtio::rx_hdr(hdr_j);
         let max = heads.len().min(pending).min(MAX_RUN);
         for n in 0..max {
             view_j.prefetch_desc(view_j.avail_head(next.wrapping_add(n as u16)));
         }
         let mut rx_used = [(0u16, 0u32); MAX_RUN];
-        let (mut n, mut bytes, mut src_fault) = (0usize, 0u64, None);
-        while n < max {
-            let head = heads[n];
-            let src = match Chain::take(view, TXQ, head, &mut self.scratch_split) {
-                Ok(Chain::One(one)) => one,
-                Ok(Chain::Split(_)) => break,
-                Err(f) => {
-                    src_fault = Some(f);
-                    break;
+        let mut run = Run::default();
+        let mut cand = Some(first);
+        while run.frames < max {
+            let n = run.frames;
+            let c = match cand.take() {
+                Some(c) => c,
+                None => {
+                    let next_cand = Chain::take(b.view, TXQ, heads[n], split)
+                        .and_then(|chain| self.candidate(b, &chain));
+                    match next_cand {
+                        Ok(Some(c)) if c.dest == j => c,
+                        Ok(_) => break,
+                        Err(f) => {
+                            run.src_fault = Some(f);
+                            break;
+                        }
+                    }
                 }
             };
-            let frame_len = (u64::from(src.buf.len).saturating_sub(hdr_len)) as usize;
-            if !(MIN_FRAME..=BUF_SIZE - VLAN_ROOM).contains(&frame_len) {
-                break;
-            }
-            let eth = match read_eth(&src, prepare, hdr_len) {
-                Ok(Some(eth)) => eth,
-                Ok(None) => break,
-                Err(f) => {
-                    src_fault = Some(f);
-                    break;
-                }
-            };
-            if self.route_unicast(i, vlan, &eth) != Some(j) {
-                break;
-            }
             let dhead = view_j.avail_head(next.wrapping_add(n as u16));
-            let len = hdr_j + frame_len;
+            let len = hdr_j + c.frame_len;
             // Anything but one writable buffer big enough: the receive path
             // (which drops a frame on a short buffer, faults a bad chain).
             let Some(dst) = view_j
@@ -274,34 +287,33 @@ impl Dataplane {
             // The checked header first (from our copy), then the rest of the
             // frame guest to guest.
             let copied = dst
-                .write(&prep_j, 0, &[&vnet[..hdr_j], &eth])
-                .map_err(|source| (false, source))
+                .write(&prep_j, 0, &[&vnet[..hdr_j], &c.eth])
                 .and_then(|()| {
-                    src.copy_to(
-                        prepare,
-                        hdr_len + ETH_HDR as u64,
+                    c.src.copy_to(
+                        b.prepare,
+                        b.hdr_len + ETH_HDR as u64,
                         &dst,
                         &prep_j,
                         (hdr_j + ETH_HDR) as u64,
-                        frame_len - ETH_HDR,
+                        c.frame_len - ETH_HDR,
                     )
-                    .map_err(|source| (true, source))
                 });
             match copied {
                 Ok(()) => {}
                 // Which side refused: `copy_to` prepares the source's range first.
-                Err((_, source @ virtq::CopyError::Prepare { addr, .. }))
-                    if addr >= src.buf.addr && addr < src.buf.addr + u64::from(src.buf.len) =>
+                Err(source @ virtq::CopyError::Prepare { addr, .. })
+                    if addr >= c.src.buf.addr
+                        && addr < c.src.buf.addr + u64::from(c.src.buf.len) =>
                 {
-                    src_fault = Some(Fault::Copy {
+                    run.src_fault = Some(Fault::Copy {
                         q: TXQ,
-                        head,
+                        head: heads[n],
                         source,
                     });
                     break;
                 }
-                Err((_, source)) => {
-                    self.cut_fault = Some(DestFault(
+                Err(source) => {
+                    run.dest_fault = Some(DestFault(
                         j,
                         Fault::Copy {
                             q: RXQ,
@@ -313,42 +325,22 @@ impl Dataplane {
                 }
             }
             rx_used[n] = (dhead, len as u32);
-            bytes += frame_len as u64;
-            n += 1;
+            run.bytes += c.frame_len as u64;
+            run.frames += 1;
         }
         let rt = self.owned[j].as_mut().expect("cut_ok");
         rt.vrings[RXQ]
             .queue
-            .set_next_avail(next.wrapping_add(n as u16));
-        if let Err(f) = virtio::complete(rt, &view_j, RXQ, &rx_used[..n]) {
-            self.cut_fault = Some(DestFault(j, f));
+            .set_next_avail(next.wrapping_add(run.frames as u16));
+        if let Err(f) = virtio::complete(rt, &view_j, RXQ, &rx_used[..run.frames]) {
+            run.dest_fault = Some(DestFault(j, f));
         }
         let c = &self.ports[j].counters;
-        AtomicCounters::add_burst([(&c.rx_packets, n as u64), (&c.rx_bytes, bytes)]);
-        (n, bytes, src_fault)
+        AtomicCounters::add_burst([(&c.rx_packets, run.frames as u64), (&c.rx_bytes, run.bytes)]);
+        run
     }
 }
 
 /// Frames cut through to one destination in one go (its used entries are
 /// kept on the stack).
 const MAX_RUN: usize = 64;
-
-/// The Ethernet header of a one-descriptor transmit frame (our copy: what
-/// the switch routes by is what the destination gets), if the frame has one.
-fn read_eth(
-    one: &virtq::OneBuf<'_, Xlat<'_>>,
-    prepare: &impl virtq::Prepare,
-    hdr_len: u64,
-) -> Result<Option<[u8; ETH_HDR]>, Fault> {
-    if u64::from(one.buf.len) < hdr_len + ETH_HDR as u64 {
-        return Ok(None);
-    }
-    let mut eth = [0u8; ETH_HDR];
-    one.read(prepare, hdr_len, &mut eth)
-        .map_err(|source| Fault::Copy {
-            q: TXQ,
-            head: one.head,
-            source,
-        })?;
-    Ok(Some(eth))
-}

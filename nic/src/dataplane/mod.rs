@@ -73,9 +73,6 @@ pub struct Dataplane {
     /// The spoof warning was given for the VF's current session.
     spoof_warned: Vec<bool>,
     scratch: virtio::Scratch,
-    /// Cut-through's chain walks, and a destination's fault met in one (`cut`).
-    scratch_split: virtq::Split,
-    cut_fault: Option<cut::DestFault>,
     /// Idle transmit queues: not polled, woken by their kicks (`park`).
     park: park::Parking,
     sleep_cap: std::time::Duration,
@@ -157,8 +154,6 @@ impl Dataplane {
             active: vec![false; n],
             spoof_warned: vec![false; n],
             scratch: virtio::Scratch::default(),
-            scratch_split: virtq::Split::default(),
-            cut_fault: None,
             park: park::Parking::new(n)?,
             sleep_cap: SAFETY_SLEEP,
             busy_ns: 0,

@@ -283,6 +283,26 @@ pub(super) fn complete(
     Ok(())
 }
 
+/// The virtio_net_hdr of a received frame, its first `hdr_len` bytes (10
+/// or 12): all zero (no offloads), num_buffers = 1 when present.
+pub(super) fn rx_hdr(hdr_len: usize) -> [u8; 12] {
+    let mut hdr = [0u8; 12];
+    if hdr_len == 12 {
+        hdr[10] = 1;
+    }
+    hdr
+}
+
+/// The length of the frame in a transmit chain of `chain_len` bytes after
+/// its `hdr_len`-byte virtio-net header, if the switch takes frames that
+/// long (else the frame is a `tx_drops`).
+pub(super) fn frame_len(chain_len: u64, hdr_len: u64) -> Option<usize> {
+    let len = chain_len.saturating_sub(hdr_len) as usize;
+    (MIN_FRAME..=BUF_SIZE - VLAN_ROOM)
+        .contains(&len)
+        .then_some(len)
+}
+
 /// The frame of transmit chain `head` (after its `hdr_len`-byte virtio-net
 /// header) copied into a packet buffer, one memcpy per segment; `None` when
 /// it cannot be taken (a bad length, no buffer left): a `tx_drops`.
@@ -293,10 +313,9 @@ pub(super) fn copy_out<'v, 'm>(
     head: u16,
     pool: &mut Mempool,
 ) -> Result<Option<Pkt>, Fault> {
-    let frame_len = chain.len(split).saturating_sub(hdr_len) as usize;
-    if !(MIN_FRAME..=BUF_SIZE - VLAN_ROOM).contains(&frame_len) {
+    let Some(frame_len) = frame_len(chain.len(split), hdr_len) else {
         return Ok(None);
-    }
+    };
     let Some(mut pkt) = pool.alloc() else {
         return Ok(None);
     };
@@ -398,11 +417,7 @@ fn fill_guest_rx_inner(
     let gm = Xlat::new(&mem.gm);
     let view = view(rt, &gm, RXQ)?;
     let prepare = preparer(mem);
-    // virtio_net_hdr: all zero (no offloads), num_buffers = 1 when present.
-    let mut hdr = [0u8; 12];
-    if hdr_len == 12 {
-        hdr[10] = 1;
-    }
+    let hdr = rx_hdr(hdr_len);
     let Scratch { split, used, heads } = scratch;
     used.clear();
     let (mut packets, mut bytes, mut drops) = (0, 0, 0);
