@@ -308,6 +308,10 @@ fn receive_buffers_are_used_in_the_order_they_were_made_available() {
     // Heads 5, 3 (too short for any frame with its header), 9, posted in that order.
     let order = [(5u16, BUF as u32), (3, 8), (9, BUF as u32)];
     for (k, &(head, len)) in order.iter().enumerate() {
+        // Junk where the virtio-net header goes: the device must write all of it.
+        let p = fb.ptr(BUFFERS + head as u64 * BUF, HDR_LEN);
+        // SAFETY: inside the frontend's own memory (a buffer of BUF bytes).
+        unsafe { std::ptr::write_bytes(p, 0xa5, HDR_LEN) };
         fb.write_desc(
             0,
             head,
@@ -344,6 +348,11 @@ fn receive_buffers_are_used_in_the_order_they_were_made_available() {
         // SAFETY: inside the frontend's own memory (a posted buffer of BUF bytes).
         let got = unsafe { std::slice::from_raw_parts(p, f.len()) };
         assert_eq!(got, &f[..], "head {head}");
+        // No offloads, num_buffers = 1 (VIRTIO_NET_F_MRG_RXBUF's 12-byte header).
+        let h = fb.ptr(BUFFERS + head * BUF, HDR_LEN);
+        // SAFETY: as above.
+        let hdr = unsafe { std::slice::from_raw_parts(h, HDR_LEN) };
+        assert_eq!(hdr, &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0], "head {head}");
     }
     let vb = nic.wait_vf("sb-b", "counted", |v| v.counters.rx_drops == 1);
     assert_eq!(

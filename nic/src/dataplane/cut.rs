@@ -17,13 +17,35 @@ use virtio_queue::QueueT;
 use virtq::{OneBuf, Split};
 
 use super::mempool::Pkt;
-use super::switch::{PortId, Route};
+use super::switch::{Macs, PortId, Route, MAC48};
 use super::virtio::{self, Chain, Fault, Scratch, View, Xlat};
 use super::Dataplane;
 use crate::memory::VfMemory;
 use crate::port::{AtomicCounters, Runtime, RXQ, TXQ};
 
 const ETH_HDR: usize = 14;
+
+/// Our copy of a frame's Ethernet header as two overlapping words, `lo`
+/// its bytes 0..8 and `hi` its bytes 6..14, read from the guest's buffer
+/// straight into registers and written out from them (the way a 14-byte
+/// copy moves it): routed on without a round through memory, see
+/// `virtq::OneBuf::read_obj`. Stored `lo` first and `hi` second, the
+/// destination gets bytes 6..8 from `hi`, whose source MAC the switch
+/// checked, so it receives exactly the addresses the frame was routed by.
+#[derive(Clone, Copy)]
+struct EthWords {
+    lo: u64,
+    hi: u64,
+}
+
+impl EthWords {
+    fn macs(self) -> Macs {
+        Macs {
+            dst: self.lo & MAC48,
+            src: self.hi & MAC48,
+        }
+    }
+}
 
 /// A fault of the destination VF met while serving a source's burst: the
 /// destination goes to error once the source's runtime is back.
@@ -34,7 +56,7 @@ pub(super) struct DestFault(pub usize, pub Fault);
 struct Candidate<'v, 'm> {
     src: OneBuf<'v, Xlat<'m>>,
     /// Our copy of its Ethernet header: routed by, and delivered.
-    eth: [u8; ETH_HDR],
+    eth: EthWords,
     frame_len: usize,
     dest: usize,
 }
@@ -183,20 +205,23 @@ impl Dataplane {
         let Some(frame_len) = virtio::frame_len(u64::from(src.buf.len), b.hdr_len) else {
             return Ok(None);
         };
-        let mut eth = [0u8; ETH_HDR];
-        src.read(b.prepare, b.hdr_len, &mut eth)
-            .map_err(|source| Fault::Copy {
-                q: TXQ,
-                head: src.head,
-                source,
-            })?;
-        if eth[0] & 1 != 0 {
+        let fault = |source| Fault::Copy {
+            q: TXQ,
+            head: src.head,
+            source,
+        };
+        let eth = EthWords {
+            lo: src.read_obj(b.prepare, b.hdr_len).map_err(fault)?,
+            hi: src.read_obj(b.prepare, b.hdr_len + 6).map_err(fault)?,
+        };
+        let macs = eth.macs();
+        if macs.group() {
             return Ok(None);
         }
-        // Unicast: `decide` writes no destination list.
+        // Unicast: `decide_macs` writes no destination list.
         let dest = match self
             .switch
-            .decide(PortId::Vf(b.i), b.vlan, &eth, &mut Vec::new())
+            .decide_macs(PortId::Vf(b.i), b.vlan, macs, &mut Vec::new())
         {
             Route::To(Some(PortId::Vf(j))) => j,
             _ => return Ok(None),
@@ -286,8 +311,15 @@ impl Dataplane {
             };
             // The checked header first (from our copy), then the rest of the
             // frame guest to guest.
-            let copied = dst
-                .write(&prep_j, 0, &[&vnet[..hdr_j], &c.eth])
+            // The usual 12-byte virtio-net header (MRG_RXBUF, VERSION_1) as
+            // stores of a constant, the legacy 10-byte one as bytes.
+            let hdr = match hdr_j {
+                12 => dst.write_obj(&prep_j, 0, vnet),
+                n => dst.write(&prep_j, 0, &[&vnet[..n]]),
+            };
+            let copied = hdr
+                .and_then(|()| dst.write_obj(&prep_j, hdr_j as u64, c.eth.lo))
+                .and_then(|()| dst.write_obj(&prep_j, hdr_j as u64 + 6, c.eth.hi))
                 .and_then(|()| {
                     c.src.copy_to(
                         b.prepare,
