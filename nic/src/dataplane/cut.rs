@@ -309,10 +309,10 @@ impl Dataplane {
             else {
                 break;
             };
-            // The checked header first (from our copy), then the rest of the
-            // frame guest to guest.
-            // The usual 12-byte virtio-net header (MRG_RXBUF, VERSION_1) as
-            // stores of a constant, the legacy 10-byte one as bytes.
+            // The virtio-net header (the usual 12 bytes, MRG_RXBUF or
+            // VERSION_1, as stores of a constant; the legacy 10 as bytes),
+            // the checked Ethernet header from our registers, then the rest
+            // of the frame guest to guest.
             let hdr = match hdr_j {
                 12 => dst.write_obj(&prep_j, 0, vnet),
                 n => dst.write(&prep_j, 0, &[&vnet[..n]]),
