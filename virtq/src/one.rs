@@ -87,9 +87,8 @@ impl<M: ?Sized> OneBuf<'_, M> {
     where
         P: Prepare + ?Sized,
     {
-        let at = self.range(skip, out.len())?;
+        let at = self.prepared_range(prepare, skip, out.len())?;
         if !out.is_empty() {
-            prepared(prepare, self.buf.addr + at as u64, out.len())?;
             // SAFETY: `at + out.len()` <= buf.len (`range`), and the buffer's
             // buf.len bytes are mapped while 'm lasts (`host`); `out` is the
             // caller's exclusive memory. A racing guest write changes what is
@@ -108,11 +107,7 @@ impl<M: ?Sized> OneBuf<'_, M> {
         P: Prepare + ?Sized,
     {
         let len: usize = parts.iter().map(|p| p.len()).sum();
-        let mut at = self.range(skip, len)?;
-        if len == 0 {
-            return Ok(());
-        }
-        prepared(prepare, self.buf.addr + at as u64, len)?;
+        let mut at = self.prepared_range(prepare, skip, len)?;
         for data in parts {
             // SAFETY: the parts end at `skip + len` <= buf.len (`range`),
             // inside the mapped buffer (`host`); `ptr::copy` allows a part
@@ -138,8 +133,7 @@ impl<M: ?Sized> OneBuf<'_, M> {
         T: ByteValued,
         P: Prepare + ?Sized,
     {
-        let at = self.range(skip, size_of::<T>())?;
-        prepared(prepare, self.buf.addr + at as u64, size_of::<T>())?;
+        let at = self.prepared_range(prepare, skip, size_of::<T>())?;
         // SAFETY: inside the mapped buffer (`range`, `host`); any bytes are
         // a valid `T` (`ByteValued`). A racing guest write changes the
         // value read, never where it is read.
@@ -154,8 +148,7 @@ impl<M: ?Sized> OneBuf<'_, M> {
         T: ByteValued,
         P: Prepare + ?Sized,
     {
-        let at = self.range(skip, size_of::<T>())?;
-        prepared(prepare, self.buf.addr + at as u64, size_of::<T>())?;
+        let at = self.prepared_range(prepare, skip, size_of::<T>())?;
         // SAFETY: inside the mapped buffer (`range`, `host`).
         unsafe { self.host.as_ptr().add(at).cast::<T>().write_unaligned(val) };
         Ok(())
@@ -195,6 +188,19 @@ impl<M: ?Sized> OneBuf<'_, M> {
             std::ptr::copy(self.host.as_ptr().add(from), dst.host.as_ptr().add(to), len);
         }
         Ok(())
+    }
+
+    /// `range`, then the range prepared (when not empty) for the access.
+    #[inline]
+    fn prepared_range<P>(&self, prepare: &P, skip: u64, len: usize) -> Result<usize, CopyError>
+    where
+        P: Prepare + ?Sized,
+    {
+        let at = self.range(skip, len)?;
+        if len > 0 {
+            prepared(prepare, self.buf.addr + at as u64, len)?;
+        }
+        Ok(at)
     }
 
     /// The offset of bytes `skip..skip + len` in the buffer, or the error
@@ -311,6 +317,14 @@ mod tests {
         m
     }
 
+    /// A preparation that records each range it is asked for in `seen`.
+    fn logger(seen: &RefCell<Vec<(u64, u64)>>) -> impl Fn(u64, u64) -> Result<(), String> + '_ {
+        |a, n| {
+            seen.borrow_mut().push((a, n));
+            Ok(())
+        }
+    }
+
     #[test]
     fn only_a_lone_descriptor_in_one_region_is_taken() {
         let m = mem_with(&[
@@ -355,10 +369,7 @@ mod tests {
         let one = v.one_buf(0).unwrap();
         let bufs = [one.buf];
         let seen = RefCell::new(Vec::new());
-        let log = |a: u64, n: u64| -> Result<(), String> {
-            seen.borrow_mut().push((a, n));
-            Ok(())
-        };
+        let log = logger(&seen);
         let (hdr, frame) = ([7u8; 12], [9u8; 60]);
         one.write(&log, 2, &[&hdr, &frame]).unwrap();
         let mut a = [0u8; 80];
@@ -398,10 +409,7 @@ mod tests {
         let v = RingView::resolve(&r, &x).unwrap();
         let one = v.one_buf(0).unwrap();
         let seen = RefCell::new(Vec::new());
-        let log = |a: u64, n: u64| -> Result<(), String> {
-            seen.borrow_mut().push((a, n));
-            Ok(())
-        };
+        let log = logger(&seen);
         m.write_slice(&(1u8..=20).collect::<Vec<_>>(), GuestAddress(0x4001))
             .unwrap();
         // Bytes 5..13 (buffer offsets), little-endian, at an odd address.

@@ -17,7 +17,7 @@ use virtio_queue::QueueT;
 use virtq::{OneBuf, Split};
 
 use super::mempool::Pkt;
-use super::switch::{Macs, PortId, Route, MAC48};
+use super::switch::{Macs, PortId, Route};
 use super::virtio::{self, Chain, Fault, Scratch, View, Xlat};
 use super::Dataplane;
 use crate::memory::VfMemory;
@@ -40,10 +40,7 @@ struct EthWords {
 
 impl EthWords {
     fn macs(self) -> Macs {
-        Macs {
-            dst: self.lo & MAC48,
-            src: self.hi & MAC48,
-        }
+        Macs::of_words(self.lo, self.hi)
     }
 }
 

@@ -47,7 +47,7 @@ pub struct Switch {
 const INACTIVE: u64 = u64::MAX;
 
 /// The low 48 bits of a word: a MAC address read as the 8 bytes from its first.
-pub const MAC48: u64 = (1 << 48) - 1;
+const MAC48: u64 = (1 << 48) - 1;
 
 /// A frame's two addresses as the switch compares them: each MAC a 48-bit
 /// number (its 6 bytes little-endian).
@@ -59,15 +59,22 @@ pub struct Macs {
 
 impl Macs {
     /// Of a frame of at least 14 bytes: two 8-byte loads, bytes 0..8 and
-    /// 6..14 (the destination's and the source's MAC with the bytes after
-    /// each), the words a 14-byte copy into the frame was stored as.
+    /// 6..14, the words a 14-byte copy into the frame was stored as.
     #[inline]
     pub fn of(frame: &[u8]) -> Macs {
         let word =
             |at: usize| u64::from_le_bytes(frame[at..at + 8].try_into().expect("checked length"));
+        Macs::of_words(word(0), word(6))
+    }
+
+    /// Of an Ethernet header held as two little-endian words: `lo` its
+    /// bytes 0..8, `hi` its bytes 6..14 (the destination's and the source's
+    /// MAC, each with the bytes after it).
+    #[inline]
+    pub fn of_words(lo: u64, hi: u64) -> Macs {
         Macs {
-            dst: word(0) & MAC48,
-            src: word(6) & MAC48,
+            dst: lo & MAC48,
+            src: hi & MAC48,
         }
     }
 
