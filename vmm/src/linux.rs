@@ -94,6 +94,12 @@ pub const DEFAULT_CMDLINE: &str =
 /// Not added where the flag is already given, nor on a VMX/SVM host.
 pub const KVM_PVM_CMDLINE: &str = "clearcpuid=smap,popcnt,xsave";
 
+/// Turns on guest/linux's patch 0002 on a kvm_pvm host: there `syscall`
+/// stays at CPL3 and arrives as a user-mode page fault at the entry, which
+/// the patched kernel then takes as the system call (docs/guest.md). A
+/// kernel without the patch ignores the parameter.
+pub const KVM_PVM_SYSCALL_PARAM: &str = "burstvm_pvm_syscall";
+
 /// Whether this host's KVM is kvm_pvm.
 pub fn host_is_kvm_pvm() -> bool {
     Path::new("/sys/module/kvm_pvm").exists()
@@ -116,9 +122,15 @@ pub fn build_cmdline(
     for (base, gsi) in devices {
         s.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{gsi}"));
     }
-    if host_is_kvm_pvm() && !s.split_whitespace().any(|w| w.starts_with("clearcpuid=")) {
-        s.push(' ');
-        s.push_str(KVM_PVM_CMDLINE);
+    if host_is_kvm_pvm() {
+        if !s.split_whitespace().any(|w| w.starts_with("clearcpuid=")) {
+            s.push(' ');
+            s.push_str(KVM_PVM_CMDLINE);
+        }
+        if !s.split_whitespace().any(|w| w == KVM_PVM_SYSCALL_PARAM) {
+            s.push(' ');
+            s.push_str(KVM_PVM_SYSCALL_PARAM);
+        }
     }
     let mut c = Cmdline::new(CMDLINE_MAX)?;
     c.insert_str(s.trim())?;

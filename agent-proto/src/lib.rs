@@ -1,0 +1,1 @@
+//! The guest agent's API over virtio-vsock (docs/design.md, "Guest agent protocol").

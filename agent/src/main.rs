@@ -1,0 +1,2 @@
+//! burstvm's guest agent (docs/guest.md, "The guest agent").
+fn main() {}
