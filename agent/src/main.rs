@@ -1,2 +1,108 @@
-//! burstvm's guest agent (docs/guest.md, "The guest agent").
-fn main() {}
+//! burstvm's guest agent (docs/guest.md, "The guest agent (Linux guests)"):
+//! `/init` of the initramfs, PID 1 of the guest.
+//!
+//! BOOT → early mounts → container root (image, writable layer, overlay,
+//! /etc files) and root switch → host name → network → vsock listeners →
+//! READY → serve until the power-off rule fires → sync → EXIT → power off.
+//! A failed step reports ERROR (its code) and powers off.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent::boot::{self, BootConfig, BootError};
+use agent::port::{AgentPort, ErrorCode, Event};
+use agent::{Agent, AgentConfig};
+use anyhow::Context;
+
+fn main() {
+    let port = AgentPort::open();
+    port.report(Event::Boot, 0);
+    if std::process::id() != 1 {
+        eprintln!("burstvm-agent: not PID 1: run as a guest's /init (tests use the library)");
+        std::process::exit(2);
+    }
+    let status = match run(&port) {
+        Ok(status) => {
+            eprintln!("burstvm-agent: powering off (status {status})");
+            status
+        }
+        Err((code, e)) => {
+            eprintln!("burstvm-agent: {e:#}");
+            port.report(Event::Error, code as u32);
+            power_off();
+        }
+    };
+    nix::unistd::sync();
+    port.report(Event::Exit, status as u32);
+    power_off();
+}
+
+fn power_off() -> ! {
+    nix::unistd::sync();
+    let e = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_POWER_OFF);
+    // Only reached when reboot failed: PID 1 must not exit (the kernel would panic).
+    eprintln!("burstvm-agent: power off: {e:?}");
+    loop {
+        std::thread::park();
+    }
+}
+
+type Failed = (ErrorCode, anyhow::Error);
+
+fn step<T>(code: ErrorCode, what: &str, r: Result<T, BootError>) -> Result<T, Failed> {
+    r.with_context(|| what.to_string()).map_err(|e| (code, e))
+}
+
+fn run(port: &AgentPort) -> Result<i32, Failed> {
+    let cfg = step(ErrorCode::Config, "configuration", BootConfig::from_env())?;
+    step(ErrorCode::Mount, "early mounts", boot::mounts::early())?;
+    if let Some(image) = &cfg.ro {
+        let newroot = step(
+            ErrorCode::Mount,
+            "container root",
+            boot::mounts::container_root(&cfg, image),
+        )?;
+        step(
+            ErrorCode::Mount,
+            "switch root",
+            boot::mounts::switch_root(&newroot),
+        )?;
+    } else {
+        eprintln!("burstvm-agent: no burstvm_ro: processes run in the initramfs");
+    }
+    if let Some(h) = &cfg.hostname {
+        nix::unistd::sethostname(h)
+            .with_context(|| format!("sethostname {h}"))
+            .map_err(|e| (ErrorCode::Config, e))?;
+    }
+    step(
+        ErrorCode::Network,
+        "network",
+        boot::net::configure(&cfg, Duration::from_secs(2)),
+    )?;
+    let control = step(
+        ErrorCode::Vsock,
+        "control listener",
+        boot::vsock::VsockListener::bind(cfg.vsock_port),
+    )?;
+    let stdio = step(
+        ErrorCode::Vsock,
+        "stdio listener",
+        boot::vsock::VsockListener::bind(cfg.stdio_port),
+    )?;
+    let agent: Arc<Agent> = Agent::new(AgentConfig {
+        pod: cfg.pod,
+        drop_ioperm: port.enabled(),
+        ..AgentConfig::default()
+    });
+    agent.serve_control(control);
+    agent.serve_stdio(stdio);
+    port.report(Event::Ready, 0);
+    eprintln!(
+        "burstvm-agent: ready (vsock ports {} and {})",
+        cfg.vsock_port, cfg.stdio_port
+    );
+    let off = agent.wait_power_off();
+    eprintln!("burstvm-agent: {:?}", off.reason);
+    Ok(off.status)
+}
