@@ -717,10 +717,15 @@ impl Agent {
                     format!("not a stream hello: {e}"),
                 )),
             },
-            Err(FrameError::TooLarge { len }) => Err(err(
-                ErrorCode::FrameTooLarge,
-                format!("frame of {len} bytes over {}", agent_proto::MAX_FRAME),
-            )),
+            Err(FrameError::TooLarge { len }) => {
+                let e = err(
+                    ErrorCode::FrameTooLarge,
+                    format!("frame of {len} bytes over {}", agent_proto::MAX_FRAME),
+                );
+                let _ = write_frame(&mut conn, &Response::<Empty>::Error(e));
+                close_after_error(conn);
+                return;
+            }
             Err(_) => return,
         };
         let resp = match resp {
