@@ -6,6 +6,7 @@
 //! READY → serve until the power-off rule fires → sync → EXIT → power off.
 //! A failed step reports ERROR (its code) and powers off.
 
+use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,28 +81,43 @@ fn run(port: &AgentPort) -> Result<i32, Failed> {
         "network",
         boot::net::configure(&cfg, Duration::from_secs(2)),
     )?;
-    let control = step(
-        ErrorCode::Vsock,
-        "control listener",
-        boot::vsock::VsockListener::bind(cfg.vsock_port),
-    )?;
-    let stdio = step(
-        ErrorCode::Vsock,
-        "stdio listener",
-        boot::vsock::VsockListener::bind(cfg.stdio_port),
-    )?;
     let agent: Arc<Agent> = Agent::new(AgentConfig {
         pod: cfg.pod,
         drop_ioperm: port.enabled(),
         ..AgentConfig::default()
     });
-    agent.serve_control(control);
-    agent.serve_stdio(stdio);
+    match &cfg.unix_dir {
+        None => {
+            let control = step(
+                ErrorCode::Vsock,
+                "control listener",
+                boot::vsock::VsockListener::bind(cfg.vsock_port),
+            )?;
+            let stdio = step(
+                ErrorCode::Vsock,
+                "stdio listener",
+                boot::vsock::VsockListener::bind(cfg.stdio_port),
+            )?;
+            agent.serve_control(control);
+            agent.serve_stdio(stdio);
+            eprintln!(
+                "burstvm-agent: ready (vsock ports {} and {})",
+                cfg.vsock_port, cfg.stdio_port
+            );
+        }
+        Some(dir) => {
+            let bind = |name: &str| {
+                std::fs::create_dir_all(dir)
+                    .and_then(|()| UnixListener::bind(dir.join(name)))
+                    .with_context(|| format!("listen on {}", dir.join(name).display()))
+                    .map_err(|e| (ErrorCode::Vsock, e))
+            };
+            agent.serve_control(bind("control.sock")?);
+            agent.serve_stdio(bind("stdio.sock")?);
+            eprintln!("burstvm-agent: ready (Unix sockets in {})", dir.display());
+        }
+    }
     port.report(Event::Ready, 0);
-    eprintln!(
-        "burstvm-agent: ready (vsock ports {} and {})",
-        cfg.vsock_port, cfg.stdio_port
-    );
     let off = agent.wait_power_off();
     eprintln!("burstvm-agent: {:?}", off.reason);
     Ok(off.status)

@@ -28,6 +28,10 @@ pub struct BootConfig {
     pub stdio_port: u32,
     /// `burstvm_pod=1`: a pod sandbox (stays up until `Shutdown`).
     pub pod: bool,
+    /// `burstvm_unix_dir=/DIR`: serve on Unix sockets `DIR/control.sock` and
+    /// `DIR/stdio.sock` (in the container root) instead of vsock: the host
+    /// test that runs the agent as PID 1 of a PID namespace.
+    pub unix_dir: Option<PathBuf>,
 }
 
 impl Default for BootConfig {
@@ -42,6 +46,7 @@ impl Default for BootConfig {
             vsock_port: agent_proto::CONTROL_PORT,
             stdio_port: agent_proto::STDIO_PORT,
             pod: false,
+            unix_dir: None,
         }
     }
 }
@@ -111,6 +116,7 @@ impl BootConfig {
                 }
                 "burstvm_vsock_port" => c.vsock_port = port(&value)?,
                 "burstvm_stdio_port" => c.stdio_port = port(&value)?,
+                "burstvm_unix_dir" => c.unix_dir = Some(path(&value)?),
                 "burstvm_pod" => {
                     c.pod = match value.as_str() {
                         "1" | "true" | "yes" => true,
