@@ -18,6 +18,11 @@ use anyhow::Context;
 fn main() {
     let port = AgentPort::open();
     port.report(Event::Boot, 0);
+    if !port.enabled() {
+        eprintln!(
+            "burstvm-agent: no agent port (ioperm refused: not under burstvm?): events skipped"
+        );
+    }
     if std::process::id() != 1 {
         eprintln!("burstvm-agent: not PID 1: run as a guest's /init (tests use the library)");
         std::process::exit(2);
