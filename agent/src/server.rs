@@ -579,7 +579,9 @@ impl Agent {
             let mut sock = out_sock;
             // EIO: every slave fd is closed (the process and its children ended).
             let _ = copy(&mut out_pty.master(), &mut sock);
-            let _ = sock.shutdown(std::net::Shutdown::Write);
+            // Nobody can read input any more: the input pump's read ends too.
+            let _ = sock.shutdown(std::net::Shutdown::Both);
+            drop(out_pty);
             agent.pump_done(&out_id);
         });
         spawn_named(format!("pty-in-{id}"), move || {
@@ -591,6 +593,8 @@ impl Agent {
     fn pump_done(&self, id: &str) {
         if let Some(p) = self.lock().procs.get_mut(id) {
             p.pumps -= 1;
+            // The terminal is closed: its master goes with the input pump.
+            p.pty = None;
         }
         self.cv.notify_all();
     }
