@@ -166,6 +166,23 @@ fn condensed_kernel() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
 }
 
+/// `burstvm rootfs build --init` of the directory `src` (cache under
+/// `dir`); the EROFS image's path.
+fn image_with_init(dir: &Path, src: &Path) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_burstvm"))
+        .args(["rootfs", "build", "--init", "--cache"])
+        .arg(dir.join("cache"))
+        .arg(src)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    text(&o.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("image   "))
+        .unwrap()
+        .to_string()
+}
+
 #[test]
 fn condensed_kernel_mounts_the_erofs_root_from_virtio_blk_and_runs_init() {
     assert!(kvm_available(), "/dev/kvm is required");
@@ -174,18 +191,7 @@ fn condensed_kernel_mounts_the_erofs_root_from_virtio_blk_and_runs_init() {
     let src = dir.path().join("src");
     std::fs::create_dir_all(src.join("etc")).unwrap();
     std::fs::write(src.join("etc/os-release"), "NAME=burstvm-linux\n").unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_burstvm"))
-        .args(["rootfs", "build", "--init", "--cache"])
-        .arg(dir.path().join("cache"))
-        .arg(&src)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o.stderr));
-    let out = text(&o.stdout);
-    let image = out
-        .lines()
-        .find_map(|l| l.strip_prefix("image   "))
-        .unwrap();
+    let image = image_with_init(dir.path(), &src);
     let rw = dir.path().join("rw.ext4");
     std::fs::File::create(&rw)
         .unwrap()
@@ -237,4 +243,149 @@ fn condensed_kernel_mounts_the_erofs_root_from_virtio_blk_and_runs_init() {
         );
     }
     assert!(!rw.exists(), "the writable layer is unlinked once open");
+}
+
+/// Runs `burstvm vmm ARGS` to its end (SIGKILL after `limit`): its exit
+/// code (None if it had to be killed), the console and stderr.
+fn boot_to_exit(args: &[&str], limit: Duration) -> (Option<i32>, String, String) {
+    let mut child = burstvm()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (mut stdout, mut stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = stdout.read_to_end(&mut b);
+        b
+    });
+    let err = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = stderr.read_to_end(&mut b);
+        b
+    });
+    let start = Instant::now();
+    let code = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st.code();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    (code, text(&out.join().unwrap()), text(&err.join().unwrap()))
+}
+
+/// A root directory with Debian's static busybox as /bin/busybox and its
+/// applets `sh`, `echo`, `cat` as links (busybox-static, no registry).
+fn busybox_root(dir: &Path) -> PathBuf {
+    let src = dir.join("busybox-root");
+    std::fs::create_dir_all(src.join("bin")).unwrap();
+    std::fs::copy("/bin/busybox", src.join("bin/busybox"))
+        .expect("/bin/busybox (Debian's busybox-static; scripts/setup.sh installs it)");
+    for applet in ["sh", "echo", "cat"] {
+        std::os::unix::fs::symlink("busybox", src.join("bin").join(applet)).unwrap();
+    }
+    src
+}
+
+/// The condensed kernel on an EROFS root, burstvm's init running `cmd`
+/// (the words after `--` on the kernel command line), to the VM's end.
+fn run_in_guest(image: &str, cmd: &str, limit: Duration) -> (Option<i32>, String, String) {
+    let vmlinux = condensed_kernel();
+    let sb = unique("vmmuser");
+    let ro = format!("path={image},ro");
+    let cmdline =
+        format!("console=ttyS0 reboot=k panic=-1 root=/dev/vda rootfstype=erofs ro -- {cmd}");
+    boot_to_exit(
+        &[
+            "--sandbox",
+            &sb,
+            "--memory",
+            "128M",
+            "--timeout",
+            "0",
+            "--until-exit",
+            "--kernel",
+            vmlinux.to_str().unwrap(),
+            "--cmdline",
+            &cmdline,
+            "--disk",
+            &ro,
+        ],
+        limit,
+    )
+}
+
+/// Linux user space (issue 24): busybox's shell runs from the image, its
+/// output reaches the serial console and its exit status is the VMM's.
+/// Under kvm_pvm this needs guest/linux's patch 0002 (docs/guest.md).
+#[test]
+fn a_shell_from_the_image_runs_and_its_exit_status_is_the_vms() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let dir = tempdir();
+    let image = image_with_init(dir.path(), &busybox_root(dir.path()));
+    let (code, console, stderr) = run_in_guest(
+        &image,
+        "/bin/sh -c \"echo hello from user space; exit 3\"",
+        Duration::from_secs(180),
+    );
+    assert!(
+        console.contains("hello from user space"),
+        "console: {console}\nstderr: {stderr}"
+    );
+    assert_eq!(code, Some(3), "console: {console}\nstderr: {stderr}");
+}
+
+/// fork, execve of a static and a dynamic ELF, a pipe between two
+/// processes, wait4, SIGCHLD/SIGUSR1 handlers with FPU state kept,
+/// SIGKILL, timers, page faults and threads, checked by
+/// guest/linux/selftest.c inside the guest.
+#[test]
+fn fork_exec_pipes_signals_and_threads_work_in_the_guest() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let dir = tempdir();
+    let src = dir.path().join("selftest-root");
+    let bin = src.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest/linux/selftest.c");
+    for (out, extra) in [("selftest", &["-static"][..]), ("selftest-dyn", &[][..])] {
+        let st = Command::new("cc")
+            .args(["-O2", "-pthread"])
+            .args(extra)
+            .arg(&source)
+            .arg("-o")
+            .arg(bin.join(out))
+            .status()
+            .unwrap();
+        assert!(st.success(), "cc {out}");
+    }
+    // What the dynamic build needs: its loader and libc, as ldd names them.
+    let ldd = Command::new("ldd")
+        .arg(bin.join("selftest-dyn"))
+        .output()
+        .unwrap();
+    for lib in text(&ldd.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+    {
+        let to = src.join(lib.trim_start_matches('/'));
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(lib, &to).unwrap();
+    }
+    let image = image_with_init(dir.path(), &src);
+    let (code, console, stderr) = run_in_guest(
+        &image,
+        "/bin/selftest check /bin/selftest-dyn",
+        Duration::from_secs(300),
+    );
+    assert!(
+        console.contains("selftest: ok"),
+        "console: {console}\nstderr: {stderr}"
+    );
+    assert_eq!(code, Some(0), "console: {console}\nstderr: {stderr}");
 }

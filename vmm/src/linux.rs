@@ -94,11 +94,12 @@ pub const DEFAULT_CMDLINE: &str =
 /// Not added where the flag is already given, nor on a VMX/SVM host.
 pub const KVM_PVM_CMDLINE: &str = "clearcpuid=smap,popcnt,xsave";
 
-/// Turns on guest/linux's patch 0002 on a kvm_pvm host: there `syscall`
+/// Turns on guest/linux's kvm_pvm patches (0002, 0003): there `syscall`
 /// stays at CPL3 and arrives as a user-mode page fault at the entry, which
-/// the patched kernel then takes as the system call (docs/guest.md). A
-/// kernel without the patch ignores the parameter.
-pub const KVM_PVM_SYSCALL_PARAM: &str = "burstvm_pvm_syscall";
+/// the patched kernel then takes as the system call, and the kernel's one
+/// FWAIT is skipped (docs/guest.md). A kernel without the patches ignores
+/// the parameter.
+pub const KVM_PVM_PARAM: &str = "burstvm_kvm_pvm";
 
 /// Whether this host's KVM is kvm_pvm.
 pub fn host_is_kvm_pvm() -> bool {
@@ -106,34 +107,35 @@ pub fn host_is_kvm_pvm() -> bool {
 }
 
 /// The command line: the user's (or a default), plus console, devices and
-/// what a kvm_pvm host needs.
+/// what a kvm_pvm host needs. Words after ` -- ` in the user's line are
+/// init's arguments (the command burstvm's init runs): the kernel
+/// parameters added here go before them.
 pub fn build_cmdline(
     user: Option<&str>,
     devices: &[(u64, u32)],
 ) -> Result<Cmdline, linux_loader::cmdline::Error> {
-    let mut s = user.unwrap_or(DEFAULT_CMDLINE).to_string();
-    if !s.split_whitespace().any(|w| w.starts_with("console=")) {
-        s.push_str(" console=ttyS0");
+    let mut c = Cmdline::try_from(user.unwrap_or(DEFAULT_CMDLINE), CMDLINE_MAX)?;
+    let rendered = c.as_cstring()?.into_string().unwrap_or_default();
+    let boot = rendered.split(" -- ").next().unwrap_or("").to_string();
+    let has = |pred: &dyn Fn(&str) -> bool| boot.split_whitespace().any(pred);
+    if !has(&|w| w.starts_with("console=")) {
+        c.insert_str("console=ttyS0")?;
     }
-    if !s.split_whitespace().any(|w| w.starts_with("earlycon")) {
+    if !has(&|w| w.starts_with("earlycon")) {
         // Prints from the first printk on, which a slow nested guest needs.
-        s.push_str(" earlycon=uart8250,io,0x3f8");
+        c.insert_str("earlycon=uart8250,io,0x3f8")?;
     }
     for (base, gsi) in devices {
-        s.push_str(&format!(" virtio_mmio.device=4K@{base:#x}:{gsi}"));
+        c.insert_str(format!("virtio_mmio.device=4K@{base:#x}:{gsi}"))?;
     }
     if host_is_kvm_pvm() {
-        if !s.split_whitespace().any(|w| w.starts_with("clearcpuid=")) {
-            s.push(' ');
-            s.push_str(KVM_PVM_CMDLINE);
+        if !has(&|w| w.starts_with("clearcpuid=")) {
+            c.insert_str(KVM_PVM_CMDLINE)?;
         }
-        if !s.split_whitespace().any(|w| w == KVM_PVM_SYSCALL_PARAM) {
-            s.push(' ');
-            s.push_str(KVM_PVM_SYSCALL_PARAM);
+        if !has(&|w| w == KVM_PVM_PARAM) {
+            c.insert_str(KVM_PVM_PARAM)?;
         }
     }
-    let mut c = Cmdline::new(CMDLINE_MAX)?;
-    c.insert_str(s.trim())?;
     Ok(c)
 }
 
@@ -381,6 +383,20 @@ mod tests {
         assert!(s.contains("virtio_mmio.device=4K@0xd0001000:6"), "{s}");
         let c = build_cmdline(Some("console=hvc0"), &[]).unwrap();
         assert!(!c.as_cstring().unwrap().to_str().unwrap().contains("ttyS0"));
+    }
+
+    #[test]
+    fn init_arguments_stay_last() {
+        let c = build_cmdline(
+            Some("ro -- /bin/sh -c \"echo a -- b; exit 3\""),
+            &[(0xd000_0000, 5)],
+        )
+        .unwrap();
+        let s = c.as_cstring().unwrap().into_string().unwrap();
+        let (boot, init) = s.split_once(" -- ").unwrap();
+        assert!(boot.starts_with("ro console=ttyS0"), "{s}");
+        assert!(boot.contains("virtio_mmio.device=4K@0xd0000000:5"), "{s}");
+        assert_eq!(init, "/bin/sh -c \"echo a -- b; exit 3\"", "{s}");
     }
 
     #[test]
