@@ -19,6 +19,7 @@ fn targets() -> Vec<(&'static str, Body, Vec<Vec<u8>>)> {
             nic::fuzz::dataplane_seeds(),
         ),
         ("mmio", vmm::fuzz::fuzz_mmio, vmm::fuzz::mmio_seeds()),
+        ("vsock", vmm::fuzz::fuzz_vsock, vmm::fuzz::vsock_seeds()),
         (
             "vhost_user",
             nic::fuzz::fuzz_vhost_user,
@@ -95,6 +96,11 @@ fn fuzz_corpus_dataplane() {
 #[test]
 fn fuzz_corpus_mmio() {
     replay("mmio");
+}
+
+#[test]
+fn fuzz_corpus_vsock() {
+    replay("vsock");
 }
 
 #[test]

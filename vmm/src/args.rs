@@ -39,6 +39,12 @@ pub struct VmParams {
     /// Built-in agent: put this EROFS image into the image region (a
     /// pmem-style mapping, DMA-mapped with it) instead of a virtio-blk disk.
     pub rootfs_pmem: Option<PathBuf>,
+    /// virtio-vsock device (Firecracker's hybrid model): host processes
+    /// connect to this Unix socket and write `CONNECT <port>\n`; guest
+    /// connections to host port P go to the socket `PATH_P`.
+    pub vsock: Option<PathBuf>,
+    /// The guest's vsock CID (with `vsock`): 3..=2^32-2.
+    pub vsock_cid: u64,
     /// PATH=CHECKSUM: a file of the EROFS image the guest reads and
     /// checksums (the agent, or burstvm's Linux init, given
     /// burstvm_check=PATH); the VMM checks it as it does the app checksum.

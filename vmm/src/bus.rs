@@ -144,6 +144,16 @@ impl std::str::FromStr for DiskSpec {
     }
 }
 
+/// The virtio-vsock device, from `--vsock PATH [--vsock-cid CID]`: the
+/// host side listens on `path` (host-initiated connections) and connects
+/// to `path_<port>` (guest-initiated ones).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VsockSpec {
+    pub path: PathBuf,
+    /// The guest's CID (3 unless given).
+    pub cid: u64,
+}
+
 /// What a device gets from the VM core when it is created.
 pub struct DeviceContext {
     /// For irqfd / ioeventfd registration.

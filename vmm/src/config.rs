@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use netutil::MacAddr;
 
 use crate::args::{invalid, AgentMode, SgXf, VmParams, SG_MAX_BYTES, SG_MAX_PIPES};
-use crate::bus::{DiskSpec, NetBackend, VfInit};
+use crate::bus::{DiskSpec, NetBackend, VfInit, VsockSpec};
 use crate::error::Error;
 use crate::layout;
 
@@ -50,6 +50,8 @@ pub struct VmConfig {
     pub boot: BootSource,
     pub net: Vec<NetBackend>,
     pub disks: Vec<DiskSpec>,
+    /// The virtio-vsock device (`--vsock`), in the slot after the disks.
+    pub vsock: Option<VsockSpec>,
     pub rootfs_pmem: Option<PathBuf>,
     /// File the agent checksums in the EROFS image, and the host's checksum.
     pub rootfs_check: Option<(String, u32)>,
@@ -122,6 +124,44 @@ fn host_available_bytes() -> Option<u64> {
     let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// `--vsock PATH` and `--vsock-cid CID`: `PATH_<port>` must fit a Unix
+/// socket address, the CID must be a guest's (not 0-2, not VMADDR_CID_ANY;
+/// Linux keeps CIDs in 32 bits).
+fn vsock_spec(a: &VmParams) -> Result<Option<VsockSpec>, Error> {
+    let Some(path) = &a.vsock else {
+        if a.vsock_cid != crate::virtio::vsock::DEFAULT_GUEST_CID {
+            return Err(invalid("--vsock-cid", "needs --vsock"));
+        }
+        return Ok(None);
+    };
+    let len = path.as_os_str().len();
+    let max = crate::virtio::vsock::MAX_PATH_LEN;
+    if len == 0 || len > max || path.as_os_str().as_encoded_bytes().contains(&0) {
+        return Err(invalid(
+            "--vsock",
+            format!(
+                "{}: the socket path must be 1..={max} bytes (PATH_<port> must fit a Unix socket address)",
+                path.display()
+            ),
+        ));
+    }
+    if !(3..u64::from(u32::MAX)).contains(&a.vsock_cid) {
+        return Err(invalid(
+            "--vsock-cid",
+            format!(
+                "{}: a guest CID is 3..={} (0-2 are reserved, {} is VMADDR_CID_ANY)",
+                a.vsock_cid,
+                u32::MAX - 1,
+                u32::MAX
+            ),
+        ));
+    }
+    Ok(Some(VsockSpec {
+        path: path.clone(),
+        cid: a.vsock_cid,
+    }))
 }
 
 impl VmConfig {
@@ -207,11 +247,12 @@ impl VmConfig {
         if a.vcpus == 0 || a.vcpus > 32 {
             return Err(invalid("--vcpus", format!("{} must be 1..32", a.vcpus)));
         }
-        if a.net.len() + a.disk.len() > layout::MAX_DEVICES {
+        let vsock = vsock_spec(a)?;
+        if a.net.len() + a.disk.len() + usize::from(vsock.is_some()) > layout::MAX_DEVICES {
             return Err(invalid(
                 "--disk",
                 format!(
-                    "at most {} devices (--net and --disk together)",
+                    "at most {} devices (--net, --disk and --vsock together)",
                     layout::MAX_DEVICES
                 ),
             ));
@@ -301,6 +342,7 @@ impl VmConfig {
             boot,
             net: a.net.clone(),
             disks: a.disk.clone(),
+            vsock,
             rootfs_pmem: a.rootfs_pmem.clone(),
             rootfs_check,
             netcfg: NetConfig {
@@ -364,7 +406,11 @@ impl VmConfig {
             ));
         }
         if !matches!(mode, TemplateMode::Restore(_)) {
-            if !self.net.is_empty() || !self.disks.is_empty() || self.rootfs_pmem.is_some() {
+            if !self.net.is_empty()
+                || !self.disks.is_empty()
+                || self.vsock.is_some()
+                || self.rootfs_pmem.is_some()
+            {
                 return Err(invalid(
                     "--template-save",
                     "a template has no devices: they are per sandbox, attached after the restore",

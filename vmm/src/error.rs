@@ -239,6 +239,13 @@ pub enum Error {
         device: String,
         msg: String,
     },
+    /// The `--vsock` device could not be created (its error names the socket path).
+    #[error("sandbox {sandbox}: vsock device: {source}")]
+    Vsock {
+        sandbox: String,
+        #[source]
+        source: crate::virtio::VirtioError,
+    },
     #[error("sandbox {sandbox}: device {device}: {msg}")]
     Device {
         sandbox: String,

@@ -1,7 +1,10 @@
-//! Fuzz body of the VMM's virtio-mmio register interface: what a guest can
-//! do to a device through its MMIO window, and the descriptor chains it
-//! then hands the device. Called by the cargo-fuzz target `mmio` in `fuzz/`
-//! and by the corpus replay test (docs/fuzzing.md).
+//! Fuzz bodies of the VMM. `fuzz_mmio`: the virtio-mmio register
+//! interface, what a guest can do to a device through its MMIO window, and
+//! the descriptor chains it then hands the device (target `mmio`).
+//! `fuzz_vsock`: the virtio-vsock device between a hostile guest and host
+//! (target `vsock`; its body is `virtio/vsock/fuzz.rs`). Called by the
+//! cargo-fuzz targets in `fuzz/` and by the corpus replay test
+//! (docs/fuzzing.md).
 
 use std::sync::Arc;
 
@@ -261,4 +264,15 @@ pub fn mmio_seeds() -> Vec<Vec<u8>> {
     desc(&mut img3, 0, 0x8000, 16, 4);
     seeds.push(enc(ops, &img3));
     seeds
+}
+
+/// Fuzz body of the virtio-vsock device (target `vsock`): see
+/// `virtio/vsock/fuzz.rs` for the input format and what it checks.
+pub fn fuzz_vsock(data: &[u8]) {
+    crate::virtio::vsock::fuzz::fuzz_vsock(data)
+}
+
+/// The hand-made inputs of the `vsock` corpus.
+pub fn vsock_seeds() -> Vec<Vec<u8>> {
+    crate::virtio::vsock::fuzz::vsock_seeds()
 }

@@ -62,6 +62,15 @@ pub struct VmmArgs {
     /// pmem-style mapping, DMA-mapped with it) instead of a virtio-blk disk.
     #[arg(long, conflicts_with = "kernel")]
     pub rootfs_pmem: Option<PathBuf>,
+    /// virtio-vsock device (Firecracker's hybrid model): the VMM listens on
+    /// this Unix socket; a host process connects and writes `CONNECT
+    /// <port>\n`, gets `OK <hostport>\n` once the guest accepted, then a
+    /// byte stream. Guest connections to host port P go to `PATH_P`.
+    #[arg(long)]
+    pub vsock: Option<PathBuf>,
+    /// The guest's vsock CID (with --vsock).
+    #[arg(long, requires = "vsock", default_value_t = vmm::virtio::vsock::DEFAULT_GUEST_CID)]
+    pub vsock_cid: u64,
     /// PATH=CHECKSUM: a file of the EROFS image the guest reads and
     /// checksums (the agent, or burstvm's Linux init, given
     /// burstvm_check=PATH); the VMM checks it as it does the app checksum.
@@ -183,6 +192,8 @@ impl VmmArgs {
             net: self.net,
             disk: self.disk,
             rootfs_pmem: self.rootfs_pmem,
+            vsock: self.vsock,
+            vsock_cid: self.vsock_cid,
             rootfs_check: self.rootfs_check,
             mac: self.mac,
             ip: self.ip,
@@ -327,6 +338,31 @@ mod tests {
         let five: Vec<&str> = ["--disk", "path=/a"].repeat(5);
         let e = cfg(&five).unwrap_err().to_string();
         assert!(e.contains("at most 4"), "{e}");
+    }
+
+    #[test]
+    fn vsock_flags() {
+        let c = cfg(&["--vsock", "/run/sb1.vsock"]).unwrap();
+        let v = c.vsock.unwrap();
+        assert_eq!(v.path, PathBuf::from("/run/sb1.vsock"));
+        assert_eq!(v.cid, 3);
+        let c = cfg(&["--vsock", "/v.sock", "--vsock-cid", "42"]).unwrap();
+        assert_eq!(c.vsock.unwrap().cid, 42);
+        assert!(cfg(&[]).unwrap().vsock.is_none());
+        assert!(Cli::try_parse_from(["x", "--sandbox", "s", "--vsock-cid", "4"]).is_err());
+        for cid in ["0", "2", "4294967295", "4294967296"] {
+            let e = cfg(&["--vsock", "/v.sock", "--vsock-cid", cid]).unwrap_err();
+            assert!(e.contains("--vsock-cid"), "{cid}: {e}");
+        }
+        let long = format!("/{}", "x".repeat(100));
+        let e = cfg(&["--vsock", &long]).unwrap_err();
+        assert!(e.contains("--vsock") && e.contains(&long), "{e}");
+        // The device takes a slot: net + disks + vsock together at most 4.
+        let mut four: Vec<&str> = ["--disk", "path=/a"].repeat(4);
+        assert!(cfg(&four).is_ok());
+        four.extend(["--vsock", "/v.sock"]);
+        let e = cfg(&four).unwrap_err();
+        assert!(e.contains("--vsock") && e.contains("at most 4"), "{e}");
     }
 
     #[test]

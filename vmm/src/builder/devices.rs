@@ -1,7 +1,8 @@
 //! Step 5 of the build: devices on the buses. Port I/O: the serial console
 //! (IRQ 4 through an irqfd), the i8042 reset line and the agent port; MMIO:
 //! one virtio-net device per `--net` (for a sync VF, `vf-open` happens in
-//! here), then one virtio-blk device per `--disk`.
+//! here), then one virtio-blk device per `--disk`, then the virtio-vsock
+//! device of `--vsock`.
 
 use std::io::Write;
 use std::sync::atomic::AtomicU64;
@@ -181,4 +182,33 @@ pub(super) fn attach_disks(
             .map_err(bus_err(sb, &name))?;
     }
     Ok(())
+}
+
+/// The virtio-vsock device (`--vsock`), in the slot after the disks.
+/// Returns the guard that removes its socket file.
+pub(super) fn attach_vsock(
+    cfg: &VmConfig,
+    vm: &Arc<VmFd>,
+    mem: &Arc<guestmem::GuestMemory>,
+    device_mem: &GuestMemoryMmap,
+    trace: &Arc<TraceWriter>,
+    devs: &[DevEntry],
+    mmio: &mut Bus,
+) -> Result<Option<crate::virtio::vsock::SocketFile>, Error> {
+    let sb = cfg.sandbox.as_str();
+    let Some(spec) = &cfg.vsock else {
+        return Ok(None);
+    };
+    let slot = &devs[cfg.net.len() + cfg.disks.len()];
+    let ctx = device_context(cfg, vm, mem, device_mem, trace, slot);
+    let (dev, guard) =
+        crate::virtio::create_vsock_device(spec, &ctx).map_err(|source| Error::Vsock {
+            sandbox: sb.to_string(),
+            source,
+        })?;
+    let name = format!("vsock:{}", spec.path.display());
+    let dev: SharedDevice = Arc::new(Mutex::new(dev));
+    mmio.insert(&name, slot.mmio_base, MMIO_SIZE, dev)
+        .map_err(bus_err(sb, &name))?;
+    Ok(Some(guard))
 }

@@ -48,6 +48,9 @@ pub struct Vm {
     _memory: Arc<guestmem::GuestMemory>,
     _vm: Arc<VmFd>,
     _serial_irq: EventFd,
+    /// Removes the `--vsock` socket file when the VM goes, even if a vCPU
+    /// thread that never stopped still holds the device.
+    _vsock_socket: Option<crate::virtio::vsock::SocketFile>,
 }
 
 impl Vm {
@@ -105,7 +108,9 @@ pub fn open_kvm(cfg: &VmConfig) -> Result<Kvm, Error> {
     Ok(kvm)
 }
 
-/// The virtio-mmio devices in slot order: network devices, then disks.
+/// The virtio-mmio devices in slot order: network devices, then disks,
+/// then the vsock device. The Linux command line gets one
+/// `virtio_mmio.device=` per entry (`read_inputs`), the boot info lists them.
 fn devices_of(cfg: &VmConfig) -> Vec<DevEntry> {
     let types = cfg
         .net
@@ -114,7 +119,12 @@ fn devices_of(cfg: &VmConfig) -> Vec<DevEntry> {
             crate::bus::NetBackend::Sg(_) => sgiov::layout::VIRTIO_DEVICE_ID,
             _ => VIRTIO_ID_NET,
         })
-        .chain(cfg.disks.iter().map(|_| VIRTIO_ID_BLOCK));
+        .chain(cfg.disks.iter().map(|_| VIRTIO_ID_BLOCK))
+        .chain(
+            cfg.vsock
+                .iter()
+                .map(|_| crate::virtio::vsock::VIRTIO_ID_VSOCK),
+        );
     types
         .enumerate()
         .map(|(i, virtio_type)| DevEntry {
@@ -349,6 +359,7 @@ fn finish(
     let legacy = devices::attach_legacy_devices(sb, vm, serial_out, expect, &trace, &sink)?;
     let mut mmio = devices::attach_net_devices(cfg, vm, &mem, device_mem, &trace, devs)?;
     devices::attach_disks(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
+    let vsock_socket = devices::attach_vsock(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
 
     let vcpus = make_vcpus()?;
     Ok(Vm {
@@ -364,5 +375,84 @@ fn finish(
         _memory: mem,
         _vm: vm.clone(),
         _serial_irq: legacy.serial_irq,
+        _vsock_socket: vsock_socket,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::args::VmParams;
+
+    fn params() -> VmParams {
+        VmParams {
+            sandbox: "sb1".into(),
+            memory: 64 << 20,
+            vcpus: 1,
+            kernel: Some("/vmlinux".into()),
+            initrd: None,
+            cmdline: None,
+            net: vec!["tap:t0".parse().unwrap()],
+            disk: vec!["path=/img,ro".parse().unwrap()],
+            rootfs_pmem: None,
+            vsock: Some("/run/sb1.vsock".into()),
+            vsock_cid: 3,
+            rootfs_check: None,
+            mac: None,
+            ip: None,
+            gateway: None,
+            server: None,
+            server_mac: None,
+            memory_policy: guestmem::MemoryPolicy::Vanilla,
+            dma_ram: false,
+            dma_image: false,
+            pool_socket: None,
+            hugepages: false,
+            vf_init: crate::bus::VfInit::Sync,
+            vf_reconnect: 30,
+            agent_mode: crate::args::AgentMode::Once,
+            sg_pipes: 64,
+            sg_bytes: 1024,
+            sg_port: 0,
+            sg_xf: crate::args::SgXf::Crypto,
+            app_size: 0,
+            app_file: None,
+            probe: Vec::new(),
+            trace: None,
+            serial_log: None,
+            ready_fd: None,
+            keep_running: false,
+            until_exit: false,
+            timeout: 30,
+            kvm_device: PathBuf::from("/dev/kvm"),
+            template_save: None,
+            template_probe: false,
+            template: None,
+        }
+    }
+
+    /// The vsock device takes the slot after the disks, so the Linux
+    /// command line's `virtio_mmio.device=` list covers it like the others.
+    #[test]
+    fn vsock_takes_the_slot_after_the_disks() {
+        let cfg = VmConfig::from_params(&params()).unwrap();
+        let devs = devices_of(&cfg);
+        let types: Vec<u32> = devs.iter().map(|d| d.virtio_type).collect();
+        assert_eq!(types, [VIRTIO_ID_NET, VIRTIO_ID_BLOCK, 19]);
+        assert_eq!((devs[2].mmio_base, devs[2].gsi), (0xd000_2000, 7));
+        let slots: Vec<(u64, u32)> = devs.iter().map(|d| (d.mmio_base, d.gsi)).collect();
+        let cl = crate::linux::build_cmdline(None, &slots).unwrap();
+        let s = cl.as_cstring().unwrap().into_string().unwrap();
+        assert!(s.contains("virtio_mmio.device=4K@0xd0002000:7"), "{s}");
+        // Templates carry no devices: a vsock device is refused there too.
+        let mut p = params();
+        p.kernel = None;
+        p.net.clear();
+        p.disk.clear();
+        p.template_save = Some("/tmp/t".into());
+        let e = VmConfig::from_params(&p).unwrap_err().to_string();
+        assert!(e.contains("no devices"), "{e}");
+    }
 }

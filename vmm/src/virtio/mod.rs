@@ -1,6 +1,7 @@
 //! Virtio devices of the VMM: the virtio-mmio (version 2) transport,
 //! virtio-net over a tap device, the vhost-user-net frontend (a VF of
-//! `burstvm nic`) and virtio-blk over a file (the rootfs layers).
+//! `burstvm nic`), virtio-blk over a file (the rootfs layers) and
+//! virtio-vsock (Firecracker's hybrid model: Unix sockets on the host).
 //!
 //! Queue notifications from the guest arrive on ioeventfds (one per queue,
 //! registered at `mmio_base + 0x50` with the queue index as datamatch) and
@@ -12,6 +13,7 @@ mod chain;
 pub(crate) mod mmio;
 pub(crate) mod net;
 mod vhost_user;
+pub mod vsock;
 mod worker;
 pub use worker::WorkerError;
 
@@ -24,7 +26,7 @@ use kvm_ioctls::{IoEventAddress, VmFd};
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::bus::{BusDevice, DeviceContext, DiskSpec, NetBackend};
+use crate::bus::{BusDevice, DeviceContext, DiskSpec, NetBackend, VsockSpec};
 
 /// Size of one virtio-mmio device window.
 pub const MMIO_SIZE: u64 = 0x1000;
@@ -92,6 +94,8 @@ pub enum VirtioError {
         #[source]
         source: WorkerError,
     },
+    #[error(transparent)]
+    Vsock(#[from] vsock::VsockError),
 }
 
 /// The interrupt line of one device: InterruptStatus bits plus the irqfd.
@@ -302,6 +306,36 @@ pub fn create_blk_device(
     let interrupt = Arc::new(Interrupt::new(irqfd));
     let dev = blk::Blk::new(disk, ctx, evts.remove(0), interrupt.clone());
     Ok((wire(dev, ctx, interrupt, wiring), sectors))
+}
+
+/// Number of queues of a virtio-vsock device: RX, TX and event.
+const VSOCK_QUEUES: usize = 3;
+
+/// Create the virtio-vsock device of `spec`, wired to KVM at
+/// `ctx.mmio_base` / `ctx.gsi`. Its listening socket is bound first (a
+/// stale file replaced only if nothing listens on it), before anything is
+/// registered. Returns the device and a second guard of the socket file,
+/// for the VM to hold: the file goes when either is dropped.
+pub fn create_vsock_device(
+    spec: &VsockSpec,
+    ctx: &DeviceContext,
+) -> Result<(Box<dyn BusDevice>, vsock::SocketFile), VirtioError> {
+    let (listener, file) = vsock::bind(&spec.path)?;
+    let guard = file.clone();
+    let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, VSOCK_QUEUES)?;
+    let (evts, irqfd) = wiring.clone_evts()?;
+    let interrupt = Arc::new(Interrupt::new(irqfd));
+    let dev = vsock::Vsock::new(
+        spec.cid,
+        listener,
+        file,
+        ctx.mem.clone(),
+        chain::prepare_for(ctx),
+        evts,
+        interrupt.clone(),
+        vsock::Limits::default(),
+    );
+    Ok((wire(dev, ctx, interrupt, wiring), guard))
 }
 
 /// Puts `dev` behind a virtio-mmio transport that keeps its KVM wiring alive.
