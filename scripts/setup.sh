@@ -7,6 +7,8 @@ export DEBIAN_FRONTEND=noninteractive
 pkgs=(gcc binutils libclang-dev iproute2 fonts-dejavu-core linux-image-amd64 zstd xz-utils
   # rootfs: EROFS images, the XFS of writable layers, the ext4 template
   erofs-utils xfsprogs e2fsprogs mount
+  # the test images of scripts/build-images.sh (busybox.tar; cpio for initramfs checks)
+  busybox-static cpio
   # the condensed guest kernel (scripts/build-guest-kernel.sh)
   linux-source-6.1 bc flex bison libelf-dev make
   # containerd (1.6, runs without systemd) for the shim; protobuf-compiler for the CRI bindings

@@ -360,3 +360,123 @@ fn concurrent_sandboxes_get_private_layers_reflink_and_copy() {
         .collect();
     assert_eq!(modes, ["reflink", "copy"]);
 }
+
+/// A blob of an OCI layout as JSON.
+fn blob_json(layout: &Path, digest: &str) -> serde_json::Value {
+    let p = layout
+        .join("blobs/sha256")
+        .join(digest.strip_prefix("sha256:").unwrap());
+    serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+}
+
+/// Writes `v` as a blob of `layout`; its digest and size.
+fn put_blob_json(layout: &Path, v: &serde_json::Value) -> (String, usize) {
+    let data = serde_json::to_vec(v).unwrap();
+    let digest = rootfs::oci::sha256_of(&data[..], layout).unwrap();
+    let p = layout
+        .join("blobs/sha256")
+        .join(digest.strip_prefix("sha256:").unwrap());
+    std::fs::write(p, &data).unwrap();
+    (digest, data.len())
+}
+
+/// `burstvm rootfs build` of scripts/build-images.sh's busybox.tar keeps the
+/// image config in the sidecar, and the image's /etc/passwd and /etc/group
+/// resolve its users (root by default, `app` when the config names it).
+/// Needs busybox-static (scripts/setup.sh); no VM.
+#[test]
+fn busybox_image_config_in_the_sidecar() {
+    let d = std::env::temp_dir().join(format!("bv-rootfs-busybox-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    let dir = Dir(d.clone());
+    let images = dir.0.join("images");
+    let cache = dir.0.join("cache");
+    let st = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/build-images.sh"
+    ))
+    .arg(&images)
+    .stdout(Stdio::null())
+    .status()
+    .unwrap();
+    assert!(st.success(), "build-images.sh");
+    let tarball = images.join("busybox.tar");
+    let built = |src: &Path| {
+        let o = burstvm(&[
+            "rootfs",
+            "build",
+            src.to_str().unwrap(),
+            "--cache",
+            cache.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let image = out
+            .lines()
+            .find_map(|l| l.strip_prefix("image   "))
+            .expect("image line")
+            .to_string();
+        PathBuf::from(image)
+    };
+    let erofs = built(&tarball);
+    let sidecar: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(erofs.with_extension("json")).unwrap()).unwrap();
+    let c = &sidecar["config"];
+    assert_eq!(c["cmd"], serde_json::json!(["sh"]), "{sidecar}");
+    assert_eq!(c["entrypoint"], serde_json::json!([]));
+    assert_eq!(
+        c["env"],
+        serde_json::json!([
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "BURSTVM_IMAGE=busybox"
+        ])
+    );
+    assert_eq!((&c["working_dir"], &c["user"]), (&"/".into(), &"".into()));
+    assert_eq!(
+        sidecar["exec_user"],
+        serde_json::json!({"uid":0,"gid":0,"additional_gids":[],"home":"/root"})
+    );
+    let img = rootfs::Image::open(&erofs).unwrap();
+    assert_eq!(img.args(&[]).unwrap(), ["sh"]);
+    assert!(img.file("/bin/busybox").is_some());
+
+    // The same image with `"User": "app"`: the script's passwd and group
+    // make it 1000:1000, also in wheel (10).
+    let layout = dir.0.join("layout");
+    std::fs::create_dir_all(&layout).unwrap();
+    let st = Command::new("tar")
+        .arg("-xf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&layout)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let mdigest = index["manifests"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut manifest = blob_json(&layout, &mdigest);
+    let mut config = blob_json(&layout, manifest["config"]["digest"].as_str().unwrap());
+    config["config"]["User"] = "app".into();
+    let (cd, cs) = put_blob_json(&layout, &config);
+    manifest["config"]["digest"] = cd.into();
+    manifest["config"]["size"] = cs.into();
+    let (md, ms) = put_blob_json(&layout, &manifest);
+    index["manifests"][0]["digest"] = md.into();
+    index["manifests"][0]["size"] = ms.into();
+    std::fs::write(
+        layout.join("index.json"),
+        serde_json::to_vec(&index).unwrap(),
+    )
+    .unwrap();
+    let app = rootfs::Image::open(&built(&layout)).unwrap();
+    assert_eq!(app.config().user, "app");
+    let u = app.exec_user();
+    assert_eq!(
+        (u.uid, u.gid, u.additional_gids.as_slice(), u.home.as_str()),
+        (1000, 1000, &[10][..], "/home/app")
+    );
+}

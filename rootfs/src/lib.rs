@@ -5,13 +5,18 @@
 //! directory) — and a volatile writable layer per sandbox: a reflink of a
 //! pre-made ext4 template on an XFS filesystem burstvm manages ([`layers`]),
 //! which the VMM opens and unlinks, so nothing persists after the sandbox.
+//! An OCI image's run configuration ([`config`]: entrypoint, cmd, env, cwd,
+//! and its user resolved to numeric ids at build time) is kept with the
+//! built image ([`Image::config`], [`Image::exec_user`], [`Image::args`]).
 
+pub mod config;
 pub mod image;
 pub mod layers;
 pub mod oci;
 
 use std::path::PathBuf;
 
+pub use config::{resolve_user, ExecUser, ImageConfig, NoCommand, UserError};
 pub use image::{Image, ImageCache, ImageMeta};
 pub use layers::{Layer, LayerConfig, WritableLayers};
 
@@ -37,6 +42,25 @@ pub enum Error {
         path: PathBuf,
         #[source]
         source: serde_json::Error,
+    },
+    #[error("image config {path}: {source}")]
+    Config {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("image {image}: user {user:?}: {source}")]
+    User {
+        image: String,
+        user: String,
+        #[source]
+        source: UserError,
+    },
+    #[error("image {image}: {source}")]
+    Command {
+        image: String,
+        #[source]
+        source: NoCommand,
     },
     #[error("writable layers in {path}: {reason}")]
     Layers { path: PathBuf, reason: String },

@@ -1,8 +1,9 @@
 //! OCI images (image-spec v1.1): an image layout directory (`oci-layout`,
 //! `index.json`, `blobs/`), or its tar archive (`skopeo copy ... oci-archive:`,
 //! `docker save` since 25.0), unpacked into a directory layer by layer with
-//! whiteouts applied. Every blob's digest is checked before it is used, and
-//! no path of a layer may reach outside the destination.
+//! whiteouts applied, and its image config read ([`read_config`]). Every
+//! blob's digest is checked before it is used, and no path of a layer may
+//! reach outside the destination.
 
 use std::collections::HashSet;
 use std::fs::File;
@@ -13,11 +14,16 @@ use std::process::{Command, Stdio};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::{io_err, Error};
+use crate::{io_err, Error, ImageConfig};
 
 const MT_INDEX: &[&str] = &[
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
+];
+/// Image config media types: OCI's and Docker's.
+const MT_CONFIG: &[&str] = &[
+    "application/vnd.oci.image.config.v1+json",
+    "application/vnd.docker.container.image.v1+json",
 ];
 const WHITEOUT: &str = ".wh.";
 const OPAQUE: &str = ".wh..wh..opq";
@@ -78,6 +84,7 @@ struct Index {
 
 #[derive(Deserialize)]
 struct ManifestJson {
+    config: Descriptor,
     layers: Vec<Descriptor>,
 }
 
@@ -86,6 +93,8 @@ struct ManifestJson {
 pub struct Manifest {
     /// The manifest's digest: the image's identity.
     pub digest: String,
+    /// The image config blob.
+    pub config: Descriptor,
     pub layers: Vec<Descriptor>,
 }
 
@@ -168,10 +177,31 @@ pub fn read_manifest(layout: &Path) -> Result<Manifest, Error> {
         let m: ManifestJson = serde_json::from_slice(&blob).map_err(meta_err)?;
         return Ok(Manifest {
             digest: d.digest,
+            config: m.config,
             layers: m.layers,
         });
     }
     Err(bad(layout, "image indexes nested deeper than two levels"))
+}
+
+/// The image config (Entrypoint, Cmd, Env, WorkingDir, User) of the
+/// manifest: its blob digest-checked, its media type an image config's.
+pub fn read_config(layout: &Path, m: &Manifest) -> Result<ImageConfig, Error> {
+    let d = &m.config;
+    if !d.media_type.is_empty() && !MT_CONFIG.contains(&d.media_type.as_str()) {
+        return Err(bad(
+            layout,
+            format!(
+                "config {}: media type {:?} is not an image config",
+                d.digest, d.media_type
+            ),
+        ));
+    }
+    let blob = read_blob(layout, &d.digest)?;
+    ImageConfig::from_blob(&blob).map_err(|source| Error::Config {
+        path: blob_path(layout, &d.digest).unwrap_or_else(|_| layout.join(&d.digest)),
+        source,
+    })
 }
 
 /// `rel` joined onto `root` if every existing component up to its parent is
@@ -380,8 +410,19 @@ pub(crate) mod tests {
         d
     }
 
-    /// An OCI layout with `layers` (bottom first); returns the manifest digest.
-    pub fn make_layout(layout: &Path, layers: &[Vec<u8>]) -> String {
+    /// An OCI layout with `layers` (bottom first) and the image config blob
+    /// `config` (JSON); returns the manifest digest.
+    pub fn make_layout(layout: &Path, layers: &[Vec<u8>], config: &str) -> String {
+        make_layout_typed(layout, layers, config, MT_CONFIG[0])
+    }
+
+    /// As [`make_layout`], with the config descriptor's media type.
+    pub fn make_layout_typed(
+        layout: &Path,
+        layers: &[Vec<u8>],
+        config: &str,
+        config_type: &str,
+    ) -> String {
         std::fs::create_dir_all(layout).unwrap();
         std::fs::write(
             layout.join("oci-layout"),
@@ -395,10 +436,10 @@ pub(crate) mod tests {
                     "digest": put_blob(layout, l), "size": l.len()})
             })
             .collect();
-        let config = put_blob(layout, b"{}");
+        let cd = put_blob(layout, config.as_bytes());
         let manifest = serde_json::json!({"schemaVersion":2,
             "mediaType":"application/vnd.oci.image.manifest.v1+json",
-            "config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":config,"size":2},
+            "config":{"mediaType":config_type,"digest":cd,"size":config.len()},
             "layers": ls});
         let mb = serde_json::to_vec(&manifest).unwrap();
         let md = put_blob(layout, &mb);
@@ -438,7 +479,7 @@ pub(crate) mod tests {
             ],
             false,
         );
-        let md = make_layout(&layout, &[l1, l2]);
+        let md = make_layout(&layout, &[l1, l2], "{}");
         let m = read_manifest(&layout).unwrap();
         assert_eq!(m.digest, md);
         assert_eq!(kind_of(&layout).unwrap(), SourceKind::OciLayout);
