@@ -43,9 +43,12 @@ fn main() {
     power_off();
 }
 
+/// Ends the VM. burstvm's VMM offers no ACPI, so a power-off would only
+/// halt the guest: the restart (`reboot=k`: an i8042 reset) is what ends a
+/// burstvm VM, as Firecracker's guests end (docs/design.md, agent port).
 fn power_off() -> ! {
     nix::unistd::sync();
-    let e = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_POWER_OFF);
+    let e = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT);
     // Only reached when reboot failed: PID 1 must not exit (the kernel would panic).
     eprintln!("burstvm-agent: power off: {e:?}");
     loop {

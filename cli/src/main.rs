@@ -30,8 +30,11 @@ enum Command {
     Nic(cmd::nic::NicArgs),
     /// Run a standalone page-pool server for VMMs started by hand.
     Pool(pool::PoolArgs),
-    /// Create one sandbox through every startup stage.
+    /// Create one sandbox through every startup stage; with --kernel, run a
+    /// container image's process in it (stdio, exit status).
     Run(cmd::runtime::RunArgs),
+    /// Run a further process in a running container sandbox (`run --kernel --keep-running`).
+    Exec(cmd::runtime::ExecArgs),
     /// Root filesystems (RunD's read-only layer).
     #[command(subcommand)]
     Rootfs(RootfsCommand),
@@ -118,7 +121,17 @@ fn main() -> std::process::ExitCode {
             .and_then(|c| Ok(nic::run_cli(&c)?))
             .context("burstvm nic"),
         Command::Pool(a) => pool::run(&a).context("burstvm pool"),
-        Command::Run(a) => runtime::run_cli(&a.into_config()).context("burstvm run"),
+        // With --kernel the exit status is the container's.
+        Command::Run(a) => match runtime::run_cli(&a.into_config()) {
+            Ok(0) => Ok(()),
+            Ok(status) => return std::process::ExitCode::from(status.clamp(0, 255) as u8),
+            Err(e) => Err(anyhow::Error::new(e).context("burstvm run")),
+        },
+        Command::Exec(a) => match runtime::container::exec_cli(&a.into_config()) {
+            Ok(0) => Ok(()),
+            Ok(status) => return std::process::ExitCode::from(status.clamp(0, 255) as u8),
+            Err(e) => Err(anyhow::Error::new(e).context("burstvm exec")),
+        },
         Command::Rootfs(RootfsCommand::Build(a)) => {
             rootfs_build::run(&a).context("burstvm rootfs build")
         }

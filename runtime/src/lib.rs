@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod chaos;
 pub mod child;
 pub mod cni;
+pub mod container;
 pub mod cpuacct;
 pub mod critpath;
 pub mod density;
@@ -37,7 +38,7 @@ pub use chaos::{
     bench_chaos_cli, worker_main as chaos_worker_main, BenchChaosConfig, ChaosWorkerConfig,
 };
 pub use host::{HostServices, SandboxHost, ServicesInfo};
-pub use run::{run_cli, NetKindArg, RunConfig};
+pub use run::{run_cli, ContainerRun, NetKindArg, RunConfig};
 pub use runtime::{Runtime, RuntimeConfig, RuntimeError};
 pub use sandbox::{Attach, Sandbox, SandboxFailure, SandboxSpec, SgSpec};
 pub use services::{services_cli, ServicesConfig};
@@ -74,6 +75,19 @@ pub enum Error {
     Bin(#[source] std::io::Error),
     #[error(transparent)]
     Rootfs(#[from] ::rootfs::Error),
+    /// A file the runtime reads or writes itself (the agent, its initramfs).
+    #[error("{} ({what}): {source}", .path.display())]
+    File {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Initramfs(#[from] agent_proto::InitramfsError),
+    /// The guest agent refused a request or its connection failed.
+    #[error("guest agent: {0}")]
+    Agent(#[from] agent_proto::ClientError),
 }
 
 pub(crate) fn bad(field: &'static str, reason: impl Into<String>) -> Error {
@@ -154,17 +168,25 @@ pub struct RootfsConfig {
 }
 
 impl RootfsConfig {
+    fn image_cache(&self) -> ::rootfs::ImageCache {
+        self.image_cache
+            .clone()
+            .map(::rootfs::ImageCache::new)
+            .unwrap_or_else(::rootfs::ImageCache::from_env)
+    }
+
+    /// The image cache's directory (the guest agent's initramfs is kept there too).
+    pub(crate) fn image_cache_dir(&self) -> PathBuf {
+        self.image_cache().dir().to_path_buf()
+    }
+
     /// The image (built or found in the cache; with burstvm's Linux init for
     /// a kernel) and the layer size, if a rootfs was asked for.
     fn image(&self, init: bool) -> Result<Option<(std::sync::Arc<::rootfs::Image>, u64)>, Error> {
         let Some(src) = &self.rootfs else {
             return Ok(None);
         };
-        let cache = self
-            .image_cache
-            .clone()
-            .map(::rootfs::ImageCache::new)
-            .unwrap_or_else(::rootfs::ImageCache::from_env);
+        let cache = self.image_cache();
         let img = cache.resolve(src, init)?;
         let bytes = self.rootfs_layer_size;
         if bytes < (1 << 20) {

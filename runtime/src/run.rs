@@ -17,9 +17,11 @@ pub struct RunConfig {
     pub variant: Variant,
     pub sandbox: SandboxConfig,
     pub rootfs: RootfsConfig,
-    /// Boot this Linux kernel (vmlinux) on the rootfs instead of the built-in
-    /// agent: root=/dev/vda rootfstype=erofs (docs/rootfs.md).
+    /// Boot this Linux kernel (vmlinux) with the guest agent instead of the
+    /// built-in agent, and run the image's process in it (`container`).
     pub kernel: Option<PathBuf>,
+    /// With `kernel`: the container's process and its stdio.
+    pub container: ContainerRun,
     /// The writable layer is a full copy of the template, not a reflink.
     pub rootfs_copy: bool,
     pub template: template::TemplateConfig,
@@ -45,6 +47,20 @@ pub struct RunConfig {
     pub sg_pipes: u32,
     /// With `--net-kind sg`: bytes through each pipe (a multiple of 8, at most 4096).
     pub sg_bytes: u32,
+}
+
+/// What `burstvm run --kernel` runs in the sandbox (docs/runtime.md, "Containers").
+#[derive(Debug, Clone, Default)]
+pub struct ContainerRun {
+    /// The command (after `--`): replaces the image's cmd (Docker's rule);
+    /// empty: the image's own.
+    pub command: Vec<String>,
+    /// Pipe our stdin to the process (`-i`).
+    pub interactive: bool,
+    /// Give the process a terminal (`-t`).
+    pub tty: bool,
+    /// The guest agent binary (default: `container::default_agent`).
+    pub agent: Option<PathBuf>,
 }
 
 /// `burstvm run --net-kind`.
@@ -119,7 +135,9 @@ impl RunConfig {
 /// How long `run` waits for the network pool to fill before its sandbox starts.
 const NET_POOL_FILL_BOUND: Duration = Duration::from_secs(60);
 
-pub fn run_cli(a: &RunConfig) -> Result<(), Error> {
+/// Runs one sandbox; its exit status: the container's (with `--kernel`),
+/// else 0.
+pub fn run_cli(a: &RunConfig) -> Result<i32, Error> {
     runtime::install_sigint_handler();
     let (memory, app_size) = a.sandbox.bytes()?;
     let policy = a.variant.policy();
@@ -130,16 +148,58 @@ pub fn run_cli(a: &RunConfig) -> Result<(), Error> {
         ));
     }
     let (sg, sgfs) = a.sg()?;
-    let image = a.rootfs.image(a.kernel.is_some())?;
+    // A Linux guest runs the image under the guest agent (its initramfs):
+    // the image itself stays as built, shared with every other sandbox.
+    let image = a.rootfs.image(false)?;
+    let agent_initrd = match &a.kernel {
+        Some(_) => {
+            if image.is_none() {
+                return Err(bad(
+                    "IMAGE",
+                    "a Linux guest runs a container image: name one",
+                ));
+            }
+            let agent = a
+                .container
+                .agent
+                .clone()
+                .or_else(crate::container::default_agent)
+                .ok_or_else(|| {
+                    bad(
+                        "--agent",
+                        "no guest agent found (build it with scripts/build-agent.sh, or name it)",
+                    )
+                })?;
+            Some(crate::container::initramfs(
+                &agent,
+                &a.rootfs.image_cache_dir(),
+            )?)
+        }
+        None => None,
+    };
     let layer_mode = if a.rootfs_copy {
         rootfs::LayerMode::Copy
     } else {
         rootfs::LayerMode::Reflink
     };
-    let rootfs = image
+    let mut rootfs = image
         .as_ref()
         .map(|(img, _)| a.rootfs.spec(img, layer_mode))
         .transpose()?;
+    if agent_initrd.is_some() {
+        // The agent reads no check file: the container's own process is the proof.
+        if let Some(r) = rootfs.as_mut() {
+            r.check = None;
+        }
+    }
+    let process = match (&agent_initrd, &image) {
+        (Some(_), Some((img, _))) => Some(crate::container::image_process(
+            img,
+            &a.container.command,
+            a.container.tty,
+        )?),
+        _ => None,
+    };
     let rt = Runtime::new(RuntimeConfig {
         bin: burstvm_bin(&a.burstvm_bin)?,
         trace_path: a.trace.clone(),
@@ -173,13 +233,17 @@ pub fn run_cli(a: &RunConfig) -> Result<(), Error> {
         keep_running: a.keep_running,
         rootfs,
         kernel: a.kernel.clone(),
+        agent_initrd: agent_initrd.clone(),
         template: a.template.resolve()?,
         net_pool: a.net_pool > 0,
         sg,
         ..SandboxSpec::new(id.clone(), a.variant, memory, a.timeout)
     };
     let start = trace::monotonic_ns();
-    let result = (|| -> Result<(), Error> {
+    let result = (|| -> Result<i32, Error> {
+        if let Some(process) = process {
+            return run_container(&rt, spec, process, a);
+        }
         let mut sb = Sandbox::start(&rt, spec)?;
         let evs: Vec<_> = trace::read_trace(rt.trace_path())?
             .into_iter()
@@ -224,13 +288,79 @@ pub fn run_cli(a: &RunConfig) -> Result<(), Error> {
             sb.wait_exit()?;
             sb.teardown()?;
         }
-        Ok(())
+        Ok(0)
     })();
     let lc = leaks::check(&rt, Duration::from_secs(5));
-    println!("{}", lc.describe());
-    result?;
+    // A container's stdout is its own: the leak report goes to stderr.
+    if agent_initrd.is_some() {
+        eprintln!("{}", lc.describe());
+    } else {
+        println!("{}", lc.describe());
+    }
+    let status = result?;
     if !lc.is_clean() {
         return Err(Error::Leaks(lc.describe()));
     }
-    Ok(())
+    Ok(status)
+}
+
+/// The container path of `run`: the sandbox boots the kernel with the guest
+/// agent, the image's process runs there with our stdio, and its exit
+/// status is ours. With `--keep-running` the sandbox stays up after it
+/// (for `burstvm exec`) until Ctrl-C.
+fn run_container(
+    rt: &Runtime,
+    spec: SandboxSpec,
+    process: agent_proto::Process,
+    a: &RunConfig,
+) -> Result<i32, Error> {
+    let id = spec.id.clone();
+    let attach = crate::Attach {
+        until_exit: !a.keep_running,
+        ..Default::default()
+    };
+    let mut sb = Sandbox::start_attached(rt, spec, attach)?;
+    let vsock = sb
+        .vsock_path()
+        .expect("a sandbox with the agent's initramfs serves vsock")
+        .to_path_buf();
+    if a.keep_running {
+        eprintln!(
+            "sandbox {id}: agent at {} (burstvm exec {id} -- CMD)",
+            vsock.display()
+        );
+    }
+    let create = agent_proto::CreateProcess {
+        main: !a.keep_running,
+        ..agent_proto::CreateProcess::new("main", process)
+    };
+    let stdio = crate::container::Stdio {
+        stdin: a.container.interactive,
+    };
+    let status = crate::container::run_process(&vsock, create, stdio, &|| rt.interrupted());
+    let status = match status {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = sb.teardown();
+            return Err(e);
+        }
+    };
+    if a.keep_running {
+        eprintln!("sandbox {id}: main process exited with {status}; running until Ctrl-C");
+        let mut alive = Ok(());
+        while !rt.interrupted() {
+            alive = sb.check_alive();
+            if alive.is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        sb.teardown()?;
+        alive?;
+    } else {
+        // The agent powers the guest off; the VMM exits with its EXIT status.
+        sb.wait_status();
+        sb.teardown()?;
+    }
+    Ok(status)
 }

@@ -119,10 +119,28 @@ pub struct RunArgs {
     pub sandbox: SandboxArgs,
     #[command(flatten)]
     pub rootfs: RootfsArgs,
-    /// Boot this Linux kernel (vmlinux) on the rootfs instead of the built-in
-    /// agent: root=/dev/vda rootfstype=erofs (docs/rootfs.md).
-    #[arg(long, requires = "rootfs")]
+    /// Boot this Linux kernel (vmlinux) with the guest agent instead of the
+    /// built-in agent, and run the image's process in it with our stdio; the
+    /// exit status is the container's (docs/runtime.md, "Containers").
+    #[arg(long)]
     pub kernel: Option<PathBuf>,
+    /// The container image (as --rootfs): OCI archive or layout, a directory,
+    /// or an image `burstvm rootfs build` made.
+    #[arg(conflicts_with = "rootfs", value_name = "IMAGE")]
+    pub image: Option<PathBuf>,
+    /// The command to run instead of the image's cmd (after the entrypoint).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+    /// With --kernel: keep the process's stdin open and pipe ours to it.
+    #[arg(short = 'i', long, requires = "kernel")]
+    pub interactive: bool,
+    /// With --kernel: give the process a terminal.
+    #[arg(short = 't', long, requires = "kernel")]
+    pub tty: bool,
+    /// With --kernel: the guest agent binary (default: $BURSTVM_AGENT, else
+    /// what scripts/build-agent.sh built beside this burstvm).
+    #[arg(long, requires = "kernel")]
+    pub agent: Option<PathBuf>,
     /// The writable layer is a full copy of the template, not a reflink.
     #[arg(long, requires = "rootfs")]
     pub rootfs_copy: bool,
@@ -163,11 +181,21 @@ pub struct RunArgs {
 
 impl RunArgs {
     pub fn into_config(self) -> RunConfig {
+        let mut rootfs = self.rootfs.into_config();
+        if rootfs.rootfs.is_none() {
+            rootfs.rootfs = self.image;
+        }
         RunConfig {
             variant: self.variant,
             sandbox: self.sandbox.into_config(),
-            rootfs: self.rootfs.into_config(),
+            rootfs,
             kernel: self.kernel,
+            container: runtime::ContainerRun {
+                command: self.command,
+                interactive: self.interactive,
+                tty: self.tty,
+                agent: self.agent,
+            },
             rootfs_copy: self.rootfs_copy,
             template: self.template.into_config(),
             keep_running: self.keep_running,
@@ -179,6 +207,62 @@ impl RunArgs {
             sgfs: self.sgfs,
             sg_pipes: self.sg_pipes,
             sg_bytes: self.sg_bytes,
+        }
+    }
+}
+
+/// `burstvm exec`: a further process in a running container sandbox.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExecArgs {
+    /// The sandbox id (`burstvm run --kernel --keep-running` prints it).
+    #[arg(required_unless_present = "vsock", value_name = "SANDBOX")]
+    pub sandbox: Option<String>,
+    /// The sandbox VMM's vsock socket instead of its id.
+    #[arg(long, conflicts_with = "sandbox")]
+    pub vsock: Option<PathBuf>,
+    /// The command (after `--`).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+    /// KEY=VALUE added to the environment (PATH and HOME=/ by default).
+    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Working directory.
+    #[arg(short = 'w', long, default_value = "/")]
+    pub workdir: String,
+    /// UID[:GID] to run as.
+    #[arg(short = 'u', long, default_value = "0", value_parser = uid_gid)]
+    pub user: (u32, u32),
+    /// Pipe our stdin to the process.
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
+    /// Give the process a terminal.
+    #[arg(short = 't', long)]
+    pub tty: bool,
+}
+
+fn uid_gid(s: &str) -> Result<(u32, u32), String> {
+    let num = |v: &str| {
+        v.parse::<u32>()
+            .map_err(|_| format!("{v:?} is not a number (UID[:GID])"))
+    };
+    match s.split_once(':') {
+        Some((u, g)) => Ok((num(u)?, num(g)?)),
+        None => num(s).map(|u| (u, u)),
+    }
+}
+
+impl ExecArgs {
+    pub fn into_config(self) -> runtime::container::ExecConfig {
+        runtime::container::ExecConfig {
+            sandbox: self.sandbox,
+            vsock: self.vsock,
+            command: self.command,
+            env: self.env,
+            cwd: self.workdir,
+            uid: self.user.0,
+            gid: self.user.1,
+            interactive: self.interactive,
+            tty: self.tty,
         }
     }
 }

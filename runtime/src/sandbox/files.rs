@@ -1,6 +1,6 @@
 //! The per-sandbox files in the host's state directory, named after the
-//! sandbox id: the VMM's stderr, its stdout (probe mode only) and a Linux
-//! guest's serial console. Their names are built here only; they are read
+//! sandbox id: the VMM's stderr, its stdout (probe mode only), a Linux
+//! guest's serial console and a container sandbox's vsock socket. Their names are built here only; they are read
 //! as empty when missing, and removed at teardown unless BURSTVM_KEEP_LOGS
 //! is set (which also keeps the runtime's state directory).
 
@@ -19,6 +19,9 @@ pub(super) struct Files {
     pub stdout: Option<PathBuf>,
     /// The serial console of a Linux guest.
     pub console: PathBuf,
+    /// The VMM's vsock socket (a container sandbox's agent); the VMM
+    /// removes it when it exits, teardown again in case it was killed.
+    pub vsock: PathBuf,
 }
 
 impl Files {
@@ -27,6 +30,7 @@ impl Files {
             stderr: state_dir.join(format!("{id}.stderr")),
             stdout: probe.then(|| state_dir.join(format!("{id}.stdout"))),
             console: state_dir.join(format!("{id}.console")),
+            vsock: state_dir.join(format!("{id}.vsock")),
         }
     }
 
@@ -37,6 +41,8 @@ impl Files {
 
     /// Removes the files (unless BURSTVM_KEEP_LOGS); missing ones are fine.
     pub fn remove(&self) {
+        // A socket is no log: never kept.
+        let _ = std::fs::remove_file(&self.vsock);
         if keep_logs() {
             return;
         }

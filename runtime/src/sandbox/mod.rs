@@ -252,4 +252,13 @@ impl<'rt> Sandbox<'rt> {
     pub fn console_path(&self) -> PathBuf {
         self.files.console.clone()
     }
+
+    /// The VMM's vsock socket, where a container sandbox's agent takes
+    /// processes (`container::run_process`); None for other sandboxes.
+    pub fn vsock_path(&self) -> Option<&std::path::Path> {
+        self.spec
+            .agent_initrd
+            .as_ref()
+            .map(|_| self.files.vsock.as_path())
+    }
 }

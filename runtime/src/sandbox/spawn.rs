@@ -47,7 +47,18 @@ impl Sandbox<'_> {
         }
         if let Some(k) = &self.spec.kernel {
             cmd.arg("--kernel").arg(k);
-            cmd.args(["--cmdline", &crate::rootfs::linux_cmdline()]);
+            match &self.spec.agent_initrd {
+                Some(initrd) => {
+                    let net = crate::container::AgentNet::from_vmm_args(net_args);
+                    let cmdline = crate::container::agent_cmdline(net.as_ref(), &self.spec.id);
+                    cmd.arg("--initrd").arg(initrd);
+                    cmd.args(["--cmdline", &cmdline]);
+                    cmd.arg("--vsock").arg(&self.files.vsock);
+                }
+                None => {
+                    cmd.args(["--cmdline", &crate::rootfs::linux_cmdline()]);
+                }
+            }
             cmd.arg("--serial-log").arg(&self.files.console);
         }
         if let Some(t) = &self.spec.template {

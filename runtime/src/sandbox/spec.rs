@@ -26,6 +26,11 @@ pub struct SandboxSpec {
     pub rootfs: Option<RootfsSpec>,
     /// Boot this Linux kernel instead of the built-in agent.
     pub kernel: Option<PathBuf>,
+    /// With `kernel`: boot it with this initramfs, the guest agent's
+    /// (`container::initramfs`). The sandbox then runs containers: the VMM
+    /// serves vsock at `Sandbox::vsock_path` and the agent takes processes
+    /// there (docs/runtime.md, "Containers").
+    pub agent_initrd: Option<PathBuf>,
     /// The guest keeps exchanging requests with the echo server after READY (agent echo
     /// mode; with `keep_running`).
     pub echo: bool,
@@ -76,6 +81,7 @@ impl SandboxSpec {
             timeout_secs,
             rootfs: None,
             kernel: None,
+            agent_initrd: None,
             echo: false,
             probe: Vec::new(),
             template: None,

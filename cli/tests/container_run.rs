@@ -1,0 +1,180 @@
+//! Containers in a Linux guest (issue 25, docs/runtime.md "Containers"):
+//! `burstvm run --kernel K IMAGE -- CMD` boots the condensed kernel with the
+//! guest agent, runs the image's process with the image config's env, cwd
+//! and user, relays its stdio over vsock and exits with its status. Needs
+//! the condensed kernel (scripts/build-guest-kernel.sh) and the static agent
+//! (scripts/build-agent.sh), both made by scripts/setup.sh / test.sh. Each
+//! test boots one VM: under kvm_pvm the kernel runs emulated (~20-40 s).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn script(name: &str, args: &[&str]) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(name);
+    let o = Command::new("bash").arg(&p).args(args).output().unwrap();
+    assert!(
+        o.status.success(),
+        "{name} {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+fn kernel() -> String {
+    script("build-guest-kernel.sh", &["--cached"])
+}
+
+/// The static guest agent (built once; cargo makes a rebuild cheap).
+fn agent() -> String {
+    script("build-agent.sh", &[])
+}
+
+/// busybox.tar of scripts/build-images.sh in a directory of its own.
+fn busybox(dir: &Path) -> PathBuf {
+    let out = dir.join("images");
+    script("build-images.sh", &[out.to_str().unwrap()]);
+    out.join("busybox.tar")
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    image: PathBuf,
+    kernel: String,
+    agent: String,
+}
+
+fn setup() -> Env {
+    assert!(Path::new("/dev/kvm").exists(), "/dev/kvm is required");
+    let dir = tempfile::tempdir().unwrap();
+    let image = busybox(dir.path());
+    Env {
+        image,
+        kernel: kernel(),
+        agent: agent(),
+        dir,
+    }
+}
+
+/// `burstvm run --variant no-net --kernel K --agent A IMAGE [flags] -- cmd`,
+/// `stdin` fed to it.
+fn run(env: &Env, flags: &[&str], cmd: &[&str], stdin: &[u8]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_burstvm"));
+    c.args([
+        "run",
+        "--variant",
+        "no-net",
+        "--timeout",
+        "300",
+        "--memory",
+        "128M",
+    ])
+    .args(["--kernel", &env.kernel, "--agent", &env.agent])
+    .arg("--image-cache")
+    .arg(env.dir.path().join("cache"))
+    .arg("--rootfs")
+    .arg(&env.image)
+    .args(flags)
+    .arg("--")
+    .args(cmd)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let data = stdin.to_vec();
+    let feeder = std::thread::spawn(move || {
+        let _ = input.write_all(&data);
+    });
+    let o = child.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    o
+}
+
+fn describe(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The image's process runs with its config (env, cwd, root), its stdout
+/// arrives, its exit status is ours, and writes land in the writable layer,
+/// never in the shared EROFS image.
+#[test]
+fn a_container_prints_honours_its_image_config_and_exits_with_its_status() {
+    let env = setup();
+    let o = run(
+        &env,
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo hello; echo image=$BURSTVM_IMAGE; pwd; id -u; \
+             echo written > /etc/newfile && cat /etc/newfile; exit 3",
+        ],
+        b"",
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(3), "{}", describe(&o));
+    assert!(
+        out.contains("hello\nimage=busybox\n/\n0\nwritten\n"),
+        "{}",
+        describe(&o)
+    );
+    // The image the sandbox ran is unchanged: no /etc/newfile in it.
+    let images: Vec<_> = std::fs::read_dir(env.dir.path().join("cache"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    assert_eq!(images.len(), 1, "{images:?}");
+    let meta = std::fs::read_to_string(&images[0]).unwrap();
+    assert!(!meta.contains("/etc/newfile"), "{meta}");
+    let dump = Command::new("dump.erofs")
+        .args(["--path", "/etc/newfile"])
+        .arg(images[0].with_extension("erofs"))
+        .output();
+    if let Ok(d) = dump {
+        assert!(
+            !d.status.success(),
+            "the EROFS image holds the container's write"
+        );
+    }
+}
+
+/// stdin is piped through byte-exact (1 MiB through `cat`).
+#[test]
+fn stdin_is_piped_through_byte_exact() {
+    let env = setup();
+    let data: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let o = run(&env, &["-i"], &["cat"], &data);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    assert_eq!(o.stdout.len(), data.len(), "{}", describe(&o));
+    assert!(o.stdout == data, "the bytes differ");
+}
+
+/// A process killed by SIGKILL is reported as 128+9.
+#[test]
+fn a_sigkilled_container_exits_with_137() {
+    let env = setup();
+    let o = run(
+        &env,
+        &[],
+        &["sh", "-c", "echo before; kill -9 $$; echo after"],
+        b"",
+    );
+    assert_eq!(o.status.code(), Some(137), "{}", describe(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("before") && !out.contains("after"),
+        "{}",
+        describe(&o)
+    );
+}
