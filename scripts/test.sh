@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/opt/cni/bin:$PATH"
+# The static guest agent the container tests boot (cli/tests/container_run.rs).
+scripts/build-agent.sh >/dev/null
 exec cargo test --workspace --no-fail-fast "$@"

@@ -1,17 +1,27 @@
-//! From an OCI `process` to a `Command`: checks made at `CreateProcess`,
-//! the program's path, and the steps of the child between fork and exec.
+//! From an OCI `process` to a spawned process: checks made at
+//! `CreateProcess`, the program's path, and the steps of the child between
+//! its creation and exec.
+//!
+//! Processes are made with `clone(CLONE_VM | CLONE_VFORK)`, as
+//! `posix_spawn` does, not with `fork`: a fork copies the agent's page
+//! tables, which under kvm_pvm (the guest kernel emulated instruction by
+//! instruction) took seconds per process; a child that shares the agent's
+//! memory until its exec copies nothing. Such a child must not allocate,
+//! take a lock or call a libc function that touches process-wide state
+//! (glibc's `setuid` signals every thread of the agent): it makes raw
+//! system calls on data prepared before the clone.
 
 use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use agent_proto::{AgentError, ErrorCode, Process};
-use nix::sys::resource::{setrlimit, Resource};
-use nix::sys::stat::{umask, Mode};
-use nix::unistd::{chdir, chroot, setgid, setgroups, setsid, setuid, Gid, Uid};
+use nix::sys::resource::Resource;
+use nix::sys::stat::Mode;
+use nix::unistd::{Gid, Uid};
 
 /// The PATH searched when the process's environment has none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -125,23 +135,24 @@ pub fn resolve_program(id: &str, p: &Process, root: Option<&Path>) -> Result<Pat
     )))
 }
 
-/// The three standard streams of a child.
+/// The three standard streams of a child (a stream the process does not
+/// have is /dev/null, opened by the caller).
 pub struct Stdio3 {
-    pub stdin: Stdio,
-    pub stdout: Stdio,
-    pub stderr: Stdio,
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
 }
 
-/// What the child does between fork and exec, all prepared beforehand (no
-/// allocation in the child).
+/// What the child does between its creation and exec, all prepared
+/// beforehand: raw system calls only (see the module's header).
 struct ChildSteps {
     root: Option<CString>,
     cwd: CString,
-    rlimits: Vec<(Resource, u64, u64)>,
-    groups: Vec<Gid>,
-    uid: Uid,
-    gid: Gid,
-    umask: Option<Mode>,
+    rlimits: Vec<(Resource, libc::rlimit)>,
+    groups: Vec<libc::gid_t>,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    umask: Option<libc::mode_t>,
     terminal: bool,
     no_new_privs: bool,
     drop_ioperm: bool,
@@ -150,50 +161,229 @@ struct ChildSteps {
     switch_user: bool,
 }
 
+/// `Err(errno)` of a raw system call's return value.
+fn check(r: libc::c_long) -> Result<(), i32> {
+    if r < 0 {
+        Err(io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL))
+    } else {
+        Ok(())
+    }
+}
+
 impl ChildSteps {
-    /// Runs in the forked child: only async-signal-safe calls.
-    fn run(&self) -> std::io::Result<()> {
+    /// Runs in the child: raw system calls only. Err: the errno.
+    fn run(&self) -> Result<(), i32> {
         if self.drop_ioperm {
             crate::port::drop_in_child();
         }
-        // Every process leads its own session; a terminal process's
-        // terminal (its fd 0) becomes the session's controlling terminal.
-        setsid()?;
-        if self.terminal {
-            crate::pty::make_controlling_terminal()?;
-        }
-        for &(r, soft, hard) in &self.rlimits {
-            setrlimit(r, soft, hard)?;
-        }
-        if let Some(root) = &self.root {
-            chroot(root.as_c_str())?;
-        }
-        chdir(self.cwd.as_c_str())?;
-        if let Some(m) = self.umask {
-            umask(m);
-        }
-        if self.switch_user {
-            setgroups(&self.groups)?;
-            setgid(self.gid)?;
-            setuid(self.uid)?;
-        }
-        if self.no_new_privs {
-            nix::sys::prctl::set_no_new_privs()?;
+        // SAFETY (all blocks below): plain system calls on values and
+        // NUL-terminated strings prepared before the clone.
+        unsafe {
+            // Every process leads its own session; a terminal process's
+            // terminal (its fd 0) becomes the session's controlling terminal.
+            check(libc::syscall(libc::SYS_setsid))?;
+            if self.terminal {
+                check(libc::syscall(libc::SYS_ioctl, 0, libc::TIOCSCTTY, 0))?;
+            }
+            for (r, lim) in &self.rlimits {
+                let res = *r as libc::c_int;
+                check(libc::syscall(
+                    libc::SYS_setrlimit,
+                    res,
+                    lim as *const libc::rlimit,
+                ))?;
+            }
+            if let Some(root) = &self.root {
+                check(libc::syscall(libc::SYS_chroot, root.as_ptr()))?;
+            }
+            check(libc::syscall(libc::SYS_chdir, self.cwd.as_ptr()))?;
+            if let Some(m) = self.umask {
+                libc::syscall(libc::SYS_umask, m);
+            }
+            if self.switch_user {
+                check(libc::syscall(
+                    libc::SYS_setgroups,
+                    self.groups.len(),
+                    self.groups.as_ptr(),
+                ))?;
+                check(libc::syscall(libc::SYS_setgid, self.gid))?;
+                check(libc::syscall(libc::SYS_setuid, self.uid))?;
+            }
+            if self.no_new_privs {
+                check(libc::syscall(
+                    libc::SYS_prctl,
+                    libc::PR_SET_NO_NEW_PRIVS,
+                    1,
+                    0,
+                    0,
+                    0,
+                ))?;
+            }
         }
         Ok(())
     }
 }
 
-/// The command for a validated `p`: its program, argv (argv[0] as given),
-/// exactly its environment, its stdio, and [`ChildSteps`] (session, terminal,
-/// rlimits, root, cwd, umask, groups, gid, uid, no_new_privs, in that order).
+/// A process ready to be spawned: program, argv, environment, stdio and
+/// [`ChildSteps`] (session, terminal, rlimits, root, cwd, umask, groups,
+/// gid, uid, no_new_privs, in that order), every byte prepared.
+pub struct Spawn {
+    program: CString,
+    _argv: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    _envp: Vec<CString>,
+    envp: Vec<*const libc::c_char>,
+    stdio: Stdio3,
+    steps: ChildSteps,
+}
+
+// SAFETY: the raw pointers point into the CStrings the same value owns,
+// which never move (their heap buffers stay where they are).
+unsafe impl Send for Spawn {}
+
+/// What the child gets from its parent: one pointer, read-only.
+struct ChildCtx<'a> {
+    spawn: &'a Spawn,
+    /// Write end of the CLOEXEC pipe: an errno if the child fails before exec.
+    err_fd: libc::c_int,
+    mask: libc::sigset_t,
+}
+
+/// Stack of the child until its exec (it runs on no stack of the agent's).
+const CHILD_STACK: usize = 64 << 10;
+
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the ChildCtx the parent keeps alive until the exec
+    // (CLONE_VFORK suspends the parent until then).
+    let ctx = unsafe { &*(arg as *const ChildCtx<'_>) };
+    let errno = match child_exec(ctx) {
+        Err(e) => e,
+        Ok(()) => libc::EINVAL,
+    };
+    // SAFETY: report the errno on the pipe and leave without running any of
+    // the agent's exit code (the memory is the agent's).
+    unsafe {
+        libc::write(ctx.err_fd, (&errno as *const i32).cast(), 4);
+        libc::_exit(127)
+    }
+}
+
+/// The child's side: signals to their defaults, stdio, the steps, the
+/// signal mask back, exec. Returns only on failure.
+fn child_exec(ctx: &ChildCtx<'_>) -> Result<(), i32> {
+    let s = ctx.spawn;
+    // SAFETY (all blocks): raw system calls on prepared data; the handler
+    // table is the child's own copy (no CLONE_SIGHAND), so resetting it
+    // leaves the agent's alone.
+    unsafe {
+        // A handler of the agent's must never run in the child's copy of
+        // its memory; execve keeps ignored signals ignored: reset all.
+        for sig in 1..libc::SIGRTMAX() {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+        for (fd, target) in [
+            (s.stdio.stdin.as_raw_fd(), 0),
+            (s.stdio.stdout.as_raw_fd(), 1),
+            (s.stdio.stderr.as_raw_fd(), 2),
+        ] {
+            if fd == target {
+                // Already in place: only the close-on-exec flag goes.
+                check(libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, 0))?;
+            } else {
+                check(libc::syscall(libc::SYS_dup2, fd, target))?;
+            }
+        }
+        s.steps.run()?;
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &ctx.mask as *const libc::sigset_t,
+            std::ptr::null_mut::<libc::sigset_t>(),
+            8,
+        );
+        libc::syscall(
+            libc::SYS_execve,
+            s.program.as_ptr(),
+            s.argv.as_ptr(),
+            s.envp.as_ptr(),
+        );
+    }
+    Err(io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EINVAL))
+}
+
+impl Spawn {
+    /// Creates the process; returns its pid once it has exec'd. A failure
+    /// before the exec (a step or the exec itself) is the child's errno; the
+    /// failed child is reaped here.
+    pub fn spawn(&self) -> io::Result<i32> {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let mut stack = vec![0u8; CHILD_STACK];
+        // SAFETY: sigset_t is plain data; every signal is blocked across the
+        // clone so that no handler runs in the child before it reset them.
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: both point to sigset_t values of ours.
+        unsafe {
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        }
+        let ctx = ChildCtx {
+            spawn: self,
+            err_fd: w.as_raw_fd(),
+            mask: old,
+        };
+        // SAFETY: the child runs child_main on its own stack (the top of
+        // `stack`, 16-byte aligned), sharing our memory; CLONE_VFORK keeps
+        // this thread (and so `ctx` and `stack`) waiting until the child
+        // exec'd or exited.
+        let pid = unsafe {
+            let top = stack.as_mut_ptr().add(CHILD_STACK) as usize & !15;
+            libc::clone(
+                child_main,
+                top as *mut libc::c_void,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                (&ctx as *const ChildCtx<'_>).cast_mut().cast(),
+            )
+        };
+        let clone_err = io::Error::last_os_error();
+        // SAFETY: restores our own mask.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+        drop(w);
+        drop(stack);
+        if pid < 0 {
+            return Err(clone_err);
+        }
+        let mut buf = [0u8; 4];
+        let mut f = std::fs::File::from(r);
+        match io::Read::read(&mut f, &mut buf) {
+            Ok(4) => {
+                let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+                Err(io::Error::from_raw_os_error(i32::from_ne_bytes(buf)))
+            }
+            // EOF: the exec closed the pipe.
+            _ => Ok(pid),
+        }
+    }
+}
+
+/// The spawn of a validated `p`: its program, argv (argv[0] as given),
+/// exactly its environment, its stdio, and [`ChildSteps`].
 pub fn command(
     id: &str,
     p: &Process,
     root: Option<&Path>,
     stdio: Stdio3,
     drop_ioperm: bool,
-) -> Result<Command, AgentError> {
+) -> Result<Spawn, AgentError> {
     let program = resolve_program(id, p, root)?;
     let cwd_outside = under(root, Path::new(&p.cwd));
     if !cwd_outside.is_dir() {
@@ -209,20 +399,21 @@ pub fn command(
         rlimits: p
             .rlimits
             .iter()
-            .filter_map(|r| Some((rlimit_resource(&r.kind)?, r.soft, r.hard)))
+            .filter_map(|r| {
+                let lim = libc::rlimit {
+                    rlim_cur: r.soft,
+                    rlim_max: r.hard,
+                };
+                Some((rlimit_resource(&r.kind)?, lim))
+            })
             .collect(),
-        groups: p
-            .user
-            .additional_gids
-            .iter()
-            .map(|&g| Gid::from_raw(g))
-            .collect(),
-        uid: Uid::from_raw(p.user.uid),
-        gid: Gid::from_raw(p.user.gid),
+        groups: p.user.additional_gids.clone(),
+        uid: p.user.uid,
+        gid: p.user.gid,
         umask: p
             .user
             .umask
-            .map(|m| Mode::from_bits_truncate(m as libc::mode_t)),
+            .map(|m| Mode::from_bits_truncate(m as libc::mode_t).bits()),
         terminal: p.terminal,
         no_new_privs: p.no_new_privileges,
         drop_ioperm,
@@ -230,22 +421,33 @@ pub fn command(
             || p.user.uid != Uid::effective().as_raw()
             || p.user.gid != Gid::effective().as_raw(),
     };
-    let mut cmd = Command::new(&program);
-    cmd.arg0(&p.args[0]).args(&p.args[1..]).env_clear();
-    for e in &p.env {
-        if let Some((k, v)) = e.split_once('=') {
-            cmd.env(k, v);
-        }
-    }
-    cmd.stdin(stdio.stdin)
-        .stdout(stdio.stdout)
-        .stderr(stdio.stderr);
-    // SAFETY: the closure only makes async-signal-safe system calls on data
-    // prepared before the fork (ChildSteps::run), as pre_exec requires.
-    unsafe {
-        cmd.pre_exec(move || steps.run());
-    }
-    Ok(cmd)
+    let argv: Vec<CString> = p
+        .args
+        .iter()
+        .map(|a| cstr(a.as_bytes()))
+        .collect::<Result<_, _>>()?;
+    // Exactly the process's environment, KEY=VALUE entries only.
+    let envp: Vec<CString> = p
+        .env
+        .iter()
+        .filter(|e| e.contains('='))
+        .map(|e| cstr(e.as_bytes()))
+        .collect::<Result<_, _>>()?;
+    let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
+        v.iter()
+            .map(|c| c.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    Ok(Spawn {
+        program: cstr(program.as_os_str().as_bytes())?,
+        argv: ptrs(&argv),
+        _argv: argv,
+        envp: ptrs(&envp),
+        _envp: envp,
+        stdio,
+        steps,
+    })
 }
 
 #[cfg(test)]

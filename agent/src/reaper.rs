@@ -15,7 +15,6 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::process::{Child, Command};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread;
 
@@ -73,20 +72,20 @@ impl Reaper {
     }
 
     /// Spawns `cmd` and registers `on_exit`, called (on the reaper thread)
-    /// with the child's exit status.
+    /// with the child's exit status. Returns the pid.
     pub fn spawn(
         &self,
-        cmd: &mut Command,
+        cmd: &crate::process::Spawn,
         on_exit: impl FnOnce(Exit) + Send + 'static,
-    ) -> io::Result<Child> {
+    ) -> io::Result<i32> {
         let mut reg = self.lock();
-        // std waits for the exec (or reaps the child itself when the exec
+        // `spawn` returns after the exec (or reaps the child itself when it
         // failed) while the lock keeps the reaper thread off this child.
-        let child = cmd.spawn()?;
-        reg.waiting.insert(child.id() as i32, Box::new(on_exit));
+        let pid = cmd.spawn()?;
+        reg.waiting.insert(pid, Box::new(on_exit));
         reg.spawned += 1;
         self.cv.notify_all();
-        Ok(child)
+        Ok(pid)
     }
 
     /// Sends `signal` to `pid` if it is a registered child not reaped yet.

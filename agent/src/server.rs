@@ -15,7 +15,6 @@ use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -505,24 +504,26 @@ impl Agent {
                 let slave = pty.slave().map_err(|e| io_err("terminal slave", e))?;
                 let dup = |f: &OwnedFd| f.try_clone().map_err(|e| io_err("terminal slave", e));
                 Stdio3 {
-                    stdin: dup(&slave)?.into(),
-                    stdout: dup(&slave)?.into(),
-                    stderr: slave.into(),
+                    stdin: dup(&slave)?,
+                    stdout: dup(&slave)?,
+                    stderr: slave,
                 }
             }
             None => {
                 let mut take = |k| match streams.remove(&k) {
-                    Some(s) => Stdio::from(OwnedFd::from(s)),
-                    None => Stdio::null(),
+                    Some(s) => Ok(OwnedFd::from(s)),
+                    None => std::fs::File::open("/dev/null")
+                        .map(OwnedFd::from)
+                        .map_err(|e| io_err("/dev/null", e)),
                 };
                 Stdio3 {
-                    stdin: take(StreamKind::Stdin),
-                    stdout: take(StreamKind::Stdout),
-                    stderr: take(StreamKind::Stderr),
+                    stdin: take(StreamKind::Stdin)?,
+                    stdout: take(StreamKind::Stdout)?,
+                    stderr: take(StreamKind::Stderr)?,
                 }
             }
         };
-        let mut cmd = process::command(
+        let cmd = process::command(
             id,
             &req.process,
             self.cfg.root.as_deref(),
@@ -531,8 +532,8 @@ impl Agent {
         )?;
         let agent: Weak<Agent> = Arc::downgrade(self);
         let pid_id = id.clone();
-        let child = reaper()
-            .spawn(&mut cmd, move |exit| {
+        let pid = reaper()
+            .spawn(&cmd, move |exit| {
                 if let Some(a) = agent.upgrade() {
                     a.exited(&pid_id, exit);
                 }
@@ -543,9 +544,9 @@ impl Agent {
                     format!("process {id}: exec {:?}: {e}", req.process.args[0]),
                 )
             })?;
-        // Dropping the command closes the agent's copies of the streams.
+        // Dropping the spawn closes the agent's copies of the streams.
         drop(cmd);
-        Ok(child.id() as i32)
+        Ok(pid)
     }
 
     fn exited(&self, id: &str, exit: Exit) {

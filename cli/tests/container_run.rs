@@ -6,7 +6,7 @@
 //! (scripts/build-agent.sh), both made by scripts/setup.sh / test.sh. Each
 //! test boots one VM: under kvm_pvm the kernel runs emulated (~20-40 s).
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -184,4 +184,92 @@ fn a_sigkilled_container_exits_with_137() {
         "{}",
         describe(&o)
     );
+}
+
+/// `burstvm exec` runs a second process, with its own stdio and status, in
+/// the sandbox of a `run --keep-running` whose main process sleeps; Ctrl-C
+/// of the run ends the main process (SIGTERM: 143) and leaves nothing.
+#[test]
+fn exec_runs_a_second_process_beside_the_sleeping_main_one() {
+    let env = setup();
+    let mut run = Command::new(env!("CARGO_BIN_EXE_burstvm"));
+    run.args([
+        "run",
+        "--variant",
+        "no-net",
+        "--timeout",
+        "300",
+        "--memory",
+        "128M",
+    ])
+    .args([
+        "--kernel",
+        &env.kernel,
+        "--agent",
+        &env.agent,
+        "--keep-running",
+    ])
+    .arg("--image-cache")
+    .arg(env.dir.path().join("cache"))
+    .arg("--rootfs")
+    .arg(&env.image)
+    .args(["--", "sh", "-c", "echo main started; exec sleep 1000"])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = run.spawn().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    // "sandbox ID: agent at PATH (burstvm exec ID -- CMD)"
+    let mut sandbox = None;
+    let mut seen = String::new();
+    for _ in 0..10_000 {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        seen.push_str(&line);
+        if let Some(rest) = line.strip_prefix("sandbox ") {
+            if line.contains(": agent at ") {
+                sandbox = rest.split(':').next().map(str::to_string);
+                break;
+            }
+        }
+    }
+    let Some(sandbox) = sandbox else {
+        let _ = child.kill();
+        panic!("no agent line from burstvm run: {seen}");
+    };
+    let exec = Command::new(env!("CARGO_BIN_EXE_burstvm"))
+        .args(["exec", &sandbox, "-e", "WHO=exec", "-w", "/tmp", "--"])
+        .args([
+            "sh",
+            "-c",
+            "echo from $WHO in $(pwd); ps -o comm | grep -c sleep; exit 4",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    let o = child.wait_with_output().unwrap();
+    let rest = rest.join().unwrap();
+    assert_eq!(exec.status.code(), Some(4), "exec: {}", describe(&exec));
+    assert_eq!(
+        String::from_utf8_lossy(&exec.stdout),
+        "from exec in /tmp\n1\n",
+        "exec: {}",
+        describe(&exec)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("main started"),
+        "{}",
+        describe(&o)
+    );
+    assert_eq!(o.status.code(), Some(143), "{seen}{rest}");
+    assert!(rest.contains("leak check: clean"), "{seen}{rest}");
 }
