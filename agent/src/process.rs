@@ -178,8 +178,8 @@ impl ChildSteps {
         if self.drop_ioperm {
             crate::port::drop_in_child();
         }
-        // SAFETY (all blocks below): plain system calls on values and
-        // NUL-terminated strings prepared before the clone.
+        // SAFETY: plain system calls on values and NUL-terminated strings
+        // prepared before the clone.
         unsafe {
             // Every process leads its own session; a terminal process's
             // terminal (its fd 0) becomes the session's controlling terminal.
@@ -274,9 +274,9 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
 /// signal mask back, exec. Returns only on failure.
 fn child_exec(ctx: &ChildCtx<'_>) -> Result<(), i32> {
     let s = ctx.spawn;
-    // SAFETY (all blocks): raw system calls on prepared data; the handler
-    // table is the child's own copy (no CLONE_SIGHAND), so resetting it
-    // leaves the agent's alone.
+    // SAFETY: raw system calls on prepared data; the handler table is the
+    // child's own copy (no CLONE_SIGHAND), so resetting it leaves the
+    // agent's alone.
     unsafe {
         // A handler of the agent's must never run in the child's copy of
         // its memory; execve keeps ignored signals ignored: reset all.
@@ -327,9 +327,11 @@ impl Spawn {
     pub fn spawn(&self) -> io::Result<i32> {
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let mut stack = vec![0u8; CHILD_STACK];
-        // SAFETY: sigset_t is plain data; every signal is blocked across the
-        // clone so that no handler runs in the child before it reset them.
+        // Every signal is blocked across the clone so that no handler runs
+        // in the child before it reset them.
+        // SAFETY: sigset_t is plain data; all-zero is a valid (empty) set.
         let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
         let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: both point to sigset_t values of ours.
         unsafe {

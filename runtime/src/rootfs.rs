@@ -210,6 +210,8 @@ mod tests {
                 erofs_bytes: 5000,
                 build_ms: 1.0,
                 files,
+                config: None,
+                exec_user: None,
             },
         })
     }
