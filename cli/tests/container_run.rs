@@ -273,3 +273,29 @@ fn exec_runs_a_second_process_beside_the_sleeping_main_one() {
     assert_eq!(o.status.code(), Some(143), "{seen}{rest}");
     assert!(rest.contains("leak check: clean"), "{seen}{rest}");
 }
+
+/// The container reaches the runtime's server over its sandbox's VF
+/// (`fastiov`: burstvm-cni, the NIC daemon, vhost-user): 1 MB fetched with
+/// busybox wget from the server's file server arrives intact.
+#[test]
+fn a_container_fetches_a_file_over_its_vf() {
+    let env = setup();
+    const N: u64 = 1_000_000;
+    let file = env.dir.path().join("expected");
+    std::fs::write(&file, runtime::fileserver::pattern_bytes(N)).unwrap();
+    let sum = Command::new("sha256sum").arg(&file).output().unwrap();
+    let want = String::from_utf8_lossy(&sum.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let fetch = format!(
+        "gw=$(ip route | awk '/^default/ {{print $3}}'); \
+         wget -q -O - http://$gw:{}/bytes/{N} | sha256sum",
+        runtime::fileserver::FILE_PORT
+    );
+    let o = run_variant(&env, "fastiov", &[], &["sh", "-c", &fetch], b"");
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let got = String::from_utf8_lossy(&o.stdout);
+    assert!(got.contains(&want), "want {want}; {}", describe(&o));
+}

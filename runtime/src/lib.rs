@@ -12,6 +12,7 @@ pub mod cpuacct;
 pub mod critpath;
 pub mod density;
 pub mod failures;
+pub mod fileserver;
 pub mod guestnet;
 pub mod host;
 pub mod leaks;

@@ -1,6 +1,7 @@
 //! The far side of the NIC: the runtime's own netns ("server netns") holding
-//! one end of a veth pair, whose other end is the NIC daemon's uplink, and a
-//! small UDP echo server that answers each guest's first request.
+//! one end of a veth pair, whose other end is the NIC daemon's uplink, a
+//! small UDP echo server that answers each guest's first request, and an
+//! HTTP file server containers fetch from (`fileserver`).
 
 use std::collections::HashMap;
 use std::io;
@@ -64,6 +65,7 @@ pub struct ServerNet {
     uplink_if: String,
     addr: Addressing,
     echo: Option<EchoServer>,
+    files: Option<crate::fileserver::FileServer>,
     /// rtnetlink of the server netns (the socket stays bound to it).
     neigh: NeighborTable,
 }
@@ -122,7 +124,7 @@ impl ServerNet {
         let uplink_if = format!("bvu{tag}");
         // Both veth ends live in the server netns: the NIC opens `uplink_if`
         // there (AF_PACKET), `SERVER_IF` is a port of the server bridge.
-        let (nl, bridge_index, sock) = netns.run(|| -> Result<_, UplinkError> {
+        let (nl, bridge_index, sock, files) = netns.run(|| -> Result<_, UplinkError> {
             let mut nl = Rtnl::open().map_err(sys("open rtnetlink"))?;
             nl.create_veth(&uplink_if, SERVER_IF, None)
                 .map_err(sys(format!("create veth {uplink_if} / {SERVER_IF}")))?;
@@ -157,19 +159,26 @@ impl ServerNet {
                 .map_err(sys(format!("set {uplink_if} up")))?;
             let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, ECHO_PORT))
                 .map_err(sys("bind UDP echo port"))?;
-            Ok((nl, br, sock))
+            let files =
+                std::net::TcpListener::bind((Ipv4Addr::UNSPECIFIED, crate::fileserver::FILE_PORT))
+                    .map_err(sys("bind the file server's TCP port"))?;
+            Ok((nl, br, sock, files))
         })??;
         let mut net = ServerNet {
             netns,
             uplink_if,
             addr,
             echo: None,
+            files: None,
             neigh: NeighborTable {
                 nl: Mutex::new(nl),
                 bridge_index,
             },
         };
         net.echo = Some(EchoServer::start(sock)?);
+        net.files = Some(
+            crate::fileserver::FileServer::start(files).map_err(sys("start the file server"))?,
+        );
         Ok(net)
     }
 
@@ -222,6 +231,7 @@ impl Drop for ServerNet {
         if let Some(e) = self.echo.take() {
             e.stop();
         }
+        drop(self.files.take());
         // Deleting the netns removes the veth pair and the bridge with it.
         if let Err(e) = self.netns.delete() {
             tracing::warn!("{e}");
