@@ -61,11 +61,16 @@ fn setup() -> Env {
 /// `burstvm run --variant no-net --kernel K --agent A IMAGE [flags] -- cmd`,
 /// `stdin` fed to it.
 fn run(env: &Env, flags: &[&str], cmd: &[&str], stdin: &[u8]) -> Output {
+    run_variant(env, "no-net", flags, cmd, stdin)
+}
+
+/// As `run`, with another variant.
+fn run_variant(env: &Env, variant: &str, flags: &[&str], cmd: &[&str], stdin: &[u8]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_burstvm"));
     c.args([
         "run",
         "--variant",
-        "no-net",
+        variant,
         "--timeout",
         "300",
         "--memory",
