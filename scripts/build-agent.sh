@@ -28,7 +28,7 @@ export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
 # kernel) down.
 export CARGO_PROFILE_RELEASE_OPT_LEVEL=s CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1
 cargo build --release -p agent --bin burstvm-agent --target "$target" >&2
-bin="$PWD/target/$target/release/burstvm-agent"
+bin="${CARGO_TARGET_DIR:-$PWD/target}/$target/release/burstvm-agent"
 
 # Static: no dynamic section asking for libraries or an interpreter.
 if readelf -lW "$bin" | grep -q 'INTERP' || readelf -dW "$bin" | grep -q '(NEEDED)'; then

@@ -27,9 +27,11 @@ fn kernel() -> String {
     script("build-guest-kernel.sh", &["--cached"])
 }
 
-/// The static guest agent (built once; cargo makes a rebuild cheap).
+/// The static guest agent, built once per test process (the tests run in
+/// parallel; one cargo build, not one each).
 fn agent() -> String {
-    script("build-agent.sh", &[])
+    static AGENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    AGENT.get_or_init(|| script("build-agent.sh", &[])).clone()
 }
 
 /// busybox.tar of scripts/build-images.sh in a directory of its own.
