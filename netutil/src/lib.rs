@@ -28,6 +28,7 @@ macro_rules! serde_as_string {
 }
 
 pub mod cni;
+mod ethtool;
 mod ifreq;
 mod ipnet;
 mod mac;
@@ -37,6 +38,7 @@ mod rtnl;
 mod tap;
 pub mod unixsock;
 
+pub use ethtool::set_tx_checksum;
 pub use ipnet::{IpNet, IpNetError};
 pub use mac::{MacAddr, MacParseError};
 pub use netns::{NamedNetns, Netns, NetnsError};
