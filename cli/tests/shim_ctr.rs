@@ -4,7 +4,9 @@
 
 mod shim_common;
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use shim_common::Fixture;
 
@@ -47,6 +49,35 @@ fn ctr_run_exit_status_is_the_guests_and_nothing_is_left() {
         let left = f.wait_clean(&[sb], Duration::from_secs(10));
         assert!(left.is_empty(), "after ctr run --rm {id}: {left:?}");
     }
+    // What the built-in agent cannot honour is refused at create, named:
+    // an environment variable (`--env`) and arguments after the entrypoint.
+    for (id, extra, cmd, want) in [
+        (
+            "e1",
+            &["--rm", "--env", "FOO=bar"][..],
+            vec!["/app"],
+            "FOO=bar",
+        ),
+        (
+            "e2",
+            &["--rm"][..],
+            vec!["/app", "x"],
+            "arguments after the entrypoint",
+        ),
+    ] {
+        let mut c = f.ctr_run(id, extra, None);
+        c.args(&cmd);
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want) && err.contains("Linux guest"),
+            "ctr run {id}: {:?}: {err}",
+            out.status
+        );
+        // `--rm` removed the container.
+        let left = f.wait_clean(&[f.sandbox_id(id)], Duration::from_secs(10));
+        assert!(left.is_empty(), "after a refused create {id}: {left:?}");
+    }
 }
 
 /// A long-lived sandbox (a pod sandbox, as CRI marks it) is stopped by
@@ -78,6 +109,23 @@ fn kill_stops_gracefully_and_a_killed_shim_leaves_nothing() {
     let tasks =
         String::from_utf8_lossy(&f.ctr(&["task", "ls"]).output().unwrap().stdout).into_owned();
     assert!(tasks.contains("g1") && tasks.contains("RUNNING"), "{tasks}");
+    // What the built-in agent cannot serve answers Unimplemented, saying why.
+    for (args, want) in [
+        (&["task", "pause", "g1"][..], "pause is not supported"),
+        (
+            &["task", "exec", "--exec-id", "x1", "g1", "/app"][..],
+            "exec is not supported on the built-in agent",
+        ),
+        // ctr pauses a task before it checkpoints it.
+        (&["task", "checkpoint", "g1"][..], "is not supported"),
+    ] {
+        let out = f.ctr(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want) && err.contains("not implemented"),
+            "ctr {args:?}: {err}"
+        );
+    }
 
     // The stage trace is also in the task's bundle.
     let bundle_trace = f.containerd.bundle(&f.ns, "g1").join("trace.jsonl");
@@ -177,4 +225,74 @@ fn fifty_concurrent_ctr_runs() {
     }
     let left = f.wait_clean(&sbs, Duration::from_secs(30));
     assert!(left.is_empty(), "after 50 ctr run --rm: {left:?}");
+}
+
+/// docs/shim.md's containerd config, as a user copies it (plus a private
+/// root, state and sockets), loads the CRI plugin: its
+/// `default_runtime_name` names a runtime of its table (no VM).
+#[test]
+fn the_documented_containerd_config_loads_the_cri_plugin() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/shim.md")).unwrap();
+    let section = doc.split("## containerd config").nth(1).unwrap();
+    let block = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap();
+    assert!(block.starts_with("version = 2\n"), "{block}");
+    let dir = PathBuf::from(format!("/tmp/bvshim-doccfg-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display();
+    let toml = format!(
+        "{}[grpc]\n  address = \"{d}/containerd.sock\"\n[ttrpc]\n  address = \"{d}/containerd.sock.ttrpc\"\n",
+        block.replacen(
+            "version = 2\n",
+            &format!("version = 2\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n"),
+            1
+        )
+    );
+    std::fs::write(dir.join("config.toml"), toml).unwrap();
+    let mut cmd = Command::new("containerd");
+    cmd.arg("--config")
+        .arg(dir.join("config.toml"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("containerd.log")).unwrap());
+    procutil::die_with_parent(&mut cmd);
+    let child = cmd.spawn().unwrap();
+    let socket = dir.join("containerd.sock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let plugins = loop {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&socket)
+            .args(["plugins", "ls"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        if Instant::now() > deadline {
+            break String::new();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    runtime::sandbox::stop_child(child, Duration::from_secs(10));
+    let log = std::fs::read_to_string(dir.join("containerd.log")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    let cri = plugins
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("cri"))
+        .unwrap_or_else(|| panic!("no cri plugin listed: {plugins:?}\n{log}"));
+    assert_eq!(
+        cri.split_whitespace().last(),
+        Some("ok"),
+        "{cri}\n{}",
+        log.lines()
+            .filter(|l| l.contains("cri"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }

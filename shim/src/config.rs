@@ -10,6 +10,10 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_CONFIG: &str = "/etc/burstvm/shim.json";
 /// The pod/container annotation that selects the variant (`io.burstvm.variant=vanilla`).
 pub const ANNOTATION_VARIANT: &str = "io.burstvm.variant";
+/// The annotation that selects the guest: `builtin` (the built-in agent's
+/// app payload) or `linux` (the config's kernel and the guest agent). A path
+/// is never taken from an annotation: the kernel is the host's choice.
+pub const ANNOTATION_GUEST: &str = "io.burstvm.guest";
 /// The runtime options type containerd 1.6 sends for runtimes other than runc.
 const RUNTIME_OPTIONS_TYPE: &str = "runtimeoptions.v1.Options";
 
@@ -90,6 +94,31 @@ pub struct ShimConfig {
     /// benchmark's merged trace); the bundle's `trace.jsonl` is always written.
     #[serde(default)]
     pub trace_copy: Option<PathBuf>,
+    /// The condensed Linux kernel (`scripts/build-guest-kernel.sh`): with it,
+    /// a task runs the bundle's OCI process in a Linux guest under the guest
+    /// agent (docs/shim.md, "Two guests"); without it, the built-in agent.
+    #[serde(default)]
+    pub kernel: Option<PathBuf>,
+    /// The static guest agent (`scripts/build-agent.sh`); default: as
+    /// `burstvm run --kernel` finds it (`$BURSTVM_AGENT`, else beside the build).
+    #[serde(default)]
+    pub agent: Option<PathBuf>,
+    /// Where container images (EROFS, by digest) and the agent's initramfs
+    /// are cached; default `$BURSTVM_IMAGE_CACHE`, else /var/lib/burstvm/images.
+    #[serde(default)]
+    pub image_cache: Option<PathBuf>,
+    /// Capacity of a Linux guest's writable layer (the ext4 template).
+    #[serde(default = "default_layer_size")]
+    pub layer_size: String,
+}
+
+/// Which guest runs a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guest {
+    /// The built-in agent: the entrypoint is its app payload.
+    Builtin,
+    /// The Linux kernel with the guest agent running the OCI process.
+    Linux { kernel: PathBuf, agent: PathBuf },
 }
 
 fn default_variant() -> String {
@@ -103,6 +132,9 @@ fn default_cpus() -> f64 {
 }
 fn default_timeout() -> u64 {
     60
+}
+fn default_layer_size() -> String {
+    "64M".into()
 }
 
 impl ShimConfig {
@@ -140,7 +172,75 @@ impl ShimConfig {
         if !c.cpus.is_finite() || c.cpus <= 0.0 {
             return Err(field("cpus", format!("{} must be positive", c.cpus)));
         }
+        match runtime::parse_size("layer_size", &c.layer_size) {
+            Ok(n) if n >= 8 << 20 => {}
+            Ok(n) => return Err(field("layer_size", format!("{n} bytes: at least 8M"))),
+            Err(e) => return Err(field("layer_size", e.to_string())),
+        }
+        if let Some(k) = &c.kernel {
+            if !k.is_file() {
+                return Err(field("kernel", format!("{} is not a file", k.display())));
+            }
+            match c.agent_path() {
+                Some(a) if a.is_file() => {}
+                Some(a) => return Err(field("agent", format!("{} is not a file", a.display()))),
+                None => {
+                    return Err(field(
+                        "agent",
+                        "no guest agent found: name it (scripts/build-agent.sh builds it)".into(),
+                    ))
+                }
+            }
+        }
         Ok(c)
+    }
+
+    /// The guest agent binary of the Linux path.
+    pub fn agent_path(&self) -> Option<PathBuf> {
+        self.agent
+            .clone()
+            .or_else(runtime::container::default_agent)
+    }
+
+    /// The image (and initramfs) cache.
+    pub fn image_cache_dir(&self) -> PathBuf {
+        self.image_cache
+            .clone()
+            .unwrap_or_else(|| ::rootfs::ImageCache::from_env().dir().to_path_buf())
+    }
+
+    pub fn layer_bytes(&self) -> u64 {
+        runtime::parse_size("layer_size", &self.layer_size).unwrap_or(64 << 20)
+    }
+
+    /// The guest of a task: the annotation `io.burstvm.guest` if present
+    /// (`linux` needs the config's kernel), else Linux when the config names
+    /// a kernel, else the built-in agent.
+    pub fn guest_for(
+        &self,
+        annotations: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Guest, ConfigError> {
+        let linux = || {
+            let kernel = self.kernel.clone()?;
+            Some(Guest::Linux {
+                kernel,
+                agent: self.agent_path()?,
+            })
+        };
+        match annotations.get(ANNOTATION_GUEST).and_then(|v| v.as_str()) {
+            None => Ok(linux().unwrap_or(Guest::Builtin)),
+            Some("builtin") => Ok(Guest::Builtin),
+            Some("linux") => linux().ok_or_else(|| ConfigError::Annotation {
+                key: ANNOTATION_GUEST,
+                value: "linux".into(),
+                reason: "the shim config names no kernel".into(),
+            }),
+            Some(v) => Err(ConfigError::Annotation {
+                key: ANNOTATION_GUEST,
+                value: v.into(),
+                reason: "expected builtin or linux".into(),
+            }),
+        }
     }
 
     pub fn memory_bytes(&self) -> u64 {
@@ -269,5 +369,66 @@ mod tests {
         std::fs::write(&p, r#"{"services":"/s","memroy":"1G"}"#).unwrap();
         assert!(ShimConfig::load(&p).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A kernel selects the Linux guest; the annotation picks either guest
+    /// (never a path), `linux` without a kernel is refused.
+    #[test]
+    fn the_guest_is_the_configs_or_the_annotations() {
+        let dir = tempfile::tempdir().unwrap();
+        let (kernel, agent) = (dir.path().join("vmlinux"), dir.path().join("agent"));
+        std::fs::write(&kernel, b"k").unwrap();
+        std::fs::write(&agent, b"a").unwrap();
+        let p = dir.path().join("shim.json");
+        std::fs::write(&p, r#"{"services":"/s"}"#).unwrap();
+        let builtin = ShimConfig::load(&p).unwrap();
+        let mut ann = serde_json::Map::new();
+        assert_eq!(builtin.guest_for(&ann).unwrap(), Guest::Builtin);
+        ann.insert(ANNOTATION_GUEST.into(), "linux".into());
+        let e = builtin.guest_for(&ann).unwrap_err().to_string();
+        assert!(
+            e.contains(ANNOTATION_GUEST) && e.contains("no kernel"),
+            "{e}"
+        );
+        std::fs::write(
+            &p,
+            serde_json::json!({"services": "/s", "kernel": kernel, "agent": agent,
+                "layer_size": "32M"})
+            .to_string(),
+        )
+        .unwrap();
+        let linux = ShimConfig::load(&p).unwrap();
+        assert_eq!(linux.layer_bytes(), 32 << 20);
+        let want = Guest::Linux {
+            kernel: kernel.clone(),
+            agent: agent.clone(),
+        };
+        assert_eq!(linux.guest_for(&ann).unwrap(), want);
+        ann.insert(ANNOTATION_GUEST.into(), "builtin".into());
+        assert_eq!(linux.guest_for(&ann).unwrap(), Guest::Builtin);
+        ann.insert(ANNOTATION_GUEST.into(), "/boot/vmlinuz".into());
+        assert!(linux.guest_for(&ann).is_err());
+        ann.clear();
+        assert_eq!(linux.guest_for(&ann).unwrap(), want);
+        // A kernel or agent that is not a file is named at load.
+        std::fs::write(
+            &p,
+            serde_json::json!({"services": "/s", "kernel": dir.path().join("nope"),
+                "agent": agent})
+            .to_string(),
+        )
+        .unwrap();
+        let e = ShimConfig::load(&p).unwrap_err().to_string();
+        assert!(e.contains("kernel") && e.contains("nope"), "{e}");
+        std::fs::write(
+            &p,
+            serde_json::json!({"services": "/s", "kernel": kernel, "agent": "/no/agent"})
+                .to_string(),
+        )
+        .unwrap();
+        let e = ShimConfig::load(&p).unwrap_err().to_string();
+        assert!(e.contains("agent") && e.contains("/no/agent"), "{e}");
+        std::fs::write(&p, r#"{"services":"/s","layer_size":"1M"}"#).unwrap();
+        assert!(ShimConfig::load(&p).is_err());
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod containerd;
+pub mod guest;
 pub mod rootfs;
 pub mod service;
 pub mod spec;

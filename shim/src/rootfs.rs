@@ -1,19 +1,19 @@
 //! The container's root filesystem: the snapshotter's mounts from Create are
-//! validated and mounted at `<bundle>/rootfs` (as runc's shim does), and the
-//! entrypoint (`process.args[0]`) is read out of it, confined to the rootfs,
-//! into `<bundle>/app.payload`, which the built-in agent gets as its app
-//! payload (`burstvm vmm --app-file`).
+//! validated and mounted at `<bundle>/rootfs` (as runc's shim does). Then,
+//! by guest (`GuestRootfs`):
 //!
-//! Seam for RunD's split rootfs (docs/shim.md): `GuestRootfs` is what the
-//! sandbox boots with. Today the built-in agent has no filesystem, so it is
-//! the entrypoint's bytes; once `burstvm rootfs build` exists, a
-//! `GuestRootfs::Split` built from the same mounts (shared read-only EROFS
-//! layer + reflinked writable layer on virtio-blk) replaces `prepare`'s
-//! payload step, and the validation and mounting here stay.
+//! - the built-in agent has no filesystem: the entrypoint (`process.args[0]`)
+//!   is read out of the rootfs, confined to it, into `<bundle>/app.payload`,
+//!   its app payload (`burstvm vmm --app-file`);
+//! - a Linux guest gets RunD's split rootfs: the mounted snapshot built into
+//!   the shared read-only EROFS image by the `rootfs` crate's `ImageCache`
+//!   (keyed by a digest of the tree, so every container of an image finds the
+//!   image built by the first), under a writable layer reflinked per sandbox.
 
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 use nix::mount::{MntFlags, MsFlags};
@@ -50,6 +50,12 @@ pub enum RootfsError {
         rootfs: PathBuf,
         reason: String,
     },
+    #[error("rootfs {rootfs}: build the container image: {source}")]
+    Image {
+        rootfs: PathBuf,
+        #[source]
+        source: ::rootfs::Error,
+    },
 }
 
 /// One mount of the snapshotter (containerd's `types.Mount`).
@@ -60,11 +66,26 @@ pub struct MountSpec {
     pub options: Vec<String>,
 }
 
-/// What the sandbox boots with (see the module comment for the RunD seam).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the sandbox boots with (see the module comment).
+#[derive(Debug, Clone)]
 pub enum GuestRootfs {
     /// The entrypoint's bytes as the built-in agent's app payload.
     AppPayload(PathBuf),
+    /// The snapshot as the shared EROFS image (a Linux guest), and whether
+    /// this container built it or found it in the cache.
+    Image {
+        image: Arc<::rootfs::Image>,
+        built: ::rootfs::image::Built,
+    },
+}
+
+/// What the sandbox's rootfs is made into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want<'a> {
+    /// The entrypoint, for the built-in agent.
+    Payload { entry: &'a str },
+    /// The EROFS image, in this cache.
+    Image { cache: &'a Path },
 }
 
 /// A mounted (or given) rootfs and what was taken from it.
@@ -163,9 +184,10 @@ fn sys(path: &Path, op: &'static str) -> impl FnOnce(std::io::Error) -> RootfsEr
     move |source| RootfsError::Sys { path, op, source }
 }
 
-/// Validates and mounts `mounts` at `<bundle>/rootfs`, then takes the
-/// entrypoint `entry` out of it. On error nothing stays mounted.
-pub fn prepare(bundle: &Path, mounts: &[MountSpec], entry: &str) -> Result<Prepared, RootfsError> {
+/// Validates and mounts `mounts` at `<bundle>/rootfs`, then makes what
+/// `want` says of it: the entrypoint's payload, or the EROFS image. On
+/// error nothing stays mounted.
+pub fn prepare(bundle: &Path, mounts: &[MountSpec], want: Want) -> Result<Prepared, RootfsError> {
     validate(mounts)?;
     let rootfs = bundle.join("rootfs");
     std::fs::create_dir_all(&rootfs).map_err(sys(&rootfs, "create directory"))?;
@@ -176,12 +198,18 @@ pub fn prepare(bundle: &Path, mounts: &[MountSpec], entry: &str) -> Result<Prepa
             true
         }
     };
-    let payload = bundle.join("app.payload");
-    match extract(&rootfs, entry, &payload) {
-        Ok(()) => Ok(Prepared {
+    let guest = match want {
+        Want::Payload { entry } => {
+            let payload = bundle.join("app.payload");
+            extract(&rootfs, entry, &payload).map(|()| GuestRootfs::AppPayload(payload))
+        }
+        Want::Image { cache } => build_image(&rootfs, cache),
+    };
+    match guest {
+        Ok(guest) => Ok(Prepared {
             rootfs,
             mounted,
-            guest: GuestRootfs::AppPayload(payload),
+            guest,
         }),
         Err(e) => {
             if mounted {
@@ -190,6 +218,23 @@ pub fn prepare(bundle: &Path, mounts: &[MountSpec], entry: &str) -> Result<Prepa
             Err(e)
         }
     }
+}
+
+/// The container's tree as the shared read-only EROFS image: built once
+/// per tree (`ImageCache`'s key for a directory is a digest of its names,
+/// modes, owners, link targets and contents, so a second container of the
+/// same image, on a snapshot of its own, finds the first one's image).
+pub fn build_image(rootfs: &Path, cache: &Path) -> Result<GuestRootfs, RootfsError> {
+    let (image, built) = ::rootfs::ImageCache::new(cache)
+        .build(rootfs)
+        .map_err(|source| RootfsError::Image {
+            rootfs: rootfs.to_path_buf(),
+            source,
+        })?;
+    Ok(GuestRootfs::Image {
+        image: Arc::new(image),
+        built,
+    })
 }
 
 fn mount_one(m: &MountSpec, target: &Path) -> Result<(), RootfsError> {
@@ -387,11 +432,55 @@ mod tests {
             .to_string()
             .contains("regular"));
         // An empty mount list: the bundle's rootfs is used as it is.
-        let p = prepare(d.path(), &[], "/bin/app").unwrap();
+        let p = prepare(d.path(), &[], Want::Payload { entry: "/bin/app" }).unwrap();
         assert!(!p.mounted);
-        assert_eq!(
-            p.guest,
-            GuestRootfs::AppPayload(d.path().join("app.payload"))
+        assert!(
+            matches!(&p.guest, GuestRootfs::AppPayload(a) if *a == d.path().join("app.payload")),
+            "{:?}",
+            p.guest
         );
+    }
+
+    /// Two containers of one image have snapshots of their own with the
+    /// same tree: the second finds the image the first built (the cache's
+    /// answer, not a timing).
+    #[test]
+    fn a_second_container_of_an_image_finds_it_built() {
+        if std::process::Command::new("mkfs.erofs")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("skipped: no mkfs.erofs (erofs-utils)");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let cache = d.path().join("cache");
+        let tree = |name: &str, app: &[u8]| {
+            let b = d.path().join(name);
+            let r = b.join("rootfs");
+            std::fs::create_dir_all(r.join("bin")).unwrap();
+            std::fs::create_dir_all(r.join("etc")).unwrap();
+            std::fs::write(r.join("bin/app"), app).unwrap();
+            std::fs::write(r.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+            b
+        };
+        let image = |bundle: &Path| match prepare(bundle, &[], Want::Image { cache: &cache })
+            .unwrap()
+            .guest
+        {
+            GuestRootfs::Image { image, built } => (image, built),
+            g => panic!("{g:?}"),
+        };
+        let (a, built_a) = image(&tree("c1", b"app v1"));
+        let (b, built_b) = image(&tree("c2", b"app v1"));
+        assert_eq!(built_a, ::rootfs::image::Built::Now);
+        assert_eq!(built_b, ::rootfs::image::Built::Cached);
+        assert_eq!(a.path, b.path);
+        assert!(a.meta.files.contains_key("/bin/app"), "{:?}", a.meta.files);
+        // Another tree is another image.
+        let (c, built_c) = image(&tree("c3", b"app v2"));
+        assert_eq!(built_c, ::rootfs::image::Built::Now);
+        assert_ne!(a.path, c.path);
     }
 }

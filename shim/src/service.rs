@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use containerd_shim as shim;
 use shim::api;
-use shim::protos::events::task::{TaskCreate, TaskDelete, TaskExit, TaskStart};
+use shim::protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskStart,
+};
 use shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use shim::protos::protobuf::MessageField;
 use shim::protos::topics;
@@ -18,15 +20,23 @@ use shim::{Config, DeleteResponse, ExitSignal, Flags, StartOpts, TtrpcContext, T
 
 use runtime::{HostServices, SandboxSpec, ServicesInfo};
 
-use crate::config::{self, ShimConfig};
-use crate::rootfs::{self, MountSpec};
+use crate::config::{self, Guest, ShimConfig};
+use crate::guest::{GuestError, Proc, StdioPaths, DRAIN_LIMIT};
+use crate::rootfs::{self, GuestRootfs, MountSpec, Want};
 use crate::spec::{Kind, Spec};
-use crate::task::{Exit, KillError, OnExit, Record, Status, Task, TaskParams};
+use crate::task::{Exit, KillError, LinuxParams, OnExit, Record, Status, Task, TaskParams};
 
 /// A teardown (VMM stop, CNI DEL, cgroup removal) must end within this.
 const TEARDOWN_LIMIT: Duration = Duration::from_secs(30);
 /// Publishing an event to containerd must not hang the shim.
 const PUBLISH_TIMEOUT_NS: i64 = 5_000_000_000;
+/// A Linux guest's state directory is `shim-<sandbox>` under this (short
+/// enough for the VMM's vsock socket path; `burstvm exec SANDBOX` finds it).
+pub const STATE_ROOT: &str = "/run/burstvm";
+/// The managed filesystem of a Linux guest's writable layers (sparse).
+const LAYERS_FS_BYTES: u64 = 1 << 30;
+/// The smallest guest RAM of a Linux guest (its kernel and agent).
+const MIN_LINUX_MEMORY: u64 = 64 << 20;
 
 fn rpc_err(code: Code, msg: impl ToString) -> ttrpc::Error {
     ttrpc::Error::RpcStatus(ttrpc::get_status(code, msg))
@@ -35,12 +45,23 @@ fn rpc_err(code: Code, msg: impl ToString) -> ttrpc::Error {
 /// Why a task could not be created; `code` is its ttrpc status.
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
-    #[error("burstvm: a terminal is not supported")]
-    Terminal,
-    #[error("burstvm: checkpoints are not supported")]
-    Checkpoint,
+    #[error(
+        "burstvm: task {task}: a terminal needs a Linux guest (shim.json kernel); \
+         the built-in agent runs an app payload without one"
+    )]
+    Terminal { task: String },
+    #[error("burstvm: task {task}: checkpoints are not supported (a microVM cannot be restored from one)")]
+    Checkpoint { task: String },
+    #[error("burstvm: task {task}: {reason}")]
+    Builtin { task: String, reason: String },
     #[error(transparent)]
     Spec(#[from] crate::spec::SpecError),
+    #[error("burstvm: task {task}: OCI spec: {source}")]
+    Resources {
+        task: String,
+        #[source]
+        source: crate::spec::ParseError,
+    },
     #[error(
         "burstvm: container {container} in pod {pod}: a pod is one microVM running one app, \
          the pod sandbox's image (see docs/shim.md); containers inside a pod are not supported"
@@ -67,16 +88,57 @@ pub enum CreateError {
         #[source]
         source: runtime::host::HostError,
     },
+    #[error("task {task}: the guest agent's initramfs: {source}")]
+    Initramfs {
+        task: String,
+        #[source]
+        source: Box<runtime::Error>,
+    },
+    #[error("task {task}: writable layers in {dir}: {source}")]
+    Layers {
+        task: String,
+        dir: PathBuf,
+        #[source]
+        source: Box<::rootfs::Error>,
+    },
 }
 
 impl CreateError {
     pub fn code(&self) -> Code {
         match self {
-            CreateError::PodContainer { .. } => Code::UNIMPLEMENTED,
-            CreateError::Services(_) | CreateError::Attach { .. } => Code::FAILED_PRECONDITION,
+            CreateError::PodContainer { .. }
+            | CreateError::Terminal { .. }
+            | CreateError::Checkpoint { .. } => Code::UNIMPLEMENTED,
+            CreateError::Services(_)
+            | CreateError::Attach { .. }
+            | CreateError::Initramfs { .. }
+            | CreateError::Layers { .. } => Code::FAILED_PRECONDITION,
             _ => Code::INVALID_ARGUMENT,
         }
     }
+}
+
+/// What the built-in agent cannot do, and why (docs/shim.md).
+fn builtin_unsupported(task: &str, what: &str) -> ttrpc::Error {
+    rpc_err(
+        Code::UNIMPLEMENTED,
+        format!(
+            "burstvm: task {task}: {what} is not supported on the built-in agent, which runs \
+             one app payload and nothing else; a Linux guest (shim.json kernel) runs processes"
+        ),
+    )
+}
+
+fn guest_err(e: GuestError) -> ttrpc::Error {
+    let code = match &e {
+        GuestError::NoExec { .. } => Code::NOT_FOUND,
+        GuestError::ExecExists { .. } => Code::ALREADY_EXISTS,
+        GuestError::ExecState { .. } | GuestError::NotReady { .. } => Code::FAILED_PRECONDITION,
+        GuestError::ExecSpec { .. } => Code::INVALID_ARGUMENT,
+        e if e.is_not_found() => Code::NOT_FOUND,
+        _ => Code::UNKNOWN,
+    };
+    rpc_err(code, e)
 }
 
 fn timestamp((secs, nanos): (i64, u32)) -> MessageField<Timestamp> {
@@ -175,6 +237,11 @@ pub fn cleanup_bundle(bundle: &Path) -> Vec<String> {
         )),
         Err(e) => tracing::warn!("{e}"),
     }
+    // After the VMMs are gone: a Linux guest's layers and files.
+    if let Some(dir) = rec.state_dir.as_deref().filter(|d| d.exists()) {
+        crate::task::remove_state_dir(dir);
+        done.push(format!("state directory {}", dir.display()));
+    }
     let rootfs = bundle.join("rootfs");
     if rec.mounted && rootfs::is_mounted(&rootfs) && rootfs::unmount(&rootfs).is_ok() {
         done.push(format!("mount {}", rootfs.display()));
@@ -200,13 +267,7 @@ impl Inner {
         }
     }
 
-    fn task(&self, id: &str, exec_id: &str) -> TtrpcResult<Arc<Task>> {
-        if !exec_id.is_empty() {
-            return Err(rpc_err(
-                Code::UNIMPLEMENTED,
-                "burstvm: exec is not supported (the built-in agent runs one app)",
-            ));
-        }
+    fn task(&self, id: &str) -> TtrpcResult<Arc<Task>> {
         self.tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -214,6 +275,15 @@ impl Inner {
             .cloned()
             .ok_or_else(|| rpc_err(Code::NOT_FOUND, format!("task {id} not found")))
     }
+}
+
+/// The exec `exec_id` of `t`: only a Linux guest has execs.
+fn exec_of(t: &Task, exec_id: &str) -> TtrpcResult<Arc<Proc>> {
+    let agent = t
+        .agent
+        .as_ref()
+        .ok_or_else(|| builtin_unsupported(&t.id, &format!("exec {exec_id}")))?;
+    agent.exec_proc(exec_id).map_err(guest_err)
 }
 
 #[derive(Clone)]
@@ -237,11 +307,9 @@ fn vmm_fnv(data: &[u8]) -> u64 {
 impl TaskService {
     fn create_task(&self, req: &api::CreateTaskRequest) -> Result<Arc<Task>, CreateError> {
         let bundle = PathBuf::from(&req.bundle);
-        if req.terminal {
-            return Err(CreateError::Terminal);
-        }
+        let task = req.id.clone();
         if !req.checkpoint.is_empty() {
-            return Err(CreateError::Checkpoint);
+            return Err(CreateError::Checkpoint { task });
         }
         let spec = Spec::load(&bundle)?;
         let until_exit = match &spec.kind {
@@ -262,10 +330,38 @@ impl TaskService {
         let cfg_path = config::config_path(type_url, value)?;
         let cfg = ShimConfig::load(&cfg_path)?;
         let variant = cfg.variant_for(&spec.annotations)?;
+        // A pod sandbox stays on the built-in agent: the pod's containers
+        // do not run in it yet (docs/shim.md).
+        let guest = match spec.kind {
+            Kind::PodSandbox => Guest::Builtin,
+            _ => cfg.guest_for(&spec.annotations)?,
+        };
+        let min_memory = match guest {
+            Guest::Builtin => crate::spec::MIN_MEMORY,
+            Guest::Linux { .. } => MIN_LINUX_MEMORY,
+        };
+        let size = spec
+            .sizing(cfg.memory_bytes(), cfg.cpus, min_memory)
+            .map_err(|source| CreateError::Resources {
+                task: task.clone(),
+                source,
+            })?;
+        if guest == Guest::Builtin {
+            if req.terminal {
+                return Err(CreateError::Terminal { task });
+            }
+            if let Some(reason) = spec.builtin_refusal() {
+                return Err(CreateError::Builtin { task, reason });
+            }
+        }
         let info = ServicesInfo::load(&cfg.services).map_err(CreateError::Services)?;
         let entry = spec.args.first().ok_or(CreateError::NoEntrypoint)?.clone();
         let sandbox = sandbox_id(&self.inner.namespace, &req.id);
         let netns = spec.netns.clone();
+        let state_dir = match guest {
+            Guest::Linux { .. } => Some(Path::new(STATE_ROOT).join(format!("shim-{sandbox}"))),
+            Guest::Builtin => None,
+        };
         // Recorded before anything exists, so that `shim delete` after a
         // crash removes whatever part was made.
         let rec = Record {
@@ -275,6 +371,7 @@ impl TaskService {
             mounted: !req.rootfs.is_empty(),
             services: cfg.services.clone(),
             guest_ip: None,
+            state_dir: state_dir.clone(),
         };
         rec.write(&bundle).map_err(|source| CreateError::Record {
             path: bundle.join(crate::task::RECORD),
@@ -289,13 +386,65 @@ impl TaskService {
                 options: m.options.clone(),
             })
             .collect();
-        let prepared = rootfs::prepare(&bundle, &mounts, &entry)?;
-        let host = match HostServices::attach(info, bundle.clone(), bundle.join("trace.jsonl")) {
+        let cache = cfg.image_cache_dir();
+        let want = match guest {
+            Guest::Builtin => Want::Payload { entry: &entry },
+            Guest::Linux { .. } => Want::Image { cache: &cache },
+        };
+        // From here on an error leaves a mount, layers or files that the
+        // caller's `cleanup_bundle` removes by the record.
+        let prepared = rootfs::prepare(&bundle, &mounts, want)?;
+        let mut sandbox_spec = SandboxSpec {
+            cpus: size.cpus,
+            keep_running: true,
+            ..SandboxSpec::new(sandbox, variant, size.memory_bytes, cfg.timeout_secs)
+        };
+        let mut linux = None;
+        let mut host_state = bundle.clone();
+        if let (Guest::Linux { kernel, agent }, Some(dir)) = (&guest, &state_dir) {
+            let process =
+                spec.agent_process(&prepared.rootfs)
+                    .map_err(|source| CreateError::Resources {
+                        task: task.clone(),
+                        source,
+                    })?;
+            let GuestRootfs::Image { image, .. } = &prepared.guest else {
+                unreachable!("a Linux guest's rootfs is an image");
+            };
+            let initrd = runtime::container::initramfs(agent, &cache).map_err(|source| {
+                CreateError::Initramfs {
+                    task: task.clone(),
+                    source: Box::new(source),
+                }
+            })?;
+            let mut lc = ::rootfs::LayerConfig::new(dir.join("layers"));
+            lc.fs_bytes = LAYERS_FS_BYTES;
+            lc.template_bytes = cfg.layer_bytes();
+            let layers =
+                ::rootfs::WritableLayers::create(&lc).map_err(|source| CreateError::Layers {
+                    task: task.clone(),
+                    dir: lc.dir.clone(),
+                    source: Box::new(source),
+                })?;
+            sandbox_spec.kernel = Some(kernel.clone());
+            sandbox_spec.agent_initrd = Some(initrd);
+            // The agent reads no check file: the container's process is the proof.
+            sandbox_spec.rootfs = Some(runtime::rootfs::RootfsSpec {
+                image: Arc::clone(image),
+                check: None,
+                image_mode: runtime::rootfs::ImageMode::Blk,
+                layer_mode: runtime::rootfs::LayerMode::Reflink,
+            });
+            host_state = dir.clone();
+            linux = Some(LinuxParams {
+                process,
+                layers,
+                state_dir: dir.clone(),
+            });
+        }
+        let host = match HostServices::attach(info, host_state, bundle.join("trace.jsonl")) {
             Ok(h) => Box::leak(Box::new(h)),
             Err(source) => {
-                if prepared.mounted {
-                    let _ = rootfs::unmount(&prepared.rootfs);
-                }
                 return Err(CreateError::Attach {
                     sandbox: rec.sandbox_id,
                     source,
@@ -305,34 +454,77 @@ impl TaskService {
         let params = TaskParams {
             id: req.id.clone(),
             bundle: bundle.clone(),
+            stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),
             stderr: req.stderr.clone(),
-            // No rootfs: the RunD split from the snapshot is the seam of
-            // rootfs.rs; today the entrypoint is the agent's app payload.
-            spec: SandboxSpec {
-                cpus: cfg.cpus,
-                keep_running: true,
-                ..SandboxSpec::new(sandbox, variant, cfg.memory_bytes(), cfg.timeout_secs)
-            },
+            terminal: req.terminal,
+            spec: sandbox_spec,
             netns,
             until_exit,
             prepared,
             trace_copy: cfg.trace_copy.clone(),
+            linux,
         };
         Ok(Arc::new(Task::new(host, params)))
     }
 
     fn on_exit(&self) -> Arc<OnExit> {
         let inner = Arc::clone(&self.inner);
-        Arc::new(Box::new(move |t: &Task, e: &Exit, pid: u32| {
-            let mut ev = TaskExit::new();
-            ev.container_id = t.id.clone();
-            ev.id = t.id.clone();
-            ev.pid = pid;
-            ev.exit_status = e.status;
-            ev.exited_at = timestamp(e.at);
-            inner.publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(ev));
-        }))
+        Arc::new(Box::new(
+            move |t: &Task, exec_id: &str, e: &Exit, pid: u32| {
+                let mut ev = TaskExit::new();
+                ev.container_id = t.id.clone();
+                ev.id = if exec_id.is_empty() {
+                    t.id.clone()
+                } else {
+                    exec_id.to_string()
+                };
+                ev.pid = pid;
+                ev.exit_status = e.status;
+                ev.exited_at = timestamp(e.at);
+                inner.publish(topics::TASK_EXIT_EVENT_TOPIC, Box::new(ev));
+            },
+        ))
+    }
+
+    /// Starts exec `exec_id` of `t` and waits for it on a thread of its own
+    /// (its output drained, then TaskExit); its pid.
+    fn start_exec(&self, t: &Arc<Task>, exec_id: &str) -> TtrpcResult<u32> {
+        let proc = exec_of(t, exec_id)?;
+        let agent = Arc::clone(t.agent.as_ref().expect("exec_of checked"));
+        let pid = agent.start(&proc).map_err(guest_err)?;
+        let (task, on_exit) = (Arc::clone(t), self.on_exit());
+        let spawned = std::thread::Builder::new()
+            .name(format!("exec-{exec_id}"))
+            .spawn(move || {
+                let status = match agent.wait_exit(&proc) {
+                    Ok(x) => x.status.max(0) as u32,
+                    // The guest went away under it: killed with the VM.
+                    Err(e) => {
+                        tracing::warn!("{e}");
+                        128 + libc::SIGKILL as u32
+                    }
+                };
+                proc.drain(DRAIN_LIMIT);
+                if let Some(e) = proc.finish(status) {
+                    on_exit(&task, &proc.exec_id, &e, pid);
+                }
+            });
+        if let Err(e) = spawned {
+            return Err(rpc_err(
+                Code::UNKNOWN,
+                format!("task {}: exec {exec_id}: waiter thread: {e}", t.id),
+            ));
+        }
+        Ok(pid)
+    }
+}
+
+fn status_of(s: Status) -> api::Status {
+    match s {
+        Status::Created | Status::Starting => api::Status::CREATED,
+        Status::Running => api::Status::RUNNING,
+        Status::Stopped => api::Status::STOPPED,
     }
 }
 
@@ -385,7 +577,18 @@ impl shim::Task for TaskService {
         _ctx: &TtrpcContext,
         req: api::StartRequest,
     ) -> TtrpcResult<api::StartResponse> {
-        let t = self.inner.task(&req.id, &req.exec_id)?;
+        let t = self.inner.task(&req.id)?;
+        let mut r = api::StartResponse::new();
+        if !req.exec_id.is_empty() {
+            r.pid = self.start_exec(&t, &req.exec_id)?;
+            let mut ev = TaskExecStarted::new();
+            ev.container_id = req.id.clone();
+            ev.exec_id = req.exec_id.clone();
+            ev.pid = r.pid;
+            self.inner
+                .publish(topics::TASK_EXEC_STARTED_EVENT_TOPIC, Box::new(ev));
+            return Ok(r);
+        }
         let limit = Duration::from_secs(t.timeout_secs.saturating_add(30));
         let pid = t
             .start(limit, self.on_exit())
@@ -395,26 +598,51 @@ impl shim::Task for TaskService {
         ev.pid = pid;
         self.inner
             .publish(topics::TASK_START_EVENT_TOPIC, Box::new(ev));
-        let mut r = api::StartResponse::new();
         r.pid = pid;
         Ok(r)
     }
 
     fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<api::Empty> {
-        let t = self.inner.task(&req.id, &req.exec_id)?;
+        let t = self.inner.task(&req.id)?;
+        let finished = |what: &str| {
+            rpc_err(
+                Code::NOT_FOUND,
+                format!("task {}: {what}: process already finished", req.id),
+            )
+        };
+        if !req.exec_id.is_empty() {
+            let proc = exec_of(&t, &req.exec_id)?;
+            let agent = t.agent.as_ref().expect("exec_of checked");
+            return match agent.signal(&proc, req.signal) {
+                Ok(()) => Ok(api::Empty::new()),
+                Err(e) if e.is_not_found() => Err(finished(&format!("exec {}", req.exec_id))),
+                Err(e) => Err(guest_err(e)),
+            };
+        }
+        if req.all {
+            // Every exec too (the main one's exit ends the VM with them anyway).
+            if let Some(agent) = &t.agent {
+                for p in agent.execs() {
+                    if p.status().0 == Status::Running {
+                        let _ = agent.signal(&p, req.signal);
+                    }
+                }
+            }
+        }
         match t.kill(req.signal) {
             Ok(()) => Ok(api::Empty::new()),
-            Err(KillError::Finished) => Err(rpc_err(
-                Code::NOT_FOUND,
-                format!("task {}: process already finished", req.id),
-            )),
+            Err(KillError::Finished) => Err(finished("main process")),
             Err(e) => Err(rpc_err(Code::UNKNOWN, format!("task {}: {e}", req.id))),
         }
     }
 
     fn wait(&self, _ctx: &TtrpcContext, req: api::WaitRequest) -> TtrpcResult<api::WaitResponse> {
-        let t = self.inner.task(&req.id, &req.exec_id)?;
-        let e = t.wait();
+        let t = self.inner.task(&req.id)?;
+        let e = if req.exec_id.is_empty() {
+            t.wait()
+        } else {
+            exec_of(&t, &req.exec_id)?.wait()
+        };
         let mut r = api::WaitResponse::new();
         r.exit_status = e.status;
         r.exited_at = timestamp(e.at);
@@ -426,7 +654,17 @@ impl shim::Task for TaskService {
         _ctx: &TtrpcContext,
         req: api::DeleteRequest,
     ) -> TtrpcResult<api::DeleteResponse> {
-        let t = self.inner.task(&req.id, &req.exec_id)?;
+        let t = self.inner.task(&req.id)?;
+        let mut r = api::DeleteResponse::new();
+        if !req.exec_id.is_empty() {
+            exec_of(&t, &req.exec_id)?;
+            let agent = t.agent.as_ref().expect("exec_of checked");
+            let (pid, exit) = agent.delete_exec(&req.exec_id).map_err(guest_err)?;
+            r.pid = pid;
+            r.exit_status = exit.status;
+            r.exited_at = timestamp(exit.at);
+            return Ok(r);
+        }
         let (_, pid, _) = t.status();
         let exit = t
             .delete(TEARDOWN_LIMIT)
@@ -444,7 +682,6 @@ impl shim::Task for TaskService {
         ev.exited_at = timestamp(exit.at);
         self.inner
             .publish(topics::TASK_DELETE_EVENT_TOPIC, Box::new(ev));
-        let mut r = api::DeleteResponse::new();
         r.pid = pid;
         r.exit_status = exit.status;
         r.exited_at = timestamp(exit.at);
@@ -456,20 +693,27 @@ impl shim::Task for TaskService {
         _ctx: &TtrpcContext,
         req: api::StateRequest,
     ) -> TtrpcResult<api::StateResponse> {
-        let t = self.inner.task(&req.id, &req.exec_id)?;
-        let (status, pid, exit) = t.status();
+        let t = self.inner.task(&req.id)?;
         let mut r = api::StateResponse::new();
         r.id = t.id.clone();
         r.bundle = t.bundle.display().to_string();
+        let (status, pid, exit) = if req.exec_id.is_empty() {
+            r.stdin = t.stdin.clone();
+            r.stdout = t.stdout.clone();
+            r.stderr = t.stderr.clone();
+            r.terminal = t.terminal;
+            t.status()
+        } else {
+            let p = exec_of(&t, &req.exec_id)?;
+            r.exec_id = req.exec_id.clone();
+            r.stdin = p.io.stdin.clone();
+            r.stdout = p.io.stdout.clone();
+            r.stderr = p.io.stderr.clone();
+            r.terminal = p.io.terminal;
+            p.status()
+        };
         r.pid = pid;
-        r.status = match status {
-            Status::Created | Status::Starting => api::Status::CREATED,
-            Status::Running => api::Status::RUNNING,
-            Status::Stopped => api::Status::STOPPED,
-        }
-        .into();
-        r.stdout = t.stdout.clone();
-        r.stderr = t.stderr.clone();
+        r.status = status_of(status).into();
         if let Some(e) = exit {
             r.exit_status = e.status;
             r.exited_at = timestamp(e.at);
@@ -478,14 +722,167 @@ impl shim::Task for TaskService {
     }
 
     fn pids(&self, _ctx: &TtrpcContext, req: api::PidsRequest) -> TtrpcResult<api::PidsResponse> {
-        let t = self.inner.task(&req.id, "")?;
+        let t = self.inner.task(&req.id)?;
         let (status, pid, _) = t.status();
         let mut r = api::PidsResponse::new();
-        if status == Status::Running {
+        if status != Status::Running {
+            return Ok(r);
+        }
+        let pids = match &t.agent {
+            // The guest pids of the task's processes (main and execs).
+            Some(agent) => agent.pids().map_err(guest_err)?,
+            None => vec![pid],
+        };
+        for pid in pids {
             let mut p = shim::protos::types::task::ProcessInfo::new();
             p.pid = pid;
             r.processes.push(p);
         }
+        Ok(r)
+    }
+
+    fn exec(&self, _ctx: &TtrpcContext, req: api::ExecProcessRequest) -> TtrpcResult<api::Empty> {
+        let t = self.inner.task(&req.id)?;
+        let agent = t
+            .agent
+            .as_ref()
+            .ok_or_else(|| builtin_unsupported(&t.id, "exec"))?;
+        if t.status().0 != Status::Running {
+            return Err(rpc_err(
+                Code::FAILED_PRECONDITION,
+                format!("task {}: not running", t.id),
+            ));
+        }
+        let spec_json = req.spec.as_ref().map(|a| a.value.as_slice()).unwrap_or(b"");
+        let spec: serde_json::Value = serde_json::from_slice(spec_json).map_err(|e| {
+            rpc_err(
+                Code::INVALID_ARGUMENT,
+                format!("task {}: exec {}: spec: {e}", t.id, req.exec_id),
+            )
+        })?;
+        let io = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal,
+        };
+        agent.exec(&req.exec_id, io, spec).map_err(guest_err)?;
+        let mut ev = TaskExecAdded::new();
+        ev.container_id = req.id.clone();
+        ev.exec_id = req.exec_id.clone();
+        self.inner
+            .publish(topics::TASK_EXEC_ADDED_EVENT_TOPIC, Box::new(ev));
+        Ok(api::Empty::new())
+    }
+
+    fn resize_pty(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::ResizePtyRequest,
+    ) -> TtrpcResult<api::Empty> {
+        let t = self.inner.task(&req.id)?;
+        let agent = t
+            .agent
+            .as_ref()
+            .ok_or_else(|| builtin_unsupported(&t.id, "a terminal"))?;
+        let proc = if req.exec_id.is_empty() {
+            agent.main()
+        } else {
+            exec_of(&t, &req.exec_id)?
+        };
+        agent
+            .resize(&proc, req.width, req.height)
+            .map_err(guest_err)?;
+        Ok(api::Empty::new())
+    }
+
+    fn close_io(&self, _ctx: &TtrpcContext, req: api::CloseIORequest) -> TtrpcResult<api::Empty> {
+        let t = self.inner.task(&req.id)?;
+        // The built-in agent's app reads no stdin: nothing to close.
+        let Some(agent) = &t.agent else {
+            return Ok(api::Empty::new());
+        };
+        let proc = if req.exec_id.is_empty() {
+            agent.main()
+        } else {
+            exec_of(&t, &req.exec_id)?
+        };
+        if req.stdin {
+            proc.close_stdin();
+        }
+        Ok(api::Empty::new())
+    }
+
+    fn pause(&self, _ctx: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<api::Empty> {
+        self.inner.task(&req.id)?;
+        Err(rpc_err(
+            Code::UNIMPLEMENTED,
+            format!(
+                "burstvm: task {}: pause is not supported (the VMM cannot pause its vCPUs; \
+                 see docs/shim.md)",
+                req.id
+            ),
+        ))
+    }
+
+    fn resume(&self, _ctx: &TtrpcContext, req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
+        self.inner.task(&req.id)?;
+        Err(rpc_err(
+            Code::UNIMPLEMENTED,
+            format!(
+                "burstvm: task {}: resume is not supported (nothing is ever paused)",
+                req.id
+            ),
+        ))
+    }
+
+    fn checkpoint(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::CheckpointTaskRequest,
+    ) -> TtrpcResult<api::Empty> {
+        self.inner.task(&req.id)?;
+        Err(rpc_err(
+            Code::UNIMPLEMENTED,
+            format!(
+                "burstvm: task {}: checkpoint is not supported (a microVM's state is not \
+                 saved; templates are made before a sandbox runs, docs/templates.md)",
+                req.id
+            ),
+        ))
+    }
+
+    fn update(&self, _ctx: &TtrpcContext, req: api::UpdateTaskRequest) -> TtrpcResult<api::Empty> {
+        self.inner.task(&req.id)?;
+        Err(rpc_err(
+            Code::UNIMPLEMENTED,
+            format!(
+                "burstvm: task {}: update is not supported (the memory limit is the microVM's \
+                 RAM and its CPU quota the sandbox cgroup's, both fixed at create)",
+                req.id
+            ),
+        ))
+    }
+
+    fn stats(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StatsRequest,
+    ) -> TtrpcResult<api::StatsResponse> {
+        let t = self.inner.task(&req.id)?;
+        let agent = t
+            .agent
+            .as_ref()
+            .ok_or_else(|| builtin_unsupported(&t.id, "stats"))?;
+        if t.status().0 != Status::Running {
+            return Err(rpc_err(
+                Code::FAILED_PRECONDITION,
+                format!("task {}: not running", t.id),
+            ));
+        }
+        let m = agent.metrics().map_err(guest_err)?;
+        let mut r = api::StatsResponse::new();
+        r.stats = MessageField::some(crate::guest::metrics_any(&m));
         Ok(r)
     }
 
@@ -497,7 +894,7 @@ impl shim::Task for TaskService {
         let mut r = api::ConnectResponse::new();
         r.shim_pid = std::process::id();
         r.version = env!("CARGO_PKG_VERSION").into();
-        if let Ok(t) = self.inner.task(&req.id, "") {
+        if let Ok(t) = self.inner.task(&req.id) {
             r.task_pid = t.status().1;
         }
         Ok(r)

@@ -1,5 +1,8 @@
 //! One task of the shim: a burstvm sandbox created through the runtime
-//! library (`Sandbox::start_attached`), owned by a thread of its own.
+//! library (`Sandbox::start_attached`), owned by a thread of its own. On the
+//! built-in agent the task is the VMM (its exit status is the guest's); in a
+//! Linux guest it is the bundle's OCI process under the guest agent
+//! (`crate::guest`), and the VM ends with it.
 //!
 //! The VMM is forked on a keeper thread its `Sandbox` owns (`runtime::child`),
 //! so its `PR_SET_PDEATHSIG` is tied to the sandbox's life (not to a ttrpc
@@ -17,10 +20,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use runtime::{Attach, HostServices, Sandbox, SandboxSpec};
+use runtime::{Attach, HostServices, Sandbox, SandboxHost, SandboxSpec};
 use serde::{Deserialize, Serialize};
 
+use crate::guest::{Agent, GuestError, DRAIN_LIMIT};
 use crate::rootfs::{self, GuestRootfs, Prepared};
+
+/// After the main process of a Linux guest exited and `Shutdown` was sent,
+/// the VMM has this long to exit before it is killed.
+const VMM_EXIT_LIMIT: Duration = Duration::from_secs(20);
 
 /// What `<bundle>/burstvm.json` records for `shim delete` after a crash.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -35,6 +43,10 @@ pub struct Record {
     /// The guest's neighbour entry in the services' server netns (once started).
     #[serde(default)]
     pub guest_ip: Option<std::net::Ipv4Addr>,
+    /// A Linux guest's state directory (`/run/burstvm/shim-<sandbox>`: the
+    /// VMM's files, its vsock socket, the writable layers' mount).
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
 }
 
 pub const RECORD: &str = "burstvm.json";
@@ -70,8 +82,11 @@ pub struct Exit {
 #[derive(Debug)]
 struct State {
     status: Status,
+    /// The VMM's pid (built-in agent), the main process's in the guest (Linux).
     pid: u32,
     exit: Option<Exit>,
+    /// A Linux guest's VMM, until it is reaped (signalled only under this lock).
+    vmm_pid: Option<u32>,
 }
 
 enum Ctl {
@@ -106,6 +121,11 @@ pub enum TaskError {
     /// The sandbox thread ended without reporting its start.
     #[error("task {task}: sandbox {sandbox} thread ended before it started")]
     StartLost { task: String, sandbox: String },
+    /// The sandbox is ready but its main process could not be started.
+    #[error(transparent)]
+    Guest(#[from] GuestError),
+    #[error("task {task}: killed while starting")]
+    Cancelled { task: String },
     #[error("task {task} is still running")]
     Running { task: String },
     #[error("{}", join(.0))]
@@ -135,8 +155,11 @@ fn join(errs: &[TeardownError]) -> String {
 pub struct TaskParams {
     pub id: String,
     pub bundle: PathBuf,
+    /// containerd's FIFOs (empty: none).
+    pub stdin: String,
     pub stdout: String,
     pub stderr: String,
+    pub terminal: bool,
     pub spec: SandboxSpec,
     /// The engine's netns (CRI), else the sandbox makes its own.
     pub netns: Option<PathBuf>,
@@ -144,16 +167,86 @@ pub struct TaskParams {
     pub until_exit: bool,
     pub prepared: Prepared,
     pub trace_copy: Option<PathBuf>,
+    /// A Linux guest: what only that path has.
+    pub linux: Option<LinuxParams>,
+}
+
+/// The Linux-guest part of a task's parameters.
+pub struct LinuxParams {
+    /// The main process (config.json's `process`).
+    pub process: agent_proto::Process,
+    /// The sandbox's writable layers (a reflink of their template per sandbox).
+    pub layers: ::rootfs::WritableLayers,
+    /// Where the sandbox's files and the layers are (`Record::state_dir`).
+    pub state_dir: PathBuf,
+}
+
+/// The shim's host services plus writable layers (the `rootfs` stage of a
+/// Linux guest): `HostServices` has none of its own.
+struct LayeredHost<'a> {
+    services: &'a HostServices,
+    layers: &'a ::rootfs::WritableLayers,
+}
+
+impl SandboxHost for LayeredHost<'_> {
+    fn bin(&self) -> &Path {
+        self.services.bin()
+    }
+    fn trace_path(&self) -> &Path {
+        self.services.trace_path()
+    }
+    fn state_dir(&self) -> &Path {
+        self.services.state_dir()
+    }
+    fn interrupted(&self) -> bool {
+        self.services.interrupted()
+    }
+    fn cgroup_for(
+        &self,
+        id: &str,
+        limits: runtime::cgroup::Limits,
+    ) -> Result<runtime::cgroup::Cgroup, runtime::cgroup::CgroupError> {
+        self.services.cgroup_for(id, limits)
+    }
+    fn cni(&self) -> Option<&runtime::cni::CniNetwork> {
+        self.services.cni()
+    }
+    fn pool_socket(&self) -> Option<&Path> {
+        self.services.pool_socket()
+    }
+    fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, runtime::host::HostCallError> {
+        self.services.vf_socket(vf_id)
+    }
+    fn addressing(&self) -> runtime::uplink::Addressing {
+        self.services.addressing()
+    }
+    fn add_neighbor(
+        &self,
+        ip: std::net::Ipv4Addr,
+        mac: netutil::MacAddr,
+    ) -> Result<(), runtime::host::HostCallError> {
+        self.services.add_neighbor(ip, mac)
+    }
+    fn del_neighbor(&self, ip: std::net::Ipv4Addr) -> Result<(), runtime::host::HostCallError> {
+        self.services.del_neighbor(ip)
+    }
+    fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
+        Some(self.layers)
+    }
 }
 
 pub struct Task {
     pub id: String,
     pub bundle: PathBuf,
+    pub stdin: String,
     pub stdout: String,
     pub stderr: String,
+    pub terminal: bool,
     pub sandbox_id: String,
     /// Seconds the guest may take to become ready.
     pub timeout_secs: u64,
+    /// A Linux guest's agent side (its processes); None on the built-in agent.
+    pub agent: Option<Arc<Agent>>,
     host: &'static HostServices,
     params: Mutex<Option<TaskParams>>,
     prepared_rootfs: Mutex<Option<(PathBuf, bool)>>,
@@ -164,8 +257,11 @@ pub struct Task {
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-/// Called with the final status when the VMM exits (publishes TaskExit).
-pub type OnExit = Box<dyn Fn(&Task, &Exit, u32) + Send + Sync>;
+/// Called with the final status when a process of the task exits (the
+/// VMM on the built-in agent; the main process or an exec in a Linux
+/// guest): the task, the exec id ("" for the task itself), the exit and its
+/// pid. Publishes TaskExit.
+pub type OnExit = Box<dyn Fn(&Task, &str, &Exit, u32) + Send + Sync>;
 
 pub fn now() -> (i64, u32) {
     let d = std::time::SystemTime::now()
@@ -186,11 +282,26 @@ fn exit_code(st: std::process::ExitStatus) -> u32 {
 
 impl Task {
     pub fn new(host: &'static HostServices, p: TaskParams) -> Task {
+        let agent = p.linux.as_ref().map(|_| {
+            Arc::new(Agent::new(
+                &p.id,
+                p.prepared.rootfs.clone(),
+                crate::guest::StdioPaths {
+                    stdin: p.stdin.clone(),
+                    stdout: p.stdout.clone(),
+                    stderr: p.stderr.clone(),
+                    terminal: p.terminal,
+                },
+            ))
+        });
         Task {
+            agent,
             id: p.id.clone(),
             bundle: p.bundle.clone(),
+            stdin: p.stdin.clone(),
             stdout: p.stdout.clone(),
             stderr: p.stderr.clone(),
+            terminal: p.terminal,
             sandbox_id: p.spec.id.clone(),
             timeout_secs: p.spec.timeout_secs,
             host,
@@ -200,6 +311,7 @@ impl Task {
                 status: Status::Created,
                 pid: 0,
                 exit: None,
+                vmm_pid: None,
             }),
             changed: Condvar::new(),
             cancel: Arc::new(AtomicBool::new(false)),
@@ -250,7 +362,7 @@ impl Task {
                     task: self.id.clone(),
                 })?
         };
-        let (start_tx, start_rx) = mpsc::channel::<Result<u32, runtime::SandboxFailure>>();
+        let (start_tx, start_rx) = mpsc::channel::<Result<u32, TaskError>>();
         let (ctl_tx, ctl_rx) = mpsc::channel::<Ctl>();
         *self.ctl.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctl_tx);
         let task = Arc::clone(self);
@@ -263,10 +375,7 @@ impl Task {
             })?;
         *self.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
         match start_rx.recv_timeout(limit) {
-            Ok(r) => r.map_err(|source| TaskError::Start {
-                task: self.id.clone(),
-                source,
-            }),
+            Ok(r) => r,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 self.cancel.store(true, Ordering::SeqCst);
                 Err(TaskError::StartTimeout {
@@ -282,24 +391,58 @@ impl Task {
         }
     }
 
-    /// The sandbox thread: start, wait for the VMM's exit, tear down on request.
+    /// The sandbox thread: start, serve the task until it exits, tear down on request.
     fn run(
         self: Arc<Task>,
         p: TaskParams,
-        start_tx: mpsc::Sender<Result<u32, runtime::SandboxFailure>>,
+        start_tx: mpsc::Sender<Result<u32, TaskError>>,
         ctl_rx: mpsc::Receiver<Ctl>,
         on_exit: Arc<OnExit>,
     ) {
-        let stdout = relay_stdout(&p.stdout);
-        let GuestRootfs::AppPayload(app) = p.prepared.guest.clone();
-        let attach = Attach {
-            netns: p.netns.clone(),
-            app_file: Some(app),
-            until_exit: p.until_exit,
-            stdout,
-            cancel: Some(Arc::clone(&self.cancel)),
+        let TaskParams {
+            spec,
+            netns,
+            until_exit,
+            prepared,
+            trace_copy,
+            linux,
+            ..
+        } = p;
+        let (layers, process, state_dir) = match linux {
+            Some(l) => (Some(l.layers), Some(l.process), Some(l.state_dir)),
+            None => (None, None, None),
         };
-        let mut sb = match Sandbox::start_attached(self.host, p.spec, attach) {
+        // Declared first, dropped last: after the sandbox and the layers.
+        let state_dir = StateDir(state_dir);
+        let layered;
+        let host: &dyn SandboxHost = match &layers {
+            Some(l) => {
+                layered = LayeredHost {
+                    services: self.host,
+                    layers: l,
+                };
+                &layered
+            }
+            None => self.host,
+        };
+        let cancel = Some(Arc::clone(&self.cancel));
+        let attach = match &prepared.guest {
+            GuestRootfs::AppPayload(app) => Attach {
+                netns,
+                app_file: Some(app.clone()),
+                until_exit,
+                stdout: relay_stdout(&self.stdout),
+                cancel,
+            },
+            // The container's stdout is its process's; the VMM's goes nowhere.
+            GuestRootfs::Image { .. } => Attach {
+                netns,
+                until_exit: true,
+                cancel,
+                ..Attach::default()
+            },
+        };
+        let sb = match Sandbox::start_attached(host, spec, attach) {
             Ok(sb) => sb,
             Err(f) => {
                 write_fifo(&self.stderr, format!("burstvm: {f}\n").as_bytes());
@@ -311,21 +454,52 @@ impl Task {
                 };
                 let e = self.finish(&mut s, code);
                 drop(s);
-                let _ = start_tx.send(Err(f));
-                on_exit(&self, &e, 0);
+                if let Some(a) = &self.agent {
+                    a.release(code);
+                }
+                let _ = start_tx.send(Err(TaskError::Start {
+                    task: self.id.clone(),
+                    source: f,
+                }));
+                on_exit(&self, "", &e, 0);
                 return;
             }
         };
-        let pid = sb.vmm_pid().unwrap_or(0);
         if let (Some(ip), Some(mut rec)) = (sb.guest_ip, Record::read(&self.bundle)) {
             rec.guest_ip = Some(ip);
             if let Err(e) = rec.write(&self.bundle) {
                 tracing::warn!("{}: {e}", self.bundle.join(RECORD).display());
             }
         }
-        if let Some(copy) = &p.trace_copy {
+        if let Some(copy) = &trace_copy {
             copy_trace(self.host, &self.sandbox_id, copy);
         }
+        let mut sb = sb;
+        match (&self.agent, process) {
+            (Some(agent), Some(process)) => {
+                self.serve_container(&mut sb, agent, process, &start_tx, &on_exit)
+            }
+            _ => self.serve_app(&mut sb, &start_tx, &on_exit),
+        }
+        if let Ok(Ctl::Teardown(reply)) = ctl_rx.recv() {
+            let r = sb.teardown();
+            // The layers go after the VMM that held one of them; all of it
+            // before the reply.
+            drop(sb);
+            drop(layers);
+            drop(state_dir);
+            let _ = reply.send(r);
+        }
+    }
+
+    /// The built-in agent: the task is the VMM; its status is the task's.
+    fn serve_app(
+        &self,
+        sb: &mut Sandbox<'_>,
+        start_tx: &mpsc::Sender<Result<u32, TaskError>>,
+        on_exit: &OnExit,
+    ) {
+        let pid = sb.vmm_pid().unwrap_or(0);
         {
             let mut s = self.lock();
             s.status = Status::Running;
@@ -341,16 +515,149 @@ impl Task {
             self.finish(&mut s, code)
         };
         write_fifo(&self.stderr, sb.vmm_stderr().as_bytes());
-        on_exit(&self, &e, pid);
-        if let Ok(Ctl::Teardown(reply)) = ctl_rx.recv() {
-            let _ = reply.send(sb.teardown());
+        on_exit(self, "", &e, pid);
+    }
+
+    /// A Linux guest: the main process is created, started and waited for
+    /// through the agent; after it exited and its output drained, the agent
+    /// powers the guest off and the VMM exits.
+    fn serve_container(
+        &self,
+        sb: &mut Sandbox<'_>,
+        agent: &Arc<Agent>,
+        process: agent_proto::Process,
+        start_tx: &mpsc::Sender<Result<u32, TaskError>>,
+        on_exit: &OnExit,
+    ) {
+        let vmm_pid = sb.vmm_pid().unwrap_or(0);
+        self.lock().vmm_pid = Some(vmm_pid);
+        agent.ready(
+            sb.vsock_path()
+                .expect("a sandbox with the agent's initramfs serves vsock")
+                .to_path_buf(),
+        );
+        let main = agent.main();
+        let cancelled = || {
+            self.cancel
+                .load(Ordering::SeqCst)
+                .then(|| TaskError::Cancelled {
+                    task: self.id.clone(),
+                })
+        };
+        let started = (|| -> Result<u32, TaskError> {
+            if let Some(e) = cancelled() {
+                return Err(e);
+            }
+            agent.launch(&main, process, true)?;
+            if let Some(e) = cancelled() {
+                return Err(e);
+            }
+            Ok(agent.start(&main)?)
+        })();
+        let pid = match started {
+            Ok(pid) => {
+                let mut s = self.lock();
+                s.status = Status::Running;
+                s.pid = pid;
+                drop(s);
+                let _ = start_tx.send(Ok(pid));
+                pid
+            }
+            Err(err) => {
+                write_fifo(&self.stderr, format!("burstvm: {err}\n").as_bytes());
+                agent.shutdown();
+                self.reap_vmm(sb, vmm_pid);
+                let code = match &err {
+                    TaskError::Cancelled { .. } => 137,
+                    TaskError::Guest(GuestError::Agent { source, .. })
+                        if source.agent_code() == Some(agent_proto::ErrorCode::Spawn) =>
+                    {
+                        127
+                    }
+                    _ => 1,
+                };
+                let e = {
+                    let mut s = self.lock();
+                    self.finish(&mut s, code)
+                };
+                agent.release(code);
+                let _ = start_tx.send(Err(err));
+                on_exit(self, "", &e, 0);
+                return;
+            }
+        };
+        let waited = agent.wait_exit(&main);
+        // Its output first, then the power-off: the guest's last bytes are
+        // in its vsock queues until the streams reach EOF.
+        main.drain(DRAIN_LIMIT);
+        agent.shutdown();
+        let vmm_code = self.reap_vmm(sb, vmm_pid);
+        let status = match &waited {
+            Ok(x) => x.status.max(0) as u32,
+            Err(err) => {
+                write_fifo(
+                    &self.stderr,
+                    format!("burstvm: {err}\n{}", sb.vmm_stderr()).as_bytes(),
+                );
+                vmm_code
+            }
+        };
+        // The VMM is gone: every stream is closed, the pumps end.
+        main.drain(Duration::from_secs(2));
+        main.finish(status);
+        let e = {
+            let mut s = self.lock();
+            self.finish(&mut s, status)
+        };
+        for (p, pe) in agent.release(128 + libc::SIGKILL as u32) {
+            let (_, ppid, _) = p.status();
+            on_exit(self, &p.exec_id, &pe, ppid);
         }
+        on_exit(self, "", &e, pid);
+    }
+
+    /// Waits (bounded) for a Linux guest's VMM to exit after `Shutdown`,
+    /// kills it if it does not, and reaps it; its status as a task's.
+    fn reap_vmm(&self, sb: &mut Sandbox<'_>, vmm_pid: u32) -> u32 {
+        if !wait_exited_for(vmm_pid, VMM_EXIT_LIMIT) {
+            tracing::warn!(
+                "sandbox {}: VMM {vmm_pid} still running {} s after Shutdown; killed",
+                self.sandbox_id,
+                VMM_EXIT_LIMIT.as_secs()
+            );
+            {
+                let _s = self.lock();
+                // SAFETY: kill(2) on our VMM child, not reaped yet (reaped only below).
+                unsafe { libc::kill(vmm_pid as i32, libc::SIGKILL) };
+            }
+            wait_exited(vmm_pid);
+        }
+        let mut s = self.lock();
+        s.vmm_pid = None;
+        sb.wait_status().map(exit_code).unwrap_or(255)
     }
 
     /// A task's kill: SIGTERM stops the VMM gracefully (it closes its devices
     /// and exits), SIGKILL at once; a start in progress is cancelled.
     pub fn kill(&self, signal: u32) -> Result<(), KillError> {
         let mut s = self.lock();
+        if let (Status::Running, Some(agent)) = (s.status, &self.agent) {
+            // The main process in the guest; the VM ends with it.
+            drop(s);
+            return match agent.signal(&agent.main(), signal) {
+                Ok(()) => Ok(()),
+                Err(e) if e.is_not_found() => Err(KillError::Finished),
+                Err(e) => match self.lock().vmm_pid {
+                    // The agent is unreachable: SIGKILL ends the VM itself.
+                    Some(pid) if signal == libc::SIGKILL as u32 => {
+                        // SAFETY: kill(2) on our VMM child; it is reaped only under this lock.
+                        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                        Ok(())
+                    }
+                    _ => Err(KillError::Agent(e)),
+                },
+            };
+        }
         match s.status {
             Status::Created => {
                 self.finish(&mut s, 128 + signal);
@@ -405,6 +712,16 @@ impl Task {
     pub fn teardown(&self, limit: Duration) -> Result<(), TaskError> {
         self.cancel.store(true, Ordering::SeqCst);
         let mut errs = Vec::new();
+        // Never started: its writable layers and state directory go here.
+        if let Some(p) = self.params.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            if let Some(l) = p.linux {
+                drop(l.layers);
+                remove_state_dir(&l.state_dir);
+            }
+        }
+        if let Some(a) = &self.agent {
+            a.release(128 + libc::SIGKILL as u32);
+        }
         if let Some(ctl) = self.ctl.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let (tx, rx) = mpsc::channel();
             if ctl.send(Ctl::Teardown(tx)).is_ok() {
@@ -449,6 +766,55 @@ pub enum KillError {
     Finished,
     #[error("kill: {0}")]
     Os(#[source] std::io::Error),
+    #[error("kill: {0}")]
+    Agent(#[source] GuestError),
+}
+
+/// Whether `pid` exited within `limit` (left unreaped; polls waitid WNOHANG|WNOWAIT).
+fn wait_exited_for(pid: u32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        // SAFETY: siginfo is plain data filled by waitid.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child with a valid siginfo pointer.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT | libc::WNOHANG,
+            )
+        };
+        // SAFETY: si_pid is valid for a waitid result (0 when nothing changed).
+        if r < 0 || unsafe { info.si_pid() } != 0 {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A Linux guest's state directory, removed on drop (once its sandbox and
+/// layers are gone; the layers' mount first, should it still be there).
+struct StateDir(Option<PathBuf>);
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            remove_state_dir(&dir);
+        }
+    }
+}
+
+/// Removes a Linux guest's state directory (`Record::state_dir`).
+pub fn remove_state_dir(dir: &Path) {
+    ::rootfs::layers::reap(&dir.join("layers"));
+    if ::rootfs::layers::is_mounted(&dir.join("layers/mnt")) {
+        return; // never remove files under a live mount
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Blocks until `pid` has exited, leaving it unreaped (waitid WNOWAIT).

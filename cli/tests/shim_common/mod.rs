@@ -108,6 +108,66 @@ impl Fixture {
         self.containerd.ctr(&self.ns, args)
     }
 
+    /// Imports another image `scripts/build-images.sh` made (`busybox.tar`).
+    pub fn import(&self, tarball: &str) {
+        self.containerd
+            .import(&self.ns, &self.dir.join("images").join(tarball))
+            .unwrap();
+    }
+
+    /// A shim config for the Linux guest (docs/shim.md): `kernel`, `agent`,
+    /// the fixture's own image cache, `variant`, `memory` of guest RAM.
+    pub fn write_linux_config(
+        &self,
+        kernel: &str,
+        agent: &str,
+        variant: &str,
+        memory: &str,
+    ) -> PathBuf {
+        let path = self.dir.join("shim-linux.json");
+        let v = serde_json::json!({
+            "services": self.services_dir.join("services.json"),
+            "variant": variant,
+            "memory": memory,
+            "timeout_secs": 300,
+            "trace_copy": self.trace,
+            "kernel": kernel,
+            "agent": agent,
+            "image_cache": self.image_cache(),
+        });
+        std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+        path
+    }
+
+    /// The image cache of the Linux-guest config.
+    pub fn image_cache(&self) -> PathBuf {
+        self.dir.join("image-cache")
+    }
+
+    /// `ctr run` of `image` with the burstvm runtime and shim config `config`.
+    pub fn ctr_run_with(
+        &self,
+        config: &Path,
+        image: &str,
+        id: &str,
+        extra: &[&str],
+        cmd: &[&str],
+    ) -> Command {
+        let cfg = config.display().to_string();
+        let mut args = vec![
+            "run",
+            "--runtime",
+            "io.containerd.burstvm.v2",
+            "--runtime-config-path",
+            &cfg,
+        ];
+        args.extend_from_slice(extra);
+        args.push(image);
+        args.push(id);
+        args.extend_from_slice(cmd);
+        self.containerd.ctr(&self.ns, &args)
+    }
+
     /// `ctr run` of the app image with the burstvm runtime.
     pub fn ctr_run(&self, id: &str, extra: &[&str], entry: Option<&str>) -> Command {
         let cfg = self.shim_config.display().to_string();
@@ -177,6 +237,16 @@ impl Fixture {
         }
         for m in shim::containerd::mounts_under(&self.containerd.bundle(&self.ns, "")) {
             left.push(format!("mount {}", m.display()));
+        }
+        // A Linux guest's state directory (its files, the writable layers' mount).
+        for sb in sandboxes {
+            let d = Path::new(shim::service::STATE_ROOT).join(format!("shim-{sb}"));
+            for m in shim::containerd::mounts_under(&d) {
+                left.push(format!("mount {}", m.display()));
+            }
+            if d.exists() {
+                left.push(format!("state directory {}", d.display()));
+            }
         }
         left
     }
