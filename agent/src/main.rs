@@ -84,14 +84,17 @@ fn run(port: &AgentPort) -> Result<i32, Failed> {
             .with_context(|| format!("sethostname {h}"))
             .map_err(|e| (ErrorCode::Config, e))?;
     }
+    port.report(Event::RootfsMounted, 0);
     step(
         ErrorCode::Network,
         "network",
         boot::net::configure(&cfg, Duration::from_secs(2)),
     )?;
+    port.report(Event::NetConfigured, 0);
     let agent: Arc<Agent> = Agent::new(AgentConfig {
         pod: cfg.pod,
         drop_ioperm: port.enabled(),
+        port: *port,
         ..AgentConfig::default()
     });
     match &cfg.unix_dir {

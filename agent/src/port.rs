@@ -7,9 +7,17 @@
 #[repr(u8)]
 pub enum Event {
     Boot = 0x01,
+    /// The main process's exec begins (`app-launch` stage).
+    AppLaunchStart = 0x04,
+    /// ... and is done (DATA 0: no app payload to checksum).
+    AppLaunchEnd = 0x05,
     Ready = 0x06,
     Error = 0x08,
     Exit = 0x09,
+    /// The container root is mounted and switched to (`rootfs-mount` stage).
+    RootfsMounted = 0x10,
+    /// The network is configured (`net-config` stage).
+    NetConfigured = 0x11,
 }
 
 /// `ERROR` codes of the Linux agent (DATA of [`Event::Error`]), above the
@@ -31,7 +39,7 @@ pub const PORT_EVENT: u16 = 0x0f00;
 pub const PORT_DATA: u16 = 0x0f04;
 
 /// The open agent port (or none: events are skipped).
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct AgentPort {
     enabled: bool,
 }

@@ -76,6 +76,8 @@ pub struct AgentConfig {
     pub drop_ioperm: bool,
     /// Timeout for a stdio connection's hello frame.
     pub hello_timeout: Duration,
+    /// Where the main process's exec is reported (`app-launch`).
+    pub port: crate::port::AgentPort,
 }
 
 impl Default for AgentConfig {
@@ -88,6 +90,7 @@ impl Default for AgentConfig {
             exit_grace: Duration::from_secs(10),
             drop_ioperm: false,
             hello_timeout: Duration::from_secs(10),
+            port: crate::port::AgentPort::disabled(),
         }
     }
 }
@@ -461,7 +464,13 @@ impl Agent {
         let pty = p.pty.clone();
         drop(st);
 
+        if req.main {
+            self.cfg.port.report(crate::port::Event::AppLaunchStart, 0);
+        }
         let spawned = self.spawn(&req, &mut streams, pty.as_deref());
+        if req.main && spawned.is_ok() {
+            self.cfg.port.report(crate::port::Event::AppLaunchEnd, 0);
+        }
         let mut st = self.lock();
         let p = st.procs.get_mut(id).ok_or_else(|| not_found(id))?;
         p.starting = false;

@@ -114,6 +114,8 @@ fn stage_color(s: Stage) -> RGBColor {
         Stage::DmaImage => RGBColor(250, 140, 40),
         Stage::VfOpen => RGBColor(170, 30, 130),
         Stage::Boot => RGBColor(60, 170, 80),
+        Stage::RootfsMount => RGBColor(180, 150, 90),
+        Stage::NetConfig => RGBColor(110, 160, 230),
         Stage::VfDriver => RGBColor(240, 200, 40),
         Stage::AppLaunch => RGBColor(40, 190, 190),
         Stage::VfLink => RGBColor(200, 120, 200),

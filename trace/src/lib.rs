@@ -33,6 +33,10 @@ pub enum Stage {
     DmaImage,
     VfOpen,
     Boot,
+    /// Linux guest agent: the container root mounted and switched to.
+    RootfsMount,
+    /// Linux guest agent: the network configured from the CNI result.
+    NetConfig,
     VfDriver,
     AppLaunch,
     /// Async VF init: the wait for the link after the app launched, before
@@ -48,7 +52,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 15] = [
+    pub const ALL: [Stage; 17] = [
         Stage::Cgroup,
         Stage::Netns,
         Stage::CniAdd,
@@ -60,6 +64,8 @@ impl Stage {
         Stage::DmaImage,
         Stage::VfOpen,
         Stage::Boot,
+        Stage::RootfsMount,
+        Stage::NetConfig,
         Stage::VfDriver,
         Stage::AppLaunch,
         Stage::VfLink,
@@ -91,6 +97,8 @@ impl Stage {
             Stage::DmaImage => "dma-image",
             Stage::VfOpen => "vf-open",
             Stage::Boot => "boot",
+            Stage::RootfsMount => "rootfs-mount",
+            Stage::NetConfig => "net-config",
             Stage::VfDriver => "vf-driver",
             Stage::AppLaunch => "app-launch",
             Stage::VfLink => "vf-link",

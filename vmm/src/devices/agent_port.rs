@@ -27,6 +27,10 @@ pub const EV_TEMPLATE: u8 = 0x0d;
 pub const EV_SG_PIPES: u8 = 0x0e;
 /// SG agent mode: DATA = checksum of everything the pipes returned.
 pub const EV_SG_CSUM: u8 = 0x0f;
+/// Linux guest agent: the container root is mounted and switched to.
+pub const EV_ROOTFS_MOUNTED: u8 = 0x10;
+/// Linux guest agent: the network is configured.
+pub const EV_NET_CONFIGURED: u8 = 0x11;
 
 /// What the agent's SG mode must report before READY (docs/sgiov.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +57,8 @@ struct Marks {
     app_start: u64,
     app_end: u64,
     link_end: u64,
+    rootfs_end: u64,
+    net_end: u64,
     ready: bool,
     rootfs_file: bool,
     rootfs_marker: bool,
@@ -136,6 +142,16 @@ impl AgentPort {
                 m.boot_end = now;
                 self.record(Stage::Boot, self.vcpu_start.load(Ordering::Acquire), now);
             }
+            EV_ROOTFS_MOUNTED if m.rootfs_end == 0 => {
+                m.rootfs_end = now;
+                let start = start_or(m.boot_end, now);
+                self.record(Stage::RootfsMount, start, now);
+            }
+            EV_NET_CONFIGURED if m.net_end == 0 => {
+                m.net_end = now;
+                let start = start_or(m.rootfs_end, start_or(m.boot_end, now));
+                self.record(Stage::NetConfig, start, now);
+            }
             EV_VF_DRIVER_START => m.vf_start = now,
             EV_VF_DRIVER_END if m.vf_end == 0 => {
                 m.vf_end = now;
@@ -218,6 +234,7 @@ impl AgentPort {
                 // ready = max(app-launch end, vf-driver end, vf-link end) → READY.
                 let start = [
                     m.app_end.max(m.vf_end).max(m.link_end),
+                    m.net_end.max(m.rootfs_end),
                     m.boot_end,
                     self.vcpu_start.load(Ordering::Acquire),
                 ]
@@ -337,6 +354,44 @@ mod tests {
         // vf-link runs from the app-launch end; ready from the link.
         assert_eq!(ev[3].start_ns, ev[2].end_ns);
         assert_eq!(ev[4].start_ns, ev[3].end_ns);
+    }
+
+    /// The Linux guest agent's order: boot, root mounted, network, READY
+    /// (listening), then the container's exec (app-launch, after READY).
+    #[test]
+    fn linux_agent_stages() {
+        let trace = Arc::new(TraceWriter::new("sb", None).unwrap());
+        let sink = Arc::new(EventSink::new().unwrap());
+        let start = Arc::new(AtomicU64::new(monotonic_ns()));
+        let mut p = AgentPort::new(start, 0, trace.clone(), sink.clone(), Arc::default());
+        for ev in [
+            EV_BOOT,
+            EV_ROOTFS_MOUNTED,
+            EV_NET_CONFIGURED,
+            EV_READY,
+            EV_APP_LAUNCH_START,
+            EV_APP_LAUNCH_END,
+        ] {
+            p.write(0, &[ev]);
+        }
+        let ev = trace.events();
+        let stages: Vec<Stage> = ev.iter().map(|e| e.stage).collect();
+        assert_eq!(
+            stages,
+            [
+                Stage::Boot,
+                Stage::RootfsMount,
+                Stage::NetConfig,
+                Stage::Ready,
+                Stage::AppLaunch
+            ]
+        );
+        // Each boot step starts where the one before ended; the exec starts
+        // at its own START event, after READY.
+        assert!(ev[..4].windows(2).all(|w| w[1].start_ns == w[0].end_ns));
+        assert!(ev[4].start_ns >= ev[3].end_ns);
+        // DATA 0 is the checksum of no payload: no failure.
+        assert_eq!(sink.drain(), vec![VmEvent::Ready]);
     }
 
     #[test]
