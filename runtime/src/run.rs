@@ -273,17 +273,7 @@ pub fn run_cli(a: &RunConfig) -> Result<i32, Error> {
         }
         if a.keep_running {
             println!("running; Ctrl-C to stop");
-            // Until Ctrl-C, or the VMM ends (a killed VMM is an error of the run).
-            let mut alive = Ok(());
-            while !rt.interrupted() {
-                alive = sb.check_alive();
-                if alive.is_err() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            sb.teardown()?;
-            alive?;
+            run_until_interrupted(&rt, &mut sb)?;
         } else {
             sb.wait_exit()?;
             sb.teardown()?;
@@ -302,6 +292,21 @@ pub fn run_cli(a: &RunConfig) -> Result<i32, Error> {
         return Err(Error::Leaks(lc.describe()));
     }
     Ok(status)
+}
+
+/// A `--keep-running` sandbox: until Ctrl-C, or until its VMM ends (a
+/// killed VMM is an error of the run, reported after the teardown).
+fn run_until_interrupted(rt: &Runtime, sb: &mut Sandbox<'_>) -> Result<(), Error> {
+    let mut alive = Ok(());
+    while !rt.interrupted() {
+        alive = sb.check_alive();
+        if alive.is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    sb.teardown()?;
+    Ok(alive?)
 }
 
 /// The container path of `run`: the sandbox boots the kernel with the guest
@@ -347,16 +352,7 @@ fn run_container(
     };
     if a.keep_running {
         eprintln!("sandbox {id}: main process exited with {status}; running until Ctrl-C");
-        let mut alive = Ok(());
-        while !rt.interrupted() {
-            alive = sb.check_alive();
-            if alive.is_err() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        sb.teardown()?;
-        alive?;
+        run_until_interrupted(rt, &mut sb)?;
     } else {
         // The agent powers the guest off; the VMM exits with its EXIT status.
         sb.wait_status();
