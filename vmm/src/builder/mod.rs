@@ -335,9 +335,19 @@ fn finish(
         }));
     }
 
+    // The marker is the built-in agent's and burstvm init's proof of the
+    // writable layer; a Linux guest booted from an initramfs (the guest
+    // agent) mounts the layers itself and reports ROOTFS_MOUNTED instead.
+    let from_initrd = matches!(
+        &cfg.boot,
+        BootSource::Linux {
+            initrd: Some(_),
+            ..
+        }
+    );
     let rootfs = RootfsExpect {
         file: cfg.rootfs_check.clone(),
-        marker: cfg.disks.iter().any(|d| !d.read_only),
+        marker: cfg.disks.iter().any(|d| !d.read_only) && !from_initrd,
     };
     let sg = cfg
         .agent_mode
