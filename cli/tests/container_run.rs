@@ -115,9 +115,10 @@ fn describe(o: &Output) -> String {
 #[test]
 fn a_container_prints_honours_its_image_config_and_exits_with_its_status() {
     let env = setup();
+    let trace = env.dir.path().join("trace.jsonl");
     let o = run(
         &env,
-        &[],
+        &["--trace", trace.to_str().unwrap()],
         &[
             "sh",
             "-c",
@@ -133,6 +134,18 @@ fn a_container_prints_honours_its_image_config_and_exits_with_its_status() {
         "{}",
         describe(&o)
     );
+    // The Linux path's stages, from the agent's events (docs/design.md).
+    let stages: Vec<String> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["stage"].to_string())
+        .collect();
+    for want in ["boot", "rootfs-mount", "net-config", "ready", "app-launch"] {
+        assert!(
+            stages.iter().any(|s| s.trim_matches('"') == want),
+            "no {want} in {stages:?}"
+        );
+    }
     // The image the sandbox ran is unchanged: no /etc/newfile in it.
     let images: Vec<_> = std::fs::read_dir(env.dir.path().join("cache"))
         .unwrap()
