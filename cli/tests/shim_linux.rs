@@ -97,10 +97,9 @@ impl Drop for StateDirs {
 #[test]
 fn ctr_runs_containers_in_linux_guests() {
     assert!(Path::new("/dev/kvm").exists(), "/dev/kvm is required");
-    let (kernel, agent) = (
-        script("build-guest-kernel.sh", &["--cached"]),
-        script("build-agent.sh", &[]),
-    );
+    // The agent: $BURSTVM_AGENT (as burstvm run takes it), else built here.
+    let agent = std::env::var("BURSTVM_AGENT").unwrap_or_else(|_| script("build-agent.sh", &[]));
+    let kernel = script("build-guest-kernel.sh", &["--cached"]);
     let ns = format!("bvt{}", std::process::id());
     let _state = StateDirs(vec![
         shim::sandbox_id(&ns, "l1"),
@@ -174,6 +173,30 @@ fn ctr_runs_containers_in_linux_guests() {
     assert!(left.is_empty(), "after ctr run --rm l1: {left:?}");
     let built = images(&f.image_cache());
     assert_eq!(built.len(), 1, "the busybox image: {built:?}");
+    // A host directory bound into the container is refused at create, named
+    // (the guest shares no file system with the host).
+    let out = f
+        .ctr_run_with(
+            &cfg,
+            BUSYBOX,
+            "m1",
+            &[
+                "--rm",
+                "--mount",
+                "type=bind,src=/tmp,dst=/data,options=rbind:ro",
+            ],
+            &["true"],
+        )
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("/data") && err.contains("cannot be honoured"),
+        "{}",
+        describe("ctr run --mount", &out)
+    );
+    let left = f.wait_clean(&[f.sandbox_id("m1")], Duration::from_secs(10));
+    assert!(left.is_empty(), "after a refused create: {left:?}");
 
     // 2. A long-running container (a VF: fastiov) with --cpus: exec'd
     // processes beside it, a terminal, pids, metrics; SIGKILL gives 137.
@@ -264,6 +287,17 @@ fn ctr_runs_containers_in_linux_guests() {
         "{}",
         describe("task metrics", &metrics)
     );
+    // A program the image does not have: the exec fails, named; the task runs on.
+    let missing = f
+        .ctr(&["task", "exec", "--exec-id", "e3", "l2", "/no/such/program"])
+        .output()
+        .unwrap();
+    assert!(
+        !missing.status.success()
+            && String::from_utf8_lossy(&missing.stderr).contains("/no/such/program"),
+        "{}",
+        describe("exec e3", &missing)
+    );
     let pause = f.ctr(&["task", "pause", "l2"]).output().unwrap();
     assert!(
         !pause.status.success()
@@ -284,6 +318,46 @@ fn ctr_runs_containers_in_linux_guests() {
         "{}",
         describe(&what, &out)
     );
-    let left = f.wait_clean(&[l1, l2], Duration::from_secs(20));
+    let left = f.wait_clean(&[l1.clone(), l2.clone()], Duration::from_secs(20));
     assert!(left.is_empty(), "after ctr run --rm l2: {left:?}");
+
+    // 3. A shim SIGKILLed while its guest boots takes the VMM with it;
+    // containerd's `shim delete` removes the rest (the writable layers'
+    // mount and the state directory included). No boot to the end.
+    let l3 = f.sandbox_id("l3");
+    let mut run = f
+        .ctr_run_with(&cfg, BUSYBOX, "l3", &["-d"], &["sleep", "1000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while runtime::vmmproc::processes(|s| s == l3.as_bytes()).is_empty() {
+        assert!(Instant::now() < deadline, "no VMM for {l3}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let state = Path::new(shim::service::STATE_ROOT).join(format!("shim-{l3}"));
+    assert!(
+        !shim::containerd::mounts_under(&state).is_empty(),
+        "the writable layers are mounted under {}",
+        state.display()
+    );
+    let shims = f.containerd.shim_pids();
+    assert_eq!(shims.len(), 1, "l3's shim alone: {shims:?}");
+    // SAFETY: kill(2) on the shim our containerd started for l3.
+    unsafe { libc::kill(shims[0] as i32, libc::SIGKILL) };
+    let st = testutil::wait_exit(&mut run, Duration::from_secs(60));
+    assert!(!st.success(), "ctr run -d l3 after its shim died: {st}");
+    let left = f.wait_clean(&[l1, l2, l3], Duration::from_secs(30));
+    assert!(
+        left.is_empty(),
+        "after SIGKILL of l3's shim: {left:?}\n{}",
+        f.containerd.log_tail()
+    );
+    let _ = f.ctr(&["task", "delete", "l3"]).output();
+    assert!(f
+        .ctr(&["container", "rm", "l3"])
+        .status()
+        .unwrap()
+        .success());
 }

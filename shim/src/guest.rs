@@ -68,6 +68,13 @@ pub enum GuestError {
 }
 
 impl GuestError {
+    /// The agent could not start the program (not found, not executable,
+    /// its cwd or user steps failed).
+    pub fn is_spawn_failure(&self) -> bool {
+        matches!(self, GuestError::Agent { source, .. }
+            if source.agent_code() == Some(ErrorCode::Spawn))
+    }
+
     /// The process is gone or never ran (containerd's NotFound).
     pub fn is_not_found(&self) -> bool {
         match self {

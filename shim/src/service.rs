@@ -52,8 +52,9 @@ pub enum CreateError {
     Terminal { task: String },
     #[error("burstvm: task {task}: checkpoints are not supported (a microVM cannot be restored from one)")]
     Checkpoint { task: String },
+    /// What the task's guest cannot honour.
     #[error("burstvm: task {task}: {reason}")]
-    Builtin { task: String, reason: String },
+    Refused { task: String, reason: String },
     #[error(transparent)]
     Spec(#[from] crate::spec::SpecError),
     #[error("burstvm: task {task}: OCI spec: {source}")]
@@ -138,7 +139,7 @@ fn guest_err(e: GuestError) -> ttrpc::Error {
         e if e.is_not_found() => Code::NOT_FOUND,
         _ => Code::UNKNOWN,
     };
-    rpc_err(code, e)
+    rpc_err(code, crate::describe(&e))
 }
 
 fn timestamp((secs, nanos): (i64, u32)) -> MessageField<Timestamp> {
@@ -346,13 +347,13 @@ impl TaskService {
                 task: task.clone(),
                 source,
             })?;
-        if guest == Guest::Builtin {
-            if req.terminal {
-                return Err(CreateError::Terminal { task });
-            }
-            if let Some(reason) = spec.builtin_refusal() {
-                return Err(CreateError::Builtin { task, reason });
-            }
+        let refusal = match guest {
+            Guest::Builtin if req.terminal => return Err(CreateError::Terminal { task }),
+            Guest::Builtin => spec.builtin_refusal(),
+            Guest::Linux { .. } => spec.linux_refusal(),
+        };
+        if let Some(reason) = refusal {
+            return Err(CreateError::Refused { task, reason });
         }
         let info = ServicesInfo::load(&cfg.services).map_err(CreateError::Services)?;
         let entry = spec.args.first().ok_or(CreateError::NoEntrypoint)?.clone();
@@ -492,7 +493,15 @@ impl TaskService {
     fn start_exec(&self, t: &Arc<Task>, exec_id: &str) -> TtrpcResult<u32> {
         let proc = exec_of(t, exec_id)?;
         let agent = Arc::clone(t.agent.as_ref().expect("exec_of checked"));
-        let pid = agent.start(&proc).map_err(guest_err)?;
+        let pid = match agent.start(&proc) {
+            Ok(pid) => pid,
+            Err(e) => {
+                // It never ran: a pending Wait returns (127: not found or
+                // not executable, as a shell says), Delete removes it.
+                proc.finish(if e.is_spawn_failure() { 127 } else { 1 });
+                return Err(guest_err(e));
+            }
+        };
         let (task, on_exit) = (Arc::clone(t), self.on_exit());
         let spawned = std::thread::Builder::new()
             .name(format!("exec-{exec_id}"))
@@ -551,7 +560,7 @@ impl shim::Task for TaskService {
             Err(e) => {
                 // Nothing of it may stay: the record names what was made.
                 cleanup_bundle(Path::new(&req.bundle));
-                return Err(rpc_err(e.code(), e));
+                return Err(rpc_err(e.code(), crate::describe(&e)));
             }
         };
         self.inner
@@ -592,7 +601,7 @@ impl shim::Task for TaskService {
         let limit = Duration::from_secs(t.timeout_secs.saturating_add(30));
         let pid = t
             .start(limit, self.on_exit())
-            .map_err(|e| rpc_err(Code::UNKNOWN, e))?;
+            .map_err(|e| rpc_err(Code::UNKNOWN, crate::describe(&e)))?;
         let mut ev = TaskStart::new();
         ev.container_id = req.id.clone();
         ev.pid = pid;
@@ -632,7 +641,10 @@ impl shim::Task for TaskService {
         match t.kill(req.signal) {
             Ok(()) => Ok(api::Empty::new()),
             Err(KillError::Finished) => Err(finished("main process")),
-            Err(e) => Err(rpc_err(Code::UNKNOWN, format!("task {}: {e}", req.id))),
+            Err(e) => Err(rpc_err(
+                Code::UNKNOWN,
+                format!("task {}: {}", req.id, crate::describe(&e)),
+            )),
         }
     }
 
@@ -668,7 +680,7 @@ impl shim::Task for TaskService {
         let (_, pid, _) = t.status();
         let exit = t
             .delete(TEARDOWN_LIMIT)
-            .map_err(|e| rpc_err(Code::FAILED_PRECONDITION, e))?;
+            .map_err(|e| rpc_err(Code::FAILED_PRECONDITION, crate::describe(&e)))?;
         self.inner
             .tasks
             .lock()

@@ -64,6 +64,9 @@ pub struct Spec {
     pub env: Vec<String>,
     /// `process` as config.json has it (the guest agent's OCI subset).
     pub process: Option<Value>,
+    /// Destinations of `mounts` that bind a host path (`--mount type=bind`,
+    /// volumes).
+    pub bind_mounts: Vec<String>,
     /// The network namespace path the engine made (CRI), if any.
     pub netns: Option<PathBuf>,
     pub resources: Resources,
@@ -141,6 +144,29 @@ impl Spec {
         let args = strings("/process/args", "process.args")?;
         let env = strings("/process/env", "process.env")?;
         let process = v.get("process").filter(|p| !p.is_null()).cloned();
+        let bind_mounts = v
+            .get("mounts")
+            .and_then(Value::as_array)
+            .map(|ms| {
+                ms.iter()
+                    .filter(|m| {
+                        let bind_opt =
+                            m.get("options").and_then(Value::as_array).is_some_and(|o| {
+                                o.iter().any(|x| {
+                                    x.as_str().is_some_and(|x| x == "bind" || x == "rbind")
+                                })
+                            });
+                        m.get("type").and_then(Value::as_str) == Some("bind") || bind_opt
+                    })
+                    .map(|m| {
+                        m.get("destination")
+                            .and_then(Value::as_str)
+                            .unwrap_or("?")
+                            .to_string()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let resources = Resources::parse(v.pointer("/linux/resources"))?;
         let netns = v
             .pointer("/linux/namespaces")
@@ -166,8 +192,22 @@ impl Spec {
             args,
             env,
             process,
+            bind_mounts,
             netns,
             resources,
+        })
+    }
+
+    /// Why a Linux guest cannot honour this spec, if it cannot: a host path
+    /// bound into the container (the guest sees its image and its writable
+    /// layer only; no file system is shared with the host).
+    pub fn linux_refusal(&self) -> Option<String> {
+        (!self.bind_mounts.is_empty()).then(|| {
+            format!(
+                "mounts {:?}: a host path bound into the container cannot be honoured: the \
+                 microVM sees its image and writable layer only (no shared file system)",
+                self.bind_mounts
+            )
         })
     }
 
@@ -468,5 +508,22 @@ mod tests {
         .to_string();
         assert!(e.contains("cwd") && e.contains("rel"), "{e}");
         assert!(Spec::parse(b"{}").unwrap().agent_process(d.path()).is_err());
+    }
+
+    #[test]
+    fn host_bind_mounts_are_refused_in_a_linux_guest() {
+        let s = Spec::parse(
+            br#"{"mounts":[{"destination":"/proc","type":"proc","source":"proc"},
+            {"destination":"/dev/shm","type":"tmpfs","source":"shm"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(s.linux_refusal(), None);
+        let s = Spec::parse(
+            br#"{"mounts":[{"destination":"/data","type":"bind","source":"/srv"},
+            {"destination":"/etc/x","source":"/x","options":["rbind","ro"]}]}"#,
+        )
+        .unwrap();
+        let e = s.linux_refusal().unwrap();
+        assert!(e.contains("/data") && e.contains("/etc/x"), "{e}");
     }
 }

@@ -181,14 +181,17 @@ pub struct LinuxParams {
     pub state_dir: PathBuf,
 }
 
-/// The shim's host services plus writable layers (the `rootfs` stage of a
-/// Linux guest): `HostServices` has none of its own.
-struct LayeredHost<'a> {
+/// The shim's host services as its sandboxes see them: a Linux guest's
+/// writable layers (`HostServices` has none of its own), and the guest's
+/// neighbour entry recorded in `<bundle>/burstvm.json` *before* it is made,
+/// so that `shim delete` after a crash in the middle of a start removes it.
+struct ShimHost<'a> {
     services: &'a HostServices,
-    layers: &'a ::rootfs::WritableLayers,
+    layers: Option<&'a ::rootfs::WritableLayers>,
+    bundle: &'a Path,
 }
 
-impl SandboxHost for LayeredHost<'_> {
+impl SandboxHost for ShimHost<'_> {
     fn bin(&self) -> &Path {
         self.services.bin()
     }
@@ -225,13 +228,19 @@ impl SandboxHost for LayeredHost<'_> {
         ip: std::net::Ipv4Addr,
         mac: netutil::MacAddr,
     ) -> Result<(), runtime::host::HostCallError> {
+        if let Some(mut rec) = Record::read(self.bundle) {
+            rec.guest_ip = Some(ip);
+            if let Err(e) = rec.write(self.bundle) {
+                tracing::warn!("{}: {e}", self.bundle.join(RECORD).display());
+            }
+        }
         self.services.add_neighbor(ip, mac)
     }
     fn del_neighbor(&self, ip: std::net::Ipv4Addr) -> Result<(), runtime::host::HostCallError> {
         self.services.del_neighbor(ip)
     }
     fn writable_layers(&self) -> Option<&::rootfs::WritableLayers> {
-        Some(self.layers)
+        self.layers
     }
 }
 
@@ -414,16 +423,10 @@ impl Task {
         };
         // Declared first, dropped last: after the sandbox and the layers.
         let state_dir = StateDir(state_dir);
-        let layered;
-        let host: &dyn SandboxHost = match &layers {
-            Some(l) => {
-                layered = LayeredHost {
-                    services: self.host,
-                    layers: l,
-                };
-                &layered
-            }
-            None => self.host,
+        let host = ShimHost {
+            services: self.host,
+            layers: layers.as_ref(),
+            bundle: &self.bundle,
         };
         let cancel = Some(Arc::clone(&self.cancel));
         let attach = match &prepared.guest {
@@ -442,10 +445,13 @@ impl Task {
                 ..Attach::default()
             },
         };
-        let sb = match Sandbox::start_attached(host, spec, attach) {
+        let sb = match Sandbox::start_attached(&host, spec, attach) {
             Ok(sb) => sb,
             Err(f) => {
-                write_fifo(&self.stderr, format!("burstvm: {f}\n").as_bytes());
+                write_fifo(
+                    &self.stderr,
+                    format!("burstvm: {}\n", crate::describe(&f)).as_bytes(),
+                );
                 let mut s = self.lock();
                 let code = if self.cancel.load(Ordering::SeqCst) {
                     137
@@ -465,12 +471,6 @@ impl Task {
                 return;
             }
         };
-        if let (Some(ip), Some(mut rec)) = (sb.guest_ip, Record::read(&self.bundle)) {
-            rec.guest_ip = Some(ip);
-            if let Err(e) = rec.write(&self.bundle) {
-                tracing::warn!("{}: {e}", self.bundle.join(RECORD).display());
-            }
-        }
         if let Some(copy) = &trace_copy {
             copy_trace(self.host, &self.sandbox_id, copy);
         }
@@ -564,16 +564,16 @@ impl Task {
                 pid
             }
             Err(err) => {
-                write_fifo(&self.stderr, format!("burstvm: {err}\n").as_bytes());
                 agent.shutdown();
                 self.reap_vmm(sb, vmm_pid);
+                // The VMM's account too: a guest that failed says why there.
+                write_fifo(
+                    &self.stderr,
+                    format!("burstvm: {}\n{}", crate::describe(&err), sb.vmm_stderr()).as_bytes(),
+                );
                 let code = match &err {
                     TaskError::Cancelled { .. } => 137,
-                    TaskError::Guest(GuestError::Agent { source, .. })
-                        if source.agent_code() == Some(agent_proto::ErrorCode::Spawn) =>
-                    {
-                        127
-                    }
+                    TaskError::Guest(e) if e.is_spawn_failure() => 127,
                     _ => 1,
                 };
                 let e = {
@@ -597,7 +597,7 @@ impl Task {
             Err(err) => {
                 write_fifo(
                     &self.stderr,
-                    format!("burstvm: {err}\n{}", sb.vmm_stderr()).as_bytes(),
+                    format!("burstvm: {}\n{}", crate::describe(err), sb.vmm_stderr()).as_bytes(),
                 );
                 vmm_code
             }
