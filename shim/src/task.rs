@@ -561,6 +561,11 @@ impl Task {
                 s.pid = pid;
                 drop(s);
                 let _ = start_tx.send(Ok(pid));
+                // Killed (or the start given up) while it was being started:
+                // a kill in `Starting` only set the flag.
+                if self.cancel.load(Ordering::SeqCst) {
+                    let _ = agent.signal(&main, libc::SIGKILL as u32);
+                }
                 pid
             }
             Err(err) => {
