@@ -6,33 +6,13 @@
 //! (scripts/build-agent.sh), both made by scripts/setup.sh / test.sh. Each
 //! test boots one VM: under kvm_pvm the kernel runs emulated (~20-40 s).
 
+mod guest_common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-fn script(name: &str, args: &[&str]) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../scripts")
-        .join(name);
-    let o = Command::new("bash").arg(&p).args(args).output().unwrap();
-    assert!(
-        o.status.success(),
-        "{name} {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).trim().to_string()
-}
-
-fn kernel() -> String {
-    script("build-guest-kernel.sh", &["--cached"])
-}
-
-/// The static guest agent, built once per test process (the tests run in
-/// parallel; one cargo build, not one each).
-fn agent() -> String {
-    static AGENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    AGENT.get_or_init(|| script("build-agent.sh", &[])).clone()
-}
+use guest_common::{agent, kernel, script};
 
 /// busybox.tar of scripts/build-images.sh in a directory of its own.
 fn busybox(dir: &Path) -> PathBuf {

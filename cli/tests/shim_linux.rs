@@ -7,6 +7,7 @@
 //! and the static agent (scripts/build-agent.sh). Two boots: under kvm_pvm
 //! the kernel runs emulated (~30-40 s each).
 
+mod guest_common;
 mod shim_common;
 
 use std::io::Read;
@@ -15,22 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use guest_common::{agent, kernel};
 use shim_common::Fixture;
 
 const BUSYBOX: &str = "burstvm.local/busybox:1";
-
-fn script(name: &str, args: &[&str]) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../scripts")
-        .join(name);
-    let o = Command::new("bash").arg(&p).args(args).output().unwrap();
-    assert!(
-        o.status.success(),
-        "{name} {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).trim().to_string()
-}
 
 fn describe(what: &str, o: &Output) -> String {
     format!(
@@ -98,8 +87,8 @@ impl Drop for StateDirs {
 fn ctr_runs_containers_in_linux_guests() {
     assert!(Path::new("/dev/kvm").exists(), "/dev/kvm is required");
     // The agent: $BURSTVM_AGENT (as burstvm run takes it), else built here.
-    let agent = std::env::var("BURSTVM_AGENT").unwrap_or_else(|_| script("build-agent.sh", &[]));
-    let kernel = script("build-guest-kernel.sh", &["--cached"]);
+    let agent = agent();
+    let kernel = kernel();
     let ns = format!("bvt{}", std::process::id());
     let _state = StateDirs(vec![
         shim::sandbox_id(&ns, "l1"),
