@@ -249,6 +249,16 @@ fn exec_runs_a_second_process_beside_the_sleeping_main_one() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
+    // A terminal (-t) from a terminal of ours: script(1) gives one.
+    let exec_t = format!(
+        "{} exec -t {sandbox} -- sh -c 'tty; echo tty-done'",
+        env!("CARGO_BIN_EXE_burstvm")
+    );
+    let tty = Command::new("script")
+        .args(["-qec", &exec_t, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let rest = std::thread::spawn(move || {
@@ -264,6 +274,12 @@ fn exec_runs_a_second_process_beside_the_sleeping_main_one() {
         "from exec in /tmp\n1\n",
         "exec: {}",
         describe(&exec)
+    );
+    let tty_out = String::from_utf8_lossy(&tty.stdout);
+    assert!(
+        tty_out.contains("/dev/pts/") && tty_out.contains("tty-done"),
+        "exec -t: {}",
+        describe(&tty)
     );
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("main started"),
