@@ -6,6 +6,7 @@
 //! root from virtio-blk and start init. Each test stops the VMM with
 //! SIGTERM once its lines are seen (a full boot takes long on this host).
 
+mod guest_common;
 mod vmm_common;
 
 use std::io::{Read, Write};
@@ -152,18 +153,7 @@ fn linux_kernel_prints_its_banner_on_the_serial_console() {
 /// The condensed kernel, built and cached by scripts/build-guest-kernel.sh
 /// (scripts/setup.sh runs it).
 fn condensed_kernel() -> PathBuf {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/build-guest-kernel.sh");
-    let o = Command::new("bash")
-        .arg(&script)
-        .arg("--cached")
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "the condensed kernel is not built: {} (run scripts/setup.sh)",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+    PathBuf::from(guest_common::kernel())
 }
 
 /// `burstvm rootfs build --init` of the directory `src` (cache under
@@ -321,6 +311,17 @@ fn run_in_guest(image: &str, cmd: &str, limit: Duration) -> (Option<i32>, String
     )
 }
 
+/// `run_in_guest(image, cmd)`: the console shows `line` and the VMM exits
+/// with `code`.
+fn assert_runs(image: &str, cmd: &str, line: &str, code: i32, limit: Duration) {
+    let (got, console, stderr) = run_in_guest(image, cmd, limit);
+    assert!(
+        console.contains(line),
+        "console: {console}\nstderr: {stderr}"
+    );
+    assert_eq!(got, Some(code), "console: {console}\nstderr: {stderr}");
+}
+
 /// Linux user space (issue 24): busybox's shell runs from the image, its
 /// output reaches the serial console and its exit status is the VMM's.
 /// Under kvm_pvm this needs guest/linux's patch 0002 (docs/guest.md).
@@ -329,16 +330,13 @@ fn a_shell_from_the_image_runs_and_its_exit_status_is_the_vms() {
     assert!(kvm_available(), "/dev/kvm is required");
     let dir = tempdir();
     let image = image_with_init(dir.path(), &busybox_root(dir.path()));
-    let (code, console, stderr) = run_in_guest(
+    assert_runs(
         &image,
         "/bin/sh -c \"echo hello from user space; exit 3\"",
+        "hello from user space",
+        3,
         Duration::from_secs(180),
     );
-    assert!(
-        console.contains("hello from user space"),
-        "console: {console}\nstderr: {stderr}"
-    );
-    assert_eq!(code, Some(3), "console: {console}\nstderr: {stderr}");
 }
 
 /// fork, execve of a static and a dynamic ELF, a pipe between two
@@ -378,14 +376,11 @@ fn fork_exec_pipes_signals_and_threads_work_in_the_guest() {
         std::fs::copy(lib, &to).unwrap();
     }
     let image = image_with_init(dir.path(), &src);
-    let (code, console, stderr) = run_in_guest(
+    assert_runs(
         &image,
         "/bin/selftest check /bin/selftest-dyn",
+        "selftest: ok",
+        0,
         Duration::from_secs(300),
     );
-    assert!(
-        console.contains("selftest: ok"),
-        "console: {console}\nstderr: {stderr}"
-    );
-    assert_eq!(code, Some(0), "console: {console}\nstderr: {stderr}");
 }
