@@ -35,6 +35,7 @@ pub struct VmParams {
     pub net: Vec<NetBackend>,
     /// Block device: path=FILE[,ro][,unlink][,id=ID] (virtio-blk); repeatable.
     /// The rootfs: the EROFS image read-only, the writable layer with unlink.
+    /// `empty,id=ID[,ro]`: a slot without media until `--api` inserts some.
     pub disk: Vec<DiskSpec>,
     /// Built-in agent: put this EROFS image into the image region (a
     /// pmem-style mapping, DMA-mapped with it) instead of a virtio-blk disk.
@@ -45,6 +46,9 @@ pub struct VmParams {
     pub vsock: Option<PathBuf>,
     /// The guest's vsock CID (with `vsock`): 3..=2^32-2.
     pub vsock_cid: u64,
+    /// Control socket (Firecracker's drive update): insert a file into an
+    /// empty disk slot, eject it (`vmm::api`).
+    pub api: Option<PathBuf>,
     /// PATH=CHECKSUM: a file of the EROFS image the guest reads and
     /// checksums (the agent, or burstvm's Linux init, given
     /// burstvm_check=PATH); the VMM checks it as it does the app checksum.

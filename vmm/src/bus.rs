@@ -113,6 +113,10 @@ pub struct DiskSpec {
     pub unlink: bool,
     /// VIRTIO_BLK_T_GET_ID answer (at most 20 bytes; default: the file name).
     pub id: Option<String>,
+    /// An empty slot (`empty`): no file and no sectors until media are
+    /// inserted through the VMM's `--api` socket (Firecracker's drive update),
+    /// e.g. a pod container's image after the pod's VM booted.
+    pub empty: bool,
 }
 
 impl std::str::FromStr for DiskSpec {
@@ -123,6 +127,7 @@ impl std::str::FromStr for DiskSpec {
             read_only: false,
             unlink: false,
             id: None,
+            empty: false,
         };
         for part in s.split(',') {
             match part.split_once('=') {
@@ -130,15 +135,23 @@ impl std::str::FromStr for DiskSpec {
                 Some(("id", id)) if !id.is_empty() && id.len() <= 20 => d.id = Some(id.into()),
                 None if part == "ro" => d.read_only = true,
                 None if part == "unlink" => d.unlink = true,
+                None if part == "empty" => d.empty = true,
                 _ => {
                     return Err(format!(
-                        "--disk {s:?}: {part:?} is not path=FILE, ro, unlink or id=ID (1..20 bytes)"
+                        "--disk {s:?}: {part:?} is not path=FILE, empty, ro, unlink or id=ID (1..20 bytes)"
                     ))
                 }
             }
         }
-        if d.path.as_os_str().is_empty() {
-            return Err(format!("--disk {s:?}: path=FILE is required"));
+        match (d.empty, d.path.as_os_str().is_empty()) {
+            (false, true) => return Err(format!("--disk {s:?}: path=FILE or empty is required")),
+            (true, false) => return Err(format!("--disk {s:?}: an empty slot has no path")),
+            (true, true) if d.id.is_none() || d.unlink => {
+                return Err(format!(
+                    "--disk {s:?}: an empty slot needs id=ID (the --api names it) and takes no unlink"
+                ))
+            }
+            _ => {}
         }
         Ok(d)
     }

@@ -52,6 +52,8 @@ pub struct VmConfig {
     pub disks: Vec<DiskSpec>,
     /// The virtio-vsock device (`--vsock`), in the slot after the disks.
     pub vsock: Option<VsockSpec>,
+    /// The control socket (`--api`): media changes of empty disk slots.
+    pub api: Option<PathBuf>,
     pub rootfs_pmem: Option<PathBuf>,
     /// File the agent checksums in the EROFS image, and the host's checksum.
     pub rootfs_check: Option<(String, u32)>,
@@ -248,13 +250,21 @@ impl VmConfig {
             return Err(invalid("--vcpus", format!("{} must be 1..32", a.vcpus)));
         }
         let vsock = vsock_spec(a)?;
-        if a.net.len() + a.disk.len() + usize::from(vsock.is_some()) > layout::MAX_DEVICES {
+        let max_devices = if a.kernel.is_some() {
+            layout::MAX_DEVICES
+        } else {
+            layout::MAX_AGENT_DEVICES
+        };
+        if a.net.len() + a.disk.len() + usize::from(vsock.is_some()) > max_devices {
             return Err(invalid(
                 "--disk",
-                format!(
-                    "at most {} devices (--net, --disk and --vsock together)",
-                    layout::MAX_DEVICES
-                ),
+                format!("at most {max_devices} devices (--net, --disk and --vsock together)"),
+            ));
+        }
+        if a.disk.iter().any(|d| d.empty) && a.api.is_none() {
+            return Err(invalid(
+                "--disk",
+                "an empty slot takes media only through --api",
             ));
         }
         let rootfs_check = a.rootfs_check.clone();
@@ -343,6 +353,7 @@ impl VmConfig {
             net: a.net.clone(),
             disks: a.disk.clone(),
             vsock,
+            api: a.api.clone(),
             rootfs_pmem: a.rootfs_pmem.clone(),
             rootfs_check,
             netcfg: NetConfig {

@@ -246,6 +246,13 @@ pub enum Error {
         #[source]
         source: crate::virtio::VirtioError,
     },
+    /// The `--api` socket could not be bound (the error names its path).
+    #[error("sandbox {sandbox}: api socket: {source}")]
+    Api {
+        sandbox: String,
+        #[source]
+        source: crate::virtio::vsock::VsockError,
+    },
     #[error("sandbox {sandbox}: device {device}: {msg}")]
     Device {
         sandbox: String,

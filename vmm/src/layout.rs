@@ -25,7 +25,11 @@ pub const FIRST_VIRTIO_GSI: u32 = 5;
 /// The image region must end below the virtio-mmio window.
 pub const MAX_IMAGE: u64 = MMIO_BASE - IMAGE_ADDR;
 pub const MAX_APP_SIZE: u64 = MAX_IMAGE - (16 << 20);
-pub const MAX_DEVICES: usize = 4;
+/// virtio-mmio devices of a Linux guest: GSIs 5..=20 (Firecracker's mptable
+/// routes 5..=23 the same way).
+pub const MAX_DEVICES: usize = 16;
+/// The built-in agent's boot info lists at most this many.
+pub const MAX_AGENT_DEVICES: usize = 4;
 pub const MAX_PROBES: usize = 64;
 
 /// KVM's TSS and identity-map pages, just below the IOAPIC, out of RAM's way.

@@ -4,6 +4,7 @@
 //! See docs/vmm.md.
 
 mod app;
+pub mod api;
 pub mod args;
 mod bootinfo;
 mod builder;

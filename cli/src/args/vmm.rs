@@ -56,6 +56,7 @@ pub struct VmmArgs {
     pub net: Vec<NetBackend>,
     /// Block device: path=FILE[,ro][,unlink][,id=ID] (virtio-blk); repeatable.
     /// The rootfs: the EROFS image read-only, the writable layer with unlink.
+    /// `empty,id=ID[,ro]`: a slot without media until `--api` inserts some.
     #[arg(long)]
     pub disk: Vec<DiskSpec>,
     /// Built-in agent: put this EROFS image into the image region (a
@@ -71,6 +72,11 @@ pub struct VmmArgs {
     /// The guest's vsock CID (with --vsock).
     #[arg(long, requires = "vsock", default_value_t = vmm::virtio::vsock::DEFAULT_GUEST_CID)]
     pub vsock_cid: u64,
+    /// Control socket (Firecracker's drive update): JSON lines
+    /// `{"op":"insert_disk","slot":ID,"path":FILE}` and
+    /// `{"op":"eject_disk","slot":ID}` for the `--disk empty,id=ID` slots.
+    #[arg(long)]
+    pub api: Option<PathBuf>,
     /// PATH=CHECKSUM: a file of the EROFS image the guest reads and
     /// checksums (the agent, or burstvm's Linux init, given
     /// burstvm_check=PATH); the VMM checks it as it does the app checksum.
@@ -194,6 +200,7 @@ impl VmmArgs {
             rootfs_pmem: self.rootfs_pmem,
             vsock: self.vsock,
             vsock_cid: self.vsock_cid,
+            api: self.api.clone(),
             rootfs_check: self.rootfs_check,
             mac: self.mac,
             ip: self.ip,

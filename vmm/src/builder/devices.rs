@@ -166,22 +166,44 @@ pub(super) fn attach_disks(
     trace: &Arc<TraceWriter>,
     devs: &[DevEntry],
     mmio: &mut Bus,
-) -> Result<(), Error> {
+) -> Result<Vec<crate::virtio::blk::DiskSlot>, Error> {
     let sb = cfg.sandbox.as_str();
+    let mut media = Vec::new();
     for (spec, slot) in cfg.disks.iter().zip(&devs[cfg.net.len()..]) {
         let ctx = device_context(cfg, vm, mem, device_mem, trace, slot);
-        let name = format!("disk:{}", spec.path.display());
-        let (dev, _sectors) =
+        let name = match &spec.id {
+            Some(id) if spec.empty => format!("disk:slot {id}"),
+            _ => format!("disk:{}", spec.path.display()),
+        };
+        let (dev, disk_slot) =
             crate::virtio::create_blk_device(spec, &ctx).map_err(|e| Error::Device {
                 sandbox: sb.to_string(),
                 device: name.clone(),
                 msg: e.to_string(),
             })?;
+        media.extend(disk_slot);
         let dev: SharedDevice = Arc::new(Mutex::new(dev));
         mmio.insert(&name, slot.mmio_base, MMIO_SIZE, dev)
             .map_err(bus_err(sb, &name))?;
     }
-    Ok(())
+    Ok(media)
+}
+
+/// The control socket (`--api`) over the empty disk slots; the guard that
+/// removes its file.
+pub(super) fn serve_api(
+    cfg: &VmConfig,
+    slots: Vec<crate::virtio::blk::DiskSlot>,
+) -> Result<Option<crate::virtio::vsock::SocketFile>, Error> {
+    let Some(path) = &cfg.api else {
+        return Ok(None);
+    };
+    let (listener, file) = crate::virtio::vsock::bind(path).map_err(|source| Error::Api {
+        sandbox: cfg.sandbox.clone(),
+        source,
+    })?;
+    crate::api::serve(listener, slots, &cfg.sandbox);
+    Ok(Some(file))
 }
 
 /// The virtio-vsock device (`--vsock`), in the slot after the disks.

@@ -51,6 +51,8 @@ pub struct Vm {
     /// Removes the `--vsock` socket file when the VM goes, even if a vCPU
     /// thread that never stopped still holds the device.
     _vsock_socket: Option<crate::virtio::vsock::SocketFile>,
+    /// Removes the `--api` socket file with the VM.
+    _api_socket: Option<crate::virtio::vsock::SocketFile>,
 }
 
 impl Vm {
@@ -368,8 +370,9 @@ fn finish(
     };
     let legacy = devices::attach_legacy_devices(sb, vm, serial_out, expect, &trace, &sink)?;
     let mut mmio = devices::attach_net_devices(cfg, vm, &mem, device_mem, &trace, devs)?;
-    devices::attach_disks(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
+    let disk_slots = devices::attach_disks(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
     let vsock_socket = devices::attach_vsock(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
+    let api_socket = devices::serve_api(cfg, disk_slots)?;
 
     let vcpus = make_vcpus()?;
     Ok(Vm {
@@ -386,6 +389,7 @@ fn finish(
         _vm: vm.clone(),
         _serial_irq: legacy.serial_irq,
         _vsock_socket: vsock_socket,
+        _api_socket: api_socket,
     })
 }
 
@@ -409,6 +413,7 @@ mod tests {
             rootfs_pmem: None,
             vsock: Some("/run/sb1.vsock".into()),
             vsock_cid: 3,
+            api: None,
             rootfs_check: None,
             mac: None,
             ip: None,

@@ -8,7 +8,7 @@
 //! interrupts go out through an irqfd on the device's GSI, so neither path
 //! takes a VM exit to user space once the device is running.
 
-mod blk;
+pub mod blk;
 mod chain;
 pub(crate) mod mmio;
 pub(crate) mod net;
@@ -298,14 +298,17 @@ pub fn create_net_device(
 pub fn create_blk_device(
     spec: &DiskSpec,
     ctx: &DeviceContext,
-) -> Result<(Box<dyn BusDevice>, u64), VirtioError> {
+) -> Result<(Box<dyn BusDevice>, Option<blk::DiskSlot>), VirtioError> {
     let disk = blk::Disk::open(spec)?;
-    let sectors = disk.sectors();
     let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, 1)?;
     let (mut evts, irqfd) = wiring.clone_evts()?;
     let interrupt = Arc::new(Interrupt::new(irqfd));
     let dev = blk::Blk::new(disk, ctx, evts.remove(0), interrupt.clone());
-    Ok((wire(dev, ctx, interrupt, wiring), sectors))
+    // Only a slot declared empty takes media later: the rootfs disks never change.
+    let slot = spec
+        .empty
+        .then(|| dev.slot(spec.id.clone().unwrap_or_default(), spec.read_only));
+    Ok((wire(dev, ctx, interrupt, wiring), slot))
 }
 
 /// Number of queues of a virtio-vsock device: RX, TX and event.

@@ -12,7 +12,7 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::epoll::{Epoll, EpollEvent};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{Blk, BlkCounters, Disk, BOUNCE, TOKEN_QUEUE};
+use super::{Blk, BlkCounters, Disk, Media, BOUNCE, TOKEN_QUEUE};
 use crate::bus::DeviceContext;
 use crate::virtio::chain::{self, PrepareWrite};
 use crate::virtio::net::read_config_bytes;
@@ -28,7 +28,8 @@ impl Blk {
     ) -> Self {
         let prepare = chain::prepare_for(ctx);
         Blk {
-            disk: Arc::new(disk),
+            features: disk.features(),
+            media: Arc::new(Media::new(disk)),
             mem: ctx.mem.clone(),
             prepare,
             queue_evt,
@@ -45,7 +46,7 @@ impl Drop for Blk {
         let c = &self.counters;
         tracing::debug!(
             "disk {}: reads {} writes {} flushes {} failed {} bad_chains {}",
-            self.disk.name,
+            self.media.get().name,
             c.reads.load(Ordering::Relaxed),
             c.writes.load(Ordering::Relaxed),
             c.flushes.load(Ordering::Relaxed),
@@ -59,17 +60,21 @@ impl VirtioDevice for Blk {
     fn device_type(&self) -> u32 {
         VIRTIO_ID_BLOCK
     }
+    /// Fixed at creation: media inserted later keep the slot's features.
     fn features(&self) -> u64 {
-        self.disk.features()
+        self.features
     }
     fn queue_max_sizes(&self) -> &[u16] {
         &[QUEUE_MAX_SIZE]
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.disk.config(), offset, data)
+        read_config_bytes(&self.media.get().config(), offset, data)
+    }
+    fn config_generation(&self) -> u32 {
+        self.media.generation()
     }
     fn activate(&mut self, features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
-        let name = self.disk.name.clone();
+        let name = self.media.get().name.clone();
         let device = || format!("disk {name}");
         let Some(queue) = queues.into_iter().next().filter(|q| q.ready()) else {
             return Err(VirtioError::QueuesNotReady {
@@ -90,7 +95,7 @@ impl VirtioDevice for Blk {
                 source,
             })?;
         let mut state = WorkerState {
-            disk: self.disk.clone(),
+            media: self.media.clone(),
             mem: self.mem.clone(),
             prepare: self.prepare.clone(),
             queue,
@@ -113,9 +118,14 @@ impl VirtioDevice for Blk {
 }
 
 impl Blk {
+    /// The handle that changes this device's media (`--api`).
+    pub fn slot(&self, id: String, read_only: bool) -> super::DiskSlot {
+        super::DiskSlot::new(id, read_only, self.media.clone(), self.interrupt.clone())
+    }
+
     /// A short thread-name tag: the file name (comm holds 15 bytes).
     fn thread_tag(&self) -> String {
-        std::path::Path::new(&self.disk.name)
+        std::path::Path::new(&self.media.get().name)
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default()
@@ -123,7 +133,7 @@ impl Blk {
 }
 
 struct WorkerState {
-    disk: Arc<Disk>,
+    media: Arc<Media>,
     mem: GuestMemoryMmap,
     prepare: Arc<PrepareWrite>,
     queue: Queue,
@@ -146,7 +156,7 @@ impl WorkerState {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    tracing::error!("disk {}: epoll wait: {e}", self.disk.name);
+                    tracing::error!("disk {}: epoll wait: {e}", self.media.get().name);
                     return;
                 }
             };
@@ -166,7 +176,7 @@ impl WorkerState {
     /// store per burst, then interrupts the guest once if it asked.
     fn process(&mut self) {
         let WorkerState {
-            disk,
+            media,
             mem,
             prepare,
             queue,
@@ -176,6 +186,8 @@ impl WorkerState {
             bounce,
             used,
         } = self;
+        // The disk of this burst: a media change takes effect at the next.
+        let disk: Arc<Disk> = media.get();
         let gm = chain::Xlat::new(mem);
         let what = format_args!("disk {}: request queue", disk.name);
         let Some(view) = chain::view(&gm, queue, *features, &what) else {

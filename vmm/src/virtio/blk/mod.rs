@@ -34,8 +34,11 @@ use super::{Interrupt, VirtioError, QUEUE_MAX_SIZE};
 use crate::bus::DiskSpec;
 
 mod device;
+mod media;
 #[cfg(test)]
 mod tests;
+
+pub use media::{DiskSlot, Media, MediaError};
 
 pub const SECTOR: u64 = 512;
 /// Request header: type (le32), reserved (le32), sector (le64).
@@ -48,9 +51,10 @@ const BOUNCE: usize = 64 << 10;
 const SEG_MAX: u32 = QUEUE_MAX_SIZE as u32 - 2;
 const TOKEN_QUEUE: u64 = 0;
 
-/// An opened disk: the file, its geometry and what the guest may do with it.
+/// An opened disk: the file, its geometry and what the guest may do with
+/// it. An empty slot has no file and no sectors (every access is beyond it).
 pub struct Disk {
-    file: File,
+    file: Option<File>,
     name: String,
     read_only: bool,
     /// Unlinked (RunD's volatile writable layer): flush has nothing to make durable.
@@ -100,6 +104,8 @@ enum ReqError {
     ReadOnly,
     #[error("request type {0} unsupported")]
     Unsupported(u32),
+    #[error("no media in the slot")]
+    NoMedia,
 }
 
 /// A chain that could not be answered at all (no status byte to write).
@@ -114,6 +120,9 @@ pub enum BlkChainError {
 impl Disk {
     /// Opens `spec.path` (read-only if `spec.read_only`), unlinking it if asked.
     pub fn open(spec: &DiskSpec) -> Result<Disk, VirtioError> {
+        if spec.empty {
+            return Ok(Disk::empty(spec.id.as_deref().unwrap_or(""), spec.read_only));
+        }
         let name = spec.path.display().to_string();
         let err = |what: &'static str| {
             let name = name.clone();
@@ -141,23 +150,45 @@ impl Disk {
         if spec.unlink {
             std::fs::remove_file(&spec.path).map_err(err("unlink"))?;
         }
-        let mut id = [0u8; VIRTIO_BLK_ID_BYTES as usize];
         let label = spec.id.clone().unwrap_or_else(|| {
             spec.path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default()
         });
-        let n = label.len().min(id.len());
-        id[..n].copy_from_slice(&label.as_bytes()[..n]);
         Ok(Disk {
-            file,
+            file: Some(file),
             name,
             read_only: spec.read_only,
             volatile: spec.unlink,
             sectors: size / SECTOR,
-            id,
+            id: id_bytes(&label),
         })
+    }
+
+    /// The empty slot `id` (no media).
+    pub fn empty(id: &str, read_only: bool) -> Disk {
+        Disk {
+            file: None,
+            name: format!("slot {id} (empty)"),
+            read_only,
+            volatile: false,
+            sectors: 0,
+            id: id_bytes(id),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.file.is_none()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The file behind an access (`range` admits none to an empty slot).
+    fn file(&self) -> Result<&File, ReqError> {
+        self.file.as_ref().ok_or(ReqError::NoMedia)
     }
 
     pub fn sectors(&self) -> u64 {
@@ -269,7 +300,7 @@ impl Disk {
                 let mut done = 0u64;
                 while done < len {
                     let n = ((len - done) as usize).min(bounce.len());
-                    self.file
+                    self.file()?
                         .read_exact_at(&mut bounce[..n], base + done)
                         .map_err(|e| io("read", base + done, e))?;
                     virtq::write_bufs(mem, prepare, &c.writable, done, &[&bounce[..n]])
@@ -296,7 +327,7 @@ impl Disk {
                         &mut bounce[..n],
                     )
                     .map_err(guest("write data"))?;
-                    self.file
+                    self.file()?
                         .write_all_at(&bounce[..n], base + done)
                         .map_err(|e| io("write", base + done, e))?;
                     done += n as u64;
@@ -307,8 +338,8 @@ impl Disk {
             VIRTIO_BLK_T_FLUSH => {
                 // Writes reach the file before their status does; only a
                 // disk that outlives the VMM has anything to make durable.
-                if !self.volatile && !self.read_only {
-                    self.file.sync_data().map_err(|e| io("flush", 0, e))?;
+                if let Some(f) = self.file.as_ref().filter(|_| !self.volatile && !self.read_only) {
+                    f.sync_data().map_err(|e| io("flush", 0, e))?;
                 }
                 counters.flushes.fetch_add(1, Ordering::Relaxed);
                 Ok(0)
@@ -324,8 +355,18 @@ impl Disk {
     }
 }
 
+/// The GET_ID answer: `label`'s first 20 bytes, NUL-padded.
+fn id_bytes(label: &str) -> [u8; VIRTIO_BLK_ID_BYTES as usize] {
+    let mut id = [0u8; VIRTIO_BLK_ID_BYTES as usize];
+    let n = label.len().min(id.len());
+    id[..n].copy_from_slice(&label.as_bytes()[..n]);
+    id
+}
+
 pub struct Blk {
-    disk: Arc<Disk>,
+    /// Offered features: the slot's, whatever media it holds later.
+    features: u64,
+    media: Arc<Media>,
     mem: GuestMemoryMmap,
     prepare: Arc<PrepareWrite>,
     queue_evt: EventFd,

@@ -24,6 +24,7 @@ fn disk(ro: bool, sectors: u64) -> (tempfile::TempDir, Disk) {
         read_only: ro,
         unlink: false,
         id: Some("rootfs-test".into()),
+        empty: false,
     })
     .unwrap();
     (dir, d)
@@ -79,7 +80,7 @@ fn reads_writes_flush_and_id() {
     let (r, st) = serve(&m, &d, &rw(0, 512));
     assert_eq!((r, st), (Ok(1), VIRTIO_BLK_S_OK as u8));
     let mut back = [0u8; 512];
-    d.file.read_exact_at(&mut back, 7 * 512).unwrap();
+    d.file.as_ref().unwrap().read_exact_at(&mut back, 7 * 512).unwrap();
     assert_eq!(back, [0xab; 512]);
     // Flush.
     header(&m, VIRTIO_BLK_T_FLUSH, 0);
@@ -160,7 +161,7 @@ fn read_only_disk_refuses_writes() {
         (Ok(1), VIRTIO_BLK_S_IOERR as u8)
     );
     let mut back = [0u8; 512];
-    d.file.read_exact_at(&mut back, 0).unwrap();
+    d.file.as_ref().unwrap().read_exact_at(&mut back, 0).unwrap();
     assert_eq!(back, [0; 512]);
     header(&m, VIRTIO_BLK_T_IN, 3);
     assert_eq!(serve(&m, &d, &rw(F_WRITE, 512)), (Ok(513), 0));
@@ -176,6 +177,7 @@ fn unlink_removes_the_name_and_config_reports_capacity() {
         read_only: false,
         unlink: true,
         id: None,
+        empty: false,
     })
     .unwrap();
     assert!(!path.exists());
@@ -189,6 +191,7 @@ fn unlink_removes_the_name_and_config_reports_capacity() {
         read_only: true,
         unlink: false,
         id: None,
+        empty: false,
     })
     .err()
     .unwrap()
@@ -289,4 +292,59 @@ fn workers_serve_each_device_alone() {
     // Reset stops the worker; the device is still sound.
     devs[0].blk.reset();
     assert!(devs[0].blk.worker.is_none());
+}
+
+/// An empty slot: no sectors (a read fails), then media inserted through
+/// its `DiskSlot` (capacity, generation, a config interrupt), refused while
+/// occupied, ejected back to empty.
+#[test]
+fn an_empty_slot_takes_media_and_gives_them_back() {
+    let spec: DiskSpec = "empty,ro,id=c0".parse().unwrap();
+    let media = Arc::new(Media::new(Disk::open(&spec).unwrap()));
+    let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let interrupt = Arc::new(crate::virtio::Interrupt::new(irq));
+    let slot = DiskSlot::new("c0".into(), true, media.clone(), interrupt.clone());
+    assert_eq!((slot.sectors(), media.generation()), (0, 0));
+    let m = mem();
+    header(&m, VIRTIO_BLK_T_IN, 0);
+    let (_, status) = serve(&m, &media.get(), &rw(F_WRITE, 512));
+    assert_eq!(status, VIRTIO_BLK_S_IOERR as u8);
+
+    let (dir, _) = disk(true, 4);
+    let img = dir.path().join("disk.img");
+    assert_eq!(slot.insert(&img).unwrap(), 4);
+    assert_eq!(media.generation(), 1);
+    assert_eq!(interrupt.status() & crate::virtio::INT_CONFIG, crate::virtio::INT_CONFIG);
+    let mut cap = [0u8; 8];
+    read_config_bytes(&media.get().config(), 0, &mut cap);
+    assert_eq!(u64::from_le_bytes(cap), 4);
+    header(&m, VIRTIO_BLK_T_IN, 3);
+    let (r, status) = serve(&m, &media.get(), &rw(F_WRITE, 512));
+    assert_eq!((r.unwrap(), status), (513, VIRTIO_BLK_S_OK as u8));
+    assert_eq!(m.read_obj::<u8>(GuestAddress(DATA)).unwrap(), 3);
+    // The slot is read-only: so are its media.
+    header(&m, VIRTIO_BLK_T_OUT, 0);
+    let (_, status) = serve(&m, &media.get(), &rw(0, 512));
+    assert_eq!(status, VIRTIO_BLK_S_IOERR as u8);
+
+    let e = slot.insert(&img).unwrap_err().to_string();
+    assert!(e.contains("c0") && e.contains("disk.img"), "{e}");
+    let missing = slot.insert(&dir.path().join("nope")).unwrap_err().to_string();
+    assert!(missing.contains("c0"), "{missing}");
+    assert!(slot.eject());
+    assert!(!slot.eject());
+    assert_eq!((slot.sectors(), media.generation()), (0, 2));
+    let empty_file = dir.path().join("empty");
+    std::fs::write(&empty_file, b"").unwrap();
+    let e = slot.insert(&empty_file).unwrap_err().to_string();
+    assert!(e.contains("0 sectors"), "{e}");
+}
+
+#[test]
+fn empty_slot_specs() {
+    let d: DiskSpec = "empty,id=c1".parse().unwrap();
+    assert!(d.empty && !d.read_only && d.path.as_os_str().is_empty());
+    for bad in ["empty", "empty,id=c1,unlink", "empty,path=/x,id=c1", "ro"] {
+        assert!(bad.parse::<DiskSpec>().is_err(), "{bad}");
+    }
 }
