@@ -25,6 +25,9 @@ use crate::{PROTOCOL_VERSION, STDIO_PORT};
 /// streams before it answers `streams_missing`. The client waits this much
 /// longer than its timeout for that reply.
 pub const STREAM_WAIT: Duration = Duration::from_secs(10);
+/// How long the agent lets `MountContainer` wait for the disk's media
+/// (and `UnmountContainer` for the container's processes to end).
+pub const MOUNT_WAIT: Duration = Duration::from_secs(10);
 
 /// Where a connection goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -432,6 +435,24 @@ impl Client {
 
     pub fn stats(&mut self) -> Result<Stats, ClientError> {
         self.call(&Request::Stats)
+    }
+
+    /// Mounts container `id`'s root from the disk with serial `disk`.
+    pub fn mount_container(&mut self, id: &str, disk: &str) -> Result<(), ClientError> {
+        let req = Request::MountContainer {
+            id: id.into(),
+            disk: disk.into(),
+        };
+        // The disk may take a moment to show its new capacity.
+        self.call_for::<Empty>(&req, Some(self.timeout + MOUNT_WAIT))
+            .map(drop)
+    }
+
+    /// Ends what runs in container `id` and unmounts its root.
+    pub fn unmount_container(&mut self, id: &str) -> Result<(), ClientError> {
+        let req = Request::UnmountContainer { id: id.into() };
+        self.call_for::<Empty>(&req, Some(self.timeout + MOUNT_WAIT))
+            .map(drop)
     }
 
     /// Asks the agent to power the guest off (it answers first).

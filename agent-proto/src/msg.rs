@@ -30,6 +30,14 @@ pub enum Request {
     Stats,
     /// The agent answers, then powers the guest off. Reply: [`Empty`].
     Shutdown,
+    /// Pod sandbox: mounts container `id`'s root from the virtio-blk disk
+    /// whose serial is `disk` (its EROFS image, inserted by the host into an
+    /// empty slot) with a writable layer of its own; processes created with
+    /// `container: id` run in it. Reply: [`Empty`].
+    MountContainer { id: String, disk: String },
+    /// Kills what still runs in container `id` and unmounts its root; the
+    /// host may eject its disk after the reply. Reply: [`Empty`].
+    UnmountContainer { id: String },
 }
 
 impl Request {
@@ -45,6 +53,8 @@ impl Request {
             Request::ListProcesses => "ListProcesses",
             Request::Stats => "Stats",
             Request::Shutdown => "Shutdown",
+            Request::MountContainer { .. } => "MountContainer",
+            Request::UnmountContainer { .. } => "UnmountContainer",
         }
     }
 }
@@ -80,6 +90,10 @@ pub struct CreateProcess {
     /// Declares a `stderr` stream (default true; false: /dev/null).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub stderr: bool,
+    /// Runs in this container's root (`MountContainer`) instead of the
+    /// sandbox's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 impl CreateProcess {
@@ -92,6 +106,7 @@ impl CreateProcess {
             stdin: false,
             stdout: true,
             stderr: true,
+            container: None,
         }
     }
 

@@ -8,8 +8,10 @@
 //!   command line, mounts, root switch, network, vsock listeners), kept apart
 //!   so that the server runs on a host.
 //! - [`port`]: the agent-port events.
+//! - [`pod`]: a pod sandbox's container roots (`MountContainer`).
 
 pub mod boot;
+pub mod pod;
 pub mod port;
 pub mod process;
 pub mod pty;

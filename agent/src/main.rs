@@ -71,6 +71,13 @@ fn run(port: &AgentPort) -> Result<i32, Failed> {
             "container root",
             boot::mounts::container_root(&cfg, image),
         )?;
+        if cfg.pod {
+            step(
+                ErrorCode::Mount,
+                "pod layer",
+                boot::mounts::keep_for_pod(&newroot),
+            )?;
+        }
         step(
             ErrorCode::Mount,
             "switch root",
@@ -91,8 +98,13 @@ fn run(port: &AgentPort) -> Result<i32, Failed> {
         boot::net::configure(&cfg, Duration::from_secs(2)),
     )?;
     port.report(Event::NetConfigured, 0);
+    // A pod's containers get roots of their own (`MountContainer`).
+    let containers = cfg.pod.then(|| {
+        agent::pod::Roots(Arc::new(boot::containers::GuestRoots::new(cfg.clone())))
+    });
     let agent: Arc<Agent> = Agent::new(AgentConfig {
         pod: cfg.pod,
+        containers,
         drop_ioperm: port.enabled(),
         port: *port,
         ..AgentConfig::default()

@@ -78,6 +78,8 @@ pub struct AgentConfig {
     pub hello_timeout: Duration,
     /// Where the main process's exec is reported (`app-launch`).
     pub port: crate::port::AgentPort,
+    /// A pod sandbox's container roots (`MountContainer`); None: refused.
+    pub containers: Option<crate::pod::Roots>,
 }
 
 impl Default for AgentConfig {
@@ -91,6 +93,7 @@ impl Default for AgentConfig {
             drop_ioperm: false,
             hello_timeout: Duration::from_secs(10),
             port: crate::port::AgentPort::disabled(),
+            containers: None,
         }
     }
 }
@@ -123,6 +126,10 @@ impl Proc {
 #[derive(Default)]
 struct State {
     procs: BTreeMap<String, Proc>,
+    /// Mounted container roots (pod sandbox).
+    containers: BTreeMap<String, PathBuf>,
+    /// Containers being mounted or unmounted (one request each at a time).
+    busy: std::collections::BTreeSet<String>,
     main: Option<String>,
     main_exited: Option<(Exit, Instant)>,
     control_conns: usize,
@@ -334,11 +341,111 @@ impl Agent {
             Request::ListProcesses => Ok(Reply::Processes(self.list())),
             Request::Stats => self.stats().map(Reply::Stats),
             Request::Shutdown => Ok(Reply::Empty(Empty {})),
+            Request::MountContainer { id, disk } => self
+                .mount_container(&id, &disk)
+                .map(|()| Reply::Empty(Empty {})),
+            Request::UnmountContainer { id } => self
+                .unmount_container(&id)
+                .map(|()| Reply::Empty(Empty {})),
         }
+    }
+
+    fn roots(&self) -> Result<&crate::pod::Roots, AgentError> {
+        self.cfg.containers.as_ref().ok_or_else(|| {
+            err(
+                ErrorCode::Invalid,
+                "containers need a pod sandbox (burstvm_pod=1)",
+            )
+        })
+    }
+
+    /// Marks container `id` busy (mount or unmount in progress) while `f` runs.
+    fn with_busy<T>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut State) -> Result<(), AgentError>,
+        work: impl FnOnce() -> Result<T, AgentError>,
+    ) -> Result<T, AgentError> {
+        {
+            let mut st = self.lock();
+            if st.busy.contains(id) {
+                return Err(err(
+                    ErrorCode::State,
+                    format!("container {id} is being mounted or unmounted"),
+                ));
+            }
+            f(&mut st)?;
+            st.busy.insert(id.to_string());
+        }
+        let r = work();
+        self.lock().busy.remove(id);
+        r
+    }
+
+    fn mount_container(&self, id: &str, disk: &str) -> Result<(), AgentError> {
+        crate::pod::validate_id(id)?;
+        let roots = self.roots()?;
+        let exists = |st: &mut State| match st.containers.contains_key(id) {
+            true => Err(err(ErrorCode::Exists, format!("container {id} exists"))),
+            false => Ok(()),
+        };
+        self.with_busy(id, exists, || {
+            let root = roots.0.mount(id, disk)?;
+            self.lock().containers.insert(id.to_string(), root);
+            Ok(())
+        })
+    }
+
+    /// SIGKILLs the container's running processes, waits (bounded) for them,
+    /// and unmounts its root.
+    fn unmount_container(&self, id: &str) -> Result<(), AgentError> {
+        let roots = self.roots()?;
+        let known = |st: &mut State| match st.containers.contains_key(id) {
+            true => Ok(()),
+            false => Err(err(ErrorCode::NotFound, format!("no container {id}"))),
+        };
+        self.with_busy(id, known, || {
+            let deadline = Instant::now() + agent_proto::client::MOUNT_WAIT;
+            let mut st = self.lock();
+            let ours = |p: &Proc| p.req.container.as_deref() == Some(id);
+            for p in st.procs.values().filter(|p| ours(p) && p.exit.is_none()) {
+                if let Some(pid) = p.pid {
+                    let _ = reaper().kill(pid, Signal::SIGKILL);
+                }
+            }
+            while st.procs.values().any(|p| ours(p) && p.pid.is_some() && p.exit.is_none()) {
+                if Instant::now() >= deadline {
+                    return Err(err(
+                        ErrorCode::State,
+                        format!("container {id}: processes still running after SIGKILL"),
+                    ));
+                }
+                st = self.wait_until(st, deadline);
+            }
+            // Only this request (busy) removes it.
+            let root = st
+                .containers
+                .get(id)
+                .cloned()
+                .ok_or_else(|| err(ErrorCode::NotFound, format!("no container {id}")))?;
+            drop(st);
+            roots.0.unmount(id, &root)?;
+            // Its processes' records stay: a waiter may not have seen the exit yet.
+            self.lock().containers.remove(id);
+            Ok(())
+        })
     }
 
     fn create(&self, c: CreateProcess) -> Result<(), AgentError> {
         process::validate(&c.id, &c.process)?;
+        if let Some(cid) = &c.container {
+            if !self.lock().containers.contains_key(cid) {
+                return Err(err(
+                    ErrorCode::NotFound,
+                    format!("process {}: no container {cid}", c.id),
+                ));
+            }
+        }
         let pty = if c.process.terminal {
             let size = c.process.console_size.map(|s| (s.height, s.width));
             let pty = Pty::open(&self.cfg.ptmx, size).map_err(|e| {
@@ -532,10 +639,16 @@ impl Agent {
                 }
             }
         };
+        let root = match &req.container {
+            Some(cid) => Some(self.lock().containers.get(cid).cloned().ok_or_else(|| {
+                err(ErrorCode::NotFound, format!("process {id}: no container {cid}"))
+            })?),
+            None => self.cfg.root.clone(),
+        };
         let cmd = process::command(
             id,
             &req.process,
-            self.cfg.root.as_deref(),
+            root.as_deref(),
             stdio,
             self.cfg.drop_ioperm,
         )?;

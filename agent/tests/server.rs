@@ -738,3 +738,97 @@ fn plain_unix_listeners() {
     let e = c2.attach_stream("u", StreamKind::Stdout).unwrap_err();
     assert!(matches!(e, ClientError::NoStdioEndpoint { .. }), "{e}");
 }
+
+/// Container roots in a directory: a "mount" copies the static busybox into
+/// `<dir>/<id>` with a marker naming the disk; an unmount removes it.
+struct DirRoots {
+    dir: PathBuf,
+    unmounted: std::sync::Mutex<Vec<String>>,
+}
+
+impl agent::pod::ContainerRoots for DirRoots {
+    fn mount(&self, id: &str, disk: &str) -> Result<PathBuf, agent_proto::AgentError> {
+        let root = self.dir.join(id);
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+        std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+        for tool in ["sleep", "cat"] {
+            std::os::unix::fs::symlink("busybox", root.join("bin").join(tool)).unwrap();
+        }
+        std::fs::write(root.join("marker"), format!("root of {id} from {disk}")).unwrap();
+        Ok(root)
+    }
+
+    fn unmount(&self, id: &str, root: &Path) -> Result<(), agent_proto::AgentError> {
+        std::fs::remove_dir_all(root).unwrap();
+        self.unmounted.lock().unwrap().push(id.to_string());
+        Ok(())
+    }
+}
+
+/// A pod's containers: each process runs chrooted in its container's root
+/// (it reads that root's marker, not another's); an unknown container is
+/// refused; unmounting kills what still runs there and forgets the root.
+#[test]
+fn pod_containers_run_in_their_own_roots() {
+    let dir = dir_for("roots");
+    let roots = Arc::new(DirRoots {
+        dir: dir.join("roots"),
+        unmounted: Default::default(),
+    });
+    let h = harness_with(
+        "pod-containers",
+        AgentConfig {
+            pod: true,
+            containers: Some(agent::pod::Roots(roots.clone())),
+            ..config()
+        },
+    );
+    let mut c = h.client();
+    let e = c
+        .create_process(&CreateProcess {
+            container: Some("c1".into()),
+            ..CreateProcess::new("p0", sh("true"))
+        })
+        .unwrap_err();
+    assert_eq!(e.agent_code(), Some(ErrorCode::NotFound), "{e}");
+    c.mount_container("c1", "slot0").unwrap();
+    c.mount_container("c2", "slot1").unwrap();
+    let e = c.mount_container("c1", "slot2").unwrap_err();
+    assert_eq!(e.agent_code(), Some(ErrorCode::Exists), "{e}");
+    let e = c.mount_container("../x", "slot2").unwrap_err();
+    assert_eq!(e.agent_code(), Some(ErrorCode::Invalid), "{e}");
+    for (id, disk) in [("c1", "slot0"), ("c2", "slot1")] {
+        let req = CreateProcess {
+            container: Some(id.into()),
+            ..CreateProcess::new(format!("cat-{id}"), sh("cat /marker"))
+        };
+        let (out, err, exit) = run(&mut c, req, None);
+        assert_eq!(out, format!("root of {id} from {disk}"), "{err}");
+        assert_eq!(exit.status, 0);
+    }
+    let sleeper = CreateProcess {
+        container: Some("c1".into()),
+        stdout: false,
+        stderr: false,
+        ..CreateProcess::new("sleeper", sh("exec sleep 1000"))
+    };
+    c.create_process(&sleeper).unwrap();
+    c.start_process("sleeper").unwrap();
+    c.unmount_container("c1").unwrap();
+    let exit = c.wait_process("sleeper", None).unwrap();
+    assert_eq!(exit.signal, Some(libc::SIGKILL));
+    assert_eq!(*roots.unmounted.lock().unwrap(), vec!["c1".to_string()]);
+    assert!(!dir.join("roots/c1").exists() && dir.join("roots/c2/marker").exists());
+    let e = c.unmount_container("c1").unwrap_err();
+    assert_eq!(e.agent_code(), Some(ErrorCode::NotFound), "{e}");
+    drop(h);
+}
+
+/// Outside a pod (no container roots) MountContainer is refused.
+#[test]
+fn containers_need_a_pod() {
+    let h = harness("no-pod-containers");
+    let e = h.client().mount_container("c1", "slot0").unwrap_err();
+    assert_eq!(e.agent_code(), Some(ErrorCode::Invalid), "{e}");
+}

@@ -2,6 +2,7 @@
 //! network, vsock listeners. Each returns a [`BootError`] naming its step.
 
 pub mod config;
+pub mod containers;
 pub mod mounts;
 pub mod net;
 pub mod vsock;

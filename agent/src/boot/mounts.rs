@@ -188,6 +188,30 @@ pub fn write_etc(root: &Path, cfg: &BootConfig) -> Result<(), BootError> {
     Ok(())
 }
 
+/// A pod sandbox keeps its writable layer past the root switch: its
+/// containers' upper directories go there (`boot::containers`). A tmpfs at
+/// `<newroot>/run/burstvm` takes it (and the containers' mounts), so
+/// nothing of the pod's lands in the pause image's overlay.
+pub fn keep_for_pod(newroot: &Path) -> Result<(), BootError> {
+    let run = newroot.join("run/burstvm");
+    mount_at(
+        "mount the pod's tmpfs",
+        Some(Path::new("tmpfs")),
+        &run,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    )?;
+    mount_at(
+        "move the writable layer into the container root",
+        Some(Path::new(RW_DIR)),
+        &newroot.join(&RW_DIR[1..]),
+        None,
+        MsFlags::MS_MOVE,
+        None,
+    )
+}
+
 /// The switch_root method: `newroot` becomes `/` of this process (and of
 /// every process it starts from now on).
 pub fn switch_root(newroot: &Path) -> Result<(), BootError> {
