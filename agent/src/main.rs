@@ -99,9 +99,9 @@ fn run(port: &AgentPort) -> Result<i32, Failed> {
     )?;
     port.report(Event::NetConfigured, 0);
     // A pod's containers get roots of their own (`MountContainer`).
-    let containers = cfg.pod.then(|| {
-        agent::pod::Roots(Arc::new(boot::containers::GuestRoots::new(cfg.clone())))
-    });
+    let containers = cfg
+        .pod
+        .then(|| agent::pod::Roots(Arc::new(boot::containers::GuestRoots::new(cfg.clone()))));
     let agent: Arc<Agent> = Agent::new(AgentConfig {
         pod: cfg.pod,
         containers,

@@ -344,9 +344,9 @@ impl Agent {
             Request::MountContainer { id, disk } => self
                 .mount_container(&id, &disk)
                 .map(|()| Reply::Empty(Empty {})),
-            Request::UnmountContainer { id } => self
-                .unmount_container(&id)
-                .map(|()| Reply::Empty(Empty {})),
+            Request::UnmountContainer { id } => {
+                self.unmount_container(&id).map(|()| Reply::Empty(Empty {}))
+            }
         }
     }
 
@@ -413,7 +413,11 @@ impl Agent {
                     let _ = reaper().kill(pid, Signal::SIGKILL);
                 }
             }
-            while st.procs.values().any(|p| ours(p) && p.pid.is_some() && p.exit.is_none()) {
+            while st
+                .procs
+                .values()
+                .any(|p| ours(p) && p.pid.is_some() && p.exit.is_none())
+            {
                 if Instant::now() >= deadline {
                     return Err(err(
                         ErrorCode::State,
@@ -641,7 +645,10 @@ impl Agent {
         };
         let root = match &req.container {
             Some(cid) => Some(self.lock().containers.get(cid).cloned().ok_or_else(|| {
-                err(ErrorCode::NotFound, format!("process {id}: no container {cid}"))
+                err(
+                    ErrorCode::NotFound,
+                    format!("process {id}: no container {cid}"),
+                )
             })?),
             None => self.cfg.root.clone(),
         };

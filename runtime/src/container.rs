@@ -94,11 +94,14 @@ impl AgentNet {
 /// as init, the image (`/dev/vda`, EROFS) under the writable layer
 /// (`/dev/vdb`, ext4), the network, the host name. `quiet`: every console
 /// byte is a port-I/O exit, and the container's output goes over vsock.
-pub fn agent_cmdline(net: Option<&AgentNet>, hostname: &str) -> String {
+pub fn agent_cmdline(net: Option<&AgentNet>, hostname: &str, pod: bool) -> String {
     let mut s = String::from(
         "reboot=k panic=1 pci=off nomodules quiet rdinit=/init \
          burstvm_ro=/dev/vda burstvm_rw=/dev/vdb",
     );
+    if pod {
+        s.push_str(" burstvm_pod=1");
+    }
     if let Some(n) = net {
         s.push_str(&format!(" burstvm_net={}", n.cidr));
         if let Some(gw) = &n.gateway {
@@ -434,7 +437,7 @@ mod tests {
             "10.1.0.1".into(),
         ])
         .unwrap();
-        let s = agent_cmdline(Some(&net), "bvm_run.no-net");
+        let s = agent_cmdline(Some(&net), "bvm_run.no-net", false);
         assert!(s.contains("rdinit=/init"), "{s}");
         assert!(s.contains("burstvm_ro=/dev/vda burstvm_rw=/dev/vdb"), "{s}");
         assert!(
@@ -444,7 +447,9 @@ mod tests {
         // A host name is letters, digits and dashes.
         assert!(s.ends_with("burstvm_hostname=bvmrunno-net"), "{s}");
         assert!(AgentNet::from_vmm_args(&["--net".into()]).is_none());
-        assert!(!agent_cmdline(None, "a").contains("burstvm_net"));
+        assert!(!agent_cmdline(None, "a", false).contains("burstvm_net"));
+        assert!(!s.contains("burstvm_pod"));
+        assert!(agent_cmdline(None, "a", true).contains(" burstvm_pod=1"));
     }
 
     #[test]

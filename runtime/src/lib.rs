@@ -41,7 +41,7 @@ pub use chaos::{
 pub use host::{HostServices, SandboxHost, ServicesInfo};
 pub use run::{run_cli, ContainerRun, NetKindArg, RunConfig};
 pub use runtime::{Runtime, RuntimeConfig, RuntimeError};
-pub use sandbox::{Attach, Sandbox, SandboxFailure, SandboxSpec, SgSpec};
+pub use sandbox::{pod_slot, Attach, Sandbox, SandboxFailure, SandboxSpec, SgSpec};
 pub use services::{services_cli, ServicesConfig};
 
 pub use variant::{Policy, Variant};

@@ -110,6 +110,10 @@ pub struct ShimConfig {
     /// Capacity of a Linux guest's writable layer (the ext4 template).
     #[serde(default = "default_layer_size")]
     pub layer_size: String,
+    /// Empty disk slots of a Linux guest's pod VM: how many of its
+    /// containers can hold an image at once (docs/shim.md, "Pods").
+    #[serde(default = "default_pod_slots")]
+    pub pod_slots: u8,
 }
 
 /// Which guest runs a task.
@@ -133,6 +137,10 @@ fn default_cpus() -> f64 {
 fn default_timeout() -> u64 {
     60
 }
+fn default_pod_slots() -> u8 {
+    4
+}
+
 fn default_layer_size() -> String {
     "64M".into()
 }
@@ -159,6 +167,13 @@ impl ShimConfig {
                 path: path.to_path_buf(),
                 source,
             })?;
+        // A pod VM: a NIC, the rootfs's two disks and vsock besides its slots.
+        if !(1..=12).contains(&c.pod_slots) {
+            return Err(field(
+                "pod_slots",
+                format!("{} is not 1..12 (a VM has at most 16 devices)", c.pod_slots),
+            ));
+        }
         if v == Variant::Tap {
             return Err(field(
                 "variant",
@@ -216,17 +231,19 @@ impl ShimConfig {
     /// The guest of a task: the annotation `io.burstvm.guest` if present
     /// (`linux` needs the config's kernel), else Linux when the config names
     /// a kernel, else the built-in agent.
+    /// The Linux guest, if the config names a kernel (and the agent is found).
+    pub fn linux_guest(&self) -> Option<Guest> {
+        Some(Guest::Linux {
+            kernel: self.kernel.clone()?,
+            agent: self.agent_path()?,
+        })
+    }
+
     pub fn guest_for(
         &self,
         annotations: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<Guest, ConfigError> {
-        let linux = || {
-            let kernel = self.kernel.clone()?;
-            Some(Guest::Linux {
-                kernel,
-                agent: self.agent_path()?,
-            })
-        };
+        let linux = || self.linux_guest();
         match annotations.get(ANNOTATION_GUEST).and_then(|v| v.as_str()) {
             None => Ok(linux().unwrap_or(Guest::Builtin)),
             Some("builtin") => Ok(Guest::Builtin),

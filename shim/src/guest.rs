@@ -222,6 +222,8 @@ impl Proc {
 /// The guest agent of one task's sandbox and the task's processes there.
 pub struct Agent {
     task: String,
+    /// A pod's container: its processes run in this container's root.
+    container: Option<String>,
     /// The mounted bundle rootfs (an exec's HOME from its /etc/passwd).
     rootfs: PathBuf,
     vsock: OnceLock<PathBuf>,
@@ -232,8 +234,20 @@ pub struct Agent {
 impl Agent {
     /// The agent side of task `task` whose main process has `io`.
     pub fn new(task: &str, rootfs: PathBuf, io: StdioPaths) -> Agent {
+        Agent::in_container(task, rootfs, io, None)
+    }
+
+    /// The agent side of container `task` of a pod (`container`: its root
+    /// at the agent, `MountContainer`), or of a sandbox's own task (None).
+    pub fn in_container(
+        task: &str,
+        rootfs: PathBuf,
+        io: StdioPaths,
+        container: Option<String>,
+    ) -> Agent {
         let main = Arc::new(Proc::new("", task.to_string(), io));
         Agent {
+            container,
             task: task.to_string(),
             rootfs,
             vsock: OnceLock::new(),
@@ -324,6 +338,7 @@ impl Agent {
         process.terminal = proc.io.terminal;
         let create = CreateProcess {
             main,
+            container: self.container.clone(),
             stdin: !proc.io.stdin.is_empty(),
             stdout: !proc.io.stdout.is_empty(),
             stderr: !proc.io.stderr.is_empty(),
@@ -395,11 +410,17 @@ impl Agent {
         })
     }
 
-    /// Guest pids of the task's running processes.
+    /// Guest pids of the task's running processes (a pod container's: its
+    /// own processes only).
     pub fn pids(&self) -> Result<Vec<u32>, GuestError> {
         let list = self.call("-", "ListProcesses", |c| c.list_processes())?;
+        let ours: Option<Vec<String>> = self.container.as_ref().map(|_| {
+            let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+            procs.values().map(|p| p.agent_id.clone()).collect()
+        });
         Ok(list
             .into_iter()
+            .filter(|p| ours.as_ref().is_none_or(|o| o.contains(&p.id)))
             .filter(|p| p.state == agent_proto::ProcessState::Running)
             .filter_map(|p| p.pid.map(|pid| pid.max(0) as u32))
             .collect())
@@ -409,6 +430,18 @@ impl Agent {
     pub fn metrics(&self) -> Result<metrics::Metrics, GuestError> {
         let s = self.call("-", "Stats", |c| c.stats())?;
         Ok(to_metrics(&s))
+    }
+
+    /// Mounts this container's root at the agent from disk slot `disk`.
+    pub fn mount_container(&self, disk: &str) -> Result<(), GuestError> {
+        let id = self.container.clone().unwrap_or_default();
+        self.call(&id, "MountContainer", |c| c.mount_container(&id, disk))
+    }
+
+    /// Ends what runs in this container and unmounts its root.
+    pub fn unmount_container(&self) -> Result<(), GuestError> {
+        let id = self.container.clone().unwrap_or_default();
+        self.call(&id, "UnmountContainer", |c| c.unmount_container(&id))
     }
 
     /// Asks the agent to power the guest off (best effort).
@@ -437,7 +470,12 @@ impl Agent {
                     source,
                 }
             })?;
-        let proc = Arc::new(Proc::new(exec_id, format!("exec:{exec_id}"), io));
+        // Exec ids are unique per container, not per pod VM.
+        let agent_id = match &self.container {
+            Some(c) => format!("exec:{c}:{exec_id}"),
+            None => format!("exec:{exec_id}"),
+        };
+        let proc = Arc::new(Proc::new(exec_id, agent_id, io));
         {
             let mut procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
             if procs.contains_key(exec_id) {

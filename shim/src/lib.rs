@@ -6,6 +6,7 @@
 pub mod config;
 pub mod containerd;
 pub mod guest;
+pub mod pod;
 pub mod rootfs;
 pub mod service;
 pub mod spec;

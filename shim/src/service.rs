@@ -64,8 +64,9 @@ pub enum CreateError {
         source: crate::spec::ParseError,
     },
     #[error(
-        "burstvm: container {container} in pod {pod}: a pod is one microVM running one app, \
-         the pod sandbox's image (see docs/shim.md); containers inside a pod are not supported"
+        "burstvm: container {container} in pod {pod}: containers run in a pod whose sandbox boots \
+         the Linux guest (shim.json kernel) in this shim; on the built-in agent a pod is one \
+         microVM running one app, the pod sandbox's image (see docs/shim.md)"
     )]
     PodContainer { container: String, pod: String },
     #[error(transparent)]
@@ -230,6 +231,8 @@ pub fn cleanup_bundle(bundle: &Path) -> Vec<String> {
         }
     }
     match runtime::cgroup::Layout::detect() {
+        // A pod's container has no sandbox: its pod's bundle reaps the pod's.
+        _ if rec.member => {}
         Ok(layout) => done.extend(runtime::host::reap_sandbox(
             &layout,
             cni.as_ref(),
@@ -313,15 +316,24 @@ impl TaskService {
             return Err(CreateError::Checkpoint { task });
         }
         let spec = Spec::load(&bundle)?;
-        let until_exit = match &spec.kind {
-            Kind::PodSandbox => false,
-            Kind::Task => true,
+        let until_exit = !matches!(spec.kind, Kind::PodSandbox);
+        // A pod's container runs in its pod's VM (this shim serves the pod).
+        let pod_task = match &spec.kind {
             Kind::PodContainer { sandbox } => {
-                return Err(CreateError::PodContainer {
+                let pod = self
+                    .inner
+                    .tasks
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(sandbox)
+                    .filter(|t| t.pod.is_some())
+                    .cloned();
+                Some(pod.ok_or_else(|| CreateError::PodContainer {
                     container: req.id.clone(),
                     pod: sandbox.clone(),
-                })
+                })?)
             }
+            _ => None,
         };
         let (type_url, value) = req
             .options
@@ -331,11 +343,13 @@ impl TaskService {
         let cfg_path = config::config_path(type_url, value)?;
         let cfg = ShimConfig::load(&cfg_path)?;
         let variant = cfg.variant_for(&spec.annotations)?;
-        // A pod sandbox stays on the built-in agent: the pod's containers
-        // do not run in it yet (docs/shim.md).
-        let guest = match spec.kind {
-            Kind::PodSandbox => Guest::Builtin,
-            _ => cfg.guest_for(&spec.annotations)?,
+        // A pod's container runs where its pod runs: in a Linux guest.
+        let guest = match &pod_task {
+            Some(pod) => cfg.linux_guest().ok_or_else(|| CreateError::PodContainer {
+                container: req.id.clone(),
+                pod: pod.id.clone(),
+            })?,
+            None => cfg.guest_for(&spec.annotations)?,
         };
         let min_memory = match guest {
             Guest::Builtin => crate::spec::MIN_MEMORY,
@@ -360,15 +374,18 @@ impl TaskService {
         let sandbox = sandbox_id(&self.inner.namespace, &req.id);
         let netns = spec.netns.clone();
         let state_dir = match guest {
-            Guest::Linux { .. } => Some(Path::new(STATE_ROOT).join(format!("shim-{sandbox}"))),
-            Guest::Builtin => None,
+            Guest::Linux { .. } if pod_task.is_none() => {
+                Some(Path::new(STATE_ROOT).join(format!("shim-{sandbox}")))
+            }
+            _ => None,
         };
         // Recorded before anything exists, so that `shim delete` after a
         // crash removes whatever part was made.
         let rec = Record {
             sandbox_id: sandbox.clone(),
             // The sandbox makes its own netns (and runs CNI for a VF variant).
-            owned_netns: netns.is_none(),
+            owned_netns: netns.is_none() && pod_task.is_none(),
+            member: pod_task.is_some(),
             mounted: !req.rootfs.is_empty(),
             services: cfg.services.clone(),
             guest_ip: None,
@@ -401,8 +418,26 @@ impl TaskService {
             ..SandboxSpec::new(sandbox, variant, size.memory_bytes, cfg.timeout_secs)
         };
         let mut linux = None;
+        let mut member = None;
         let mut host_state = bundle.clone();
-        if let (Guest::Linux { kernel, agent }, Some(dir)) = (&guest, &state_dir) {
+        if let Some(pod) = pod_task {
+            let process =
+                spec.agent_process(&prepared.rootfs)
+                    .map_err(|source| CreateError::Resources {
+                        task: task.clone(),
+                        source,
+                    })?;
+            let GuestRootfs::Image { image, .. } = &prepared.guest else {
+                unreachable!("a Linux guest's rootfs is an image");
+            };
+            // It runs in the pod's sandbox: named by it in traces and messages.
+            sandbox_spec.id = pod.sandbox_id.clone();
+            member = Some(crate::pod::MemberParams {
+                pod,
+                process,
+                image: Arc::clone(image),
+            });
+        } else if let (Guest::Linux { kernel, agent }, Some(dir)) = (&guest, &state_dir) {
             let process =
                 spec.agent_process(&prepared.rootfs)
                     .map_err(|source| CreateError::Resources {
@@ -437,6 +472,9 @@ impl TaskService {
                 layer_mode: runtime::rootfs::LayerMode::Reflink,
             });
             host_state = dir.clone();
+            if spec.kind == Kind::PodSandbox {
+                sandbox_spec.pod_slots = Some(cfg.pod_slots);
+            }
             linux = Some(LinuxParams {
                 process,
                 layers,
@@ -465,6 +503,7 @@ impl TaskService {
             prepared,
             trace_copy: cfg.trace_copy.clone(),
             linux,
+            member,
         };
         Ok(Arc::new(Task::new(host, params)))
     }

@@ -36,6 +36,9 @@ pub struct Record {
     pub sandbox_id: String,
     /// The sandbox made its own netns and ran CNI itself (`ctr run`).
     pub owned_netns: bool,
+    /// A pod's container: no sandbox of its own (its pod's record has it).
+    #[serde(default)]
+    pub member: bool,
     /// `<bundle>/rootfs` was mounted by the shim.
     pub mounted: bool,
     /// The services file, for the CNI config a cleanup needs.
@@ -80,13 +83,13 @@ pub struct Exit {
 }
 
 #[derive(Debug)]
-struct State {
-    status: Status,
+pub(crate) struct State {
+    pub(crate) status: Status,
     /// The VMM's pid (built-in agent), the main process's in the guest (Linux).
-    pid: u32,
-    exit: Option<Exit>,
+    pub(crate) pid: u32,
+    pub(crate) exit: Option<Exit>,
     /// A Linux guest's VMM, until it is reaped (signalled only under this lock).
-    vmm_pid: Option<u32>,
+    pub(crate) vmm_pid: Option<u32>,
 }
 
 enum Ctl {
@@ -130,6 +133,9 @@ pub enum TaskError {
     Running { task: String },
     #[error("{}", join(.0))]
     Teardown(Vec<TeardownError>),
+    /// A pod's container could not be placed in the pod's VM.
+    #[error(transparent)]
+    Member(crate::pod::MemberError),
 }
 
 /// One part of a teardown that failed (a teardown tries every part).
@@ -169,6 +175,8 @@ pub struct TaskParams {
     pub trace_copy: Option<PathBuf>,
     /// A Linux guest: what only that path has.
     pub linux: Option<LinuxParams>,
+    /// A container of a pod: what only that path has (no sandbox of its own).
+    pub member: Option<crate::pod::MemberParams>,
 }
 
 /// The Linux-guest part of a task's parameters.
@@ -256,12 +264,16 @@ pub struct Task {
     pub timeout_secs: u64,
     /// A Linux guest's agent side (its processes); None on the built-in agent.
     pub agent: Option<Arc<Agent>>,
+    /// A Linux guest's pod sandbox: what its containers need of its VM.
+    pub pod: Option<Arc<crate::pod::PodVm>>,
+    /// A container of a pod (it runs in the pod's VM, `crate::pod`).
+    pub(crate) member: Option<crate::pod::Member>,
     host: &'static HostServices,
     params: Mutex<Option<TaskParams>>,
-    prepared_rootfs: Mutex<Option<(PathBuf, bool)>>,
-    state: Mutex<State>,
-    changed: Condvar,
-    cancel: Arc<AtomicBool>,
+    pub(crate) prepared_rootfs: Mutex<Option<(PathBuf, bool)>>,
+    pub(crate) state: Mutex<State>,
+    pub(crate) changed: Condvar,
+    pub(crate) cancel: Arc<AtomicBool>,
     ctl: Mutex<Option<mpsc::Sender<Ctl>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -280,7 +292,7 @@ pub fn now() -> (i64, u32) {
 }
 
 /// A process status as a container exit status (128 + signal when killed).
-fn exit_code(st: std::process::ExitStatus) -> u32 {
+pub(crate) fn exit_code(st: std::process::ExitStatus) -> u32 {
     use std::os::unix::process::ExitStatusExt;
     match (st.code(), st.signal()) {
         (Some(c), _) => c as u32,
@@ -290,21 +302,32 @@ fn exit_code(st: std::process::ExitStatus) -> u32 {
 }
 
 impl Task {
-    pub fn new(host: &'static HostServices, p: TaskParams) -> Task {
-        let agent = p.linux.as_ref().map(|_| {
-            Arc::new(Agent::new(
+    pub fn new(host: &'static HostServices, mut p: TaskParams) -> Task {
+        let io = crate::guest::StdioPaths {
+            stdin: p.stdin.clone(),
+            stdout: p.stdout.clone(),
+            stderr: p.stderr.clone(),
+            terminal: p.terminal,
+        };
+        let member = p.member.take().map(crate::pod::Member::new);
+        let agent = (p.linux.is_some() || member.is_some()).then(|| {
+            // A pod's container runs in its own root at the pod's agent.
+            let container = member.as_ref().map(|_| p.id.clone());
+            Arc::new(Agent::in_container(
                 &p.id,
                 p.prepared.rootfs.clone(),
-                crate::guest::StdioPaths {
-                    stdin: p.stdin.clone(),
-                    stdout: p.stdout.clone(),
-                    stderr: p.stderr.clone(),
-                    terminal: p.terminal,
-                },
+                io,
+                container,
             ))
         });
+        let pod = match (&p.linux, p.spec.pod_slots) {
+            (Some(_), Some(n)) => Some(Arc::new(crate::pod::PodVm::new(n))),
+            _ => None,
+        };
         Task {
             agent,
+            pod,
+            member,
             id: p.id.clone(),
             bundle: p.bundle.clone(),
             stdin: p.stdin.clone(),
@@ -329,7 +352,7 @@ impl Task {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -338,7 +361,7 @@ impl Task {
         (s.status, s.pid, s.exit.clone())
     }
 
-    fn finish(&self, s: &mut State, status: u32) -> Exit {
+    pub(crate) fn finish(&self, s: &mut State, status: u32) -> Exit {
         let e = Exit { status, at: now() };
         s.status = Status::Stopped;
         s.exit = Some(e.clone());
@@ -354,6 +377,9 @@ impl Task {
         limit: Duration,
         on_exit: Arc<OnExit>,
     ) -> Result<u32, TaskError> {
+        if self.member.is_some() {
+            return self.start_member(on_exit);
+        }
         let params = {
             let mut s = self.lock();
             if s.status != Status::Created {
@@ -475,8 +501,9 @@ impl Task {
             copy_trace(self.host, &self.sandbox_id, copy);
         }
         let mut sb = sb;
-        match (&self.agent, process) {
-            (Some(agent), Some(process)) => {
+        match (&self.agent, process, &self.pod) {
+            (Some(agent), _, Some(pod)) => self.serve_pod(&mut sb, pod, agent, &start_tx, &on_exit),
+            (Some(agent), Some(process), None) => {
                 self.serve_container(&mut sb, agent, process, &start_tx, &on_exit)
             }
             _ => self.serve_app(&mut sb, &start_tx, &on_exit),
@@ -646,7 +673,9 @@ impl Task {
     /// and exits), SIGKILL at once; a start in progress is cancelled.
     pub fn kill(&self, signal: u32) -> Result<(), KillError> {
         let mut s = self.lock();
-        if let (Status::Running, Some(agent)) = (s.status, &self.agent) {
+        // A pod's VM is its task (below); its containers are tasks of their own.
+        let agent = self.agent.as_ref().filter(|_| self.pod.is_none());
+        if let (Status::Running, Some(agent)) = (s.status, agent) {
             // The main process in the guest; the VM ends with it.
             drop(s);
             return match agent.signal(&agent.main(), signal) {
@@ -723,6 +752,9 @@ impl Task {
                 drop(l.layers);
                 remove_state_dir(&l.state_dir);
             }
+        }
+        if self.member.is_some() {
+            self.teardown_member();
         }
         if let Some(a) = &self.agent {
             a.release(128 + libc::SIGKILL as u32);
@@ -823,7 +855,7 @@ pub fn remove_state_dir(dir: &Path) {
 }
 
 /// Blocks until `pid` has exited, leaving it unreaped (waitid WNOWAIT).
-fn wait_exited(pid: u32) {
+pub(crate) fn wait_exited(pid: u32) {
     loop {
         // SAFETY: siginfo is plain data filled by waitid.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };

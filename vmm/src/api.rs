@@ -51,9 +51,12 @@ pub enum Response {
 /// Answers one request against `slots`.
 pub fn handle(slots: &[DiskSlot], req: Request) -> Response {
     let find = |id: &str| {
-        slots.iter().find(|s| s.id == id).ok_or_else(|| Response::Error {
-            error: format!("no empty-slot disk {id:?} (--disk empty,id={id})"),
-        })
+        slots
+            .iter()
+            .find(|s| s.id == id)
+            .ok_or_else(|| Response::Error {
+                error: format!("no empty-slot disk {id:?} (--disk empty,id={id})"),
+            })
     };
     match req {
         Request::InsertDisk { slot, path } => match find(&slot) {
@@ -127,7 +130,9 @@ fn serve_conn(conn: UnixStream, slots: &[DiskSlot]) -> std::io::Result<()> {
     let mut lines = BufReader::new(conn);
     loop {
         let mut line = Vec::new();
-        let n = (&mut lines).take(MAX_LINE + 1).read_until(b'\n', &mut line)?;
+        let n = (&mut lines)
+            .take(MAX_LINE + 1)
+            .read_until(b'\n', &mut line)?;
         if n == 0 {
             return Ok(());
         }

@@ -3,8 +3,8 @@
 //! waits for the guest agent's READY, a failure, a signal or the timeout.
 //! See docs/vmm.md.
 
-mod app;
 pub mod api;
+mod app;
 pub mod args;
 mod bootinfo;
 mod builder;

@@ -72,7 +72,10 @@ impl GuestRoots {
                                 "disk {serial} ({}) has no media after {limit:?}",
                                 name.to_string_lossy()
                             ),
-                            None => format!("no disk with serial {serial} in {}", self.sys_block.display()),
+                            None => format!(
+                                "no disk with serial {serial} in {}",
+                                self.sys_block.display()
+                            ),
                         },
                     ))
                 }

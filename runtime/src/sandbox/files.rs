@@ -22,6 +22,8 @@ pub(super) struct Files {
     /// The VMM's vsock socket (a container sandbox's agent); the VMM
     /// removes it when it exits, teardown again in case it was killed.
     pub vsock: PathBuf,
+    /// The VMM's control socket (a pod sandbox's disk slots), as `vsock`.
+    pub api: PathBuf,
 }
 
 impl Files {
@@ -31,6 +33,7 @@ impl Files {
             stdout: probe.then(|| state_dir.join(format!("{id}.stdout"))),
             console: state_dir.join(format!("{id}.console")),
             vsock: state_dir.join(format!("{id}.vsock")),
+            api: state_dir.join(format!("{id}.api")),
         }
     }
 
@@ -43,6 +46,7 @@ impl Files {
     pub fn remove(&self) {
         // A socket is no log: never kept.
         let _ = std::fs::remove_file(&self.vsock);
+        let _ = std::fs::remove_file(&self.api);
         if keep_logs() {
             return;
         }

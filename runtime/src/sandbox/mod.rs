@@ -22,7 +22,7 @@ mod watch;
 pub use crate::child::stop_child;
 pub use error::{SandboxFailure, StageError, TeardownError, TeardownStep, VmmSpawnError};
 pub use net::IFNAME;
-pub use spec::{Attach, RootfsCost, SandboxSpec, SgSpec};
+pub use spec::{pod_slot, Attach, RootfsCost, SandboxSpec, SgSpec};
 pub(crate) use teardown::DEL_PATIENCE;
 
 use std::net::Ipv4Addr;
@@ -260,5 +260,14 @@ impl<'rt> Sandbox<'rt> {
             .agent_initrd
             .as_ref()
             .map(|_| self.files.vsock.as_path())
+    }
+
+    /// The VMM's control socket of a pod sandbox (its disk slots).
+    pub fn api_path(&self) -> Option<&std::path::Path> {
+        self.spec
+            .agent_initrd
+            .as_ref()
+            .and(self.spec.pod_slots)
+            .map(|_| self.files.api.as_path())
     }
 }

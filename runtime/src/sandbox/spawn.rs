@@ -50,10 +50,19 @@ impl Sandbox<'_> {
             match &self.spec.agent_initrd {
                 Some(initrd) => {
                     let net = crate::container::AgentNet::from_vmm_args(net_args);
-                    let cmdline = crate::container::agent_cmdline(net.as_ref(), &self.spec.id);
+                    let pod = self.spec.pod_slots.is_some();
+                    let cmdline = crate::container::agent_cmdline(net.as_ref(), &self.spec.id, pod);
                     cmd.arg("--initrd").arg(initrd);
                     cmd.args(["--cmdline", &cmdline]);
                     cmd.arg("--vsock").arg(&self.files.vsock);
+                    if let Some(n) = self.spec.pod_slots {
+                        // After the rootfs disks (in net_args): vda and vdb stay theirs.
+                        for i in 0..n {
+                            let slot = super::spec::pod_slot(i);
+                            cmd.args(["--disk", &format!("empty,ro,id={slot}")]);
+                        }
+                        cmd.arg("--api").arg(&self.files.api);
+                    }
                 }
                 None => {
                     cmd.args(["--cmdline", &crate::rootfs::linux_cmdline()]);

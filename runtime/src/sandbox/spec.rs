@@ -31,6 +31,11 @@ pub struct SandboxSpec {
     /// serves vsock at `Sandbox::vsock_path` and the agent takes processes
     /// there (docs/runtime.md, "Containers").
     pub agent_initrd: Option<PathBuf>,
+    /// With `agent_initrd`: a pod sandbox. Its agent stays up until
+    /// `Shutdown` (`burstvm_pod=1`) and takes containers; the VM gets this
+    /// many empty disk slots ([`pod_slot`]) for their images, filled and
+    /// emptied through the VMM's control socket at `Sandbox::api_path`.
+    pub pod_slots: Option<u8>,
     /// The guest keeps exchanging requests with the echo server after READY (agent echo
     /// mode; with `keep_running`).
     pub echo: bool,
@@ -45,6 +50,11 @@ pub struct SandboxSpec {
     /// Attach to the host's SG network (`SandboxHost::sg_cni`, an SG function instead
     /// of a VF) and run the agent's warp pipes (VF variants only).
     pub sg: Option<SgSpec>,
+}
+
+/// The id (virtio serial) of a pod sandbox's empty disk slot `i`.
+pub fn pod_slot(i: u8) -> String {
+    format!("ctr-slot-{i}")
 }
 
 /// What the agent does on an SG function (`burstvm vmm --sg-pipes/--sg-bytes`): open
@@ -82,6 +92,7 @@ impl SandboxSpec {
             rootfs: None,
             kernel: None,
             agent_initrd: None,
+            pod_slots: None,
             echo: false,
             probe: Vec::new(),
             template: None,

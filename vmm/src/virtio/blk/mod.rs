@@ -121,7 +121,10 @@ impl Disk {
     /// Opens `spec.path` (read-only if `spec.read_only`), unlinking it if asked.
     pub fn open(spec: &DiskSpec) -> Result<Disk, VirtioError> {
         if spec.empty {
-            return Ok(Disk::empty(spec.id.as_deref().unwrap_or(""), spec.read_only));
+            return Ok(Disk::empty(
+                spec.id.as_deref().unwrap_or(""),
+                spec.read_only,
+            ));
         }
         let name = spec.path.display().to_string();
         let err = |what: &'static str| {
@@ -338,7 +341,11 @@ impl Disk {
             VIRTIO_BLK_T_FLUSH => {
                 // Writes reach the file before their status does; only a
                 // disk that outlives the VMM has anything to make durable.
-                if let Some(f) = self.file.as_ref().filter(|_| !self.volatile && !self.read_only) {
+                if let Some(f) = self
+                    .file
+                    .as_ref()
+                    .filter(|_| !self.volatile && !self.read_only)
+                {
                     f.sync_data().map_err(|e| io("flush", 0, e))?;
                 }
                 counters.flushes.fetch_add(1, Ordering::Relaxed);

@@ -80,7 +80,11 @@ fn reads_writes_flush_and_id() {
     let (r, st) = serve(&m, &d, &rw(0, 512));
     assert_eq!((r, st), (Ok(1), VIRTIO_BLK_S_OK as u8));
     let mut back = [0u8; 512];
-    d.file.as_ref().unwrap().read_exact_at(&mut back, 7 * 512).unwrap();
+    d.file
+        .as_ref()
+        .unwrap()
+        .read_exact_at(&mut back, 7 * 512)
+        .unwrap();
     assert_eq!(back, [0xab; 512]);
     // Flush.
     header(&m, VIRTIO_BLK_T_FLUSH, 0);
@@ -161,7 +165,11 @@ fn read_only_disk_refuses_writes() {
         (Ok(1), VIRTIO_BLK_S_IOERR as u8)
     );
     let mut back = [0u8; 512];
-    d.file.as_ref().unwrap().read_exact_at(&mut back, 0).unwrap();
+    d.file
+        .as_ref()
+        .unwrap()
+        .read_exact_at(&mut back, 0)
+        .unwrap();
     assert_eq!(back, [0; 512]);
     header(&m, VIRTIO_BLK_T_IN, 3);
     assert_eq!(serve(&m, &d, &rw(F_WRITE, 512)), (Ok(513), 0));
@@ -314,7 +322,10 @@ fn an_empty_slot_takes_media_and_gives_them_back() {
     let img = dir.path().join("disk.img");
     assert_eq!(slot.insert(&img).unwrap(), 4);
     assert_eq!(media.generation(), 1);
-    assert_eq!(interrupt.status() & crate::virtio::INT_CONFIG, crate::virtio::INT_CONFIG);
+    assert_eq!(
+        interrupt.status() & crate::virtio::INT_CONFIG,
+        crate::virtio::INT_CONFIG
+    );
     let mut cap = [0u8; 8];
     read_config_bytes(&media.get().config(), 0, &mut cap);
     assert_eq!(u64::from_le_bytes(cap), 4);
@@ -329,7 +340,10 @@ fn an_empty_slot_takes_media_and_gives_them_back() {
 
     let e = slot.insert(&img).unwrap_err().to_string();
     assert!(e.contains("c0") && e.contains("disk.img"), "{e}");
-    let missing = slot.insert(&dir.path().join("nope")).unwrap_err().to_string();
+    let missing = slot
+        .insert(&dir.path().join("nope"))
+        .unwrap_err()
+        .to_string();
     assert!(missing.contains("c0"), "{missing}");
     assert!(slot.eject());
     assert!(!slot.eject());
