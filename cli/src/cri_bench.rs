@@ -221,6 +221,7 @@ fn cri_round(rt: &Runtime, s: &CriSetup, c: &CriClient, v: Variant, n: usize) ->
             annotations: vec![(shim::config::ANNOTATION_VARIANT.into(), v.name().into())],
             // Without a network the pod takes the host's: containerd runs no CNI.
             host_network: v.policy().net == runtime::variant::NetKind::None,
+            log_dir: None,
         })
         .collect();
     let cpu0 = host_cpu_ms();

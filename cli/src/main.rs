@@ -40,7 +40,7 @@ enum Command {
     Rootfs(RootfsCommand),
     /// Run the host-wide services the containerd shim attaches to.
     Services(cmd::runtime::ServicesArgs),
-    /// A CRI client for containerd's CRI plugin (crictl runp/stopp/rmp/pods).
+    /// A CRI client for containerd's CRI plugin (crictl's pod and container commands).
     Cri(cri::CriArgs),
     /// Benchmarks.
     #[command(subcommand)]
@@ -142,7 +142,12 @@ fn main() -> std::process::ExitCode {
             runtime::template::probe_cli(&a.into_config()).context("burstvm template probe")
         }
         Command::Services(a) => runtime::services_cli(&a.into_config()).context("burstvm services"),
-        Command::Cri(a) => cri::run_cli(&a).context("burstvm cri"),
+        // `cri exec` exits with the command's status.
+        Command::Cri(a) => match cri::run_cli(&a) {
+            Ok(0) => Ok(()),
+            Ok(status) => return std::process::ExitCode::from(status),
+            Err(e) => Err(e.context("burstvm cri")),
+        },
         Command::Bench(BenchCommand::Startup(a)) if a.via == runtime::Via::Cri => {
             cri_bench::run(&a.into_config()).context("burstvm bench startup --via cri")
         }

@@ -1,7 +1,7 @@
 //! A private containerd (own root, state, sockets and config, CRI plugin on,
-//! burstvm as its default runtime, burstvm-cni in its CNI conf dir) for the
-//! tests and `burstvm bench startup --via cri`. Nothing of it touches the
-//! host's containerd, if any.
+//! burstvm as its default runtime and runc beside it, burstvm-cni in its CNI
+//! conf dir) for the tests and `burstvm bench startup --via cri`. Nothing of
+//! it touches the host's containerd, if any.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -64,6 +64,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   netns_mounts_under_state_dir = true
+  # The sandbox's -998 needs CAP_SYS_RESOURCE, which a test host may lack
+  # (runc then fails to start the pause container).
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "burstvm"
@@ -72,6 +75,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       pod_annotations = ["io.burstvm.*"]
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.burstvm.options]
         ConfigPath = "{shim}"
+    # For pods with runtime handler "runc" (tests of the CRI client); the
+    # default stays burstvm.
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = "{d}/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{bin}"
     conf_dir = "{conf}"

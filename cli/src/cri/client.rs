@@ -1,6 +1,6 @@
-//! `burstvm cri runp|stopp|rmp|pods|inspectp`: a CRI client (k8s-cri, CRI
-//! v1 over gRPC on containerd's socket) doing what `crictl` does for pod
-//! sandboxes. crictl itself cannot be installed here (docs/shim.md).
+//! The blocking CRI client: one connection to containerd's socket, the
+//! runtime and image services on it, every call bounded by a deadline and
+//! its error naming the call, the object and the socket.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -8,106 +8,24 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use hyper_util::rt::TokioIo;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListPodSandboxRequest, NamespaceMode,
-    NamespaceOption, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus,
-    PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest, StopPodSandboxRequest,
+    Container, ContainerConfig, ContainerFilter, ContainerStatus, ContainerStatusRequest,
+    CreateContainerRequest, ExecSyncRequest, ExecSyncResponse, Image, ListContainersRequest,
+    ListImagesRequest, ListPodSandboxRequest, PodSandbox, PodSandboxConfig, PodSandboxStatus,
+    PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// `burstvm cri`.
-#[derive(Debug, clap::Args)]
-pub struct CriArgs {
-    /// containerd's CRI socket.
-    #[arg(long, default_value = "/run/containerd/containerd.sock")]
-    pub endpoint: PathBuf,
-    /// Seconds any one call may take.
-    #[arg(long, default_value_t = 120)]
-    pub timeout: u64,
-    #[command(subcommand)]
-    pub command: CriCommand,
-}
-
-#[derive(Debug, clap::Subcommand)]
-pub enum CriCommand {
-    /// Create and start a pod sandbox (RunPodSandbox); prints its id.
-    Runp(PodArgs),
-    /// Stop pod sandboxes (StopPodSandbox).
-    Stopp { ids: Vec<String> },
-    /// Remove pod sandboxes (RemovePodSandbox).
-    Rmp { ids: Vec<String> },
-    /// List pod sandboxes (ListPodSandbox).
-    Pods {
-        /// One JSON object per pod instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
-    /// A pod sandbox's status as JSON (PodSandboxStatus), e.g. its IP.
-    Inspectp { id: String },
-}
-
-#[derive(Debug, Clone, clap::Args)]
-pub struct PodArgs {
-    /// Pod name (metadata.name).
-    #[arg(long, default_value = "burstvm-pod")]
-    pub name: String,
-    /// Kubernetes namespace (metadata.namespace).
-    #[arg(long, default_value = "default")]
-    pub namespace: String,
-    /// Pod uid (default: derived from name and namespace).
-    #[arg(long)]
-    pub uid: Option<String>,
-    /// The CRI runtime handler (the RuntimeClass's handler).
-    #[arg(long, default_value = "burstvm")]
-    pub runtime: String,
-    /// Pod annotations, KEY=VALUE (e.g. io.burstvm.variant=vanilla).
-    #[arg(long = "annotation", value_parser = parse_kv)]
-    pub annotations: Vec<(String, String)>,
-    /// The host's network (no pod netns, no CNI): for the no-net variant.
-    #[arg(long)]
-    pub host_network: bool,
-}
-
-fn parse_kv(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
-}
-
-impl PodArgs {
-    pub fn config(&self) -> PodSandboxConfig {
-        PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata {
-                name: self.name.clone(),
-                uid: self
-                    .uid
-                    .clone()
-                    .unwrap_or_else(|| format!("{}-{}", self.namespace, self.name)),
-                namespace: self.namespace.clone(),
-                attempt: 0,
-            }),
-            hostname: self.name.clone(),
-            annotations: self.annotations.iter().cloned().collect::<HashMap<_, _>>(),
-            linux: self.host_network.then(|| LinuxPodSandboxConfig {
-                security_context: Some(LinuxSandboxSecurityContext {
-                    namespace_options: Some(NamespaceOption {
-                        network: NamespaceMode::Node as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-}
+use super::pod::PodArgs;
 
 /// A blocking CRI client: every call bounded by the timeout.
 pub struct CriClient {
     rt: tokio::runtime::Runtime,
     client: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
     endpoint: PathBuf,
     timeout: Duration,
 }
@@ -119,11 +37,12 @@ impl CriClient {
             .build()
             .context("tokio runtime")?;
         let path = endpoint.to_path_buf();
+        // No per-request timeout on the channel: `call_within` sets each
+        // call's own (ExecSync and StopContainer may need longer).
         let channel = rt
             .block_on(async {
                 Endpoint::try_from("http://[::]:50051")?
                     .connect_timeout(Duration::from_secs(10))
-                    .timeout(timeout)
                     .connect_with_connector(tower::service_fn(move |_: Uri| {
                         let path = path.clone();
                         async move {
@@ -137,7 +56,8 @@ impl CriClient {
             .with_context(|| format!("CRI endpoint {}", endpoint.display()))?;
         Ok(CriClient {
             rt,
-            client: RuntimeServiceClient::new(channel),
+            client: RuntimeServiceClient::new(channel.clone()),
+            images: ImageServiceClient::new(channel),
             endpoint: endpoint.to_path_buf(),
             timeout,
         })
@@ -148,14 +68,23 @@ impl CriClient {
         what: &str,
         f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T> {
+        self.call_within(what, self.timeout, f)
+    }
+
+    fn call_within<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T> {
         let r = self
             .rt
-            .block_on(async { tokio::time::timeout(self.timeout, f).await })
+            .block_on(async { tokio::time::timeout(timeout, f).await })
             .map_err(|_| {
                 anyhow!(
                     "{what} on {}: no answer within {} s",
                     self.endpoint.display(),
-                    self.timeout.as_secs()
+                    timeout.as_secs()
                 )
             })?;
         r.map(tonic::Response::into_inner).map_err(|s| {
@@ -175,7 +104,10 @@ impl CriClient {
             runtime_handler: pod.runtime.clone(),
         };
         Ok(self
-            .call("RunPodSandbox", c.run_pod_sandbox(req))?
+            .call(
+                &format!("RunPodSandbox {}/{}", pod.namespace, pod.name),
+                c.run_pod_sandbox(req),
+            )?
             .pod_sandbox_id)
     }
 
@@ -226,7 +158,7 @@ impl CriClient {
     pub fn stopp(&self, id: &str) -> Result<()> {
         let mut c = self.client.clone();
         self.call(
-            "StopPodSandbox",
+            &format!("StopPodSandbox {id}"),
             c.stop_pod_sandbox(StopPodSandboxRequest {
                 pod_sandbox_id: id.to_string(),
             }),
@@ -237,7 +169,7 @@ impl CriClient {
     pub fn rmp(&self, id: &str) -> Result<()> {
         let mut c = self.client.clone();
         self.call(
-            "RemovePodSandbox",
+            &format!("RemovePodSandbox {id}"),
             c.remove_pod_sandbox(RemovePodSandboxRequest {
                 pod_sandbox_id: id.to_string(),
             }),
@@ -282,7 +214,7 @@ impl CriClient {
         })
     }
 
-    pub fn pods(&self) -> Result<Vec<k8s_cri::v1::PodSandbox>> {
+    pub fn pods(&self) -> Result<Vec<PodSandbox>> {
         let mut c = self.client.clone();
         Ok(self
             .call(
@@ -293,73 +225,134 @@ impl CriClient {
     }
 
     pub fn inspectp(&self, id: &str) -> Result<PodSandboxStatus> {
+        Ok(self.inspectp_verbose(id, false)?.0)
+    }
+
+    /// PodSandboxStatus with, when `verbose`, the runtime's `info` map
+    /// (containerd: "info" → JSON holding the pod's whole config).
+    pub fn inspectp_verbose(
+        &self,
+        id: &str,
+        verbose: bool,
+    ) -> Result<(PodSandboxStatus, HashMap<String, String>)> {
         let mut c = self.client.clone();
-        self.call(
-            "PodSandboxStatus",
+        let r = self.call(
+            &format!("PodSandboxStatus {id}"),
             c.pod_sandbox_status(PodSandboxStatusRequest {
                 pod_sandbox_id: id.to_string(),
+                verbose,
+            }),
+        )?;
+        let status = r
+            .status
+            .ok_or_else(|| anyhow!("PodSandboxStatus {id}: no status"))?;
+        Ok((status, r.info))
+    }
+
+    /// Returns the container id.
+    pub fn create(
+        &self,
+        pod_id: &str,
+        config: ContainerConfig,
+        sandbox_config: PodSandboxConfig,
+    ) -> Result<String> {
+        let mut c = self.client.clone();
+        let name = config.metadata.as_ref().map(|m| m.name.clone());
+        Ok(self
+            .call(
+                &format!(
+                    "CreateContainer {} in pod {pod_id}",
+                    name.unwrap_or_default()
+                ),
+                c.create_container(CreateContainerRequest {
+                    pod_sandbox_id: pod_id.to_string(),
+                    config: Some(config),
+                    sandbox_config: Some(sandbox_config),
+                }),
+            )?
+            .container_id)
+    }
+
+    pub fn start(&self, id: &str) -> Result<()> {
+        let mut c = self.client.clone();
+        self.call(
+            &format!("StartContainer {id}"),
+            c.start_container(StartContainerRequest {
+                container_id: id.to_string(),
+            }),
+        )
+        .map(|_| ())
+    }
+
+    /// `grace`: seconds between the stop signal and SIGKILL (0: SIGKILL).
+    pub fn stop(&self, id: &str, grace: u64) -> Result<()> {
+        let mut c = self.client.clone();
+        self.call_within(
+            &format!("StopContainer {id}"),
+            self.timeout + Duration::from_secs(grace),
+            c.stop_container(StopContainerRequest {
+                container_id: id.to_string(),
+                timeout: grace as i64,
+            }),
+        )
+        .map(|_| ())
+    }
+
+    pub fn rm(&self, id: &str) -> Result<()> {
+        let mut c = self.client.clone();
+        self.call(
+            &format!("RemoveContainer {id}"),
+            c.remove_container(RemoveContainerRequest {
+                container_id: id.to_string(),
+            }),
+        )
+        .map(|_| ())
+    }
+
+    pub fn containers(&self, filter: Option<ContainerFilter>) -> Result<Vec<Container>> {
+        let mut c = self.client.clone();
+        Ok(self
+            .call(
+                "ListContainers",
+                c.list_containers(ListContainersRequest { filter }),
+            )?
+            .containers)
+    }
+
+    pub fn inspect(&self, id: &str) -> Result<ContainerStatus> {
+        let mut c = self.client.clone();
+        self.call(
+            &format!("ContainerStatus {id}"),
+            c.container_status(ContainerStatusRequest {
+                container_id: id.to_string(),
                 verbose: false,
             }),
         )?
         .status
-        .ok_or_else(|| anyhow!("PodSandboxStatus {id}: no status"))
+        .ok_or_else(|| anyhow!("ContainerStatus {id}: no status"))
     }
-}
 
-fn state_name(s: i32) -> &'static str {
-    match s {
-        0 => "Ready",
-        1 => "NotReady",
-        _ => "?",
+    /// `limit`: seconds the command may run (0: no limit but the call's).
+    pub fn exec_sync(&self, id: &str, cmd: &[String], limit: u64) -> Result<ExecSyncResponse> {
+        let mut c = self.client.clone();
+        self.call_within(
+            &format!("ExecSync {cmd:?} in container {id}"),
+            self.timeout + Duration::from_secs(limit),
+            c.exec_sync(ExecSyncRequest {
+                container_id: id.to_string(),
+                cmd: cmd.to_vec(),
+                timeout: limit as i64,
+            }),
+        )
     }
-}
 
-pub fn run_cli(a: &CriArgs) -> Result<()> {
-    let c = CriClient::connect(&a.endpoint, Duration::from_secs(a.timeout))?;
-    match &a.command {
-        CriCommand::Runp(p) => println!("{}", c.runp(p)?),
-        CriCommand::Stopp { ids } => {
-            for id in ids {
-                c.stopp(id)?;
-                println!("Stopped sandbox {id}");
-            }
-        }
-        CriCommand::Rmp { ids } => {
-            for id in ids {
-                c.rmp(id)?;
-                println!("Removed sandbox {id}");
-            }
-        }
-        CriCommand::Pods { json } => {
-            let pods = c.pods()?;
-            if *json {
-                for p in &pods {
-                    println!("{}", serde_json::to_string(p).context("pod as JSON")?);
-                }
-            } else {
-                println!(
-                    "{:<64}  {:<8}  {:<20}  {:<12}  RUNTIME",
-                    "POD ID", "STATE", "NAME", "NAMESPACE"
-                );
-                for p in &pods {
-                    let m = p.metadata.clone().unwrap_or_default();
-                    println!(
-                        "{:<64}  {:<8}  {:<20}  {:<12}  {}",
-                        p.id,
-                        state_name(p.state),
-                        m.name,
-                        m.namespace,
-                        p.runtime_handler
-                    );
-                }
-            }
-        }
-        CriCommand::Inspectp { id } => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&c.inspectp(id)?).context("status as JSON")?
-            );
-        }
+    pub fn images(&self) -> Result<Vec<Image>> {
+        let mut c = self.images.clone();
+        Ok(self
+            .call(
+                "ListImages",
+                c.list_images(ListImagesRequest { filter: None }),
+            )?
+            .images)
     }
-    Ok(())
 }
