@@ -44,6 +44,19 @@ fn field(field: impl Into<String>, reason: impl Into<String>) -> ParseError {
 }
 
 /// What a container is to the shim.
+/// The bind mounts the CRI plugin adds to every sandbox and container, which
+/// the guest provides itself (Kata does the same): the agent writes /etc/hosts,
+/// /etc/hostname and /etc/resolv.conf from the pod's settings, /dev/shm is
+/// the guest's tmpfs, and /dev/termination-log is a file in the container's
+/// own /dev (kubelet does not read it back from a microVM).
+pub const GUEST_PROVIDED: [&str; 5] = [
+    "/etc/hosts",
+    "/etc/hostname",
+    "/etc/resolv.conf",
+    "/dev/shm",
+    "/dev/termination-log",
+];
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
     /// A CRI pod sandbox (the pause container): the pod's microVM.
@@ -202,11 +215,15 @@ impl Spec {
     /// bound into the container (the guest sees its image and its writable
     /// layer only; no file system is shared with the host).
     pub fn linux_refusal(&self) -> Option<String> {
-        (!self.bind_mounts.is_empty()).then(|| {
+        let host: Vec<&String> = self
+            .bind_mounts
+            .iter()
+            .filter(|d| !GUEST_PROVIDED.contains(&d.as_str()))
+            .collect();
+        (!host.is_empty()).then(|| {
             format!(
-                "mounts {:?}: a host path bound into the container cannot be honoured: the \
-                 microVM sees its image and writable layer only (no shared file system)",
-                self.bind_mounts
+                "mounts {host:?}: a host path bound into the container cannot be honoured: the \
+                 microVM sees its image and writable layer only (no shared file system)"
             )
         })
     }
@@ -525,5 +542,12 @@ mod tests {
         .unwrap();
         let e = s.linux_refusal().unwrap();
         assert!(e.contains("/data") && e.contains("/etc/x"), "{e}");
+        // What CRI binds into every container, the guest provides.
+        let s = Spec::parse(
+            br#"{"mounts":[{"destination":"/etc/resolv.conf","type":"bind","source":"/var/x"},
+            {"destination":"/dev/shm","type":"bind","source":"/run/shm"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(s.linux_refusal(), None);
     }
 }

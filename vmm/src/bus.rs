@@ -146,9 +146,11 @@ impl std::str::FromStr for DiskSpec {
         match (d.empty, d.path.as_os_str().is_empty()) {
             (false, true) => return Err(format!("--disk {s:?}: path=FILE or empty is required")),
             (true, false) => return Err(format!("--disk {s:?}: an empty slot has no path")),
-            (true, true) if d.id.is_none() || d.unlink => return Err(format!(
+            (true, true) if d.id.is_none() || d.unlink => {
+                return Err(format!(
                 "--disk {s:?}: an empty slot needs id=ID (the --api names it) and takes no unlink"
-            )),
+            ))
+            }
             _ => {}
         }
         Ok(d)
