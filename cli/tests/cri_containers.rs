@@ -1,4 +1,5 @@
-//! `burstvm cri` container commands (create, start, logs, exec, ps,
+//! `burstvm cri` container commands (create, start, logs, exec (ExecSync and
+//! the streaming Exec), ps,
 //! inspect, stop, rm, run) through a private containerd's CRI plugin, as
 //! kubelet would drive them (root; docs/shim.md). The flow takes the
 //! runtime handler as a parameter: it runs with containerd's runc here, and
@@ -133,23 +134,35 @@ const CREATED: i64 = 0;
 const RUNNING: i64 = 1;
 const EXITED: i64 = 2;
 
-/// Runs `cmd` to its end or kills it after `limit`; (exit code, stdout).
-fn bounded(mut cmd: Command, limit: Duration) -> (Option<i32>, String) {
-    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+/// Runs `cmd` with `input` on its stdin to its end, or kills it after `limit`.
+fn bounded(mut cmd: Command, input: &[u8], limit: Duration) -> Out {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(input).unwrap();
     let deadline = Instant::now() + limit;
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} still running after {limit:?}");
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "{cmd:?} still running after {limit:?}: {} / {}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let o = child.wait_with_output().unwrap();
-    (
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-    )
+    Out {
+        code: o.status.code(),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
 }
 
 /// The Kubernetes-shaped flow: a pod, two containers in it (one long-running,
@@ -227,9 +240,13 @@ fn container_flow(cri: &Cri) {
         "echo $GREETING in $(pwd); echo c2-err >&2; exit 3",
     ]);
     cri.ok(&["start", &c2]);
-    let (code, out) = bounded(cri.command(&["logs", "-f", &c2]), Duration::from_secs(30));
-    assert_eq!(code, Some(0));
-    assert_eq!(out, "hi-from-c2 in /tmp\n");
+    let o = bounded(
+        cri.command(&["logs", "-f", &c2]),
+        b"",
+        Duration::from_secs(30),
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert_eq!(o.stdout, "hi-from-c2 in /tmp\n");
     // stderr entries go to stderr.
     let o = cri.run(&["logs", &c2]);
     assert_eq!(
@@ -475,19 +492,76 @@ fn runc_pod_containers_create_start_log_exec_stop_rm() {
     container_flow(&f.cri("runc"));
 }
 
-#[test]
-fn exec_with_a_terminal_or_stdin_says_why_it_is_refused() {
-    let f = RuncFixture::new("exec-t");
-    let cri = f.cri("runc");
+/// `exec -i`/`-t` through the Exec call and containerd's streaming server.
+fn exec_stream_flow(cri: &Cri) {
     let pod = cri.runp("p");
     let c = cri.ok(&["create", &pod, BUSYBOX, "--", "sleep", "1000"]);
     cri.ok(&["start", &c]);
-    for flag in ["-t", "-i"] {
-        let o = cri.run(&["exec", flag, &c, "--", "sh"]);
-        assert_ne!(o.code, Some(0));
-        assert!(o.stderr.contains("streaming server"), "{}", o.stderr);
-    }
+    let limit = Duration::from_secs(30);
+
+    // -i: stdin reaches the command; stdout and stderr stay apart; the
+    // status is the command's.
+    let o = bounded(
+        cri.command(&[
+            "exec",
+            "-i",
+            &c,
+            "--",
+            "sh",
+            "-c",
+            "read x; echo got-$x; echo err-$x >&2; exit 5",
+        ]),
+        b"hello\n",
+        limit,
+    );
+    assert_eq!(
+        (o.code, o.stdout.as_str(), o.stderr.as_str()),
+        (Some(5), "got-hello\n", "err-hello\n")
+    );
+    // -t: a terminal, stderr on it too (the terminal's CRLF).
+    let o = bounded(
+        cri.command(&[
+            "exec",
+            "-t",
+            &c,
+            "--",
+            "sh",
+            "-c",
+            "tty; echo on-tty >&2; exit 4",
+        ]),
+        b"",
+        limit,
+    );
+    assert_eq!(o.code, Some(4), "{}", o.stderr);
+    assert!(
+        o.stdout.starts_with("/dev/pts/") && o.stdout.ends_with("on-tty\r\n"),
+        "{:?}",
+        o.stdout
+    );
+    // -i -t, the keys as typed: a line, then ^D ends the shell.
+    let o = bounded(
+        cri.command(&["exec", "-i", "-t", &c, "--", "sh"]),
+        b"echo $((6*7))\n\x04",
+        limit,
+    );
+    assert_eq!(o.code, Some(0), "{}", o.stderr);
+    assert!(o.stdout.contains("42\r\n"), "{:?}", o.stdout);
+    // A command that cannot start: the runtime's reason, no status.
+    let o = bounded(
+        cri.command(&["exec", "-t", &c, "--", "/no/such"]),
+        b"",
+        limit,
+    );
+    assert_ne!(o.code, Some(0));
+    assert!(o.stderr.contains("/no/such"), "{}", o.stderr);
+
     cri.ok(&["rm", "-f", &c]);
     cri.ok(&["stopp", &pod]);
     cri.ok(&["rmp", &pod]);
+}
+
+#[test]
+fn runc_exec_streams_stdin_and_a_terminal() {
+    let f = RuncFixture::new("exec-stream");
+    exec_stream_flow(&f.cri("runc"));
 }

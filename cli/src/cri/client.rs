@@ -12,10 +12,10 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     Container, ContainerConfig, ContainerFilter, ContainerStatus, ContainerStatusRequest,
-    CreateContainerRequest, ExecSyncRequest, ExecSyncResponse, Image, ListContainersRequest,
-    ListImagesRequest, ListPodSandboxRequest, PodSandbox, PodSandboxConfig, PodSandboxStatus,
-    PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    CreateContainerRequest, ExecRequest, ExecSyncRequest, ExecSyncResponse, Image,
+    ListContainersRequest, ListImagesRequest, ListPodSandboxRequest, PodSandbox, PodSandboxConfig,
+    PodSandboxStatus, PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -344,6 +344,13 @@ impl CriClient {
                 timeout: limit as i64,
             }),
         )
+    }
+
+    /// The streaming server's URL for an interactive exec.
+    pub fn exec(&self, req: ExecRequest) -> Result<String> {
+        let mut c = self.client.clone();
+        let what = format!("Exec {:?} in container {}", req.cmd, req.container_id);
+        Ok(self.call(&what, c.exec(req))?.url)
     }
 
     pub fn images(&self) -> Result<Vec<Image>> {

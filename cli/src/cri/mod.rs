@@ -4,6 +4,7 @@
 
 mod client;
 mod container;
+mod exec;
 mod logs;
 mod pod;
 
@@ -12,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use k8s_cri::v1::{ContainerFilter, ContainerState, ContainerStateValue};
+use k8s_cri::v1::{ContainerFilter, ContainerState, ContainerStateValue, ExecRequest};
 
 pub use client::CriClient;
 use container::{ContainerOpts, CreateArgs};
@@ -87,15 +88,17 @@ pub enum CriCommand {
     },
     /// A container's status as JSON (ContainerStatus).
     Inspect { id: String },
-    /// Run a command in a running container (ExecSync); exits with its status.
+    /// Run a command in a running container (ExecSync; with -i/-t, Exec and
+    /// the streaming server); exits with the command's status.
     Exec {
-        /// A terminal for the command (needs the streaming server: not supported).
+        /// A terminal for the command (stdout and stderr become one).
         #[arg(long, short = 't')]
         tty: bool,
-        /// Pass stdin to the command (needs the streaming server: not supported).
+        /// Pass stdin to the command (its end is not passed on: docs/shim.md).
         #[arg(long, short = 'i')]
         stdin: bool,
-        /// Seconds the command may run (0: no limit but the call's --timeout).
+        /// Seconds the command may run, without -i/-t (0: no limit but the
+        /// call's --timeout).
         #[arg(long, default_value_t = 0)]
         timeout: u64,
         id: String,
@@ -296,11 +299,18 @@ pub fn run_cli(a: &CriArgs) -> Result<u8> {
             cmd,
         } => {
             if *tty || *stdin {
-                anyhow::bail!(
-                    "exec -i/-t in container {id}: needs the Exec call's streaming server \
-                     (SPDY or WebSocket), which burstvm cri does not speak; \
-                     without -i/-t the command runs through ExecSync"
-                );
+                // A terminal or stdin needs the streaming server (Exec).
+                let url = c.exec(ExecRequest {
+                    container_id: id.clone(),
+                    cmd: cmd.clone(),
+                    tty: *tty,
+                    stdin: *stdin,
+                    stdout: true,
+                    // A terminal has one output stream.
+                    stderr: !*tty,
+                })?;
+                return exec::stream(&url, *stdin, *tty)
+                    .with_context(|| format!("exec {cmd:?} in container {id}"));
             }
             let r = c.exec_sync(id, cmd, *timeout)?;
             std::io::stdout()
