@@ -420,7 +420,8 @@ impl TaskService {
         let mut linux = None;
         let mut member = None;
         let mut host_state = bundle.clone();
-        if let Some(pod) = pod_task {
+        // A Linux guest's process (config.json's against the image) and image.
+        let linux_parts = || -> Result<_, CreateError> {
             let process =
                 spec.agent_process(&prepared.rootfs)
                     .map_err(|source| CreateError::Resources {
@@ -430,6 +431,10 @@ impl TaskService {
             let GuestRootfs::Image { image, .. } = &prepared.guest else {
                 unreachable!("a Linux guest's rootfs is an image");
             };
+            Ok((process, image))
+        };
+        if let Some(pod) = pod_task {
+            let (process, image) = linux_parts()?;
             // It runs in the pod's sandbox: named by it in traces and messages.
             sandbox_spec.id = pod.sandbox_id.clone();
             member = Some(crate::pod::MemberParams {
@@ -438,15 +443,7 @@ impl TaskService {
                 image: Arc::clone(image),
             });
         } else if let (Guest::Linux { kernel, agent }, Some(dir)) = (&guest, &state_dir) {
-            let process =
-                spec.agent_process(&prepared.rootfs)
-                    .map_err(|source| CreateError::Resources {
-                        task: task.clone(),
-                        source,
-                    })?;
-            let GuestRootfs::Image { image, .. } = &prepared.guest else {
-                unreachable!("a Linux guest's rootfs is an image");
-            };
+            let (process, image) = linux_parts()?;
             let initrd = runtime::container::initramfs(agent, &cache).map_err(|source| {
                 CreateError::Initramfs {
                     task: task.clone(),
