@@ -168,6 +168,13 @@ fn bounded(mut cmd: Command, input: &[u8], limit: Duration) -> Out {
 /// The Kubernetes-shaped flow: a pod, two containers in it (one long-running,
 /// one exiting 3), logs, exec, ps, inspect, stop, rm; `run`; then nothing left.
 fn container_flow(cri: &Cri) {
+    let images = cri.ok(&["images"]);
+    assert!(
+        images
+            .lines()
+            .any(|l| l.starts_with("burstvm.local/busybox ")),
+        "{images}"
+    );
     let pod = cri.runp("p1");
 
     // create: the container exists, not running.

