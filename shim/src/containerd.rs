@@ -76,7 +76,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.burstvm.options]
         ConfigPath = "{shim}"
     # For pods with runtime handler "runc" (tests of the CRI client); the
-    # default stays burstvm.
+    # default stays burstvm. runc's state under ours, not /run/containerd/runc.
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
