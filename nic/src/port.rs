@@ -211,9 +211,12 @@ pub struct Port {
     returned: Condvar,
     /// Session-side users holding or waiting for the runtime.
     want: AtomicU32,
-    /// Bumped on every open, close, reset and config change: the dataplane drops
-    /// what it holds for an older generation (queued frames).
+    /// Bumped on every open, close, reset and config change: the dataplane
+    /// looks at the port again.
     generation: AtomicU64,
+    /// Bumped on every open, close and reset, with the runtime in hand: the
+    /// dataplane drops frames queued for an earlier session (`dataplane`).
+    session: AtomicU64,
     /// Wakes the dataplane thread that serves the VF (one of the PF's), and
     /// the PF's change count, raised with every wake-up: a dataplane round
     /// looks at the ports' `want` and generation only when it moved.
@@ -248,6 +251,7 @@ impl Port {
             returned: Condvar::new(),
             want: AtomicU32::new(0),
             generation: AtomicU64::new(1),
+            session: AtomicU64::new(1),
             wake: Mutex::new((wake, Arc::default())),
             live: AtomicBool::new(false),
         }
@@ -261,6 +265,13 @@ impl Port {
     }
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+    /// The VF's session: moves at every open, close and reset.
+    pub fn session(&self) -> u64 {
+        self.session.load(Ordering::Acquire)
+    }
+    fn new_session(&self) {
+        self.session.fetch_add(1, Ordering::AcqRel);
     }
     /// The runtime, for a session-side user: waits (a round of the dataplane
     /// at most) until the dataplane handed it back.
@@ -376,6 +387,7 @@ impl VfDevice for VfHw {
         let mut rt = self.port.runtime();
         *rt = Runtime::new();
         rt.active = true;
+        self.port.new_session();
         drop(rt);
         self.port.bump();
     }
@@ -384,12 +396,18 @@ impl VfDevice for VfHw {
         let failed = rt.failed;
         *rt = Runtime::new(); // unmaps the memory table, closes the eventfds
         rt.failed = failed;
+        self.port.new_session();
         drop(rt);
         self.port.bump();
     }
     fn reset(&mut self) {
-        *self.port.runtime() = Runtime::new();
+        // Rings, memory table and eventfds were dropped at the close; the
+        // error state, counters and queued frames of the tenant go here.
+        let mut rt = self.port.runtime();
+        *rt = Runtime::new();
         self.port.counters.clear();
+        self.port.new_session();
+        drop(rt);
         self.port.bump();
     }
 }

@@ -6,7 +6,7 @@
 //! devset lets the VF be opened, every message that touches VF-local state runs
 //! under the devset's VF-side lock (so the lock policy wraps the whole session
 //! set-up, memory table mapping included), and the end of the connection, also a
-//! killed frontend, closes the VF (which may reset the devset).
+//! killed frontend, closes the VF (and resets it).
 
 use std::fs::File;
 use std::io;
@@ -526,8 +526,8 @@ pub fn serve(
     }
     match devset.close(index) {
         Ok(out) => tracing::info!(
-            "VF {id}: frontend gone, VF closed (devset reset {} VFs)",
-            out.reset_vfs
+            "VF {id}: frontend gone, VF closed and reset ({:?})",
+            out.state
         ),
         Err(e) => tracing::warn!("VF {id}: close: {e}"),
     }

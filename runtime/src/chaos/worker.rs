@@ -71,8 +71,8 @@ pub fn worker_main(a: &ChaosWorkerConfig) -> Result<(), Error> {
     let rt = Runtime::new(RuntimeConfig {
         bin: a.burstvm_bin.clone(),
         trace_path: None,
-        // A killed tenant's VF stays closed until no VF of the PF is open:
-        // later tenants need VFs of their own.
+        // One VF per tenant: a killed tenant's VF is reset at its close, but
+        // freed only by its teardown's DEL, which a killed NIC daemon delays.
         vfs: (a.concurrency * a.tenants).clamp(1, nic::MAX_VFS),
         network: true,
         cgroup_pool: 0,
