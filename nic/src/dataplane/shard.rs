@@ -314,4 +314,20 @@ mod tests {
         assert_eq!(p.pools[1].available(), 4);
         assert!(p.sleeping(1));
     }
+
+    /// A frame switched for an earlier session of its VF (a tenant that has
+    /// gone since) is dropped on arrival, never queued for the next one.
+    #[test]
+    fn a_frame_for_an_earlier_session_of_its_vf_is_dropped() {
+        let mut p = pair();
+        for session in [6, 7] {
+            let pkt = p.pools[0].alloc().unwrap();
+            p.peers[0].send(1, session, pkt).unwrap();
+        }
+        let views = (&[true, true][..], &[0, 7][..]);
+        let n = p.peers[1].receive(&mut p.pools[1], &mut p.backlog, views, &p.ports);
+        assert_eq!(n, 2);
+        assert_eq!(p.backlog[1].len(), 1, "only the current session's frame");
+        assert_eq!(p.ports[1].counters.snapshot().rx_drops, 1);
+    }
 }
