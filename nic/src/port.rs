@@ -37,6 +37,7 @@ pub struct AtomicCounters {
     pub tx_bytes: AtomicU64,
     pub tx_drops: AtomicU64,
     pub bad_descriptors: AtomicU64,
+    pub bad_requests: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -51,6 +52,17 @@ impl AtomicCounters {
             }
         }
     }
+    /// Counts one case of frontend misbehaviour and logs it: at warn on its
+    /// 1st, 2nd, 4th, 8th, ... occurrence, at debug otherwise, so that a
+    /// flood cannot flood the log (the VMM's hostile-guest counters do the same).
+    pub fn note(c: &AtomicU64, what: std::fmt::Arguments<'_>) {
+        let n = c.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::warn!("{what} (occurrence {n})");
+        } else {
+            tracing::debug!("{what}");
+        }
+    }
     pub fn snapshot(&self) -> Counters {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Counters {
@@ -61,6 +73,7 @@ impl AtomicCounters {
             tx_bytes: l(&self.tx_bytes),
             tx_drops: l(&self.tx_drops),
             bad_descriptors: l(&self.bad_descriptors),
+            bad_requests: l(&self.bad_requests),
         }
     }
     fn clear(&self) {
@@ -72,6 +85,7 @@ impl AtomicCounters {
             &self.tx_bytes,
             &self.tx_drops,
             &self.bad_descriptors,
+            &self.bad_requests,
         ] {
             c.store(0, Ordering::Relaxed);
         }
