@@ -17,6 +17,7 @@ mod stages;
 mod stale;
 
 pub use cniconf::{cni_path, PF};
+pub use nic::{NicRestarts, NIC_WATCH_PERIOD};
 pub use signals::{install_sigint_handler, sigint_received};
 pub use stages::{expected_stages, expected_stages_with};
 pub use stale::{
