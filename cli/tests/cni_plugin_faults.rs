@@ -77,6 +77,18 @@ fn cni_bad_input_gets_the_spec_code_and_leaves_nothing() {
     assert_eq!(ns.links().len(), 2, "the veth pair is not ours to delete");
     ns.ip(&["link", "del", "eth0"]);
     assert_nothing_left(&nic, &net, &ns);
+
+    // A 2 MB config (valid JSON, padded): refused with a decode error before
+    // anything is taken. The bound is 1 MiB (docs/cni.md).
+    let mut huge = net.config();
+    huge["padding"] = json!("x".repeat(2 << 20));
+    let (status, out) = net.plugin(&env("ADD", "huge", &path), &huge.to_string());
+    assert_eq!(error_code(status, &out), 6, "2 MB config: {out}");
+    assert!(
+        out["details"].as_str().unwrap().contains("1048576"),
+        "{out}"
+    );
+    assert_nothing_left(&nic, &net, &ns);
 }
 
 #[test]

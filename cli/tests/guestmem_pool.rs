@@ -20,6 +20,43 @@ fn wait_for(path: &std::path::Path) {
     }
 }
 
+/// One server per socket: a second `burstvm pool` on the same socket exits
+/// non-zero naming the first's pid, and the first serves on (its socket is
+/// not replaced); once the first is SIGKILLed, its successor starts at once.
+#[test]
+fn a_second_pool_server_on_the_same_socket_is_refused_until_the_first_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("pool.sock");
+    let serve = || {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["pool", "--socket"])
+            .arg(&sock)
+            .args(["--fill", "4M:1"]);
+        cmd
+    };
+    let mut first = testutil::ChildGuard(serve().stderr(Stdio::null()).spawn().unwrap());
+    wait_for(&sock);
+    let ctl = PoolClient::connect(&sock).unwrap();
+    let inode = |p: &std::path::Path| std::os::unix::fs::MetadataExt::ino(&p.metadata().unwrap());
+    let ino = inode(&sock);
+    testutil::assert_refused_owner(&mut serve(), first.0.id(), Duration::from_secs(30));
+    assert_eq!(inode(&sock), ino, "the first server's socket was replaced");
+    assert_eq!(ctl.stats().unwrap().cached_memfds, 1, "the first serves on");
+    let again = PoolClient::connect(&sock).unwrap();
+    assert_eq!(again.stats().unwrap().cached_memfds, 1);
+    drop((ctl, again));
+
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    let next = testutil::ChildGuard(serve().stderr(Stdio::null()).spawn().unwrap());
+    let c = testutil::poll_until("the successor serving", Duration::from_secs(30), || {
+        PoolClient::connect(&sock).map_err(|e| e.to_string())
+    });
+    assert_eq!(c.stats().unwrap().cached_memfds, 1);
+    let lock = std::fs::read_to_string(dir.path().join("pool.sock.lock")).unwrap();
+    assert_eq!(lock.trim(), next.0.id().to_string());
+}
+
 #[test]
 fn pool_server_serves_dirty_memory_and_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
@@ -95,6 +132,10 @@ fn pool_server_serves_dirty_memory_and_stops_cleanly() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!sock.exists());
+    assert!(
+        !dir.path().join("pool.sock.lock").exists(),
+        "lock file left"
+    );
 
     // Bad arguments: clear error naming the flag.
     let out = Command::new(BIN)

@@ -1,7 +1,8 @@
 //! `burstvm nic` as a process: control API errors, restart with persisted
-//! assignments, SIGTERM cleanup, forwarding between VFs, and a frontend
-//! process killed with SIGKILL. Frontends are nic's test frontend (vhost crate
-//! Frontend, memfd memory, hand-written split rings).
+//! assignments, SIGTERM cleanup, forwarding between VFs, a frontend process
+//! killed with SIGKILL, and one daemon per directory. Frontends are nic's
+//! test frontend (vhost crate Frontend, memfd memory, hand-written split
+//! rings).
 
 // The nic crate's test helpers (frames, VF polling, a frontend in a child process).
 use testutil::nic as nic_common;
@@ -302,6 +303,53 @@ fn nic_frontend_killed_with_sigkill_frees_its_vf() {
     drop(fe);
     drop(c);
     d.terminate();
+}
+
+/// One daemon per directory: a second one on the first's state directory, or
+/// with its VF sockets there, exits non-zero naming the first's pid and
+/// touches nothing of it (sockets, state file, sessions); once the first is
+/// SIGKILLed, its successor starts at once on the same directory.
+#[test]
+fn a_second_daemon_on_the_same_directory_is_refused_until_the_first_dies() {
+    let mut d = Daemon::start("owner", &["--pf", "pf0", "--vfs", "2"]);
+    let first = d.child.as_ref().unwrap().id();
+    let mut c = d.client();
+    let a = c.alloc("pf0", "sb-a", None, None).unwrap();
+    let state = std::fs::read(d.dir.join("nic-state.json")).unwrap();
+    let other = testutil::fresh_dir("nic-d", "owner-other");
+    let second = |state_dir: &PathBuf, socket_dir: Option<&PathBuf>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_burstvm"));
+        cmd.args(["nic", "--pf", "pf0", "--vfs", "2", "--control"])
+            .arg(other.join("b.sock"))
+            .arg("--state-dir")
+            .arg(state_dir);
+        if let Some(s) = socket_dir {
+            cmd.arg("--socket-dir").arg(s);
+        }
+        let err = testutil::assert_refused_owner(&mut cmd, first, T);
+        assert!(err.contains(&d.dir.display().to_string()), "{err}");
+    };
+    second(&d.dir, None);
+    second(&other, Some(&d.dir));
+    assert!(!other.join("b.sock").exists(), "the second daemon served");
+
+    // The first serves on: its sockets, state file and connection are intact.
+    assert_eq!(std::fs::read(d.dir.join("nic-state.json")).unwrap(), state);
+    assert_eq!(c.get_by_sandbox("sb-a").unwrap().state, VfState::Assigned);
+    let fe = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    d.wait_vf("sb-a", "open", |v| v.state == VfState::Open);
+    drop((fe, c));
+
+    // SIGKILL: the lock dies with the process; the successor takes the
+    // directory at once and has the assignment back.
+    let mut child = d.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    d.spawn();
+    let back = d.client().get_by_sandbox("sb-a").unwrap();
+    assert_eq!((back.id, back.state), (a.id, VfState::Assigned));
+    d.terminate();
+    let _ = std::fs::remove_dir_all(&other);
 }
 
 fn fd_count(pid: u32) -> usize {

@@ -21,6 +21,7 @@ pub use error::{code, PluginError};
 pub use netutil::IpNet;
 pub use netutil::NetnsError;
 pub use placeholder::{read_placeholder, Placeholder, PlaceholderError, PlaceholderRoute};
+pub use plugin::MAX_STDIN;
 pub use version::SUPPORTED as SUPPORTED_VERSIONS;
 
 /// The plugin executable's main: reads the CNI_* environment and the config

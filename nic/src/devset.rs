@@ -1,18 +1,26 @@
-//! A devset: all VFs of one PF, with bus-level reset semantics (FastIOV §3.2.2).
+//! A devset: all VFs of one PF, with VFIO's devset locking (FastIOV §3.2.2).
 //!
 //! The devset (parent) has a global state, its total open count; each VF (child)
 //! has a local state: lifecycle state, own open count and the device payload `T`.
 //! Invariants, whatever the interleaving:
 //! - the devset open count equals the sum of the VFs' open counts;
 //! - a VF in state `open` has open count 1; `free`, `assigned`, `closed`, `reset` have 0;
-//! - the devset is reset only while its open count is zero.
+//! - a VF is reset only while its own open count is zero; the whole devset
+//!   (`try_reset`, a bus-level reset) only while the devset's is zero.
 //!
 //! How the locks are taken is decided in one place, [`LockPolicy`] and the two
 //! functions `vf_side` / `devset_side`: `global` uses one mutex for everything
 //! (VFIO today), `hierarchical` uses FastIOV's parent rwlock plus a mutex per VF
 //! (§4.2.1). VF-local work (open, memory-table mapping, ring set-up) takes the
-//! VF side; open-count decrements that may trigger a reset, and the reset
-//! itself, take the devset side.
+//! VF side; the close, whose open-count decrement is a parent-child operation,
+//! and a devset reset take the devset side.
+//!
+//! A closed VF is reset on its own at once, as SR-IOV VFs are (function-level
+//! reset), inside the close's critical section: it never waits for the other
+//! VFs of its PF to close, so a long-lived sandbox does not keep crashed
+//! sandboxes' VFs out of use. By then its memory table is unmapped and its
+//! rings are forgotten (`VfDevice::on_close`), and the reset clears what is
+//! left of its previous tenant (`VfDevice::reset`) before anybody can open it.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -69,7 +77,7 @@ pub enum VfState {
     Closed,
     Reset,
     /// The VF saw a malformed descriptor chain (or its open failed): it does no
-    /// more I/O and needs a devset reset.
+    /// more I/O until a reset (by its guest, or at its close).
     Error,
 }
 
@@ -79,7 +87,9 @@ pub trait VfDevice: Send {
     fn on_open(&mut self);
     /// VF-local teardown of a close (drop the memory table, the rings).
     fn on_close(&mut self);
-    /// Bus-level reset of this VF; called only while the devset open count is 0.
+    /// Reset of this VF (function-level, or as part of a devset reset):
+    /// nothing of its previous tenant may survive it. Called only while the
+    /// VF's open count is 0.
     fn reset(&mut self);
 }
 
@@ -130,11 +140,11 @@ pub struct Devset<T> {
     vfs: Vec<Mutex<VfLocal<T>>>,
 }
 
-/// What a close did.
+/// What a close did: the VF was closed and reset on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CloseOutcome {
-    /// Number of VFs reset by the devset reset this close triggered (0: none).
-    pub reset_vfs: usize,
+    /// Where the reset left it: `Reset` (still assigned) or `Free` (released meanwhile).
+    pub state: VfState,
 }
 
 fn lock<M>(m: &Mutex<M>) -> MutexGuard<'_, M> {
@@ -249,8 +259,8 @@ impl<T: VfDevice> Devset<T> {
         (0..self.vfs.len()).find(|&i| self.assign(i, sandbox).is_ok())
     }
 
-    /// Ends the assignment. assigned/reset → free at once; an open or closed VF
-    /// keeps its state and becomes free after the next devset reset.
+    /// Ends the assignment. assigned/reset → free at once; an open VF keeps
+    /// its state and becomes free when it is closed (and reset).
     pub fn release(&self, i: usize) -> Result<(), DevsetError> {
         self.with_vf(i, |vf| {
             vf.sandbox = None;
@@ -262,7 +272,7 @@ impl<T: VfDevice> Devset<T> {
 
     /// assigned|reset → open, then the VF-local work of the open (`work`), all
     /// in one VF-side critical section. If `work` fails the VF goes to `error`
-    /// with open count 0 and waits for a devset reset.
+    /// with open count 0 and waits for a devset reset (`try_reset`).
     pub fn open<R, E>(
         &self,
         i: usize,
@@ -327,30 +337,39 @@ impl<T: VfDevice> Devset<T> {
         })
     }
 
-    /// open|error(open) → closed; if that was the devset's last open VF, the
-    /// devset is reset. Devset side: the decrement may trigger a reset.
+    /// open|error(open) → closed, then the VF's own reset → reset|free, in one
+    /// devset-side critical section (the decrement is a parent-child
+    /// operation): nobody sees the VF closed, and it is never opened again
+    /// before its reset. The other VFs of the devset are not touched.
     pub fn close(&self, i: usize) -> Result<CloseOutcome, DevsetError> {
         let slot = self.slot(i)?;
         let _side = self.devset_side();
-        {
-            let mut vf = lock(slot);
-            if vf.open_count == 0 {
-                return Err(self.bad_state(i, vf.state, "open"));
-            }
-            vf.dev.on_close();
-            vf.open_count -= 1;
-            vf.state = VfState::Closed;
-            self.open_count.fetch_sub(1, Ordering::SeqCst);
+        let mut vf = lock(slot);
+        if vf.open_count == 0 {
+            return Err(self.bad_state(i, vf.state, "open"));
         }
-        let reset_vfs = if self.open_count.load(Ordering::SeqCst) == 0 {
-            self.reset_locked()
-        } else {
-            0
-        };
-        Ok(CloseOutcome { reset_vfs })
+        vf.dev.on_close();
+        vf.open_count -= 1;
+        vf.state = VfState::Closed;
+        self.open_count.fetch_sub(1, Ordering::SeqCst);
+        Self::reset_vf(&mut vf);
+        self.resets.fetch_add(1, Ordering::Relaxed);
+        Ok(CloseOutcome { state: vf.state })
     }
 
-    /// Explicit devset reset; refused while any VF is open.
+    /// Resets one VF with open count 0: its device, then `reset` (still
+    /// assigned) or `free`.
+    fn reset_vf(vf: &mut VfLocal<T>) {
+        vf.dev.reset();
+        vf.state = if vf.sandbox.is_some() {
+            VfState::Reset
+        } else {
+            VfState::Free
+        };
+    }
+
+    /// Explicit devset (bus-level) reset of every closed or failed VF;
+    /// refused while any VF is open.
     pub fn try_reset(&self) -> Result<usize, DevsetError> {
         let _side = self.devset_side();
         let open = self.open_count.load(Ordering::SeqCst);
@@ -375,12 +394,7 @@ impl<T: VfDevice> Devset<T> {
         }
         for vf in guards.iter_mut() {
             if matches!(vf.state, VfState::Closed | VfState::Error) {
-                vf.dev.reset();
-                vf.state = if vf.sandbox.is_some() {
-                    VfState::Reset
-                } else {
-                    VfState::Free
-                };
+                Self::reset_vf(vf);
                 n += 1;
             }
         }
@@ -481,17 +495,20 @@ mod tests {
                 d.try_reset(),
                 Err(DevsetError::Busy { open: 2, .. })
             ));
-            assert_eq!(
-                d.close(0).unwrap().reset_vfs,
-                0,
-                "VF 1 still open: no reset"
-            );
-            assert_eq!(d.snapshot()[0].0, VfState::Closed);
-            assert_eq!(d.close(1).unwrap().reset_vfs, 2);
+            // Closed with VF 1 still open: reset on its own, VF 1 untouched.
+            assert_eq!(d.close(0).unwrap().state, VfState::Reset);
             assert_eq!(d.snapshot()[0].0, VfState::Reset);
+            d.with_vf(0, |vf| assert_eq!(vf.dev.resets, 1)).unwrap();
+            d.with_vf(1, |vf| assert_eq!(vf.dev.resets, 0)).unwrap();
+            assert_eq!(d.snapshot()[1].0, VfState::Open);
             d.release(0).unwrap();
             assert_eq!(d.snapshot()[0], (VfState::Free, None));
+            // Released while open: free at its close.
+            d.release(1).unwrap();
+            assert_eq!(d.snapshot()[1], (VfState::Open, None));
+            assert_eq!(d.close(1).unwrap().state, VfState::Free);
             d.with_vf(1, |vf| assert_eq!(vf.dev.resets, 1)).unwrap();
+            d.assign(1, "b").unwrap();
             // A failed open leaves the VF in error, not counted.
             d.open(1, |_| Err::<(), _>("boom")).unwrap().unwrap_err();
             assert_eq!(d.snapshot()[1].0, VfState::Error);

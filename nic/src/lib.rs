@@ -195,6 +195,14 @@ pub enum Error {
         what: String,
         source: std::io::Error,
     },
+    /// Another daemon owns the directory (its pid is in the lock error).
+    #[error("nic: {what} {} belongs to another daemon", .dir.display())]
+    Owned {
+        what: &'static str,
+        dir: PathBuf,
+        #[source]
+        source: procutil::LockError,
+    },
     #[error(transparent)]
     State(#[from] state::StateError),
     #[error("PF {pf}: {source}")]

@@ -37,6 +37,7 @@ pub struct AtomicCounters {
     pub tx_bytes: AtomicU64,
     pub tx_drops: AtomicU64,
     pub bad_descriptors: AtomicU64,
+    pub bad_requests: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -51,6 +52,17 @@ impl AtomicCounters {
             }
         }
     }
+    /// Counts one case of frontend misbehaviour and logs it: at warn on its
+    /// 1st, 2nd, 4th, 8th, ... occurrence, at debug otherwise, so that a
+    /// flood cannot flood the log (the VMM's hostile-guest counters do the same).
+    pub fn note(c: &AtomicU64, what: std::fmt::Arguments<'_>) {
+        let n = c.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::warn!("{what} (occurrence {n})");
+        } else {
+            tracing::debug!("{what}");
+        }
+    }
     pub fn snapshot(&self) -> Counters {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Counters {
@@ -61,6 +73,7 @@ impl AtomicCounters {
             tx_bytes: l(&self.tx_bytes),
             tx_drops: l(&self.tx_drops),
             bad_descriptors: l(&self.bad_descriptors),
+            bad_requests: l(&self.bad_requests),
         }
     }
     fn clear(&self) {
@@ -72,6 +85,7 @@ impl AtomicCounters {
             &self.tx_bytes,
             &self.tx_drops,
             &self.bad_descriptors,
+            &self.bad_requests,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -211,9 +225,12 @@ pub struct Port {
     returned: Condvar,
     /// Session-side users holding or waiting for the runtime.
     want: AtomicU32,
-    /// Bumped on every open, close, reset and config change: the dataplane drops
-    /// what it holds for an older generation (queued frames).
+    /// Bumped on every open, close, reset and config change: the dataplane
+    /// looks at the port again.
     generation: AtomicU64,
+    /// Bumped on every open, close and reset, with the runtime in hand: the
+    /// dataplane drops frames queued for an earlier session (`dataplane`).
+    session: AtomicU64,
     /// Wakes the dataplane thread that serves the VF (one of the PF's), and
     /// the PF's change count, raised with every wake-up: a dataplane round
     /// looks at the ports' `want` and generation only when it moved.
@@ -248,6 +265,7 @@ impl Port {
             returned: Condvar::new(),
             want: AtomicU32::new(0),
             generation: AtomicU64::new(1),
+            session: AtomicU64::new(1),
             wake: Mutex::new((wake, Arc::default())),
             live: AtomicBool::new(false),
         }
@@ -261,6 +279,13 @@ impl Port {
     }
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+    /// The VF's session: moves at every open, close and reset.
+    pub fn session(&self) -> u64 {
+        self.session.load(Ordering::Acquire)
+    }
+    fn new_session(&self) {
+        self.session.fetch_add(1, Ordering::AcqRel);
     }
     /// The runtime, for a session-side user: waits (a round of the dataplane
     /// at most) until the dataplane handed it back.
@@ -376,6 +401,7 @@ impl VfDevice for VfHw {
         let mut rt = self.port.runtime();
         *rt = Runtime::new();
         rt.active = true;
+        self.port.new_session();
         drop(rt);
         self.port.bump();
     }
@@ -384,12 +410,18 @@ impl VfDevice for VfHw {
         let failed = rt.failed;
         *rt = Runtime::new(); // unmaps the memory table, closes the eventfds
         rt.failed = failed;
+        self.port.new_session();
         drop(rt);
         self.port.bump();
     }
     fn reset(&mut self) {
-        *self.port.runtime() = Runtime::new();
+        // Rings, memory table and eventfds were dropped at the close; the
+        // error state, counters and queued frames of the tenant go here.
+        let mut rt = self.port.runtime();
+        *rt = Runtime::new();
         self.port.counters.clear();
+        self.port.new_session();
+        drop(rt);
         self.port.bump();
     }
 }

@@ -6,7 +6,7 @@
 //! devset lets the VF be opened, every message that touches VF-local state runs
 //! under the devset's VF-side lock (so the lock policy wraps the whole session
 //! set-up, memory table mapping included), and the end of the connection, also a
-//! killed frontend, closes the VF (which may reset the devset).
+//! killed frontend, closes the VF (and resets it).
 
 use std::fs::File;
 use std::io;
@@ -30,7 +30,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::devset::{Devset, VfLocal};
 use crate::memory::VfMemory;
-use crate::port::{Port, VfHw, MAX_QUEUE_SIZE};
+use crate::port::{AtomicCounters, Port, VfHw, MAX_QUEUE_SIZE};
 
 type Result<T> = std::result::Result<T, VuError>;
 
@@ -151,6 +151,21 @@ impl VfSession {
         })
     }
 
+    /// A started ring (ready since SET_VRING_KICK, until GET_VRING_BASE or a
+    /// device reset) asked to move or change size: the guest changed a queue
+    /// after DRIVER_OK, which the VMM never relays. Counted (`bad_requests`)
+    /// and logged; the ring stays as it was validated and the session goes
+    /// on, as the VMM ignores such a register write.
+    fn moved_started_ring(&self, q: usize, what: std::fmt::Arguments<'_>) {
+        AtomicCounters::note(
+            &self.port.counters.bad_requests,
+            format_args!(
+                "VF {}: vring {q} is started: {what} ignored (frontend misbehaviour)",
+                self.port.id
+            ),
+        );
+    }
+
     fn protocol_features_acked(&self) -> bool {
         self.acked_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0
     }
@@ -244,7 +259,14 @@ impl VhostUserBackendReqHandlerMut for VfSession {
             if num == 0 || num > MAX_QUEUE_SIZE as u32 || !num.is_power_of_two() {
                 return Err(fail(format!("VF {id}: vring {q} size {num} invalid")));
             }
-            rt.vrings[q].queue.set_size(num as u16);
+            let queue = &mut rt.vrings[q].queue;
+            if queue.ready() {
+                if queue.size() != num as u16 {
+                    self.moved_started_ring(q, format_args!("size {} -> {num}", queue.size()));
+                }
+                return Ok(());
+            }
+            queue.set_size(num as u16);
             Ok(())
         })
     }
@@ -278,6 +300,17 @@ impl VhostUserBackendReqHandlerMut for VfSession {
                 tr(used, "used")?,
             );
             let queue = &mut rt.vrings[q].queue;
+            if queue.ready() {
+                let now = (queue.desc_table(), queue.avail_ring(), queue.used_ring());
+                let asked = (d.0, a.0, u.0);
+                if now != asked {
+                    self.moved_started_ring(
+                        q,
+                        format_args!("desc/avail/used {now:#x?} -> {asked:#x?}"),
+                    );
+                }
+                return Ok(());
+            }
             queue
                 .try_set_desc_table_address(d)
                 .and_then(|_| queue.try_set_avail_ring_address(a))
@@ -526,8 +559,8 @@ pub fn serve(
     }
     match devset.close(index) {
         Ok(out) => tracing::info!(
-            "VF {id}: frontend gone, VF closed (devset reset {} VFs)",
-            out.reset_vfs
+            "VF {id}: frontend gone, VF closed and reset ({:?})",
+            out.state
         ),
         Err(e) => tracing::warn!("VF {id}: close: {e}"),
     }

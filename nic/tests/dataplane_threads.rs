@@ -61,6 +61,7 @@ fn delta(now: &Counters, base: &Counters) -> Counters {
         tx_bytes: now.tx_bytes - base.tx_bytes,
         tx_drops: now.tx_drops - base.tx_drops,
         bad_descriptors: now.bad_descriptors - base.bad_descriptors,
+        bad_requests: now.bad_requests - base.bad_requests,
     }
 }
 

@@ -128,7 +128,7 @@ fn dpdk_virtio_user_frames_cross_the_switch_byte_exact_with_exact_counters() {
     let faults = ca.rx_drops + ca.tx_drops + cb.rx_drops + cb.tx_drops;
     assert_eq!(faults + ca.bad_descriptors + cb.bad_descriptors, 0);
 
-    // testpmd quits cleanly: its VF closes, then the devset resets.
+    // testpmd quits cleanly: its VF closes and is reset.
     pmd.cmd("stop").unwrap();
     pmd.quit().unwrap();
     drop(fb);

@@ -176,7 +176,7 @@ fn late_vf_session_never_writes_into_the_next_tenant() {
     // next reads zeros.
     release.send(()).unwrap();
     holder.join().unwrap().unwrap();
-    nic.wait_vf("sb-a", "closed", |v| v.state == VfState::Closed);
+    nic.wait_vf("sb-a", "closed and reset", |v| v.state == VfState::Reset);
     let st = wait_stats(&pool, "got A's memory back", |s| {
         s.quarantined_memfds == 0 && s.lent_memfds == 0
     });

@@ -77,8 +77,8 @@ fn memory_switches_and_reconnects_while_forwarding_leave_old_memory_untouched() 
                 .unwrap();
             views.push(poison(&old));
         } else {
-            // Disconnect: once the VF is closed, its memory is gone. Then the
-            // sandbox's VF is released (a devset reset) and allocated again.
+            // Disconnect: once the VF is closed (and reset), its memory is
+            // gone. Then the sandbox's VF is released and allocated again.
             let old = fb.into_memory();
             nic.wait_vf("sb-b", "closed", |v| {
                 matches!(v.state, VfState::Closed | VfState::Reset)

@@ -92,16 +92,50 @@ fn descriptors_outside_memory_fail_only_that_vf() {
             .tx_packets,
         0
     );
-    // Once every VF is closed, the devset reset brings the failed VF back.
-    drop((fa, fb, fd));
+    // Its frontend gone, the failed VF is reset on its own (B and D stay
+    // open) and works again.
+    drop(fa);
     let va = nic.wait_vf("sb-a", "reset", |v| v.state == VfState::Reset);
     assert_eq!(va.counters.bad_descriptors, 0, "reset clears the counters");
+    for s in ["sb-b", "sb-d"] {
+        assert_eq!(nic.client().get_by_sandbox(s).unwrap().state, VfState::Open);
+    }
     let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
-    let mut fb = SimFrontend::connect(&b.socket, MIN_MEM).unwrap();
     let f = frame(&a.mac, &b.mac, b"works again");
     fb.send(&f);
     assert_eq!(fa.recv(T).as_deref(), Some(&f[..]));
+    drop((fa, fb, fd));
+    nic.stop();
+}
+
+/// A started ring asked to move or shrink (a guest changing a queue after
+/// DRIVER_OK) is counted and ignored: the session goes on and frames still
+/// use the rings the VF validated.
+#[test]
+fn moving_a_started_ring_is_counted_and_ignored() {
+    let nic = TestNic::start("move", 2, None, LockPolicy::Hierarchical);
+    let mut c = nic.client();
+    let (a, b) = (
+        c.alloc("pf0", "sb-a", None, None).unwrap(),
+        c.alloc("pf0", "sb-b", None, None).unwrap(),
+    );
+    let mut fa = SimFrontend::connect(&a.socket, MIN_MEM).unwrap();
+    let mut fb = SimFrontend::connect(&b.socket, MIN_MEM).unwrap();
+    for q in [0, 1] {
+        // A quarter of the ring area on: inside memory, aligned.
+        fb.move_started_ring(q, 0x4000).unwrap();
+    }
+    let vb = nic.wait_vf("sb-b", "counted", |v| v.counters.bad_requests == 4);
+    assert_eq!((vb.state, vb.counters.bad_descriptors), (VfState::Open, 0));
+    let f = frame(&b.mac, &a.mac, b"to the rings B set up");
+    fa.send(&f);
+    assert_eq!(fb.recv(T).as_deref(), Some(&f[..]));
+    let f = frame(&a.mac, &b.mac, b"from the rings B set up");
+    fb.send(&f);
+    assert_eq!(fa.recv(T).as_deref(), Some(&f[..]));
     drop((fa, fb));
+    let vb = nic.wait_vf("sb-b", "reset", |v| v.state == VfState::Reset);
+    assert_eq!(vb.counters.bad_requests, 0, "reset clears the counters");
     nic.stop();
 }
 

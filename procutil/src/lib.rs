@@ -1,4 +1,4 @@
-//! Child-process plumbing shared by every crate that forks a helper (the NIC
+//! Process plumbing shared by every crate that forks a helper (the NIC
 //! daemon of a bench, dpdk-testpmd, containerd, the runtime's VMMs): one home
 //! for the pre-exec step that makes a child die with its parent.
 //!
@@ -8,6 +8,13 @@
 //! outlives it (a test, a bench, a shim's main thread); a child spawned on a
 //! short-lived thread must be forked on a keeper thread instead
 //! (`runtime::child::spawn_kept`, which uses [`pdeathsig_kill`] too).
+//!
+//! Beside it, the one home of the directory lock every daemon and runtime
+//! holds on what it owns ([`DirLock`], `dirlock.rs`).
+
+mod dirlock;
+
+pub use dirlock::{DirLock, LockError};
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;

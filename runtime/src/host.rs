@@ -163,6 +163,19 @@ pub enum HostError {
     },
     #[error("host services file {path}: the services process (pid {pid}) is not running")]
     Gone { path: PathBuf, pid: u32 },
+    /// Another live process holds the services directory (its pid is in the error).
+    #[error("host services directory {path} belongs to another services process")]
+    Owned {
+        path: PathBuf,
+        #[source]
+        source: procutil::LockError,
+    },
+    #[error("host services directory {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: procutil::LockError,
+    },
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
     #[error(transparent)]
@@ -211,13 +224,20 @@ impl ServicesInfo {
                 reason: format!("{:?} is not a MAC address", info.server_mac),
             });
         }
-        if !Path::new(&format!("/proc/{}", info.owner_pid)).exists() {
-            return Err(HostError::Gone {
+        // Alive while it holds the directory's lock (not by its pid, which
+        // another process may have by now).
+        let dir = path.parent().unwrap_or(Path::new(""));
+        match procutil::DirLock::take_over(dir, SERVICES_LOCK) {
+            Err(procutil::LockError::Held { .. }) => Ok(info),
+            Ok(_) => Err(HostError::Gone {
                 path: path.to_path_buf(),
                 pid: info.owner_pid,
-            });
+            }),
+            Err(source) => Err(HostError::Lock {
+                path: dir.to_path_buf(),
+                source,
+            }),
         }
-        Ok(info)
     }
 
     pub fn addressing(&self) -> Addressing {
@@ -246,9 +266,28 @@ pub fn engine_cni_config(rt_conf: &Path) -> Result<Vec<u8>, HostError> {
     Ok(serde_json::to_vec_pretty(&v).expect("json"))
 }
 
+/// The lock file (`procutil::DirLock`) of a services directory: held by
+/// the process whose services `services.json` describes, as long as it runs.
+pub const SERVICES_LOCK: &str = "services.lock";
+
+/// Makes the services directory `dir` and takes its `SERVICES_LOCK`;
+/// refused (naming the holder's pid) while another process serves there.
+pub fn claim_services_dir(dir: &Path) -> Result<procutil::DirLock, HostError> {
+    std::fs::create_dir_all(dir).map_err(|source| HostError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    procutil::DirLock::acquire(dir, SERVICES_LOCK).map_err(|source| HostError::Owned {
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
 /// Makes `rt`'s services usable by attached sandboxes: writes the engine's
 /// CNI config to `cni_conf` and `services.json` into `dir`. `rt` must have
-/// a network and its NIC daemon running (`prepare_variant`).
+/// a network and its NIC daemon running (`prepare_variant`). `rt` holds
+/// `dir`'s lock from then on (taken here unless it holds it already,
+/// `Runtime::hold_dir_lock`), so the file's readers see it alive.
 pub fn export(rt: &Runtime, dir: &Path, cni_conf: &Path) -> Result<ServicesInfo, HostError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -259,7 +298,9 @@ pub fn export(rt: &Runtime, dir: &Path, cni_conf: &Path) -> Result<ServicesInfo,
         field: "cni_config",
         reason: "the runtime has no network".into(),
     })?;
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    if !rt.holds_dir_lock(&dir.join(SERVICES_LOCK)) {
+        rt.hold_dir_lock(claim_services_dir(dir)?);
+    }
     if let Some(parent) = cni_conf.parent() {
         std::fs::create_dir_all(parent).map_err(io(parent))?;
     }

@@ -9,6 +9,9 @@ use crate::child::Keeper;
 use crate::runtime::{Runtime, RuntimeError, PF};
 use crate::variant::DevsetLock;
 
+/// How long `exited_or_exiting` waits for a daemon that refuses connections to exit.
+const DYING_WAIT: Duration = Duration::from_secs(5);
+
 /// The NIC daemon child, with the lock policy it was started with.
 pub struct NicDaemon {
     child: Child,
@@ -113,6 +116,27 @@ impl NicDaemon {
     /// Whether the daemon has exited (it is reaped then).
     pub(crate) fn exited(&mut self) -> bool {
         !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// As `exited`, for a daemon killed a moment ago: one whose control
+    /// socket `control` refuses connections has closed its files but may
+    /// not be reapable yet, so its exit is waited for (`DYING_WAIT` at most).
+    pub(crate) fn exited_or_exiting(&mut self, control: &std::path::Path) -> bool {
+        if self.exited() {
+            return true;
+        }
+        match nic::control::connect_timeout(control, Duration::from_millis(500)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            _ => return false,
+        }
+        let end = Instant::now() + DYING_WAIT;
+        while Instant::now() < end {
+            if self.exited() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
     }
 
     pub(crate) fn stop(self) {

@@ -33,6 +33,14 @@ pub fn services_cli(a: &ServicesConfig) -> Result<(), Error> {
             format!("{} has no VF; name a VF variant (e.g. fastiov)", a.variant),
         ));
     }
+    // Before anything is made: a second services process on the same
+    // directory is refused, naming the first's pid, and touches nothing.
+    let lock = host::claim_services_dir(&a.dir)?;
+    // What a killed predecessor left describes services that are gone: no
+    // attached sandbox may read it while ours start.
+    for f in ["services.json", "replies.json"] {
+        let _ = std::fs::remove_file(a.dir.join(f));
+    }
     let rt = Runtime::new(RuntimeConfig {
         bin: burstvm_bin(&a.burstvm_bin)?,
         trace_path: None,
@@ -47,6 +55,7 @@ pub fn services_cli(a: &ServicesConfig) -> Result<(), Error> {
             cpus: 1.0,
         },
     })?;
+    rt.hold_dir_lock(lock);
     rt.prepare_variant(a.variant)?;
     let info = host::export(&rt, &a.dir, &a.cni_conf)?;
     println!(

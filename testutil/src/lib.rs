@@ -39,6 +39,32 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
     }
 }
 
+/// Runs `cmd` (a second daemon on a directory a first one, pid `holder`,
+/// owns) and checks that it is refused: it exits non-zero within `limit`
+/// (killed if not) with a message on stderr naming the holder's pid, which
+/// is returned.
+pub fn assert_refused_owner(cmd: &mut Command, holder: u32, limit: Duration) -> String {
+    use std::io::Read;
+    let mut child = ChildGuard(
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}")),
+    );
+    let st = wait_exit(&mut child.0, limit);
+    let mut err = String::new();
+    if let Some(mut e) = child.0.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(!st.success(), "second owner accepted ({st}): {err}");
+    assert!(
+        err.contains(&format!("pid {holder}")),
+        "the refusal does not name the first owner (pid {holder}): {err}"
+    );
+    err
+}
+
 /// Calls `check` every 10 ms until it returns `Some`, for `limit` at most; then
 /// fails with `what` and the last `Err` description. The one bounded poll loop
 /// of the tests: wait for a condition, never sleep for a guessed time.

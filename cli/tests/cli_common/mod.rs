@@ -32,12 +32,17 @@ pub fn text(o: &Output) -> String {
 /// pools, no rootfs) of this build's binary, with this build's CNI plugin
 /// first on CNI_PATH (the runtime finds burstvm-cni there).
 pub fn networked_runtime(sgfs: usize) -> runtime::Runtime {
+    networked_runtime_vfs(1, sgfs)
+}
+
+/// `networked_runtime` with `vfs` VFs.
+pub fn networked_runtime_vfs(vfs: usize, sgfs: usize) -> runtime::Runtime {
     let cni_dir = Path::new(CNI_BIN).parent().unwrap();
     std::env::set_var("CNI_PATH", format!("{}:/opt/cni/bin", cni_dir.display()));
     runtime::Runtime::new(runtime::RuntimeConfig {
         bin: BIN.into(),
         trace_path: None,
-        vfs: 1,
+        vfs,
         network: true,
         cgroup_pool: 0,
         cgroup_limits: runtime::cgroup::Limits {

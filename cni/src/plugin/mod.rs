@@ -27,18 +27,45 @@ use netutil::{MacAddr, Netns, NetnsError, RouteSpec};
 use nic::control::{Client, ClientError, DevKind, ErrorCode, VfInfo as Vf};
 use nic::devset::VfState;
 
+/// Most bytes of network config read from stdin. Real configs are a few
+/// KiB; a caller that sends more (broken or hostile) gets a decode error,
+/// with nothing done, and the plugin never holds more than this.
+pub const MAX_STDIN: usize = 1 << 20;
+
+/// The network config on `input`, at most `MAX_STDIN` bytes: one byte more
+/// is refused unread beyond it (DECODE_FAILURE), before anything is done.
+pub fn read_stdin(input: impl Read) -> Result<Vec<u8>, PluginError> {
+    let mut buf = Vec::new();
+    input
+        .take(MAX_STDIN as u64 + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| {
+            PluginError::caused(
+                code::IO_FAILURE,
+                "cannot read the network config from stdin",
+                e,
+            )
+        })?;
+    if buf.len() > MAX_STDIN {
+        return Err(PluginError::decode(
+            "the network config on stdin",
+            format!("longer than {MAX_STDIN} bytes; refused, nothing was done"),
+        ));
+    }
+    Ok(buf)
+}
+
 /// Reads env and stdin, runs the command, prints its result or error
 /// result; returns the exit status.
 pub fn main() -> i32 {
     let env = Env::from_process();
-    let mut stdin = Vec::new();
-    let result = match std::io::stdin().read_to_end(&mut stdin) {
-        Ok(_) => run(&env, &stdin),
-        Err(e) => Err(PluginError::new(
-            code::IO_FAILURE,
-            "cannot read the network config from stdin",
-            e.to_string(),
-        )),
+    let (stdin, result) = match read_stdin(std::io::stdin().lock()) {
+        Ok(stdin) => {
+            let r = run(&env, &stdin);
+            (stdin, r)
+        }
+        // An oversized config is not looked into (its version neither).
+        Err(e) => (Vec::new(), Err(e)),
     };
     match result {
         Ok(Some(out)) => {
@@ -184,6 +211,18 @@ mod tests {
     }
 
     const CONF: &str = r#"{"cniVersion":"1.1.0","name":"n","type":"burstvm-cni","pf":"pf0","nicSocket":"/nonexistent/nic.sock"}"#;
+
+    /// Up to `MAX_STDIN` bytes are read; one more is refused, and no more
+    /// than that is ever read from the caller.
+    #[test]
+    fn stdin_is_bounded() {
+        let exact = vec![b' '; MAX_STDIN];
+        assert_eq!(read_stdin(&exact[..]).unwrap().len(), MAX_STDIN);
+        let mut endless = std::io::repeat(b' ');
+        let e = read_stdin(&mut endless).unwrap_err();
+        assert_eq!(e.code, code::DECODE_FAILURE, "{e}");
+        assert!(e.details.contains(&MAX_STDIN.to_string()), "{e}");
+    }
 
     #[test]
     fn version_answers_with_the_asked_version() {

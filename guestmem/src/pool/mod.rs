@@ -50,6 +50,13 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// Another pool server serves this socket (its pid is in the lock error).
+    #[error("pool socket {path} belongs to another pool server")]
+    Owned {
+        path: String,
+        #[source]
+        source: Box<procutil::LockError>,
+    },
     #[error("pool server {path} refused: {reason}")]
     Refused { path: String, reason: String },
     #[error("pool: vanilla memory is never taken from the pool (it must be fresh)")]

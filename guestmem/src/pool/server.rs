@@ -30,6 +30,22 @@ pub struct PoolServer {
     conns: Arc<Mutex<HashMap<u64, Arc<OwnedFd>>>>,
     threads: Vec<JoinHandle<()>>,
     conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// `<socket>.lock` beside the socket: one server per socket. Dropped
+    /// after `stop_all` removed the socket.
+    _lock: procutil::DirLock,
+}
+
+/// Takes `<socket>.lock` in the socket's directory (`procutil::DirLock`).
+fn lock_socket(path: &Path) -> Result<procutil::DirLock, Error> {
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let name = format!(
+        "{}.lock",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    );
+    procutil::DirLock::acquire(dir, &name).map_err(|source| Error::Owned {
+        path: path.display().to_string(),
+        source: Box::new(source),
+    })
 }
 
 impl std::fmt::Debug for PoolServer {
@@ -41,7 +57,9 @@ impl std::fmt::Debug for PoolServer {
 }
 
 impl PoolServer {
-    /// Binds `path` (replacing a stale socket file) and serves `pool` on background threads,
+    /// Takes the lock `<path>.lock` (refused while another server holds
+    /// it: `Error::Owned` names its pid), binds `path` (replacing a stale
+    /// socket file) and serves `pool` on background threads,
     /// including the idle pre-zeroer.
     pub fn start(path: impl AsRef<Path>, pool: Arc<Pool>) -> Result<PoolServer, Error> {
         Self::start_with(path, pool, true)
@@ -56,6 +74,8 @@ impl PoolServer {
     ) -> Result<PoolServer, Error> {
         let path = path.as_ref().to_path_buf();
         let serr = socket_err(&path);
+        // Before the socket file is touched: a second server leaves the first's alone.
+        let lock = lock_socket(&path)?;
         if let Ok(meta) = std::fs::symlink_metadata(&path) {
             use std::os::unix::fs::FileTypeExt;
             if meta.file_type().is_socket() {
@@ -115,6 +135,7 @@ impl PoolServer {
             conns,
             threads,
             conn_threads,
+            _lock: lock,
         })
     }
 

@@ -97,6 +97,10 @@ pub struct Counters {
     pub tx_bytes: u64,
     pub tx_drops: u64,
     pub bad_descriptors: u64,
+    /// vhost-user requests ignored as frontend misbehaviour: a started ring
+    /// moved or resized (the guest changed a queue after DRIVER_OK).
+    #[serde(default)]
+    pub bad_requests: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@
 mod requests;
 mod serve;
 
-pub use serve::{run, run_until, run_with, BackgroundServer};
+pub use serve::{run, run_until, run_with, BackgroundServer, LOCK_FILE};
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};

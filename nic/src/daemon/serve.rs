@@ -159,6 +159,9 @@ pub fn run_with(args: &NicConfig, wait: impl FnOnce(&Arc<Nic>)) -> Result<(), Er
             source: e,
         })?;
     }
+    // Held until this function returns, before anything in them is touched:
+    // a second daemon on them stops here, its first's sockets and state intact.
+    let _locks = lock_dirs(&args.state_dir, &socket_dir)?;
     match crate::control::connect_timeout(&args.control, std::time::Duration::from_secs(2)) {
         Ok(_) => {
             return Err(Error::Config(format!(
@@ -195,6 +198,29 @@ pub fn run_with(args: &NicConfig, wait: impl FnOnce(&Arc<Nic>)) -> Result<(), Er
     }
     run.shutdown(&nic);
     r
+}
+
+/// The lock file (`procutil::DirLock`) in the state directory and in the
+/// socket directory: one daemon per directory.
+pub const LOCK_FILE: &str = "nic.lock";
+
+/// Takes `LOCK_FILE` in the state directory and, if it is another one, in
+/// the socket directory.
+fn lock_dirs(state_dir: &Path, socket_dir: &Path) -> Result<Vec<procutil::DirLock>, Error> {
+    let canon = |d: &Path| std::fs::canonicalize(d).unwrap_or_else(|_| d.to_path_buf());
+    let mut dirs = vec![("state directory", state_dir)];
+    if canon(socket_dir) != canon(state_dir) {
+        dirs.push(("socket directory", socket_dir));
+    }
+    dirs.into_iter()
+        .map(|(what, dir)| {
+            procutil::DirLock::acquire(dir, LOCK_FILE).map_err(|source| Error::Owned {
+                what,
+                dir: dir.to_path_buf(),
+                source,
+            })
+        })
+        .collect()
 }
 
 fn start(

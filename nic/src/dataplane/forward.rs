@@ -80,7 +80,7 @@ impl Dataplane {
                 sent
             }
             PortId::Vf(j) if !self.peers.mine(j) => {
-                if let Err(p) = self.peers.send(j, p) {
+                if let Err(p) = self.peers.send(j, self.session[j], p) {
                     AtomicCounters::add(&self.ports[j].counters.rx_drops, 1);
                     self.pool.free(p);
                 }

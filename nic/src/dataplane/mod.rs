@@ -53,9 +53,15 @@ pub struct Dataplane {
     batch: usize,
     pool: Mempool,
     switch: Switch,
-    /// Frames waiting for each VF's receive queue, with the VF generation
-    /// they were switched in (a frame never outlives a reset of its VF).
+    /// Frames waiting for each VF's receive queue, all switched in the VF
+    /// session `session[i]` (`Port::session`): a frame never outlives the
+    /// session it was switched for, so a previous tenant's frames never reach
+    /// the next user of the VF (dropped when the session moves, `look_at`).
     backlog: Vec<VecDeque<Pkt>>,
+    /// Each VF's session as this thread last saw it: of its own VFs, the one
+    /// its backlog holds frames of; of the others, the one the switch's view
+    /// (and the frames this thread sends them) belong to.
+    session: Vec<u64>,
     seen_generation: Vec<u64>,
     /// The PF's change count (raised by every port wake-up) at the last look
     /// at the ports' `want` and generations: unchanged, no port is touched.
@@ -147,6 +153,7 @@ impl Dataplane {
             backlog: (0..n)
                 .map(|i| VecDeque::with_capacity(if peers.mine(i) { BACKLOG_MAX } else { 0 }))
                 .collect(),
+            session: vec![0; n],
             seen_generation: vec![0; n],
             owned: (0..n).map(|_| None).collect(),
             pending: vec![false; n],
@@ -185,8 +192,12 @@ impl Dataplane {
             let (me, step) = (self.peers.me(), self.peers.threads());
             // 0. Frames other threads switched to our VFs.
             let mut work = if step > 1 {
-                self.peers
-                    .receive(&mut self.pool, &mut self.backlog, &self.active, &self.ports)
+                self.peers.receive(
+                    &mut self.pool,
+                    &mut self.backlog,
+                    (&self.active, &self.session),
+                    &self.ports,
+                )
             } else {
                 0
             };
@@ -328,7 +339,10 @@ impl Dataplane {
                     self.pending[i] = true;
                     self.any_pending = true;
                 } else {
-                    // Served by another thread: only the switch's view.
+                    // Served by another thread: only the switch's view. The
+                    // session first: a view newer than it only makes the
+                    // serving thread drop what this one sends.
+                    self.session[i] = self.ports[i].session();
                     let active = self.ports[i].live();
                     self.set_view(i, active);
                 }
@@ -368,6 +382,15 @@ impl Dataplane {
             },
         };
         self.pending[i] = false;
+        // Changes only with the runtime in hand (ours now): what the backlog
+        // holds for an earlier session (a closed, reset or reopened VF) goes.
+        let session = port.session();
+        if session != self.session[i] {
+            self.session[i] = session;
+            for p in self.backlog[i].drain(..) {
+                self.pool.free(p);
+            }
+        }
         let active = rt.active && !rt.failed;
         if active {
             self.owned[i] = Some(rt);
@@ -433,15 +456,15 @@ impl Dataplane {
     fn fault(&mut self, i: usize, f: virtio::Fault) {
         let port = &self.ports[i];
         tracing::warn!(
-            "VF {}: {f}; VF in error state until the guest or the devset resets it",
+            "VF {}: {f}; VF in error state until the guest resets it or its frontend goes",
             port.id
         );
         AtomicCounters::add(&port.counters.bad_descriptors, 1);
         for p in self.backlog[i].drain(..) {
             self.pool.free(p);
         }
-        // The devset lock comes before a runtime (a devset reset waits for the
-        // runtimes of all its VFs): hold none while taking it.
+        // The devset lock comes before a runtime (a close waits for its VF's
+        // runtime with the devset side held): hold none while taking it.
         for j in 0..self.ports.len() {
             self.give_back(j);
         }
@@ -482,10 +505,12 @@ impl Dataplane {
         if !self.ask_for_kicks() {
             return;
         }
-        if !self
-            .peers
-            .sleeping(&mut self.pool, &mut self.backlog, &self.active, &self.ports)
-        {
+        if !self.peers.sleeping(
+            &mut self.pool,
+            &mut self.backlog,
+            (&self.active, &self.session),
+            &self.ports,
+        ) {
             return;
         }
         let mut kicks = Vec::new();

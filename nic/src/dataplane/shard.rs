@@ -22,9 +22,10 @@ pub(crate) const CROSS_RING: usize = 1024;
 
 /// This thread's side of the link with one other thread.
 struct Link {
-    /// Frames for that thread's VFs (VF index, packet).
-    to: SyncSender<(u32, Pkt)>,
-    from: Receiver<(u32, Pkt)>,
+    /// Frames for that thread's VFs (VF index, the VF's session the sender
+    /// switched it for, packet).
+    to: SyncSender<(u32, u64, Pkt)>,
+    from: Receiver<(u32, u64, Pkt)>,
     /// That thread's buffers going home, and ours coming back.
     home_to: SyncSender<Pkt>,
     home_from: Receiver<Pkt>,
@@ -113,27 +114,30 @@ impl Peers {
         self.n == 1 || vf % self.n == self.me
     }
 
-    /// Hands a frame for VF `vf` (not ours) to its thread; gives it back
-    /// when that thread's channel is full.
-    pub fn send(&mut self, vf: usize, pkt: Pkt) -> Result<(), Pkt> {
+    /// Hands a frame for VF `vf` (not ours), switched for its session
+    /// `session` (`Port::session`), to its thread; gives it back when that
+    /// thread's channel is full.
+    pub fn send(&mut self, vf: usize, session: u64, pkt: Pkt) -> Result<(), Pkt> {
         let link = self.links[vf % self.n].as_mut().expect("another thread");
-        match link.to.try_send((vf as u32, pkt)) {
+        match link.to.try_send((vf as u32, session, pkt)) {
             Ok(()) => {
                 link.sent = true;
                 Ok(())
             }
-            Err(TrySendError::Full((_, p)) | TrySendError::Disconnected((_, p))) => Err(p),
+            Err(TrySendError::Full((_, _, p)) | TrySendError::Disconnected((_, _, p))) => Err(p),
         }
     }
 
     /// Takes our buffers back and the frames other threads switched to our
-    /// VFs into their backlogs (`rx_drops` when a backlog is full or the VF
-    /// no longer active). Returns how many frames came.
+    /// VFs into their backlogs (`rx_drops` when a backlog is full, the VF no
+    /// longer active, or the frame was switched for another session of the
+    /// VF than the one its backlog holds: a previous tenant's frames never
+    /// reach the next one). Returns how many frames came.
     pub fn receive(
         &mut self,
         pool: &mut Mempool,
         backlog: &mut [VecDeque<Pkt>],
-        active: &[bool],
+        (active, sessions): (&[bool], &[u64]),
         ports: &[Arc<Port>],
     ) -> usize {
         let mut n = 0;
@@ -142,10 +146,10 @@ impl Peers {
                 pool.free(p);
                 self.returned = true;
             }
-            while let Ok((vf, p)) = link.from.try_recv() {
+            while let Ok((vf, session, p)) = link.from.try_recv() {
                 n += 1;
                 let vf = vf as usize;
-                if active[vf] && backlog[vf].len() < BACKLOG_MAX {
+                if active[vf] && session == sessions[vf] && backlog[vf].len() < BACKLOG_MAX {
                     backlog[vf].push_back(p);
                 } else {
                     AtomicCounters::add(&ports[vf].counters.rx_drops, 1);
@@ -187,7 +191,7 @@ impl Peers {
         &mut self,
         pool: &mut Mempool,
         backlog: &mut [VecDeque<Pkt>],
-        active: &[bool],
+        views: (&[bool], &[u64]),
         ports: &[Arc<Port>],
     ) -> bool {
         if self.links.is_empty() {
@@ -197,7 +201,7 @@ impl Peers {
         fence(Ordering::SeqCst);
         // Buffers that came home may unblock a transmit queue left waiting
         // for them (its kick was already consumed): one more round.
-        if self.receive(pool, backlog, active, ports) > 0 || std::mem::take(&mut self.returned) {
+        if self.receive(pool, backlog, views, ports) > 0 || std::mem::take(&mut self.returned) {
             self.asleep.store(false, Ordering::SeqCst);
             return false;
         }
@@ -253,8 +257,8 @@ mod tests {
 
     impl Pair {
         fn sleeping(&mut self, t: usize) -> bool {
-            let active = [true, true];
-            self.peers[t].sleeping(&mut self.pools[t], &mut self.backlog, &active, &self.ports)
+            let views = (&[true, true][..], &[0, 0][..]);
+            self.peers[t].sleeping(&mut self.pools[t], &mut self.backlog, views, &self.ports)
         }
         fn woken(&self, t: usize) -> bool {
             self.wakes[t].read().is_ok()
@@ -266,14 +270,14 @@ mod tests {
         let mut p = pair();
         assert!(p.sleeping(1));
         let pkt = p.pools[0].alloc().unwrap();
-        p.peers[0].send(1, pkt).unwrap();
+        p.peers[0].send(1, 0, pkt).unwrap();
         assert!(!p.woken(1), "woken at the round end, not per frame");
         p.peers[0].flush(&mut p.pools[0]);
         assert!(p.woken(1));
         // Awake: no more eventfd writes.
         p.peers[1].awake();
         let pkt = p.pools[0].alloc().unwrap();
-        p.peers[0].send(1, pkt).unwrap();
+        p.peers[0].send(1, 0, pkt).unwrap();
         p.peers[0].flush(&mut p.pools[0]);
         assert!(!p.woken(1));
     }
@@ -283,7 +287,7 @@ mod tests {
         let mut p = pair();
         // Sent (and flushed) while thread 1 ran: no wake-up ...
         let pkt = p.pools[0].alloc().unwrap();
-        p.peers[0].send(1, pkt).unwrap();
+        p.peers[0].send(1, 0, pkt).unwrap();
         p.peers[0].flush(&mut p.pools[0]);
         assert!(!p.woken(1));
         // ... so its look after raising the flag must find it.
@@ -309,5 +313,21 @@ mod tests {
         assert!(!p.sleeping(1));
         assert_eq!(p.pools[1].available(), 4);
         assert!(p.sleeping(1));
+    }
+
+    /// A frame switched for an earlier session of its VF (a tenant that has
+    /// gone since) is dropped on arrival, never queued for the next one.
+    #[test]
+    fn a_frame_for_an_earlier_session_of_its_vf_is_dropped() {
+        let mut p = pair();
+        for session in [6, 7] {
+            let pkt = p.pools[0].alloc().unwrap();
+            p.peers[0].send(1, session, pkt).unwrap();
+        }
+        let views = (&[true, true][..], &[0, 7][..]);
+        let n = p.peers[1].receive(&mut p.pools[1], &mut p.backlog, views, &p.ports);
+        assert_eq!(n, 2);
+        assert_eq!(p.backlog[1].len(), 1, "only the current session's frame");
+        assert_eq!(p.ports[1].counters.snapshot().rx_drops, 1);
     }
 }

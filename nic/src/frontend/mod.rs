@@ -200,6 +200,40 @@ impl VuFrontend {
         Ok(old)
     }
 
+    /// Misbehaves on purpose, as a guest that changes a queue after
+    /// DRIVER_OK would if its VMM relayed it: with both rings started, asks
+    /// to move queue `q`'s rings by `by` bytes (still inside the memory) and
+    /// to halve its size, without stopping it first.
+    pub fn move_started_ring(&mut self, q: usize, by: u64) -> Result<(), FrontendError> {
+        let sock = self.socket.clone();
+        let err = |what| {
+            let socket = sock.clone();
+            move |source| FrontendError::Vhost {
+                socket,
+                what,
+                source,
+            }
+        };
+        let area = self.mem.base as u64 + q as u64 * RING_AREA + by;
+        self.fe
+            .set_vring_addr(
+                q,
+                &VringConfigData {
+                    queue_max_size: QSIZE,
+                    queue_size: QSIZE,
+                    flags: 0,
+                    desc_table_addr: area,
+                    avail_ring_addr: area + 0x1000,
+                    used_ring_addr: area + 0x2000,
+                    log_addr: None,
+                },
+            )
+            .map_err(err("SET_VRING_ADDR"))?;
+        self.fe
+            .set_vring_num(q, QSIZE / 2)
+            .map_err(err("SET_VRING_NUM"))
+    }
+
     pub fn ptr(&self, gpa: u64, len: usize) -> *mut u8 {
         assert!(
             gpa as usize + len <= self.mem.size,

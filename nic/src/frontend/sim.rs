@@ -56,6 +56,11 @@ impl SimFrontend {
         Ok(old)
     }
 
+    /// See [`VuFrontend::move_started_ring`].
+    pub fn move_started_ring(&mut self, q: usize, by: u64) -> Result<(), FrontendError> {
+        self.vu.move_started_ring(q, by)
+    }
+
     /// Disconnects (as a killed VMM) and keeps the memory.
     pub fn into_memory(self) -> FrontendMemory {
         self.vu.mem

@@ -18,7 +18,7 @@ use trace::TraceEvent;
 
 use crate::leaks::{self, LeakReport};
 use crate::rootfs::{LayerMode, RootfsSpec};
-use crate::runtime::Runtime;
+use crate::runtime::{NicRestarts, Runtime};
 use crate::sandbox::{RootfsCost, Sandbox, SandboxFailure, SandboxSpec};
 use crate::stats::{self, GroupStats};
 use crate::variant::{NetKind, Variant};
@@ -117,6 +117,21 @@ fn prepare_variant(
     Ok(())
 }
 
+/// Says when the NIC daemon died during a round and was restarted (or
+/// could not be); false if a restart failed.
+fn log_nic_restarts(nic: &NicRestarts, log: &mut dyn FnMut(&str)) -> bool {
+    if nic.restarts > 0 {
+        log(&format!(
+            "  the NIC daemon died and was restarted {} time(s) during the round",
+            nic.restarts
+        ));
+    }
+    for e in &nic.errors {
+        log(&format!("  NIC daemon restart failed: {e}"));
+    }
+    nic.errors.is_empty()
+}
+
 /// The uncounted warm-up round of `n` × `v` (sandbox ids `w<n><tag>`: the
 /// concurrency and the run's tag are in them, so ids of sweep levels and
 /// runs never collide in the trace). False if it left something behind.
@@ -134,6 +149,7 @@ fn warm_up(
     for f in &w.failures {
         log(&format!("  warm-up failure: {f}"));
     }
+    log_nic_restarts(&w.nic, log);
     let lc = leaks::check(rt, Duration::from_secs(5));
     if !lc.is_clean() {
         log(&format!("  after warm-up: {}", lc.describe()));
@@ -253,6 +269,7 @@ pub fn run(
             for e in &r.teardown_errors {
                 log(&format!("  teardown: {e}"));
             }
+            clean &= log_nic_restarts(&r.nic, log);
             let lc = leaks::check(rt, Duration::from_secs(5));
             log(&format!("  {}", lc.describe()));
             clean &= lc.is_clean() && r.teardown_errors.is_empty();

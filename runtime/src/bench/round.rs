@@ -24,6 +24,9 @@ pub struct Round {
     pub cpu: Option<crate::cpuacct::CpuPerSandbox>,
     /// `pre*` variants: what the idle zeroer did before the round.
     pub prezero: Option<PrezeroWait>,
+    /// The NIC daemon found dead and restarted during the round (as `bench
+    /// chaos` does): its sandboxes' VMMs reconnect instead of all failing.
+    pub nic: NicRestarts,
 }
 
 /// Parameters shared by every sandbox of a round.
@@ -47,8 +50,11 @@ pub struct RoundSpec {
 }
 
 /// Starts `n` sandboxes at once (a barrier), waits until every one is ready
-/// (or failed), then tears them all down.
+/// (or failed), then tears them all down; the NIC daemon is restarted if it
+/// dies meanwhile (or died since the last round).
 pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &RoundSpec) -> Round {
+    let mut nic = NicRestarts::default();
+    nic.add(rt.restart_nic_if_gone());
     let ids: Vec<String> = (0..n)
         .map(|i| {
             format!(
@@ -125,6 +131,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
         if barrier.wait().is_leader() {
             issue.fetch_min(trace::monotonic_ns(), Ordering::Relaxed);
         }
+        rt.keep_nic_up_while(&mut nic, || handles.iter().any(|h| !h.is_finished()));
         handles
             .into_iter()
             .zip(&ids)
@@ -173,6 +180,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
             nicd0.map(|a| nicd1.into_inner().saturating_sub(a)),
         ),
         prezero: None,
+        nic,
     }
 }
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::canary::{self, Sighting};
 use crate::leaks::{self, LeakReport};
-use crate::runtime::Runtime;
+use crate::runtime::{NicRestarts, Runtime};
 use crate::sandbox::{Sandbox, SandboxSpec};
 use crate::variant::Variant;
 use crate::{cgroup, Error, RuntimeConfig};
@@ -71,8 +71,8 @@ pub fn worker_main(a: &ChaosWorkerConfig) -> Result<(), Error> {
     let rt = Runtime::new(RuntimeConfig {
         bin: a.burstvm_bin.clone(),
         trace_path: None,
-        // A killed tenant's VF stays closed until no VF of the PF is open:
-        // later tenants need VFs of their own.
+        // One VF per tenant: a killed tenant's VF is reset at its close, but
+        // freed only by its teardown's DEL, which a killed NIC daemon delays.
         vfs: (a.concurrency * a.tenants).clamp(1, nic::MAX_VFS),
         network: true,
         cgroup_pool: 0,
@@ -138,7 +138,7 @@ fn run_round(
         ..SandboxSpec::new(id, a.variant, a.memory_bytes, a.timeout)
     };
     let start = Barrier::new(n);
-    let mut nic_restarts = 0;
+    let mut nic = NicRestarts::default();
     let mut failures = Vec::new();
     let tenants: Vec<Tenant> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
@@ -187,14 +187,7 @@ fn run_round(
             })
             .collect();
         // The NIC daemon is restarted when killed (a fault of the round).
-        while handles.iter().any(|h| !h.is_finished()) {
-            match rt.restart_nic_if_dead() {
-                Ok(true) => nic_restarts += 1,
-                Ok(false) => {}
-                Err(e) => failures.push(format!("NIC restart: {e}")),
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        rt.keep_nic_up_while(&mut nic, || handles.iter().any(|h| !h.is_finished()));
         handles
             .into_iter()
             .flat_map(|h| h.join().unwrap_or_default())
@@ -208,9 +201,8 @@ fn run_round(
         }
     };
     // Restarts between the last slot and the check count too.
-    if let Ok(true) = rt.restart_nic_if_dead() {
-        nic_restarts += 1;
-    }
+    rt.keep_nic_up_while(&mut nic, || false);
+    failures.extend(nic.errors.iter().map(|e| format!("NIC restart: {e}")));
     for t in &tenants {
         known.insert(canary::canary(&t.id), t.id.clone());
     }
@@ -220,7 +212,7 @@ fn run_round(
         ready: tenants.iter().filter(|t| t.ready).count(),
         failed: tenants.iter().filter(|t| t.failure.is_some()).count(),
         canary_frames_sent: sent,
-        nic_restarts,
+        nic_restarts: nic.restarts,
         ..Default::default()
     };
     for t in &tenants {

@@ -17,10 +17,12 @@ mod stages;
 mod stale;
 
 pub use cniconf::{cni_path, PF};
+pub use nic::{NicRestarts, NIC_WATCH_PERIOD};
 pub use signals::{install_sigint_handler, sigint_received};
 pub use stages::{expected_stages, expected_stages_with};
 pub use stale::{
-    cgroup_pool_of, reap_stale, sandbox_prefix_of, server_netns_of, state_dir_of, STATE_ROOT,
+    cgroup_pool_of, reap_stale, sandbox_prefix_of, server_netns_of, state_dir_of, RUNTIME_LOCK,
+    STATE_ROOT,
 };
 
 use std::path::{Path, PathBuf};
@@ -44,6 +46,13 @@ pub enum RuntimeError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    /// Another live process holds the state directory's lock (its pid is in the error).
+    #[error("runtime state directory {} belongs to another runtime", .path.display())]
+    StateDirOwned {
+        path: PathBuf,
+        #[source]
+        source: procutil::LockError,
     },
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
@@ -134,21 +143,26 @@ pub struct Runtime {
     layers: Option<(::rootfs::WritableLayers, String)>,
     /// Ready VF attachments (`RuntimeConfig::net_pool`), once the NIC daemon runs.
     net_pool: Mutex<Option<crate::netpool::NetPool>>,
+    /// Locks of other directories this runtime owns while it lives (the
+    /// services directory it exported, `host::export`).
+    dir_locks: Mutex<Vec<procutil::DirLock>>,
+    /// `RUNTIME_LOCK` in the state directory: this runtime is alive (the
+    /// reapers of later runtimes look at it, `stale`). Dropped last.
+    _lock: procutil::DirLock,
 }
 
 impl Runtime {
     pub fn new(cfg: RuntimeConfig) -> Result<Runtime, RuntimeError> {
         let tag = stale::unique_tag();
-        let state_dir = state_dir_of(&tag);
-        std::fs::create_dir_all(&state_dir).map_err(state_err(&state_dir))?;
-        let trace_path = cfg
-            .trace_path
-            .clone()
-            .unwrap_or_else(|| state_dir.join("trace.jsonl"));
         let layout = Layout::detect()?;
         for r in reap_stale(&layout) {
             tracing::warn!("removed what a dead runtime left: {r}");
         }
+        let (state_dir, lock) = stale::claim_state_dir(&tag)?;
+        let trace_path = cfg
+            .trace_path
+            .clone()
+            .unwrap_or_else(|| state_dir.join("trace.jsonl"));
         let mut rt = Runtime {
             tag: tag.clone(),
             trace_path,
@@ -165,6 +179,8 @@ impl Runtime {
             net_pool: Mutex::new(None),
             state_dir,
             cfg,
+            dir_locks: Mutex::new(Vec::new()),
+            _lock: lock,
         };
         // From here on, a failure drops `rt`, which removes what was made.
         rt.layout.ensure_parents()?;
@@ -224,6 +240,23 @@ impl Runtime {
 
     pub fn tag(&self) -> &str {
         &self.tag
+    }
+
+    /// Keeps `lock` (a directory this runtime owns) until the runtime drops.
+    pub fn hold_dir_lock(&self, lock: procutil::DirLock) {
+        self.dir_locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(lock);
+    }
+
+    /// Whether this runtime holds the lock file `path` (`hold_dir_lock`).
+    pub fn holds_dir_lock(&self, path: &Path) -> bool {
+        self.dir_locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|l| l.path() == path)
     }
 
     pub fn bin(&self) -> &Path {

@@ -6,11 +6,34 @@
 
 use std::path::PathBuf;
 use std::sync::MutexGuard;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{Runtime, RuntimeError};
 use crate::nicd::NicDaemon;
 use crate::variant::Variant;
+
+/// How often `keep_nic_up_while` looks at the NIC daemon.
+pub const NIC_WATCH_PERIOD: Duration = Duration::from_millis(100);
+
+/// NIC daemon restarts while sandboxes ran (`Runtime::keep_nic_up_while`).
+#[derive(Debug, Default)]
+pub struct NicRestarts {
+    /// Times the daemon was found dead and started again.
+    pub restarts: usize,
+    /// Restarts that failed.
+    pub errors: Vec<RuntimeError>,
+}
+
+impl NicRestarts {
+    /// Counts the outcome of one `restart_nic_if_*`.
+    pub fn add(&mut self, r: Result<bool, RuntimeError>) {
+        match r {
+            Ok(true) => self.restarts += 1,
+            Ok(false) => {}
+            Err(e) => self.errors.push(e),
+        }
+    }
+}
 
 impl Runtime {
     /// The NIC daemon's slot (a panicked holder left it consistent: every
@@ -67,16 +90,50 @@ impl Runtime {
     /// chaos` does, from outside). Returns whether it did. The daemon lives
     /// as long as the runtime (its own keeper thread), whichever thread calls.
     pub fn restart_nic_if_dead(&self) -> Result<bool, RuntimeError> {
+        self.restart_nic_if(|n, _| n.exited())
+    }
+
+    /// As `restart_nic_if_dead`, also for a daemon killed a moment ago whose
+    /// exit is not visible yet (its control socket refuses connections):
+    /// before sandboxes are released on it (`bench startup`'s rounds).
+    pub fn restart_nic_if_gone(&self) -> Result<bool, RuntimeError> {
+        self.restart_nic_if(|n, control| n.exited_or_exiting(control))
+    }
+
+    fn restart_nic_if(
+        &self,
+        gone: impl FnOnce(&mut NicDaemon, &std::path::Path) -> bool,
+    ) -> Result<bool, RuntimeError> {
+        let control = self.nic_socket();
         let mut nic = self.nic();
         let Some(n) = nic.as_mut() else {
             return Ok(false);
         };
-        if !n.exited() {
+        if !gone(n, &control) {
             return Ok(false);
         }
         let lock = n.lock;
         self.respawn_nic(&mut nic, lock)?;
         Ok(true)
+    }
+
+    /// Keeps the NIC daemon up while `busy()` holds (sandboxes are being
+    /// started or run): checks every `NIC_WATCH_PERIOD`, restarts a daemon
+    /// that died (`restart_nic_if_dead`) on its state directory, and checks
+    /// once more when `busy()` turns false. Sandboxes whose VMMs were running
+    /// reconnect to the restarted daemon, so one crash does not fail every
+    /// sandbox in flight. Restarts and failed restarts go into `out`. The one
+    /// watch loop of `bench chaos` and `bench startup`.
+    pub fn keep_nic_up_while(&self, out: &mut NicRestarts, busy: impl Fn() -> bool) {
+        loop {
+            // Sampled first: a death just before `busy()` turned false is still seen.
+            let more = busy();
+            out.add(self.restart_nic_if_dead());
+            if !more {
+                return;
+            }
+            std::thread::sleep(NIC_WATCH_PERIOD);
+        }
     }
 
     /// The one way the NIC daemon is started again: on its state directory

@@ -1,14 +1,23 @@
-//! The names a runtime derives from its tag, and the reaping of what dead
-//! runtimes left. A tag is unique per process and names its pid, so that a
-//! later runtime can tell a dead owner's netns, cgroups and state directory
-//! (SIGKILLed, it could not remove them) from a live one's.
+//! The names a runtime derives from its tag, its claim on its state
+//! directory, and the reaping of what dead runtimes left. A live runtime
+//! holds the lock `RUNTIME_LOCK` in its state directory (`procutil::DirLock`,
+//! with its pid in it) for its whole life; the kernel drops it when the
+//! process dies. So a later runtime tells a dead owner's netns, cgroups and
+//! state directory (SIGKILLed, it could not remove them) from a live one's by
+//! that lock, not by its pid: a pid may belong to another process by then,
+//! or to a zombie nobody reaped.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use netutil::netns;
+use procutil::{DirLock, LockError};
 
+use super::RuntimeError;
 use crate::cgroup::Layout;
+
+/// The lock file a live runtime holds in its state directory.
+pub const RUNTIME_LOCK: &str = "runtime.lock";
 
 /// Every runtime's state directory is `rt-<tag>` under this.
 pub const STATE_ROOT: &str = "/run/burstvm";
@@ -38,9 +47,47 @@ fn tag_pid(tag: &str) -> Option<u32> {
     u64::from_str_radix(tag, 36).ok().map(|n| (n / 64) as u32)
 }
 
+/// Makes the state directory of `tag` and takes its `RUNTIME_LOCK`, held
+/// as long as the returned lock lives. A directory another live process
+/// holds is refused, naming its pid.
+pub(super) fn claim_state_dir(tag: &str) -> Result<(PathBuf, DirLock), RuntimeError> {
+    let dir = state_dir_of(tag);
+    std::fs::create_dir_all(&dir).map_err(|source| RuntimeError::StateDir {
+        path: dir.clone(),
+        source,
+    })?;
+    match DirLock::acquire(&dir, RUNTIME_LOCK) {
+        Ok(lock) => Ok((dir, lock)),
+        Err(source) => Err(RuntimeError::StateDirOwned { path: dir, source }),
+    }
+}
+
+/// Whether the runtime of the state directory `dir` (tag `tag`) is dead;
+/// if so, its lock is returned, held while its leftovers are reaped.
+fn dead_owner(dir: &Path, tag: &str) -> Option<Option<DirLock>> {
+    match DirLock::take_over(dir, RUNTIME_LOCK) {
+        // The pid was written under the lock, which is ours now: its writer is gone.
+        Ok(Some(lock)) if lock.previous_pid().is_some() => Some(Some(lock)),
+        // Empty: a runtime between making the directory and writing its pid.
+        Ok(Some(_)) => None,
+        // Made before runtimes held a lock (or a runtime that has not taken
+        // it yet): only its tag's pid can tell, and it is still running then.
+        Ok(None) => {
+            let pid = tag_pid(tag)?;
+            (!Path::new(&format!("/proc/{pid}")).exists()).then_some(None)
+        }
+        Err(LockError::Held { .. }) => None,
+        Err(e) => {
+            tracing::warn!("stale runtime state {}: {e}", dir.display());
+            None
+        }
+    }
+}
+
 /// Removes what runtimes that died without cleaning up (SIGKILL) left:
 /// their sandboxes' netns and cgroups, their server netns and state dir.
-/// A runtime counts as dead when the pid in its tag no longer exists.
+/// A runtime counts as dead when nobody holds the lock in its state
+/// directory (see the module comment).
 pub fn reap_stale(layout: &Layout) -> Vec<String> {
     let mut reaped = Vec::new();
     let Ok(rd) = std::fs::read_dir(STATE_ROOT) else {
@@ -51,10 +98,9 @@ pub fn reap_stale(layout: &Layout) -> Vec<String> {
         let Some(tag) = name.strip_prefix("rt-") else {
             continue;
         };
-        let Some(pid) = tag_pid(tag) else { continue };
-        if Path::new(&format!("/proc/{pid}")).exists() {
+        let Some(_lock) = dead_owner(&e.path(), tag) else {
             continue;
-        }
+        };
         let prefixes = [
             sandbox_prefix_of(tag),
             server_netns_of(tag),
@@ -90,9 +136,13 @@ pub(super) fn unique_tag() -> String {
     // pid plus a per-process counter, base 36, short enough for interface names.
     use std::sync::atomic::AtomicU32;
     static N: AtomicU32 = AtomicU32::new(0);
-    let n = (std::process::id() as u64) * 64 + (N.fetch_add(1, Ordering::Relaxed) % 64) as u64;
+    tag_of(std::process::id(), N.fetch_add(1, Ordering::Relaxed) % 64)
+}
+
+/// The tag of `pid`'s runtime number `k` (< 64), base 36.
+fn tag_of(pid: u32, k: u32) -> String {
     let mut s = String::new();
-    let mut x = n;
+    let mut x = pid as u64 * 64 + k as u64;
     loop {
         s.insert(0, char::from_digit((x % 36) as u32, 36).unwrap());
         x /= 36;
@@ -115,5 +165,67 @@ mod tests {
         assert!(a.len() <= 11, "{a}: fits interface names");
         assert_eq!(tag_pid(&a), Some(std::process::id()));
         assert_eq!(tag_pid("not a tag!"), None);
+    }
+
+    /// A runtime's state directory has one owner: a second claim is refused
+    /// naming the holder's pid, and a live owner's directory is never reaped.
+    /// Once the owner is gone, a successor claims it at once. (Root: /run/burstvm.)
+    #[test]
+    fn a_state_directory_has_one_owner() {
+        let tag = unique_tag();
+        let (dir, lock) = claim_state_dir(&tag).unwrap();
+        let e = claim_state_dir(&tag).unwrap_err();
+        assert!(
+            matches!(&e, RuntimeError::StateDirOwned { source, .. }
+                if source.holder_pid() == Some(std::process::id())),
+            "{e:?}"
+        );
+        let chain = format!("{e}: {}", std::error::Error::source(&e).unwrap());
+        assert!(
+            chain.contains(&format!("pid {}", std::process::id())),
+            "{chain}"
+        );
+        let reaped = reap_stale(&Layout::detect().unwrap());
+        assert!(
+            dir.exists(),
+            "a live owner's directory was reaped: {reaped:?}"
+        );
+        drop(lock);
+        let (_, again) = claim_state_dir(&tag).unwrap();
+        drop(again);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A runtime killed with its state, netns and lock file left, whose pid
+    /// now belongs to another live process (here our own `sleep`): its lock
+    /// is free, so everything it left is reaped. (Root: netns, /run/burstvm.)
+    #[test]
+    fn a_dead_runtime_whose_pid_lives_on_is_reaped() {
+        let mut other = testutil::ChildGuard(
+            std::process::Command::new("sleep")
+                .arg("600")
+                .spawn()
+                .unwrap(),
+        );
+        let pid = other.0.id();
+        let tag = tag_of(pid, 63);
+        let dir = state_dir_of(&tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(RUNTIME_LOCK), format!("{pid}\n")).unwrap();
+        std::fs::write(dir.join("trace.jsonl"), "").unwrap();
+        let ns = format!("{}t", sandbox_prefix_of(&tag));
+        std::mem::forget(netutil::NamedNetns::create(&ns).unwrap());
+        let reaped = reap_stale(&Layout::detect().unwrap());
+        let left = (dir.exists(), netns::list(&ns));
+        if left.0 || !left.1.is_empty() {
+            let _ = netns::delete_path(&netns::named_path(&ns));
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        assert_eq!(left, (false, vec![]), "not reaped: {reaped:?}");
+        assert!(reaped.contains(&format!("netns {ns}")), "{reaped:?}");
+        assert!(
+            other.0.try_wait().unwrap().is_none(),
+            "the other process is untouched"
+        );
     }
 }

@@ -19,6 +19,18 @@ pub use worker::WorkerError;
 
 pub use mmio::MmioTransport;
 
+/// Counts one hostile or failed case of a guest and logs it: at warn on its
+/// 1st, 2nd, 4th, 8th, ... occurrence, at debug otherwise, so that a flood
+/// cannot flood the log (the transport's and vsock's counters).
+pub(crate) fn note(counter: &std::sync::atomic::AtomicU64, what: std::fmt::Arguments<'_>) {
+    let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
+    if n.is_power_of_two() {
+        tracing::warn!("{what} (occurrence {n})");
+    } else {
+        tracing::debug!("{what}");
+    }
+}
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 

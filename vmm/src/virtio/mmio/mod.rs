@@ -4,6 +4,7 @@
 //! [`VirtioDevice`]. Everything the guest writes is untrusted: bad values are
 //! ignored or turn into DEVICE_NEEDS_RESET, never into a panic.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use virtio_bindings::virtio_config::{
@@ -64,6 +65,9 @@ pub struct MmioTransport<D: VirtioDevice> {
     queue_sel: u32,
     queues: Vec<Queue>,
     active: bool,
+    /// Queue registers the guest wrote after DRIVER_OK (ignored: the device
+    /// runs on the queues it was given; counted and logged as hostile).
+    late_queue_writes: AtomicU64,
 }
 
 impl<D: VirtioDevice> MmioTransport<D> {
@@ -85,7 +89,14 @@ impl<D: VirtioDevice> MmioTransport<D> {
             queue_sel: 0,
             queues,
             active: false,
+            late_queue_writes: AtomicU64::new(0),
         }
+    }
+
+    /// Queue registers written after DRIVER_OK (a queue moved, resized or
+    /// readied while the device runs on it), all ignored.
+    pub fn late_queue_writes(&self) -> u64 {
+        self.late_queue_writes.load(Ordering::Relaxed)
     }
 
     pub fn device(&self) -> &D {
@@ -147,6 +158,29 @@ impl<D: VirtioDevice> MmioTransport<D> {
     }
 
     fn write_reg(&mut self, offset: u64, v: u32) {
+        let queue_reg = matches!(
+            offset,
+            QUEUE_NUM
+                | QUEUE_READY
+                | QUEUE_DESC_LOW
+                | QUEUE_DESC_HIGH
+                | QUEUE_DRIVER_LOW
+                | QUEUE_DRIVER_HIGH
+                | QUEUE_DEVICE_LOW
+                | QUEUE_DEVICE_HIGH
+        );
+        if queue_reg && self.has(VIRTIO_CONFIG_S_DRIVER_OK) {
+            // The device (or the NIC behind a VF) runs on the queue as it was
+            // at DRIVER_OK; the driver must reset the device to change it.
+            super::note(
+                &self.late_queue_writes,
+                format_args!(
+                    "virtio-mmio {:#x}: queue {} register {offset:#x} written after DRIVER_OK, ignored",
+                    self.base, self.queue_sel
+                ),
+            );
+            return;
+        }
         let features_writable =
             self.has(VIRTIO_CONFIG_S_DRIVER) && !self.has(VIRTIO_CONFIG_S_FEATURES_OK);
         let queue_writable = self.queue_writable();

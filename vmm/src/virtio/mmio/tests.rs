@@ -218,6 +218,41 @@ fn queue_setup_and_activation() {
     assert_eq!(queues[1], (true, 4, 0x4000, 0x4400, 0x4800));
 }
 
+/// A guest that moves, resizes or readies a queue after DRIVER_OK: each
+/// write is counted and ignored, the device keeps the queue it was given.
+#[test]
+fn queue_registers_written_after_driver_ok_are_counted_and_ignored() {
+    let (mut t, log, _) = transport();
+    negotiate(&mut t, FEATURES);
+    setup_queue(&mut t, 0, 8, 0x1000);
+    let running = ACK_DRIVER | VIRTIO_CONFIG_S_FEATURES_OK | VIRTIO_CONFIG_S_DRIVER_OK;
+    w(&mut t, STATUS, running);
+    assert_eq!(t.late_queue_writes(), 0);
+    w(&mut t, QUEUE_SEL, 0);
+    w(&mut t, QUEUE_DESC_LOW, 0x8000);
+    w(&mut t, QUEUE_DRIVER_LOW, 0x8400);
+    w(&mut t, QUEUE_NUM, 4);
+    w(&mut t, QUEUE_SEL, 1);
+    w(&mut t, QUEUE_READY, 1);
+    assert_eq!(t.late_queue_writes(), 4);
+    assert_eq!(r(&mut t, STATUS), running, "the device runs on");
+    assert_eq!(
+        (
+            t.queues[0].desc_table(),
+            t.queues[0].avail_ring(),
+            t.queues[0].size()
+        ),
+        (0x1000, 0x1400, 8)
+    );
+    assert_eq!(r(&mut t, QUEUE_READY), 0, "queue 1 stays unready");
+    assert_eq!(log.lock().unwrap().activated.len(), 1);
+    // After a reset the driver may set queues up again: not counted.
+    w(&mut t, STATUS, 0);
+    negotiate(&mut t, FEATURES);
+    setup_queue(&mut t, 0, 8, 0x2000);
+    assert_eq!(t.late_queue_writes(), 4);
+}
+
 #[test]
 fn invalid_queue_size_is_ignored() {
     let (mut t, _, _) = transport();

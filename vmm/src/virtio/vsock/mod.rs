@@ -173,15 +173,7 @@ impl VsockCounters {
     }
 }
 
-/// Counts one hostile or failed case and logs it (warn on a power-of-two count).
-pub(crate) fn note(counter: &AtomicU64, what: std::fmt::Arguments<'_>) {
-    let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
-    if n.is_power_of_two() {
-        tracing::warn!("{what} (occurrence {n})");
-    } else {
-        tracing::debug!("{what}");
-    }
-}
+pub(crate) use crate::virtio::note;
 
 /// Epoll tokens of the worker.
 const TOKEN_RX: u64 = 0;
