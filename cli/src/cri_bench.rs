@@ -55,7 +55,7 @@ struct Summary {
 }
 
 /// Busy CPU time of the whole host (all CPUs), ms, from /proc/stat.
-fn host_cpu_ms() -> f64 {
+pub(crate) fn host_cpu_ms() -> f64 {
     let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let f: Vec<u64> = s
         .lines()
@@ -72,7 +72,7 @@ fn host_cpu_ms() -> f64 {
     busy as f64 * 1000.0 / hz
 }
 
-fn avg(v: &[u64]) -> f64 {
+pub(crate) fn avg(v: &[u64]) -> f64 {
     if v.is_empty() {
         0.0
     } else {
@@ -80,7 +80,7 @@ fn avg(v: &[u64]) -> f64 {
     }
 }
 
-fn p99(v: &[u64]) -> f64 {
+pub(crate) fn p99(v: &[u64]) -> f64 {
     stats::percentile(v, 0.99) as f64 / 1e6
 }
 
@@ -93,13 +93,20 @@ fn find_plugin(bin: &Path, name: &str) -> Result<PathBuf> {
         .ok_or_else(|| anyhow!("CNI plugin {name} not found (scripts/setup.sh installs it)"))
 }
 
-struct CriSetup {
-    dir: PathBuf,
-    trace: PathBuf,
-    containerd: shim::containerd::Containerd,
+pub(crate) struct CriSetup {
+    pub dir: PathBuf,
+    pub trace: PathBuf,
+    pub containerd: shim::containerd::Containerd,
 }
 
-fn setup(rt: &Runtime, a: &BenchStartupConfig, memory: u64) -> Result<CriSetup> {
+/// A private containerd with the burstvm shim attached to `rt`; `linux`:
+/// fields that make the shim config the Linux guest's (kernel, agent, ...).
+pub(crate) fn setup(
+    rt: &Runtime,
+    a: &BenchStartupConfig,
+    memory: u64,
+    linux: Option<serde_json::Value>,
+) -> Result<CriSetup> {
     let pause = a.images.join("pause.tar");
     if !pause.is_file() {
         bail!(
@@ -139,6 +146,16 @@ fn setup(rt: &Runtime, a: &BenchStartupConfig, memory: u64) -> Result<CriSetup> 
         Some(&trace),
     )
     .with_context(|| shim_config.display().to_string())?;
+    if let Some(extra) = linux {
+        let mut v: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(&shim_config).with_context(|| shim_config.display().to_string())?,
+        )?;
+        for (k, x) in extra.as_object().into_iter().flatten() {
+            v[k] = x.clone();
+        }
+        std::fs::write(&shim_config, serde_json::to_vec_pretty(&v)?)
+            .with_context(|| shim_config.display().to_string())?;
+    }
     let _ = info;
     let containerd = shim::containerd::Containerd::start(shim::containerd::ContainerdConfig {
         dir: dir.join("containerd"),
@@ -157,7 +174,7 @@ fn setup(rt: &Runtime, a: &BenchStartupConfig, memory: u64) -> Result<CriSetup> 
 }
 
 /// What a CRI round left after StopPodSandbox/RemovePodSandbox (waits up to 15 s).
-fn cri_leftovers(rt: &Runtime, s: &CriSetup, sandboxes: &[String]) -> Vec<String> {
+pub(crate) fn cri_leftovers(rt: &Runtime, s: &CriSetup, sandboxes: &[String]) -> Vec<String> {
     let layout = runtime::cgroup::Layout::detect().ok();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -273,7 +290,7 @@ pub fn run(a: &BenchStartupConfig) -> Result<()> {
     runtime::runtime::install_sigint_handler();
     let (rt, plan) = runtime::bench_setup(a)?;
     std::fs::create_dir_all(&plan.out).with_context(|| plan.out.display().to_string())?;
-    let s = setup(&rt, a, plan.spec.memory_bytes)?;
+    let s = setup(&rt, a, plan.spec.memory_bytes, None)?;
     let client = CriClient::connect(s.containerd.socket(), Duration::from_secs(a.timeout + 60))?;
     let mut groups = Vec::new();
     let mut paths = Vec::new();

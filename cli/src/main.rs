@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod cmd;
 mod cri;
 mod cri_bench;
+mod cri_image_bench;
 mod memory_bench;
 mod pool;
 mod rootfs_build;
@@ -148,6 +149,12 @@ fn main() -> std::process::ExitCode {
             Ok(status) => return std::process::ExitCode::from(status),
             Err(e) => Err(e.context("burstvm cri")),
         },
+        Command::Bench(BenchCommand::Startup(a))
+            if a.via == runtime::Via::Cri && a.image.is_some() =>
+        {
+            cri_image_bench::run(&a.into_config())
+                .context("burstvm bench startup --via cri --image")
+        }
         Command::Bench(BenchCommand::Startup(a)) if a.via == runtime::Via::Cri => {
             cri_bench::run(&a.into_config()).context("burstvm bench startup --via cri")
         }

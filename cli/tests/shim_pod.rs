@@ -13,9 +13,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use guest_common::{agent, kernel};
-use shim_common::{Fixture, BURSTVM};
+use shim_common::{derive_image, Fixture, BURSTVM};
 
 const BUSYBOX: &str = "burstvm.local/busybox:1";
+/// Derived from busybox: the same layers, its entrypoint prints $GREETING.
+const GREETER: &str = "burstvm.local/greeter:1";
 
 /// `burstvm cri ARGS` against the fixture's containerd: (success, stdout, stderr).
 fn cri(f: &Fixture, args: &[&str]) -> (bool, String, String) {
@@ -61,16 +63,25 @@ fn state(f: &Fixture, id: &str) -> serde_json::Value {
 }
 
 #[test]
-fn a_pod_runs_two_containers_of_two_images_with_logs_exec_and_its_vf() {
+fn a_pod_runs_containers_of_two_images_with_logs_exec_a_terminal_and_its_vf() {
     let f = Fixture::new("pod", 4);
     // The CRI runtime's ConfigPath is the fixture's shim.json: make it the
     // Linux guest's (read at every Create).
     let linux = f.write_linux_config(&kernel(), &agent(), "fastiov", "128M");
-    std::fs::copy(&linux, &f.shim_config).unwrap();
-    for tar in ["pause.tar", "busybox.tar"] {
-        f.containerd
-            .import("k8s.io", &f.dir.join("images").join(tar))
-            .unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&linux).unwrap()).unwrap();
+    cfg["pod_slots"] = 2.into();
+    std::fs::write(&f.shim_config, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    // A second image: busybox's layers, an entrypoint of its own.
+    let images = f.dir.join("images");
+    derive_image(
+        &images.join("busybox.tar"),
+        &images.join("greeter.tar"),
+        GREETER,
+        &["sh", "-c", "echo $GREETING; cat /tmp/mine 2>&1; exit 3"],
+    );
+    for tar in ["pause.tar", "busybox.tar", "greeter.tar"] {
+        f.containerd.import("k8s.io", &images.join(tar)).unwrap();
     }
     let logs = f.dir.join("pod-logs");
     let pod = ok(
@@ -79,7 +90,7 @@ fn a_pod_runs_two_containers_of_two_images_with_logs_exec_and_its_vf() {
     );
     let sb = shim::sandbox_id("k8s.io", &pod);
 
-    // Both of the busybox image (built once, checked below), each its own root.
+    // c1 of busybox, c2 of the derived image (its entrypoint), each its own root.
     let c1 = ok(
         &f,
         &[
@@ -99,15 +110,11 @@ fn a_pod_runs_two_containers_of_two_images_with_logs_exec_and_its_vf() {
         &[
             "create",
             &pod,
-            BUSYBOX,
+            GREETER,
             "--name",
             "c2",
             "--env",
             "GREETING=hi-from-c2",
-            "--",
-            "sh",
-            "-c",
-            "echo $GREETING; cat /tmp/mine 2>&1; exit 3",
         ],
     );
     ok(&f, &["start", &c1]);
@@ -147,15 +154,25 @@ fn a_pod_runs_two_containers_of_two_images_with_logs_exec_and_its_vf() {
     let (okx, out, err) = cri(&f, &["exec", &c1, "--", "sh", "-c", &fetch]);
     assert!(okx && out.trim() == N.to_string(), "{out} {err}");
 
-    // One EROFS file for both containers of the image (built once).
+    // One EROFS file per tree: the derived image has busybox's layers, so
+    // both containers' images are one file, built once.
     let erofs = std::fs::read_dir(f.image_cache())
         .unwrap()
         .filter_map(|e| e.ok())
         .filter(|e| e.path().extension().is_some_and(|x| x == "erofs"))
         .count();
-    assert_eq!(erofs, 2, "pause and busybox images, each built once");
+    assert_eq!(erofs, 2, "pause's tree and busybox's, each built once");
 
-    // A third container after c2 is removed takes c2's slot again.
+    // Two slots, both held (c1 runs, c2 exited but is not removed): a third
+    // container cannot start, and says why.
+    let full = ok(
+        &f,
+        &["create", &pod, BUSYBOX, "--name", "full", "--", "true"],
+    );
+    let (started, _, err) = cri(&f, &["start", &full]);
+    assert!(!started && err.contains("no free disk slot"), "{err}");
+    ok(&f, &["rm", &full]);
+    // After c2 is removed, c3 takes its slot again.
     ok(&f, &["rm", &c2]);
     let c3 = ok(
         &f,
@@ -165,14 +182,20 @@ fn a_pod_runs_two_containers_of_two_images_with_logs_exec_and_its_vf() {
             BUSYBOX,
             "--name",
             "c3",
+            "--tty",
             "--",
             "sh",
             "-c",
-            "echo c3-here",
+            "tty; echo c3-here",
         ],
     );
     ok(&f, &["start", &c3]);
-    assert!(wait_log(&f, &c3, "c3-here").contains("c3-here"));
+    // Its main process has a terminal of its own.
+    let out = wait_log(&f, &c3, "c3-here");
+    assert!(
+        out.contains("/dev/pts/") && out.contains("c3-here"),
+        "{out}"
+    );
 
     ok(&f, &["stop", &c1]);
     assert_eq!(state(&f, &c1)["state"], 2);

@@ -177,7 +177,7 @@ impl RootfsConfig {
     }
 
     /// The image cache's directory (the guest agent's initramfs is kept there too).
-    pub(crate) fn image_cache_dir(&self) -> PathBuf {
+    pub fn image_cache_dir(&self) -> PathBuf {
         self.image_cache().dir().to_path_buf()
     }
 
@@ -251,6 +251,13 @@ pub struct BenchStartupConfig {
     pub via: Via,
     /// With `--via cri`: the directory with pause.tar made by scripts/build-images.sh.
     pub images: PathBuf,
+    /// With `--via cri`: containers of this image (`<images>/<image>.tar`)
+    /// in Linux-guest pods, beside `burstvm run`'s path (docs/shim.md).
+    pub image: Option<String>,
+    /// The condensed Linux kernel for `image`.
+    pub kernel: Option<PathBuf>,
+    /// The static guest agent for `image` (default: as `burstvm run` finds it).
+    pub agent: Option<PathBuf>,
 }
 
 /// How `bench startup` creates sandboxes.

@@ -323,6 +323,18 @@ pub struct BenchStartupArgs {
     /// With `--via cri`: the directory with pause.tar made by scripts/build-images.sh.
     #[arg(long, default_value = "bench-images")]
     pub images: PathBuf,
+    /// With `--via cri`: run a container of `<images>/<IMAGE>.tar` (e.g.
+    /// busybox) in each Linux-guest pod and time RunPodSandbox +
+    /// CreateContainer + StartContainer to its first output line, beside
+    /// the same container started directly (`burstvm run`'s path).
+    #[arg(long, requires = "kernel")]
+    pub image: Option<String>,
+    /// The condensed Linux kernel for `--image` (scripts/build-guest-kernel.sh).
+    #[arg(long, requires = "image")]
+    pub kernel: Option<PathBuf>,
+    /// The static guest agent for `--image` (default: as `burstvm run` finds it).
+    #[arg(long, requires = "image")]
+    pub agent: Option<PathBuf>,
 }
 
 impl BenchStartupArgs {
@@ -344,6 +356,9 @@ impl BenchStartupArgs {
             burstvm_bin: self.burstvm_bin,
             via: self.via,
             images: self.images,
+            image: self.image,
+            kernel: self.kernel,
+            agent: self.agent,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! crictl itself cannot be installed here (docs/shim.md).
 
 mod client;
-mod container;
+pub mod container;
 mod exec;
 mod logs;
 mod pod;

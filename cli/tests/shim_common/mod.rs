@@ -238,6 +238,28 @@ impl Fixture {
         for m in shim::containerd::mounts_under(&self.containerd.bundle(&self.ns, "")) {
             left.push(format!("mount {}", m.display()));
         }
+        // CRI's stdio FIFOs (containerd's io directories) and images held open.
+        left.extend(
+            fifos_under(self.containerd.dir())
+                .into_iter()
+                .map(|p| format!("FIFO {}", p.display())),
+        );
+        left.extend(open_under(&self.image_cache()));
+        // A loop device on a file of the fixture (an image or layer mounted by the shim).
+        let dir = self.dir.to_string_lossy().into_owned();
+        if let Ok(rd) = std::fs::read_dir("/sys/block") {
+            for e in rd.flatten() {
+                let b =
+                    std::fs::read_to_string(e.path().join("loop/backing_file")).unwrap_or_default();
+                if b.starts_with(&dir) {
+                    left.push(format!(
+                        "loop device {:?} on {}",
+                        e.file_name(),
+                        b.trim_end()
+                    ));
+                }
+            }
+        }
         // A Linux guest's state directory (its files, the writable layers' mount).
         for sb in sandboxes {
             let d = Path::new(shim::service::STATE_ROOT).join(format!("shim-{sb}"));
@@ -290,4 +312,115 @@ impl Drop for Fixture {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// FIFOs under `dir` (recursively; symbolic links not followed).
+fn fifos_under(dir: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => todo.push(e.path()),
+                Ok(t) if t.is_fifo() => found.push(e.path()),
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+/// Processes other than this one holding a file under `dir` open.
+fn open_under(dir: &Path) -> Vec<String> {
+    let me = std::process::id().to_string();
+    let mut left = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return left;
+    };
+    for p in procs.flatten() {
+        let pid = p.file_name().to_string_lossy().into_owned();
+        if pid == me || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(target) = std::fs::read_link(fd.path()) {
+                if target.starts_with(dir) {
+                    left.push(format!("pid {pid} holds {} open", target.display()));
+                }
+            }
+        }
+    }
+    left
+}
+
+fn sha256(path: &Path) -> String {
+    let o = Command::new("sha256sum").arg(path).output().unwrap();
+    assert!(o.status.success());
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// Runs `cmd`; panics unless it succeeds.
+pub fn run_ok(cmd: &mut Command) {
+    let st = cmd.status().unwrap();
+    assert!(st.success(), "{cmd:?}: {st}");
+}
+
+/// The OCI archive `src` (one manifest) again as `dst`, named `name`, its
+/// config's Entrypoint `entrypoint` and no Cmd.
+pub fn derive_image(src: &Path, dst: &Path, name: &str, entrypoint: &[&str]) {
+    let d = dst.with_extension("d");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    run_ok(Command::new("tar").arg("-xf").arg(src).arg("-C").arg(&d));
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    let blob = |digest: &serde_json::Value| {
+        d.join("blobs/sha256")
+            .join(digest.as_str().unwrap().trim_start_matches("sha256:"))
+    };
+    // Writes a blob; returns its descriptor's digest and size.
+    let put = |v: &serde_json::Value| {
+        let tmp = d.join("blob.tmp");
+        let bytes = serde_json::to_vec(v).unwrap();
+        std::fs::write(&tmp, &bytes).unwrap();
+        let digest = sha256(&tmp);
+        std::fs::rename(&tmp, d.join("blobs/sha256").join(&digest)).unwrap();
+        (format!("sha256:{digest}"), bytes.len())
+    };
+    let mut index = read(&d.join("index.json"));
+    let mut manifest = read(&blob(&index["manifests"][0]["digest"]));
+    let mut config = read(&blob(&manifest["config"]["digest"]));
+    config["config"]["Entrypoint"] = serde_json::json!(entrypoint);
+    config["config"].as_object_mut().unwrap().remove("Cmd");
+    let (digest, size) = put(&config);
+    manifest["config"]["digest"] = digest.into();
+    manifest["config"]["size"] = size.into();
+    let (digest, size) = put(&manifest);
+    let m = &mut index["manifests"][0];
+    m["digest"] = digest.into();
+    m["size"] = size.into();
+    m["annotations"]["io.containerd.image.name"] = name.into();
+    m["annotations"]["org.opencontainers.image.ref.name"] = name.rsplit(':').next().unwrap().into();
+    std::fs::write(d.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
+    run_ok(
+        Command::new("tar")
+            .arg("-cf")
+            .arg(dst)
+            .arg("-C")
+            .arg(&d)
+            .arg("."),
+    );
+    std::fs::remove_dir_all(&d).unwrap();
 }
