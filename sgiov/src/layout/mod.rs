@@ -289,9 +289,13 @@ impl ErrorCode {
 // padding (checked by the size assertions below), so every byte pattern is a
 // valid value.
 unsafe impl ByteValued for AreaHeader {}
+// SAFETY: as above.
 unsafe impl ByteValued for FifoCtl {}
+// SAFETY: as above.
 unsafe impl ByteValued for RingDesc {}
+// SAFETY: as above.
 unsafe impl ByteValued for CtrlMsg {}
+// SAFETY: as above.
 unsafe impl ByteValued for SetupCmd {}
 
 const _: () = assert!(std::mem::size_of::<AreaHeader>() == 128);
