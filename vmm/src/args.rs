@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use netutil::MacAddr;
 
-use crate::bus::{DiskSpec, NetBackend, VfInit};
+use crate::devspec::{DiskSpec, NetBackend, VfInit};
 use crate::error::Error;
 
 pub use crate::config::{BootSource, NetConfig, TemplateMode, VmConfig};
@@ -17,7 +17,7 @@ pub use crate::config::{BootSource, NetConfig, TemplateMode, VmConfig};
 /// [`VmConfig::from_params`] validates it, as Cloud Hypervisor's `VmParams`.
 /// Each field is parsed (by the `pub` parsers below, which name the flag in
 /// their errors); what needs several fields or the host is checked there.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VmParams {
     /// Sandbox id (at most 63 bytes); names trace lines and seeds the app payload.
     pub sandbox: String,

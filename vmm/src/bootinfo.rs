@@ -189,7 +189,7 @@ impl BootInfo {
             let n = f.len().min(ROOTFS_FILE_MAX - 1);
             bi.rootfs_file[..n].copy_from_slice(&f.as_bytes()[..n]);
         }
-        if cfg.vf_init == crate::bus::VfInit::Async {
+        if cfg.vf_init == crate::devspec::VfInit::Async {
             bi.flags |= BI_ASYNC_VF_INIT;
         }
         if !cfg.probe.is_empty() {

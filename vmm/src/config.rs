@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use netutil::MacAddr;
 
 use crate::args::{invalid, AgentMode, SgXf, VmParams, SG_MAX_BYTES, SG_MAX_PIPES};
-use crate::bus::{DiskSpec, NetBackend, VfInit, VsockSpec};
+use crate::devspec::{DiskSpec, NetBackend, VfInit, VsockSpec};
 use crate::error::Error;
 use crate::layout;
 

@@ -11,10 +11,12 @@ mod builder;
 pub mod bus;
 mod config;
 mod devices;
+pub mod devspec;
 mod error;
 mod events;
 #[doc(hidden)]
 pub mod fuzz;
+mod launch;
 mod layout;
 mod linux;
 mod mptable;
@@ -32,7 +34,8 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 
 pub use args::{AgentMode, SgXf, VmConfig, VmParams};
-pub use bus::{BusDevice, DeviceContext, NetBackend, VfInit};
+pub use bus::{BusDevice, DeviceContext};
+pub use devspec::{DiskSpec, NetBackend, VfInit, VsockSpec};
 pub use error::{Error, GuestFailure};
 
 use events::VmEvent;

@@ -118,7 +118,7 @@ fn devices_of(cfg: &VmConfig) -> Vec<DevEntry> {
         .net
         .iter()
         .map(|n| match n {
-            crate::bus::NetBackend::Sg(_) => sgiov::layout::VIRTIO_DEVICE_ID,
+            crate::devspec::NetBackend::Sg(_) => sgiov::layout::VIRTIO_DEVICE_ID,
             _ => VIRTIO_ID_NET,
         })
         .chain(cfg.disks.iter().map(|_| VIRTIO_ID_BLOCK))
@@ -425,7 +425,7 @@ mod tests {
             dma_image: false,
             pool_socket: None,
             hugepages: false,
-            vf_init: crate::bus::VfInit::Sync,
+            vf_init: crate::devspec::VfInit::Sync,
             vf_reconnect: 30,
             agent_mode: crate::args::AgentMode::Once,
             sg_pipes: 64,

@@ -38,7 +38,8 @@ use kvm_ioctls::{IoEventAddress, VmFd};
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
-use crate::bus::{BusDevice, DeviceContext, DiskSpec, NetBackend, VsockSpec};
+use crate::bus::{BusDevice, DeviceContext};
+use crate::devspec::{DiskSpec, NetBackend, VsockSpec};
 
 /// Size of one virtio-mmio device window.
 pub const MMIO_SIZE: u64 = 0x1000;
@@ -376,7 +377,7 @@ pub(crate) mod tests {
 
     use super::mmio::*;
     use super::*;
-    use crate::bus::VfInit;
+    use crate::devspec::VfInit;
 
     pub(crate) fn ctx(dma: bool) -> DeviceContext {
         let vm = Kvm::new().unwrap().create_vm().unwrap();

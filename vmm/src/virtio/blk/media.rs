@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::Disk;
-use crate::bus::DiskSpec;
+use crate::devspec::DiskSpec;
 use crate::virtio::{Interrupt, VirtioError, INT_CONFIG};
 
 /// The disk a device serves now, and the config generation that counts changes.

@@ -31,7 +31,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::chain::{self, PrepareWrite, Split};
 use super::worker::Worker;
 use super::{Interrupt, VirtioError, QUEUE_MAX_SIZE};
-use crate::bus::DiskSpec;
+use crate::devspec::DiskSpec;
 
 mod device;
 mod media;

@@ -55,7 +55,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::net::{net_config, read_config_bytes, NET_FEATURES};
 use super::{Interrupt, VirtioDevice, VirtioError, QUEUE_MAX_SIZE};
-use crate::bus::{DeviceContext, VfInit};
+use crate::bus::DeviceContext;
+use crate::devspec::VfInit;
 
 /// A NIC that does not answer within this time is treated as failed.
 const SOCKET_TIMEOUT: Duration = Duration::from_secs(60);

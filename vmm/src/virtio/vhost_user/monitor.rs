@@ -11,7 +11,7 @@ use trace::{monotonic_ns, Stage};
 use virtio_queue::QueueT;
 
 use super::{borrow, Session, Vf, BACKOFF_FIRST, BACKOFF_MAX, MAX_RESTORE_FAILURES};
-use crate::bus::VfInit;
+use crate::devspec::VfInit;
 use crate::virtio::VirtioError;
 
 impl Vf {
