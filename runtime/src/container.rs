@@ -66,26 +66,23 @@ pub fn initramfs(agent: &Path, cache: &Path) -> Result<PathBuf, Error> {
     Ok(out)
 }
 
-/// The guest's network as the agent configures it (from the VMM's
-/// `--ip CIDR` and `--gateway IP` arguments of the sandbox's attachment).
+/// The guest's network as the agent configures it (the VMM's `ip` and
+/// `gateway` of the sandbox's attachment).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentNet {
-    pub cidr: String,
-    pub gateway: Option<String>,
+    pub ip: std::net::Ipv4Addr,
+    pub prefix_len: u32,
+    pub gateway: Option<std::net::Ipv4Addr>,
 }
 
 impl AgentNet {
-    /// Reads `--ip` and `--gateway` from the VMM's network arguments.
-    pub fn from_vmm_args(args: &[String]) -> Option<AgentNet> {
-        let value = |flag: &str| {
-            args.iter()
-                .position(|a| a == flag)
-                .and_then(|i| args.get(i + 1))
-                .cloned()
-        };
+    /// The address and gateway of the VMM's parameters, if it has an address.
+    pub fn from_params(vm: &vmm::VmParams) -> Option<AgentNet> {
+        let (ip, mask) = vm.ip?;
         Some(AgentNet {
-            cidr: value("--ip")?,
-            gateway: value("--gateway"),
+            ip,
+            prefix_len: u32::from(mask).leading_ones(),
+            gateway: vm.gateway,
         })
     }
 }
@@ -103,7 +100,7 @@ pub fn agent_cmdline(net: Option<&AgentNet>, hostname: &str, pod: bool) -> Strin
         s.push_str(" burstvm_pod=1");
     }
     if let Some(n) = net {
-        s.push_str(&format!(" burstvm_net={}", n.cidr));
+        s.push_str(&format!(" burstvm_net={}/{}", n.ip, n.prefix_len));
         if let Some(gw) = &n.gateway {
             s.push_str(&format!(" burstvm_gw={gw}"));
         }
@@ -428,15 +425,16 @@ mod tests {
 
     #[test]
     fn the_command_line_configures_the_agent() {
-        let net = AgentNet::from_vmm_args(&[
-            "--net".into(),
-            "vf:/x".into(),
-            "--ip".into(),
-            "10.1.0.5/24".into(),
-            "--gateway".into(),
-            "10.1.0.1".into(),
-        ])
-        .unwrap();
+        let vm = vmm::VmParams {
+            net: vec!["vf:/x".parse().unwrap()],
+            ip: Some((
+                "10.1.0.5".parse().unwrap(),
+                "255.255.255.0".parse().unwrap(),
+            )),
+            gateway: Some("10.1.0.1".parse().unwrap()),
+            ..vmm::VmParams::new("sb")
+        };
+        let net = AgentNet::from_params(&vm).unwrap();
         let s = agent_cmdline(Some(&net), "bvm_run.no-net", false);
         assert!(s.contains("rdinit=/init"), "{s}");
         assert!(s.contains("burstvm_ro=/dev/vda burstvm_rw=/dev/vdb"), "{s}");
@@ -446,7 +444,7 @@ mod tests {
         );
         // A host name is letters, digits and dashes.
         assert!(s.ends_with("burstvm_hostname=bvmrunno-net"), "{s}");
-        assert!(AgentNet::from_vmm_args(&["--net".into()]).is_none());
+        assert!(AgentNet::from_params(&vmm::VmParams::new("sb")).is_none());
         assert!(!agent_cmdline(None, "a", false).contains("burstvm_net"));
         assert!(!s.contains("burstvm_pod"));
         assert!(agent_cmdline(None, "a", true).contains(" burstvm_pod=1"));

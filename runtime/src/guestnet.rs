@@ -24,6 +24,14 @@ pub struct GuestLink {
     pub gateway: Option<Ipv4Addr>,
 }
 
+impl GuestLink {
+    /// The netmask of `prefix_len`.
+    pub fn netmask(&self) -> Ipv4Addr {
+        let bits = u32::from(self.prefix_len.min(32));
+        Ipv4Addr::from(u32::MAX.checked_shl(32 - bits).unwrap_or(0))
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum GuestNetError {
     /// Names the netns and the interface itself.

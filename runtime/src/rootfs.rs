@@ -158,27 +158,23 @@ pub fn prepare(
     })
 }
 
-/// `burstvm vmm` arguments for the image and the layer. The image is the
+/// The VMM's parameters for the image and the layer. The image is the
 /// first disk (Linux's /dev/vda), the writable layer the next (/dev/vdb).
-pub fn vmm_args(spec: &RootfsSpec, layer: &Path) -> Vec<String> {
-    let mut a = Vec::new();
+pub fn vm_params(spec: &RootfsSpec, layer: &Path, vm: &mut vmm::VmParams) {
     match spec.image_mode {
-        ImageMode::Blk => {
-            a.push("--disk".into());
-            a.push(format!("path={},ro,id=rootfs", spec.image.path.display()));
-        }
-        ImageMode::Pmem => {
-            a.push("--rootfs-pmem".into());
-            a.push(spec.image.path.display().to_string());
-        }
+        ImageMode::Blk => vm.disk.push(vmm::DiskSpec {
+            read_only: true,
+            id: Some("rootfs".into()),
+            ..vmm::DiskSpec::file(&spec.image.path)
+        }),
+        ImageMode::Pmem => vm.rootfs_pmem = Some(spec.image.path.clone()),
     }
-    a.push("--disk".into());
-    a.push(format!("path={},unlink,id=rw", layer.display()));
-    if let Some((f, sum)) = &spec.check {
-        a.push("--rootfs-check".into());
-        a.push(format!("{f}={sum:08x}"));
-    }
-    a
+    vm.disk.push(vmm::DiskSpec {
+        unlink: true,
+        id: Some("rw".into()),
+        ..vmm::DiskSpec::file(layer)
+    });
+    vm.rootfs_check = spec.check.clone();
 }
 
 /// The Linux command line for a kernel with this rootfs (the VMM adds the
@@ -218,6 +214,15 @@ mod tests {
 
     #[test]
     fn vmm_args_name_both_layers_and_the_check() {
+        // The rootfs's part of the VMM's command line, as the launch contract renders it.
+        let vmm_args = |s: &RootfsSpec, layer: &Path| -> Vec<String> {
+            let mut vm = vmm::VmParams::new("sb");
+            vm_params(s, layer, &mut vm);
+            vm.to_args()[2..]
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
         let s = RootfsSpec::new(image(), None, ImageMode::Blk, LayerMode::Reflink).unwrap();
         assert_eq!(s.check, Some(("/bin/app".into(), 0xabc)));
         assert_eq!(s.guest_bytes(), 0);

@@ -224,4 +224,21 @@ mod tests {
             assert_eq!(v.to_string().parse::<VfInit>().unwrap(), v);
         }
     }
+
+    #[test]
+    fn net_backend_parses() {
+        assert_eq!("tap:tap0".parse(), Ok(NetBackend::Tap("tap0".into())));
+        assert_eq!(
+            "vf:/run/x.sock".parse(),
+            Ok(NetBackend::VhostUser("/run/x.sock".into()))
+        );
+        assert_eq!(
+            "sg:/run/pf0-sg0.sock".parse(),
+            Ok(NetBackend::Sg("/run/pf0-sg0.sock".into()))
+        );
+        assert!("sg:".parse::<NetBackend>().is_err());
+        assert!("tap:".parse::<NetBackend>().is_err());
+        assert!("tap:averyveryverylongname".parse::<NetBackend>().is_err());
+        assert!("eth0".parse::<NetBackend>().is_err());
+    }
 }

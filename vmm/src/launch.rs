@@ -81,10 +81,11 @@ impl VmParams {
         for n in &self.net {
             a.val("--net", n);
         }
+        // The image before the disks, as the rootfs gives them (image, layer).
+        a.path("--rootfs-pmem", &self.rootfs_pmem);
         for disk in &self.disk {
             a.val("--disk", disk);
         }
-        a.path("--rootfs-pmem", &self.rootfs_pmem);
         a.path("--vsock", &self.vsock);
         if self.vsock_cid != d.vsock_cid {
             a.val("--vsock-cid", self.vsock_cid);

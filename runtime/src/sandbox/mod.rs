@@ -134,7 +134,8 @@ impl<'rt> Sandbox<'rt> {
         // A pooled cgroup has run other sandboxes: count from here.
         let vmm0 = sb.cgroup.as_ref().and_then(|c| c.cpu_usage_ns());
         let policy = sb.spec.variant.policy();
-        let mut net_args: Vec<String> = Vec::new();
+        // The VMM's parameters, filled by the stages (the launch contract).
+        let mut vm = vmm::VmParams::new(sb.spec.id.clone());
         // The network pool holds VF attachments only (docs/runtime.md).
         if policy.net == NetKind::Vf
             && sb.spec.net_pool
@@ -143,7 +144,8 @@ impl<'rt> Sandbox<'rt> {
         {
             let start = trace::monotonic_ns();
             if let Some(p) = sb.rt.claim_net() {
-                net_args = sb.attach_pooled(p).map_err(|e| sb.failed("net-claim", e))?;
+                sb.attach_pooled(p, &mut vm)
+                    .map_err(|e| sb.failed("net-claim", e))?;
                 sb.trace
                     .record(Stage::NetClaim, start, trace::monotonic_ns())
                     .map_err(|e| sb.failed("net-claim", e.into()))?;
@@ -159,17 +161,11 @@ impl<'rt> Sandbox<'rt> {
             NetKind::None => {}
             NetKind::Vf if sb.pooled_id.is_some() => {}
             // The engine ran CNI ADD: only the VF attach is ours (no stage of its own).
-            NetKind::Vf if sb.attach.netns.is_some() => {
-                net_args = sb.attach_given_vf().map_err(|e| sb.failed("cni-add", e))?
-            }
-            NetKind::Vf => sb.stage(Stage::CniAdd, |sb| {
-                net_args = sb.cni_add_vf()?;
-                Ok(())
-            })?,
-            NetKind::Tap => sb.stage(Stage::CniAdd, |sb| {
-                net_args = sb.tap_add()?;
-                Ok(())
-            })?,
+            NetKind::Vf if sb.attach.netns.is_some() => sb
+                .attach_given_vf(&mut vm)
+                .map_err(|e| sb.failed("cni-add", e))?,
+            NetKind::Vf => sb.stage(Stage::CniAdd, |sb| sb.cni_add_vf(&mut vm))?,
+            NetKind::Tap => sb.stage(Stage::CniAdd, |sb| sb.tap_add(&mut vm))?,
         }
         if let Some(r) = sb.spec.rootfs.clone() {
             sb.stage(Stage::Rootfs, |sb| {
@@ -178,7 +174,7 @@ impl<'rt> Sandbox<'rt> {
                     .writable_layers()
                     .ok_or("this runtime was created without writable layers")?;
                 let p = crate::rootfs::prepare(layers, &sb.spec.id, r.layer_mode)?;
-                net_args.extend(crate::rootfs::vmm_args(&r, p.layer.path()));
+                crate::rootfs::vm_params(&r, p.layer.path(), &mut vm);
                 sb.rootfs_cost = Some(RootfsCost {
                     wall_ns: p.wall_ns,
                     cpu_ns: p.cpu_ns,
@@ -192,7 +188,7 @@ impl<'rt> Sandbox<'rt> {
             spawn::pipe().map_err(|e| fail("vmm-spawn", format!("ready pipe: {e}").into()))?;
         // `vmm-spawn` is recorded by the VMM itself, from the instant passed in
         // BURSTVM_SPAWN_NS to its memory being set up.
-        sb.spawn_vmm(&net_args, ready_w)
+        sb.spawn_vmm(vm, ready_w)
             .map_err(|e| sb.failed("vmm-spawn", e))?;
         sb.wait_ready(ready_r)?;
         let vmm1 = sb.cgroup.as_ref().and_then(|c| c.cpu_usage_ns());

@@ -6,7 +6,10 @@
 //! entry exists, so teardown deletes exactly what was added. `cni_added` /
 //! `tap_added` are set before the ADD runs: a half-done ADD is undone by DEL.
 
+use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
+
+use vmm::{NetBackend, VmParams};
 
 use super::{Sandbox, StageError};
 use crate::guestnet::GuestLink;
@@ -33,7 +36,7 @@ impl<'rt> Sandbox<'rt> {
     }
 
     /// After the engine's CNI ADD: the placeholder link in its netns names the VF.
-    pub(super) fn attach_given_vf(&mut self) -> Result<Vec<String>, StageError> {
+    pub(super) fn attach_given_vf(&mut self, vm: &mut VmParams) -> Result<(), StageError> {
         if let Some(cni) = self.rt.cni() {
             cni.require_vf("an engine-made attachment (the shim's attach path)")?;
         }
@@ -48,7 +51,7 @@ impl<'rt> Sandbox<'rt> {
             kind: nic::control::DevKind::Vf,
         };
         let link = crate::guestnet::read_link(&ns, IFNAME, &att)?;
-        self.attach_vf(None, &link)
+        self.attach_vf(None, &link, vm)
     }
 
     /// A pooled attachment (CNI ADD done while idle): the sandbox owns its
@@ -56,15 +59,16 @@ impl<'rt> Sandbox<'rt> {
     pub(super) fn attach_pooled(
         &mut self,
         p: crate::netpool::Pooled,
-    ) -> Result<Vec<String>, StageError> {
+        vm: &mut VmParams,
+    ) -> Result<(), StageError> {
         self.netns = Some(p.netns);
         self.pooled_id = Some(p.id);
         self.cni_added = true;
-        self.attach_vf(p.vf_socket, &p.link)
+        self.attach_vf(p.vf_socket, &p.link, vm)
     }
 
     /// CNI ADD through burstvm-cni; the placeholder link gives VF, MAC and IP.
-    pub(super) fn cni_add_vf(&mut self) -> Result<Vec<String>, StageError> {
+    pub(super) fn cni_add_vf(&mut self, vm: &mut VmParams) -> Result<(), StageError> {
         let ns = self
             .netns
             .as_ref()
@@ -84,23 +88,24 @@ impl<'rt> Sandbox<'rt> {
                 .vf_socket
                 .ok_or("the CNI result's SG function has no socketPath")?;
             self.sg = true;
-            return Ok(vec!["--net".into(), format!("sg:{}", socket.display())]);
+            vm.net.push(NetBackend::Sg(socket));
+            return Ok(());
         }
         let link = crate::guestnet::read_link(&ns, IFNAME, &att)?;
-        self.attach_vf(att.vf_socket.clone(), &link)
+        self.attach_vf(att.vf_socket.clone(), &link, vm)
     }
 
     /// Software CNI baseline, as Kata runs it: CNI ADD of the reference
     /// `bridge` plugin (executed as an engine executes it), then the VMM's
     /// tap joined to its veth by tc (`guestnet::tap_join`).
-    pub(super) fn tap_add(&mut self) -> Result<Vec<String>, StageError> {
+    pub(super) fn tap_add(&mut self, vm: &mut VmParams) -> Result<(), StageError> {
         let cni = self.rt.tap_cni()?;
         let ns = self.netns.as_ref().expect("netns stage ran");
         // Marked before the call: a half-done ADD is undone by DEL too.
         self.tap_added = true;
         let att = cni.add(&self.spec.id, ns.path(), IFNAME)?;
         let link = crate::guestnet::tap_join(&self.spec.id, ns.netns(), &att)?;
-        self.attach_link(format!("tap:{}", crate::runtime::TAP_IF), &link)
+        self.attach_link(NetBackend::Tap(crate::runtime::TAP_IF.into()), &link, vm)
     }
 
     /// A VF link: its vhost-user socket (from the CNI result, else asked from
@@ -109,42 +114,33 @@ impl<'rt> Sandbox<'rt> {
         &mut self,
         socket: Option<PathBuf>,
         link: &GuestLink,
-    ) -> Result<Vec<String>, StageError> {
+        vm: &mut VmParams,
+    ) -> Result<(), StageError> {
         let socket = match socket {
             Some(s) => s,
             None => self.rt.vf_socket(&link.vf_id)?,
         };
-        self.attach_link(format!("vf:{}", socket.display()), link)
+        self.attach_link(NetBackend::VhostUser(socket), link, vm)
     }
 
     /// The guest's address and its neighbour entry on the server; the VMM's
-    /// network arguments for `backend`.
+    /// network parameters for `backend`.
     fn attach_link(
         &mut self,
-        backend: String,
+        backend: NetBackend,
         link: &GuestLink,
-    ) -> Result<Vec<String>, StageError> {
+        vm: &mut VmParams,
+    ) -> Result<(), StageError> {
         self.guest_ip = Some(link.ip);
         self.rt.add_neighbor(link.ip, link.mac)?;
         self.neighbor = Some(link.ip);
-        Ok(self.net_args(backend, link))
-    }
-
-    fn net_args(&self, backend: String, link: &GuestLink) -> Vec<String> {
         let a = self.rt.addressing();
-        vec![
-            "--net".into(),
-            backend,
-            "--mac".into(),
-            link.mac.to_string(),
-            "--ip".into(),
-            format!("{}/{}", link.ip, link.prefix_len),
-            "--gateway".into(),
-            link.gateway.unwrap_or(a.server_ip).to_string(),
-            "--server".into(),
-            format!("{}:{}", a.server_ip, crate::uplink::ECHO_PORT),
-            "--server-mac".into(),
-            a.server_mac.to_string(),
-        ]
+        vm.net.push(backend);
+        vm.mac = Some(link.mac);
+        vm.ip = Some((link.ip, link.netmask()));
+        vm.gateway = Some(link.gateway.unwrap_or(a.server_ip));
+        vm.server = Some(SocketAddrV4::new(a.server_ip, crate::uplink::ECHO_PORT));
+        vm.server_mac = Some(a.server_mac);
+        Ok(())
     }
 }

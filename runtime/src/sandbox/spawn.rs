@@ -19,7 +19,7 @@ use crate::cgroup;
 impl Sandbox<'_> {
     pub(super) fn spawn_vmm(
         &mut self,
-        net_args: &[String],
+        mut vm: vmm::VmParams,
         ready_w: OwnedFd,
     ) -> Result<(), StageError> {
         let policy = self.spec.variant.policy();
@@ -31,78 +31,75 @@ impl Sandbox<'_> {
             .expect("cgroup stage ran")
             .open_procs()?;
         let stderr = File::create(&self.files.stderr).map_err(file_err(&self.files.stderr))?;
-        let mut cmd = crate::vmmproc::command(self.rt.bin());
-        cmd.args(["--sandbox", &self.spec.id])
-            .args(["--memory", &format!("{}K", self.spec.memory_bytes >> 10)])
-            .args(["--memory-policy", policy.memory_policy])
-            .args(["--dma-ram", &policy.dma_ram.to_string()])
-            .args(["--dma-image", &policy.dma_image.to_string()])
-            .args(["--timeout", &self.spec.timeout_secs.to_string()])
-            .arg("--trace")
-            .arg(self.rt.trace_path())
-            .args(["--ready-fd", &ready_w.as_raw_fd().to_string()])
-            .args(net_args);
+        vm.memory = self.spec.memory_bytes;
+        vm.memory_policy = policy.memory_policy.parse::<guestmem::MemoryPolicy>()?;
+        vm.dma_ram = policy.dma_ram;
+        vm.dma_image = policy.dma_image;
+        vm.timeout = self.spec.timeout_secs;
+        vm.trace = Some(self.rt.trace_path().to_path_buf());
+        vm.ready_fd = Some(ready_w.as_raw_fd());
         if let Some(vi) = policy.vf_init {
-            cmd.args(["--vf-init", vi]);
+            vm.vf_init = vi.parse().map_err(StageError::from)?;
         }
         if let Some(k) = &self.spec.kernel {
-            cmd.arg("--kernel").arg(k);
+            vm.kernel = Some(k.clone());
             match &self.spec.agent_initrd {
                 Some(initrd) => {
-                    let net = crate::container::AgentNet::from_vmm_args(net_args);
+                    let net = crate::container::AgentNet::from_params(&vm);
                     let pod = self.spec.pod_slots.is_some();
-                    let cmdline = crate::container::agent_cmdline(net.as_ref(), &self.spec.id, pod);
-                    cmd.arg("--initrd").arg(initrd);
-                    cmd.args(["--cmdline", &cmdline]);
-                    cmd.arg("--vsock").arg(&self.files.vsock);
+                    vm.cmdline = Some(crate::container::agent_cmdline(
+                        net.as_ref(),
+                        &self.spec.id,
+                        pod,
+                    ));
+                    vm.initrd = Some(initrd.clone());
+                    vm.vsock = Some(self.files.vsock.clone());
                     if let Some(n) = self.spec.pod_slots {
-                        // After the rootfs disks (in net_args): vda and vdb stay theirs.
+                        // After the rootfs disks: vda and vdb stay theirs.
                         for i in 0..n {
-                            let slot = super::spec::pod_slot(i);
-                            cmd.args(["--disk", &format!("empty,ro,id={slot}")]);
+                            vm.disk
+                                .push(vmm::DiskSpec::empty_slot(super::spec::pod_slot(i), true));
                         }
-                        cmd.arg("--api").arg(&self.files.api);
+                        vm.api = Some(self.files.api.clone());
                     }
                 }
-                None => {
-                    cmd.args(["--cmdline", &crate::rootfs::linux_cmdline()]);
-                }
+                None => vm.cmdline = Some(crate::rootfs::linux_cmdline()),
             }
-            cmd.arg("--serial-log").arg(&self.files.console);
+            vm.serial_log = Some(self.files.console.clone());
         }
-        if let Some(t) = &self.spec.template {
-            cmd.arg("--template").arg(t);
-        }
-        if let Some(sock) = self.rt.pool_socket() {
-            cmd.arg("--pool-socket").arg(sock);
-        }
+        vm.template = self.spec.template.clone();
+        vm.pool_socket = self.rt.pool_socket().map(Into::into);
         match &self.attach.app_file {
-            Some(app) => cmd.arg("--app-file").arg(app),
-            None => cmd.args(["--app-size", &self.spec.app_size.to_string()]),
+            Some(app) => vm.app_file = Some(app.clone()),
+            None => vm.app_size = self.spec.app_size,
         };
         if self.attach.until_exit {
-            cmd.arg("--until-exit");
+            vm.until_exit = true;
         } else if self.spec.keep_running {
-            cmd.arg("--keep-running");
+            vm.keep_running = true;
         }
         let stdout = match (self.attach.stdout.take(), &self.files.stdout) {
             (Some(fd), _) => Stdio::from(fd),
             (None, Some(p)) => {
-                let list: Vec<String> = self.spec.probe.iter().map(|a| format!("{a:#x}")).collect();
-                cmd.args(["--probe", &list.join(",")]);
+                vm.probe = self.spec.probe.clone();
                 Stdio::from(File::create(p).map_err(file_err(p))?)
             }
             (None, None) => Stdio::null(),
         };
         if self.sg {
             let sg = self.spec.sg.unwrap_or_default();
-            let mode = if self.spec.echo { "sg-echo" } else { "sg" };
-            cmd.args(["--agent-mode", mode])
-                .args(["--sg-pipes", &sg.pipes.to_string()])
-                .args(["--sg-bytes", &sg.bytes.to_string()]);
+            vm.agent_mode = if self.spec.echo {
+                vmm::AgentMode::SgEcho
+            } else {
+                vmm::AgentMode::Sg
+            };
+            vm.sg_pipes = sg.pipes;
+            vm.sg_bytes = sg.bytes;
         } else if self.spec.echo {
-            cmd.args(["--agent-mode", "echo"]);
+            vm.agent_mode = vmm::AgentMode::Echo;
         }
+        let mut cmd = crate::vmmproc::command(self.rt.bin());
+        cmd.args(vm.to_args());
         cmd.env("RUST_BACKTRACE", "0")
             .env("NO_COLOR", "1")
             .env("RUST_LIB_BACKTRACE", "0")
