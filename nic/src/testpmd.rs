@@ -82,11 +82,28 @@ fn write_nr(n: u64) -> Result<(), TestpmdError> {
 impl Hugepages {
     /// Adds `pages` to the pool (needs root); fails, leaving the pool as it
     /// was, if the kernel cannot find that much contiguous memory.
+    /// A host that has run for a while has its free memory in pieces: on a
+    /// shortfall the kernel compacts memory, then also drops clean page
+    /// cache, and the reservation is tried again after each.
     pub fn reserve(pages: u64) -> Result<Hugepages, TestpmdError> {
         let before = read_nr()?;
         let want = before + pages;
         write_nr(want)?;
-        let got = read_nr()?;
+        let mut got = read_nr()?;
+        for (file, value) in [
+            ("/proc/sys/vm/compact_memory", "1"),
+            ("/proc/sys/vm/drop_caches", "1"),
+        ] {
+            if got >= want {
+                break;
+            }
+            if let Err(e) = std::fs::write(file, value) {
+                tracing::warn!("{file} := {value}: {e}");
+            }
+            let _ = std::fs::write("/proc/sys/vm/compact_memory", "1");
+            write_nr(want)?;
+            got = read_nr()?;
+        }
         if got < want {
             let _ = write_nr(before);
             return Err(TestpmdError::Hugepages { want, got });

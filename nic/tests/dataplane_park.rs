@@ -60,6 +60,12 @@ fn a_busy_dataplane_leaves_an_idle_vfs_ring_alone_until_it_kicks() {
     let f = frame(0, 2);
     fc.send(&f);
     assert_eq!(fa.recv(Duration::from_secs(3)).as_deref(), Some(&f[..]));
+    // The source's counters are added after its burst is switched: another
+    // dataplane thread may deliver the frame first.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while ports[2].counters.snapshot().tx_packets == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert_eq!(ports[2].counters.snapshot().tx_packets, 1);
     drop((fa, fb, fc, view, b));
     let _ = std::fs::remove_dir_all(&dir);
