@@ -166,23 +166,7 @@ impl Task {
     pub(crate) fn start_member(self: &Arc<Task>, on_exit: Arc<OnExit>) -> Result<u32, TaskError> {
         let m = self.member.as_ref().expect("start_member of a member");
         let agent = Arc::clone(self.agent.as_ref().expect("a member has an agent"));
-        let process = {
-            let mut s = self.lock();
-            if s.status != Status::Created {
-                return Err(TaskError::NotCreated {
-                    task: self.id.clone(),
-                    status: s.status,
-                });
-            }
-            s.status = Status::Starting;
-            m.process
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take()
-                .ok_or_else(|| TaskError::AlreadyStarted {
-                    task: self.id.clone(),
-                })?
-        };
+        let process = self.begin_start(&m.process)?;
         let main = agent.main();
         let started = (|| -> Result<u32, TaskError> {
             let not_running = || MemberError::PodNotRunning {

@@ -352,6 +352,24 @@ impl Task {
         }
     }
 
+    /// Created → Starting, taking what the start needs out of `what` (once).
+    pub(crate) fn begin_start<T>(&self, what: &Mutex<Option<T>>) -> Result<T, TaskError> {
+        let mut s = self.lock();
+        if s.status != Status::Created {
+            return Err(TaskError::NotCreated {
+                task: self.id.clone(),
+                status: s.status,
+            });
+        }
+        s.status = Status::Starting;
+        what.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| TaskError::AlreadyStarted {
+                task: self.id.clone(),
+            })
+    }
+
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -380,23 +398,7 @@ impl Task {
         if self.member.is_some() {
             return self.start_member(on_exit);
         }
-        let params = {
-            let mut s = self.lock();
-            if s.status != Status::Created {
-                return Err(TaskError::NotCreated {
-                    task: self.id.clone(),
-                    status: s.status,
-                });
-            }
-            s.status = Status::Starting;
-            self.params
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take()
-                .ok_or_else(|| TaskError::AlreadyStarted {
-                    task: self.id.clone(),
-                })?
-        };
+        let params = self.begin_start(&self.params)?;
         let (start_tx, start_rx) = mpsc::channel::<Result<u32, TaskError>>();
         let (ctl_tx, ctl_rx) = mpsc::channel::<Ctl>();
         *self.ctl.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctl_tx);

@@ -395,56 +395,16 @@ fn finish(
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
     use super::*;
     use crate::args::VmParams;
 
     fn params() -> VmParams {
         VmParams {
-            sandbox: "sb1".into(),
-            memory: 64 << 20,
-            vcpus: 1,
             kernel: Some("/vmlinux".into()),
-            initrd: None,
-            cmdline: None,
             net: vec!["tap:t0".parse().unwrap()],
             disk: vec!["path=/img,ro".parse().unwrap()],
-            rootfs_pmem: None,
             vsock: Some("/run/sb1.vsock".into()),
-            vsock_cid: 3,
-            api: None,
-            rootfs_check: None,
-            mac: None,
-            ip: None,
-            gateway: None,
-            server: None,
-            server_mac: None,
-            memory_policy: guestmem::MemoryPolicy::Vanilla,
-            dma_ram: false,
-            dma_image: false,
-            pool_socket: None,
-            hugepages: false,
-            vf_init: crate::devspec::VfInit::Sync,
-            vf_reconnect: 30,
-            agent_mode: crate::args::AgentMode::Once,
-            sg_pipes: 64,
-            sg_bytes: 1024,
-            sg_port: 0,
-            sg_xf: crate::args::SgXf::Crypto,
-            app_size: 0,
-            app_file: None,
-            probe: Vec::new(),
-            trace: None,
-            serial_log: None,
-            ready_fd: None,
-            keep_running: false,
-            until_exit: false,
-            timeout: 30,
-            kvm_device: PathBuf::from("/dev/kvm"),
-            template_save: None,
-            template_probe: false,
-            template: None,
+            ..VmParams::new("sb1")
         }
     }
 
