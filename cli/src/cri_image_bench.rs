@@ -211,15 +211,21 @@ pub fn run(a: &BenchStartupConfig) -> Result<()> {
         );
     }
     let image = image_ref(&tar)?;
+    // Absolute: the shims read them from their bundles' directories.
+    let absolute = |flag: &str, p: &Path| {
+        std::fs::canonicalize(p).with_context(|| format!("{flag} {}", p.display()))
+    };
     let kernel = a
         .kernel
         .clone()
         .ok_or_else(|| anyhow!("--image needs --kernel"))?;
+    let kernel = absolute("--kernel", &kernel)?;
     let agent = a
         .agent
         .clone()
         .or_else(runtime::container::default_agent)
         .ok_or_else(|| anyhow!("--agent: no guest agent found (scripts/build-agent.sh)"))?;
+    let agent = absolute("--agent", &agent)?;
     // Every sandbox of the runtime has the image as its rootfs.
     let mut cfg = a.clone();
     cfg.rootfs.rootfs = Some(tar.clone());
@@ -371,7 +377,12 @@ pub fn run(a: &BenchStartupConfig) -> Result<()> {
                 cri_start_avg_ms: avg(&start),
                 cri_first_avg_ms: avg(&first),
                 cri_first_p99_ms: p99(&first),
-                extra_avg_ms: avg(&first) - avg(&dtimes),
+                // Only when both paths have a start to compare.
+                extra_avg_ms: if first.is_empty() || dtimes.is_empty() {
+                    0.0
+                } else {
+                    avg(&first) - avg(&dtimes)
+                },
                 cpu_ms_direct: per(cpu_direct, dtimes.len()),
                 cpu_ms_cri: per(cpu_cri, first.len()),
                 failed_direct: n - dtimes.len(),
