@@ -414,6 +414,12 @@ pub fn run(a: &BenchStartupConfig) -> Result<()> {
     std::fs::write(&path, serde_json::to_vec_pretty(&summary)?)
         .with_context(|| path.display().to_string())?;
     println!("summary: {}", path.display());
+    // The pods' stage trace (the shim's trace_copy) beside the summary.
+    if s.trace.exists() {
+        let to = plan.out.join("cri-trace.jsonl");
+        std::fs::copy(&s.trace, &to).with_context(|| to.display().to_string())?;
+        println!("pods' trace: {}", to.display());
+    }
     let _ = std::fs::remove_dir_all(&s.dir);
     if !failures.is_empty() || !leaks.is_empty() {
         bail!(
