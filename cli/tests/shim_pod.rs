@@ -163,8 +163,16 @@ fn a_pod_runs_containers_of_two_images_with_logs_exec_a_terminal_and_its_vf() {
         .count();
     assert_eq!(erofs, 2, "pause's tree and busybox's, each built once");
 
-    // Two slots, both held (c1 runs, c2 exited but is not removed): a third
-    // container cannot start, and says why.
+    // c2's task was deleted when it exited (CRI does that): its slot is free
+    // again. Two slots, both held by running containers (c1 and `hold`): a
+    // third cannot start, and says why.
+    let hold = ok(
+        &f,
+        &[
+            "create", &pod, BUSYBOX, "--name", "hold", "--", "sleep", "1000",
+        ],
+    );
+    ok(&f, &["start", &hold]);
     let full = ok(
         &f,
         &["create", &pod, BUSYBOX, "--name", "full", "--", "true"],
@@ -172,7 +180,8 @@ fn a_pod_runs_containers_of_two_images_with_logs_exec_a_terminal_and_its_vf() {
     let (started, _, err) = cri(&f, &["start", &full]);
     assert!(!started && err.contains("no free disk slot"), "{err}");
     ok(&f, &["rm", &full]);
-    // After c2 is removed, c3 takes its slot again.
+    // Once `hold` is removed, c3 takes its slot again.
+    ok(&f, &["rm", "-f", &hold]);
     ok(&f, &["rm", &c2]);
     let c3 = ok(
         &f,
