@@ -203,16 +203,7 @@ impl Task {
         let pid = match started {
             Ok(pid) => pid,
             Err(err) => {
-                let code = match &err {
-                    TaskError::Cancelled { .. } => 137,
-                    TaskError::Guest(e) if e.is_spawn_failure() => 127,
-                    _ => 1,
-                };
-                let e = {
-                    let mut s = self.lock();
-                    self.finish(&mut s, code)
-                };
-                agent.release(code);
+                let e = self.start_failed(&agent, &err);
                 on_exit(self, "", &e, 0);
                 return Err(err);
             }

@@ -352,6 +352,23 @@ impl Task {
         }
     }
 
+    /// A Linux guest's process that never ran: the task ends with 137 when
+    /// it was killed while starting, 127 when the program could not be
+    /// spawned, else 1, and so do its other processes.
+    pub(crate) fn start_failed(&self, agent: &Agent, err: &TaskError) -> Exit {
+        let code = match err {
+            TaskError::Cancelled { .. } => 137,
+            TaskError::Guest(e) if e.is_spawn_failure() => 127,
+            _ => 1,
+        };
+        let e = {
+            let mut s = self.lock();
+            self.finish(&mut s, code)
+        };
+        agent.release(code);
+        e
+    }
+
     /// Created → Starting, taking what the start needs out of `what` (once).
     pub(crate) fn begin_start<T>(&self, what: &Mutex<Option<T>>) -> Result<T, TaskError> {
         let mut s = self.lock();
@@ -605,16 +622,7 @@ impl Task {
                     &self.stderr,
                     format!("burstvm: {}\n{}", crate::describe(&err), sb.vmm_stderr()).as_bytes(),
                 );
-                let code = match &err {
-                    TaskError::Cancelled { .. } => 137,
-                    TaskError::Guest(e) if e.is_spawn_failure() => 127,
-                    _ => 1,
-                };
-                let e = {
-                    let mut s = self.lock();
-                    self.finish(&mut s, code)
-                };
-                agent.release(code);
+                let e = self.start_failed(agent, &err);
                 let _ = start_tx.send(Err(err));
                 on_exit(self, "", &e, 0);
                 return;
