@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agent_proto::{AgentError, ErrorCode};
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{umount2, MntFlags, MsFlags};
 
-use super::mounts::RW_DIR;
-use super::BootConfig;
+use super::mounts::{self, RW_DIR};
+use super::{BootConfig, BootError};
 
 pub const CONTAINERS_DIR: &str = "/run/burstvm/containers";
 /// How often a new disk's serial and capacity are looked at.
@@ -85,20 +85,27 @@ impl GuestRoots {
     }
 }
 
+/// A boot mount step's error as the agent answers it (with its cause).
+fn agent_err(e: BootError) -> AgentError {
+    let cause = std::error::Error::source(&e)
+        .map(|c| format!(": {c}"))
+        .unwrap_or_default();
+    AgentError::new(ErrorCode::Io, format!("{e}{cause}"))
+}
+
 fn mkdir(p: &Path) -> Result<(), AgentError> {
-    fs::create_dir_all(p).map_err(|e| io("mkdir", p, e))
+    mounts::mkdir(p).map_err(agent_err)
 }
 
 fn mount_at(
-    what: &str,
+    what: &'static str,
     src: &Path,
     target: &Path,
     fstype: Option<&str>,
     flags: MsFlags,
     data: Option<&str>,
 ) -> Result<(), AgentError> {
-    mkdir(target)?;
-    mount(Some(src), target, fstype, flags, data).map_err(|e| io(what, target, e))
+    mounts::mount_at(what, Some(src), target, fstype, flags, data).map_err(agent_err)
 }
 
 /// Drops the device's cached blocks: a slot's earlier media may have left
@@ -154,8 +161,7 @@ impl crate::pod::ContainerRoots for GuestRoots {
                 MsFlags::empty(),
                 Some(&opts),
             )?;
-            super::mounts::write_etc(&rootfs, &self.cfg)
-                .map_err(|e| io("write /etc files under", &rootfs, e))?;
+            mounts::write_etc(&rootfs, &self.cfg).map_err(agent_err)?;
             let nsd = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
             mount_at(
                 "mount proc at",

@@ -23,7 +23,7 @@ pub const RO_DIR: &str = "/run/burstvm/ro";
 pub const RW_DIR: &str = "/run/burstvm/rw";
 pub const NEWROOT: &str = "/newroot";
 
-fn mkdir(path: &Path) -> Result<(), BootError> {
+pub(crate) fn mkdir(path: &Path) -> Result<(), BootError> {
     fs::create_dir_all(path).map_err(|source| BootError::File {
         step: "mkdir",
         path: path.to_owned(),
@@ -31,7 +31,7 @@ fn mkdir(path: &Path) -> Result<(), BootError> {
     })
 }
 
-fn mount_at(
+pub(crate) fn mount_at(
     step: &'static str,
     src: Option<&Path>,
     target: &Path,
