@@ -157,18 +157,7 @@ impl VuFrontend {
         for q in 0..2usize {
             let area = self.mem.base as u64 + q as u64 * RING_AREA;
             self.fe.set_vring_num(q, QSIZE)?;
-            self.fe.set_vring_addr(
-                q,
-                &VringConfigData {
-                    queue_max_size: QSIZE,
-                    queue_size: QSIZE,
-                    flags: 0,
-                    desc_table_addr: area,
-                    avail_ring_addr: area + 0x1000,
-                    used_ring_addr: area + 0x2000,
-                    log_addr: None,
-                },
-            )?;
+            self.fe.set_vring_addr(q, &rings_at(area))?;
             self.fe.set_vring_base(q, 0)?;
             self.fe.set_vring_call(q, &self.call[q])?;
             self.fe.set_vring_kick(q, &self.kick[q])?;
@@ -216,18 +205,7 @@ impl VuFrontend {
         };
         let area = self.mem.base as u64 + q as u64 * RING_AREA + by;
         self.fe
-            .set_vring_addr(
-                q,
-                &VringConfigData {
-                    queue_max_size: QSIZE,
-                    queue_size: QSIZE,
-                    flags: 0,
-                    desc_table_addr: area,
-                    avail_ring_addr: area + 0x1000,
-                    used_ring_addr: area + 0x2000,
-                    log_addr: None,
-                },
-            )
+            .set_vring_addr(q, &rings_at(area))
             .map_err(err("SET_VRING_ADDR"))?;
         self.fe
             .set_vring_num(q, QSIZE / 2)
@@ -357,5 +335,19 @@ impl VuFrontend {
 
     pub fn socket(&self) -> &str {
         &self.socket
+    }
+}
+
+/// The ring addresses of a queue whose area starts at `area`: descriptor
+/// table, avail ring and used ring a page apart, QSIZE entries.
+fn rings_at(area: u64) -> VringConfigData {
+    VringConfigData {
+        queue_max_size: QSIZE,
+        queue_size: QSIZE,
+        flags: 0,
+        desc_table_addr: area,
+        avail_ring_addr: area + 0x1000,
+        used_ring_addr: area + 0x2000,
+        log_addr: None,
     }
 }
