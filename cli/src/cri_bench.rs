@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use runtime::stats::{self, GroupStats};
-use runtime::{bench, leaks, BenchStartupConfig, Runtime, Variant};
+use bench::startup::{self, BenchStartupConfig};
+use bench::stats::{self, GroupStats};
+use runtime::{leaks, Runtime, Variant};
 use serde::Serialize;
 use trace::TraceEvent;
 
@@ -47,7 +48,7 @@ pub struct PathCompare {
 #[derive(Debug, Serialize)]
 struct Summary {
     #[serde(flatten)]
-    spec: bench::RoundSpec,
+    spec: startup::RoundSpec,
     groups: Vec<GroupStats>,
     paths: Vec<PathCompare>,
     failures: Vec<String>,
@@ -288,7 +289,7 @@ fn cri_round(rt: &Runtime, s: &CriSetup, c: &CriClient, v: Variant, n: usize) ->
 
 pub fn run(a: &BenchStartupConfig) -> Result<()> {
     runtime::runtime::install_sigint_handler();
-    let (rt, plan) = runtime::bench_setup(a)?;
+    let (rt, plan) = startup::bench_setup(a)?;
     std::fs::create_dir_all(&plan.out).with_context(|| plan.out.display().to_string())?;
     let s = setup(&rt, a, plan.spec.memory_bytes, None)?;
     let client = CriClient::connect(s.containerd.socket(), Duration::from_secs(a.timeout + 60))?;
@@ -304,12 +305,12 @@ pub fn run(a: &BenchStartupConfig) -> Result<()> {
             if rt.interrupted() {
                 break 'levels;
             }
-            if !bench::prepare_measured_round(&rt, v, n, &plan, &mut |l| eprintln!("{l}"))? {
+            if !startup::prepare_measured_round(&rt, v, n, &plan, &mut |l| eprintln!("{l}"))? {
                 leaks_found.push(format!("{v} x{n}: after the warm-up round"));
             }
             eprintln!("{v} x{n}: measured round, direct");
             let cpu0 = host_cpu_ms();
-            let r = bench::run_round(&rt, v, n, &format!("m{n}"), &plan.spec);
+            let r = startup::run_round(&rt, v, n, &format!("m{n}"), &plan.spec);
             let cpu_direct = host_cpu_ms() - cpu0;
             let lc = leaks::check(&rt, Duration::from_secs(5));
             if !lc.is_clean() {
@@ -319,7 +320,7 @@ pub fn run(a: &BenchStartupConfig) -> Result<()> {
             let all = trace::read_trace(rt.trace_path()).map_err(|e| anyhow!("trace: {e}"))?;
             let failed: std::collections::HashSet<&str> =
                 r.failures.iter().map(|f| f.sandbox.as_str()).collect();
-            let devs: Vec<TraceEvent> = bench::round_events(&all, &r.ids)
+            let devs: Vec<TraceEvent> = startup::round_events(&all, &r.ids)
                 .into_iter()
                 .filter(|e| !failed.contains(e.sandbox.as_str()))
                 .collect();
@@ -448,7 +449,7 @@ pub fn run(a: &BenchStartupConfig) -> Result<()> {
 
 /// Fig. 11 and 12 with both paths: the breakdown and the CDF at the highest concurrency.
 fn draw(
-    plan: &bench::BenchPlan,
+    plan: &startup::BenchPlan,
     groups: &[GroupStats],
     e2e: &[(String, usize, Vec<u64>)],
 ) -> Result<Vec<PathBuf>> {
@@ -463,7 +464,7 @@ fn draw(
         return Ok(Vec::new());
     }
     let b = plan.out.join("breakdown.png");
-    runtime::plot::breakdown(
+    bench::plot::breakdown(
         &b,
         &format!("average startup breakdown, direct and via CRI: {top} sandboxes, {mib} MiB"),
         &main,
@@ -474,7 +475,7 @@ fn draw(
         .map(|(l, _, v)| (l.clone(), v.clone()))
         .collect();
     let c = plan.out.join("cdf.png");
-    runtime::plot::cdf(
+    bench::plot::cdf(
         &c,
         &format!("startup time distribution, direct and via CRI: {top} sandboxes, {mib} MiB"),
         &series,

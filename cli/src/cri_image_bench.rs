@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use agent_proto::{Client, CreateProcess, StreamKind, CONTROL_PORT};
 use anyhow::{anyhow, bail, Context, Result};
-use runtime::{Attach, BenchStartupConfig, Runtime, Sandbox, SandboxSpec, Variant};
+use bench::startup::BenchStartupConfig;
+use runtime::{Attach, Runtime, Sandbox, SandboxSpec, Variant};
 use serde::Serialize;
 
 use crate::cri::container::{ContainerOpts, CreateArgs};
@@ -229,7 +230,7 @@ pub fn run(a: &BenchStartupConfig) -> Result<()> {
     // Every sandbox of the runtime has the image as its rootfs.
     let mut cfg = a.clone();
     cfg.rootfs.rootfs = Some(tar.clone());
-    let (rt, plan) = runtime::bench_setup(&cfg)?;
+    let (rt, plan) = bench::startup::bench_setup(&cfg)?;
     std::fs::create_dir_all(&plan.out).with_context(|| plan.out.display().to_string())?;
     let mut rootfs = plan
         .spec

@@ -150,59 +150,60 @@ fn main() -> std::process::ExitCode {
             Err(e) => Err(e.context("burstvm cri")),
         },
         Command::Bench(BenchCommand::Startup(a))
-            if a.via == runtime::Via::Cri && a.image.is_some() =>
+            if a.via == bench::startup::Via::Cri && a.image.is_some() =>
         {
             cri_image_bench::run(&a.into_config())
                 .context("burstvm bench startup --via cri --image")
         }
-        Command::Bench(BenchCommand::Startup(a)) if a.via == runtime::Via::Cri => {
+        Command::Bench(BenchCommand::Startup(a)) if a.via == bench::startup::Via::Cri => {
             cri_bench::run(&a.into_config()).context("burstvm bench startup --via cri")
         }
         Command::Bench(BenchCommand::Startup(a)) => {
-            runtime::bench_startup_cli(&a.into_config()).context("burstvm bench startup")
+            bench::startup::bench_startup_cli(&a.into_config()).context("burstvm bench startup")
         }
         Command::Bench(BenchCommand::Memory(a)) => {
-            guestmem::bench::run_cli(&a.config()).context("burstvm bench memory")
+            bench::memory::run_cli(&a.config()).context("burstvm bench memory")
         }
         Command::Bench(BenchCommand::Devset(a)) => {
-            nic::bench::run_cli(&a.into_config()).context("burstvm bench devset")
+            bench::devset::run_cli(&a.into_config()).context("burstvm bench devset")
         }
         Command::Bench(BenchCommand::Dataplane(a)) => a
             .into_config()
-            .and_then(|c| Ok(nic::bench_dataplane::run_cli(&c)?))
+            .and_then(|c| Ok(bench::dataplane::run_cli(&c)?))
             .context("burstvm bench dataplane"),
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Sched(a))) => {
-            sgiov::bench::sched::run_cli(&a.into_config()).context("burstvm bench sgiov sched")
+            bench::sgiov::sched::run_cli(&a.into_config()).context("burstvm bench sgiov sched")
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Jobgen(a))) => {
-            sgiov::bench::jobgen::run_cli(&a.into_config()).context("burstvm bench sgiov jobgen")
+            bench::sgiov::jobgen::run_cli(&a.into_config()).context("burstvm bench sgiov jobgen")
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Path(a))) => {
-            sgiov::bench::path::run_cli(&a.into_config()).context("burstvm bench sgiov path")
+            bench::sgiov::path::run_cli(&a.into_config()).context("burstvm bench sgiov path")
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Latency(a))) => {
-            nic::sg::bench::latency::run_cli(&a.into_config())
-                .context("burstvm bench sgiov latency")
+            bench::sg::latency::run_cli(&a.into_config()).context("burstvm bench sgiov latency")
         }
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Throughput(a))) => a
             .into_config()
-            .and_then(|c| Ok(nic::sg::bench::throughput::run_cli(&c)?))
+            .and_then(|c| Ok(bench::sg::throughput::run_cli(&c)?))
             .context("burstvm bench sgiov throughput"),
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Open(a))) => {
-            nic::sg::bench::open::run_cli(&a.into_config()).context("burstvm bench sgiov open")
+            bench::sg::open::run_cli(&a.into_config()).context("burstvm bench sgiov open")
         }
         Command::Bench(BenchCommand::NicRestart(a)) => {
-            runtime::restart::run_cli(&a.into_config()).context("burstvm bench nic-restart")
+            bench::restart::run_cli(&a.into_config()).context("burstvm bench nic-restart")
         }
-        Command::Bench(BenchCommand::Vmm(a)) => vmm_bench::run(&a).context("burstvm bench vmm"),
+        Command::Bench(BenchCommand::Vmm(a)) => {
+            bench::vmm::run(&a.into_config()).context("burstvm bench vmm")
+        }
         Command::Bench(BenchCommand::Chaos(a)) => {
-            runtime::bench_chaos_cli(&a.into_config()).context("burstvm bench chaos")
+            bench::chaos::bench_chaos_cli(&a.into_config()).context("burstvm bench chaos")
         }
         Command::Bench(BenchCommand::ChaosWorker(a)) => {
-            runtime::chaos_worker_main(&a.into_config()).context("burstvm bench chaos-worker")
+            bench::chaos::worker_main(&a.into_config()).context("burstvm bench chaos-worker")
         }
         Command::Bench(BenchCommand::Density(a)) => {
-            runtime::density::bench_density_cli(&a.into_config()).context("burstvm bench density")
+            bench::density::bench_density_cli(&a.into_config()).context("burstvm bench density")
         }
     };
     match result {

@@ -1,6 +1,6 @@
-//! `burstvm bench memory`'s arguments; the benchmark is `guestmem::bench`.
+//! `burstvm bench memory`'s arguments; the benchmark is `bench::memory`.
 
-use guestmem::bench::MemoryBenchConfig;
+use bench::memory::MemoryBenchConfig;
 use guestmem::MemoryPolicy;
 
 #[derive(Debug, Clone, clap::Args)]

@@ -9,8 +9,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use bench::startup::{run_round, RoundSpec};
 use nic::devset::VfState;
-use runtime::bench::{run_round, RoundSpec};
 use runtime::{Runtime, Variant};
 
 mod cli_common;

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use sgiov::sched::Policy;
 
-use nic::sg::bench::latency::{self, LatencyConfig, Mode};
-use nic::sg::bench::open::{self, OpenConfig};
-use nic::sg::bench::throughput::{self, ThroughputConfig};
-use nic::sg::bench::CommonConfig;
+use bench::sg::latency::{self, LatencyConfig, Mode};
+use bench::sg::open::{self, OpenConfig};
+use bench::sg::throughput::{self, ThroughputConfig};
+use bench::sg::CommonConfig;
 
 fn common(name: &str) -> CommonConfig {
     CommonConfig {

@@ -1,8 +1,7 @@
 //! Guest memory for burstvm sandboxes: memfd-backed regions with a device view and a guest
-//! view, DMA-map policies (vanilla, pre-zeroing, lazy zeroing), a host-wide page pool, and
-//! the memory benchmark. See docs/guestmem.md.
+//! view, DMA-map policies (vanilla, pre-zeroing, lazy zeroing) and a host-wide page pool
+//! (the memory benchmark is `bench::memory`). See docs/guestmem.md.
 
-pub mod bench;
 mod device;
 mod lazy;
 mod memory;
@@ -19,7 +18,7 @@ pub use device::DeviceMemory;
 pub use lazy::{LazyError, LazyStats};
 pub use memory::{GuestMemory, MemorySource};
 pub use region::Region;
-pub use sys::HUGE_PAGE_SIZE;
+pub use sys::{page_size_for, HUGE_PAGE_SIZE};
 pub use table::{table_size, PageStats};
 
 /// Page states of the shared page-state table (one byte per page).

@@ -27,6 +27,8 @@ pub fn base_page_size() -> u64 {
     }
 }
 
+/// The page size a region gets: [`HUGE_PAGE_SIZE`] with `hugepages`, else the
+/// base page size (`sysconf(PAGE_SIZE)`).
 pub fn page_size_for(hugepages: bool) -> u64 {
     if hugepages {
         HUGE_PAGE_SIZE

@@ -2,9 +2,6 @@
 //! is a vhost-user-net backend a VMM connects to; an ixy-style dataplane
 //! switches frames between the VFs of a PF and its uplink. See docs/nic.md.
 
-pub mod bench;
-pub mod bench_dataplane;
-pub mod bench_dpdk;
 pub mod control;
 pub mod daemon;
 pub mod dataplane;
@@ -19,7 +16,6 @@ pub mod port;
 pub mod session;
 pub mod sg;
 pub mod state;
-pub mod testpmd;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -211,8 +207,6 @@ pub enum Error {
         #[source]
         source: Box<dataplane::uplink::UplinkError>,
     },
-    #[error(transparent)]
-    Bench(#[from] bench::BenchError),
 }
 
 /// Runs the daemon until SIGTERM/SIGINT.

@@ -1,7 +1,6 @@
 //! SG-IOV core (socket-granular I/O virtualization, ASPLOS'26): the pure,
 //! device-independent part of burstvm's SG functions. See docs/sgiov.md.
 
-pub mod bench;
 pub mod dedicated;
 pub mod device;
 pub mod driver;

@@ -141,7 +141,7 @@ mod tests {
             panic!("not latency")
         };
         let c = a.into_config();
-        assert_eq!(c.modes, [nic::sg::bench::latency::Mode::Xfifo]);
+        assert_eq!(c.modes, [bench::sg::latency::Mode::Xfifo]);
         assert_eq!(c.pipes, [4, 32]);
         assert_eq!(c.policy, sgiov::sched::Policy::RoundRobin);
         assert_eq!((c.common.threads, c.common.ring), (2, 4096));
@@ -170,7 +170,7 @@ mod tests {
             panic!("not path")
         };
         let c = a.into_config();
-        let d = sgiov::bench::path::PathBenchConfig::default();
+        let d = bench::sgiov::path::PathBenchConfig::default();
         assert_eq!((c.path, c.mode, c.msg), (d.path, d.mode, d.msg));
         assert_eq!((c.bytes, c.staging_ring), (d.bytes, d.staging_ring));
     }
@@ -181,7 +181,7 @@ mod tests {
             panic!("not dataplane")
         };
         let c = a.into_config().unwrap();
-        assert_eq!(c.topology, nic::bench_dataplane::Topology::ALL);
+        assert_eq!(c.topology, bench::dataplane::Topology::ALL);
         assert_eq!(c.duration, Duration::from_secs(2));
         let Command::Bench(BenchCommand::Chaos(a)) = parse(&["bench", "chaos"]) else {
             panic!("not chaos")
@@ -195,7 +195,7 @@ mod tests {
             panic!("not throughput")
         };
         let c = a.into_config().unwrap();
-        let d = nic::sg::bench::throughput::ThroughputConfig::default();
+        let d = bench::sg::throughput::ThroughputConfig::default();
         assert_eq!(
             (c.pipes, c.duration, c.policy),
             (d.pipes, d.duration, d.policy)

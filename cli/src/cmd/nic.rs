@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::anyhow;
+use bench::dataplane::{BenchDataplaneConfig, Peer, Topology};
+use bench::devset::BenchDevsetConfig;
 use burstvm::args::choice;
-use nic::bench::BenchDevsetConfig;
-use nic::bench_dataplane::{BenchDataplaneConfig, Peer, Topology};
 use nic::dataplane::uplink::UplinkSpec;
 use nic::sg::SgConfig;
 use nic::{LockPolicy, NicConfig};

@@ -4,15 +4,15 @@
 
 use std::path::PathBuf;
 
+use bench::chaos::{BenchChaosConfig, ChaosWorkerConfig, FaultKind};
+use bench::density::BenchDensityConfig;
+use bench::restart::BenchNicRestartConfig;
+use bench::startup::{BenchStartupConfig, Via};
 use burstvm::args::choice;
-use runtime::chaos::FaultKind;
-use runtime::density::BenchDensityConfig;
-use runtime::restart::BenchNicRestartConfig;
 use runtime::rootfs::ImageMode;
 use runtime::template::{TemplateConfig, TemplateCreateConfig, TemplateProbeConfig, DEFAULT_DIR};
 use runtime::{
-    BenchChaosConfig, BenchStartupConfig, ChaosWorkerConfig, NetKindArg, RootfsConfig, RunConfig,
-    SandboxConfig, ServicesConfig, SgSpec, Variant, Via,
+    NetKindArg, RootfsConfig, RunConfig, SandboxConfig, ServicesConfig, SgSpec, Variant,
 };
 
 fn memory(s: &str) -> Result<u64, runtime::Error> {

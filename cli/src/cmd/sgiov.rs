@@ -1,15 +1,15 @@
 //! `burstvm bench sgiov ...`: the arguments of the SG-IOV benchmarks. The
-//! benches are `sgiov::bench::*` and `nic::sg::bench::*`.
+//! benches are `bench::sgiov::*` and `bench::sg::*`.
 
 use std::path::PathBuf;
 
-use nic::sg::bench::latency::{LatencyConfig, Mode};
-use nic::sg::bench::open::OpenConfig;
-use nic::sg::bench::throughput::ThroughputConfig;
-use nic::sg::bench::CommonConfig;
-use sgiov::bench::jobgen::JobgenConfig;
-use sgiov::bench::path::{BenchPath, PathBenchConfig, SendMode};
-use sgiov::bench::sched::{Scenario, SchedBenchConfig};
+use bench::sg::latency::{LatencyConfig, Mode};
+use bench::sg::open::OpenConfig;
+use bench::sg::throughput::ThroughputConfig;
+use bench::sg::CommonConfig;
+use bench::sgiov::jobgen::JobgenConfig;
+use bench::sgiov::path::{BenchPath, PathBenchConfig, SendMode};
+use bench::sgiov::sched::{Scenario, SchedBenchConfig};
 use sgiov::exec::capacity::Capacities;
 use sgiov::jobgen::Xf;
 use sgiov::sched::Policy;
@@ -18,7 +18,7 @@ use burstvm::args::choice;
 
 /// A size with guestmem's syntax (`4096`, `64K`, `1M`), not 0.
 fn size(s: &str) -> Result<u64, String> {
-    sgiov::bench::parse_size(s)
+    bench::sgiov::parse_size(s)
 }
 
 fn size32(s: &str) -> Result<u32, String> {
@@ -31,7 +31,7 @@ fn size32(s: &str) -> Result<u32, String> {
 pub struct Sizes(pub Vec<u64>);
 
 fn sizes(s: &str) -> Result<Sizes, String> {
-    sgiov::bench::parse_sizes(s).map(Sizes)
+    bench::sgiov::parse_sizes(s).map(Sizes)
 }
 
 #[derive(Debug, Clone, clap::Args)]

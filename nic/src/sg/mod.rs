@@ -8,7 +8,6 @@
 //! eventfd, and, per SGF, its two kick eventfds (setup queue, doorbell):
 //! fds and threads grow with SGFs, never with pipes.
 
-pub mod bench;
 pub mod frontend;
 pub mod mem;
 pub mod serve;

@@ -1,0 +1,90 @@
+//! Host CPU per sandbox start, by owner: the averages of what
+//! `runtime::cpuacct` measured, and their lines in the bench's tables.
+
+use runtime::cpuacct::StartCpu;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuPerSandbox {
+    pub runtime_ms: f64,
+    pub cni_ms: f64,
+    pub nicd_ms: f64,
+    pub vmm_ms: f64,
+    pub total_ms: f64,
+}
+
+/// Per-sandbox averages of a round: `starts` from the sandboxes that reached
+/// READY, `nicd_ns` the daemon's CPU over the round.
+pub fn per_sandbox(starts: &[StartCpu], nicd_ns: Option<u64>) -> Option<CpuPerSandbox> {
+    if starts.is_empty() {
+        return None;
+    }
+    let n = starts.len() as f64;
+    let avg = |f: fn(&StartCpu) -> u64| starts.iter().map(f).sum::<u64>() as f64 / n / 1e6;
+    let mut c = CpuPerSandbox {
+        runtime_ms: avg(|s| s.runtime_ns),
+        cni_ms: avg(|s| s.cni_ns),
+        vmm_ms: avg(|s| s.vmm_ns),
+        nicd_ms: nicd_ns.map_or(0.0, |d| d as f64 / n / 1e6),
+        total_ms: 0.0,
+    };
+    c.total_ms = c.runtime_ms + c.cni_ms + c.vmm_ms + c.nicd_ms;
+    Some(c)
+}
+
+/// One table line, beside the wall time.
+pub fn format_line(c: &CpuPerSandbox, wall_avg_ms: f64) -> String {
+    format!(
+        "host CPU ms per sandbox start: total {:.2} = runtime {:.2} + CNI plugins {:.2} + NIC daemon {:.2} + VMM {:.2}  (wall avg {:.1} ms)\n",
+        c.total_ms, c.runtime_ms, c.cni_ms, c.nicd_ms, c.vmm_ms, wall_avg_ms
+    )
+}
+
+/// The CPU table of a bench: one line per group, every level.
+pub fn format_summary(groups: &[crate::stats::GroupStats]) -> String {
+    let mut out = String::from(
+        "\n== host CPU ms per sandbox start, by owner (wall avg beside)\n\
+         variant             n  runtime      CNI      NIC      VMM    total   wall avg\n",
+    );
+    for g in groups {
+        let Some(c) = &g.cpu else { continue };
+        out.push_str(&format!(
+            "{:<16} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1}\n",
+            g.variant,
+            g.concurrency,
+            c.runtime_ms,
+            c.cni_ms,
+            c.nicd_ms,
+            c.vmm_ms,
+            c.total_ms,
+            g.avg_ms
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn averages_per_owner() {
+        let s = |r, c, v| StartCpu {
+            runtime_ns: r,
+            cni_ns: c,
+            vmm_ns: v,
+        };
+        let c = per_sandbox(
+            &[s(1_000_000, 2_000_000, 10_000_000), s(3_000_000, 0, 0)],
+            Some(4_000_000),
+        )
+        .unwrap();
+        assert_eq!(c.runtime_ms, 2.0);
+        assert_eq!(c.cni_ms, 1.0);
+        assert_eq!(c.vmm_ms, 5.0);
+        assert_eq!(c.nicd_ms, 2.0);
+        assert_eq!(c.total_ms, 10.0);
+        assert!(per_sandbox(&[], None).is_none());
+        assert!(format_line(&c, 50.0).contains("total 10.00"));
+    }
+}

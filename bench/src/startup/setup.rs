@@ -1,0 +1,232 @@
+//! `burstvm bench startup`'s configuration, its validation against the host
+//! (`bench_setup`) and the command itself (`bench_startup_cli`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use runtime::{burstvm_bin, cgroup, leaks, rootfs, template, variant};
+use runtime::{RootfsConfig, Runtime, RuntimeConfig, SandboxConfig, Variant};
+
+use crate::{bad, Error};
+
+/// `burstvm bench startup`: concurrent startup per variant.
+#[derive(Debug, Clone)]
+pub struct BenchStartupConfig {
+    /// Sandboxes started at the same instant per variant.
+    pub concurrency: usize,
+    /// Comma-separated variants.
+    pub variants: Vec<Variant>,
+    pub sandbox: SandboxConfig,
+    pub rootfs: RootfsConfig,
+    /// Also run every variant with a full copy of the writable layer per
+    /// sandbox, beside RunD's reflink (RunD §4.2: 207 ms → 0.2 ms).
+    pub rootfs_copy: bool,
+    /// Also run every variant started from this template, beside the boot
+    /// (RunD §4.3).
+    pub template: template::TemplateConfig,
+    /// Run at each of these concurrencies instead (Fig. 13a), e.g. 10,50,100,200.
+    pub sweep: Vec<usize>,
+    /// Output directory for trace.jsonl, summary.json and the PNG plots.
+    pub out: PathBuf,
+    /// Skip the uncounted warm-up round.
+    pub no_warmup: bool,
+    /// Keep this many VF network attachments ready (netns + CNI ADD done in
+    /// the background, refilled after each round); VF variants claim one per
+    /// sandbox (`net-claim` stage). Each pooled round waits for a full pool.
+    pub net_pool: usize,
+    /// With `--net-pool`: run every VF variant without and with the pool
+    /// (group `<variant>+pool`), side by side in one run.
+    pub net_pool_compare: bool,
+    /// Take sandbox cgroups from a RunD-style rename pool instead of mkdir.
+    pub cgroup_pool: bool,
+    /// Seconds each guest may take to become ready.
+    pub timeout: u64,
+    /// The burstvm binary (default: this one).
+    pub burstvm_bin: Option<PathBuf>,
+    /// `cri`: also create each round's sandboxes through containerd's CRI
+    /// plugin (RunPodSandbox, a private containerd with the burstvm shim) and
+    /// report that path beside the direct one (docs/shim.md).
+    pub via: Via,
+    /// With `--via cri`: the directory with pause.tar made by scripts/build-images.sh.
+    pub images: PathBuf,
+    /// With `--via cri`: containers of this image (`<images>/<image>.tar`)
+    /// in Linux-guest pods, beside `burstvm run`'s path (docs/shim.md).
+    pub image: Option<String>,
+    /// The condensed Linux kernel for `image`.
+    pub kernel: Option<PathBuf>,
+    /// The static guest agent for `image` (default: as `burstvm run` finds it).
+    pub agent: Option<PathBuf>,
+}
+
+/// How `bench startup` creates sandboxes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The runtime library only.
+    Direct,
+    /// The runtime library, and RunPodSandbox through containerd's CRI plugin.
+    Cri,
+}
+
+impl Via {
+    pub const ALL: [Via; 2] = [Via::Direct, Via::Cri];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Via::Direct => "direct",
+            Via::Cri => "cri",
+        }
+    }
+}
+
+impl std::fmt::Display for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Via {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == s)
+            .ok_or_else(|| format!("unknown --via {s:?} (direct, cri)"))
+    }
+}
+
+/// What `bench startup` measures: the validated levels and round spec, and
+/// the runtime (checked against host memory and VF limits).
+pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, super::BenchPlan), Error> {
+    let (memory, app_size) = a.sandbox.bytes()?;
+    let levels = if a.sweep.is_empty() {
+        vec![a.concurrency]
+    } else {
+        a.sweep.clone()
+    };
+    if levels.contains(&0) {
+        return Err(bad("--concurrency", "must be at least 1"));
+    }
+    if a.variants.is_empty() {
+        return Err(bad("--variants", "at least one variant"));
+    }
+    let image = a.rootfs.image(false)?;
+    let rootfs = image
+        .as_ref()
+        .map(|(img, _)| a.rootfs.spec(img, rootfs::LayerMode::Reflink))
+        .transpose()?;
+    let mut layer_modes = Vec::new();
+    if rootfs.is_some() {
+        layer_modes.push(rootfs::LayerMode::Reflink);
+        if a.rootfs_copy {
+            layer_modes.push(rootfs::LayerMode::Copy);
+        }
+    }
+    let pmem_bytes = rootfs.as_ref().map_or(0, |r| r.guest_bytes());
+    let spec = super::RoundSpec {
+        memory_bytes: memory,
+        cpus: a.sandbox.cpus,
+        app_size,
+        timeout_secs: a.timeout,
+        rootfs,
+        template: None,
+        net_pool: false,
+    };
+    let max_n = *levels.iter().max().expect("non-empty");
+    let need = max_n as u64 * super::sandbox_bytes(&spec) + super::MEMORY_MARGIN;
+    let avail = super::mem_available();
+    if need > avail {
+        return Err(bad(
+            "--concurrency",
+            format!(
+                "{max_n} sandboxes of {} MiB need {} MiB but the host has {} MiB available",
+                super::sandbox_bytes(&spec) >> 20,
+                need >> 20,
+                avail >> 20
+            ),
+        ));
+    }
+    let vf_variants = a
+        .variants
+        .iter()
+        .any(|v| v.policy().net == variant::NetKind::Vf);
+    // While a pooled round runs, the refilled pool holds VFs too.
+    let vfs = max_n + if vf_variants { a.net_pool } else { 0 };
+    if vf_variants && vfs > nic::MAX_VFS {
+        return Err(bad(
+            "--concurrency",
+            format!(
+                "{max_n} sandboxes and {} pooled attachments with a VF each, but a PF has at most {} VFs",
+                a.net_pool,
+                nic::MAX_VFS
+            ),
+        ));
+    }
+    // The CRI path needs the services' CNI config even for no-net rounds.
+    let network = a.via == Via::Cri
+        || a.variants
+            .iter()
+            .any(|v| v.policy().net != variant::NetKind::None);
+    let rt = Runtime::new(RuntimeConfig {
+        bin: burstvm_bin(&a.burstvm_bin)?,
+        trace_path: None,
+        vfs,
+        network,
+        cgroup_pool: if a.cgroup_pool { max_n } else { 0 },
+        cgroup_limits: cgroup::Limits {
+            memory_bytes: memory + (app_size + pmem_bytes + (4 << 20)).next_multiple_of(2 << 20),
+            cpus: a.sandbox.cpus,
+        },
+        rootfs_layer_bytes: image.as_ref().map(|(_, b)| *b),
+        net_pool: a.net_pool,
+        sgfs: 0,
+    })?;
+    let plan = super::BenchPlan {
+        variants: a.variants.clone(),
+        layer_modes,
+        template: a.template.resolve()?,
+        levels,
+        spec,
+        out: a.out.clone(),
+        warmup: !a.no_warmup,
+        net_pool: match (a.net_pool, a.net_pool_compare) {
+            (0, _) => super::NetPoolRuns::Off,
+            (_, false) => super::NetPoolRuns::On,
+            (_, true) => super::NetPoolRuns::Compare,
+        },
+    };
+    Ok((rt, plan))
+}
+
+pub fn bench_startup_cli(a: &BenchStartupConfig) -> Result<(), Error> {
+    runtime::runtime::install_sigint_handler();
+    let (rt, plan) = bench_setup(a)?;
+    let result = super::run(&rt, &plan, &mut |l| eprintln!("{l}"));
+    // Also after an error or Ctrl-C: say whether anything was left.
+    let final_check = leaks::check(&rt, Duration::from_secs(5));
+    let out = match result {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("{}", final_check.describe());
+            return Err(e);
+        }
+    };
+    print!("{}", out.table);
+    for p in &out.plots {
+        println!("wrote {}", p.display());
+    }
+    println!("wrote {}", a.out.join("trace.jsonl").display());
+    println!("wrote {}", a.out.join("summary.json").display());
+    drop(rt);
+    if runtime::runtime::sigint_received() {
+        eprintln!("{}", final_check.describe());
+        return Err(Error::Interrupted);
+    }
+    if !out.clean || !final_check.is_clean() {
+        return Err(Error::Leaks(format!(
+            "leaks found after the benchmark (see above); at the end: {}",
+            final_check.describe()
+        )));
+    }
+    println!("leak check: clean after every round");
+    Ok(())
+}
