@@ -12,6 +12,7 @@ use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::stats::median;
 use crate::{bad, Error};
 use runtime::variant::NetKind;
 use runtime::{burstvm_bin, cgroup, leaks, SandboxConfig, Variant};
@@ -72,11 +73,6 @@ struct Outage {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// One kill and restart while `sandboxes` exchange requests.
@@ -231,15 +227,20 @@ pub fn run_cli(a: &BenchNicRestartConfig) -> Result<(), Error> {
     }
     let all = |f: &dyn Fn(&(Duration, Duration)) -> Duration| {
         median(
-            outages
+            &mut outages
                 .iter()
                 .flat_map(|o| o.guests.iter().map(|g| ms(f(g))))
-                .collect(),
+                .collect::<Vec<_>>(),
         )
     };
     println!(
         "median: nic-restart {:.1} ms, kill->resumed {:.1} ms, restart->resumed {:.1} ms",
-        median(outages.iter().map(|o| ms(o.nic_restart)).collect()),
+        median(
+            &mut outages
+                .iter()
+                .map(|o| ms(o.nic_restart))
+                .collect::<Vec<_>>()
+        ),
         all(&|g| g.0),
         all(&|g| g.1)
     );

@@ -27,7 +27,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::dataplane::testpmd::{process_cpu_ns, Hugepages, Testpmd, PAGES_PER_TESTPMD};
-use crate::dataplane::{median, nominal_hz, BenchDataplaneConfig, BenchDpError, BenchNic};
+use crate::dataplane::{nominal_hz, BenchDataplaneConfig, BenchDpError, BenchNic};
+use crate::stats::median;
 
 const FRONTEND_CPU: usize = 0;
 const BACKEND_CPU: usize = 1;
@@ -215,16 +216,18 @@ pub fn run(args: &BenchDataplaneConfig, dir: &Path) -> Result<(), BenchDpError> 
     for (si, &size) in args.sizes.iter().enumerate() {
         let mpps = |v: &Vec<PeerSample>| {
             median(
-                v.iter()
+                &mut v
+                    .iter()
                     .map(|s| s.frames as f64 / s.seconds / 1e6)
-                    .collect(),
+                    .collect::<Vec<_>>(),
             )
         };
         let cyc = |v: &Vec<PeerSample>| {
             median(
-                v.iter()
+                &mut v
+                    .iter()
                     .map(|s| s.cpu_seconds * hz / s.frames as f64)
-                    .collect(),
+                    .collect::<Vec<_>>(),
             )
         };
         let [ours, theirs] = &samples[si];

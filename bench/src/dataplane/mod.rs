@@ -25,6 +25,8 @@ use nic::dataplane::{Dataplane, SAFETY_SLEEP};
 use nic::devset::LockPolicy;
 use nic::frontend::{SimFrontend, MIN_MEM};
 
+use crate::stats::median;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Topology {
     Loop,
@@ -420,11 +422,6 @@ fn pump(fes: &mut [SimFrontend], sends: &dyn Fn(usize) -> Option<usize>, batch: 
     got
 }
 
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 pub fn run_cli(args: &BenchDataplaneConfig) -> Result<(), BenchDpError> {
     if args.vfs < 2 || args.vfs > nic::MAX_VFS {
         return Err(BenchDpError::Config(format!(
@@ -517,9 +514,14 @@ pub fn run_cli(args: &BenchDataplaneConfig) -> Result<(), BenchDpError> {
                     size,
                     batch,
                     idle_vfs,
-                    median(samples.iter().map(|s| s.pps() / 1e6).collect()),
-                    median(samples.iter().map(|s| s.cpu_seconds).collect()),
-                    median(samples.iter().map(|s| s.cycles_per_packet(hz)).collect()),
+                    median(&mut samples.iter().map(|s| s.pps() / 1e6).collect::<Vec<_>>()),
+                    median(&mut samples.iter().map(|s| s.cpu_seconds).collect::<Vec<_>>()),
+                    median(
+                        &mut samples
+                            .iter()
+                            .map(|s| s.cycles_per_packet(hz))
+                            .collect::<Vec<_>>()
+                    ),
                 );
             }
         }

@@ -37,6 +37,8 @@ use sgiov::signal::RingId;
 use nic::control::{Client, ClientError, DevKind, VfInfo};
 use nic::sg::frontend::{SgFrontend, SgFrontendError, HEAP};
 
+use crate::stats::median;
+
 /// Control requests in flight at once (the driver's control ring holds 1024).
 const CTRL_BATCH: usize = 256;
 /// Bound of every wait on the daemon.
@@ -174,15 +176,6 @@ pub fn jain(x: &[f64]) -> f64 {
     } else {
         s * s / (x.len() as f64 * s2)
     }
-}
-
-/// Median of `v` (0 for none).
-pub fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 #[cfg(test)]

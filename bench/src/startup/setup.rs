@@ -7,6 +7,7 @@ use std::time::Duration;
 use runtime::{burstvm_bin, cgroup, leaks, rootfs, template, variant};
 use runtime::{RootfsConfig, Runtime, RuntimeConfig, SandboxConfig, Variant};
 
+use super::{mem_available, run, sandbox_bytes, BenchPlan, NetPoolRuns, RoundSpec, MEMORY_MARGIN};
 use crate::{bad, Error};
 
 /// `burstvm bench startup`: concurrent startup per variant.
@@ -96,7 +97,7 @@ impl std::str::FromStr for Via {
 
 /// What `bench startup` measures: the validated levels and round spec, and
 /// the runtime (checked against host memory and VF limits).
-pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, super::BenchPlan), Error> {
+pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error> {
     let (memory, app_size) = a.sandbox.bytes()?;
     let levels = if a.sweep.is_empty() {
         vec![a.concurrency]
@@ -122,7 +123,7 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, super::BenchPlan)
         }
     }
     let pmem_bytes = rootfs.as_ref().map_or(0, |r| r.guest_bytes());
-    let spec = super::RoundSpec {
+    let spec = RoundSpec {
         memory_bytes: memory,
         cpus: a.sandbox.cpus,
         app_size,
@@ -132,14 +133,14 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, super::BenchPlan)
         net_pool: false,
     };
     let max_n = *levels.iter().max().expect("non-empty");
-    let need = max_n as u64 * super::sandbox_bytes(&spec) + super::MEMORY_MARGIN;
-    let avail = super::mem_available();
+    let need = max_n as u64 * sandbox_bytes(&spec) + MEMORY_MARGIN;
+    let avail = mem_available();
     if need > avail {
         return Err(bad(
             "--concurrency",
             format!(
                 "{max_n} sandboxes of {} MiB need {} MiB but the host has {} MiB available",
-                super::sandbox_bytes(&spec) >> 20,
+                sandbox_bytes(&spec) >> 20,
                 need >> 20,
                 avail >> 20
             ),
@@ -180,7 +181,7 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, super::BenchPlan)
         net_pool: a.net_pool,
         sgfs: 0,
     })?;
-    let plan = super::BenchPlan {
+    let plan = BenchPlan {
         variants: a.variants.clone(),
         layer_modes,
         template: a.template.resolve()?,
@@ -189,9 +190,9 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, super::BenchPlan)
         out: a.out.clone(),
         warmup: !a.no_warmup,
         net_pool: match (a.net_pool, a.net_pool_compare) {
-            (0, _) => super::NetPoolRuns::Off,
-            (_, false) => super::NetPoolRuns::On,
-            (_, true) => super::NetPoolRuns::Compare,
+            (0, _) => NetPoolRuns::Off,
+            (_, false) => NetPoolRuns::On,
+            (_, true) => NetPoolRuns::Compare,
         },
     };
     Ok((rt, plan))
@@ -200,7 +201,7 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, super::BenchPlan)
 pub fn bench_startup_cli(a: &BenchStartupConfig) -> Result<(), Error> {
     runtime::runtime::install_sigint_handler();
     let (rt, plan) = bench_setup(a)?;
-    let result = super::run(&rt, &plan, &mut |l| eprintln!("{l}"));
+    let result = run(&rt, &plan, &mut |l| eprintln!("{l}"));
     // Also after an error or Ctrl-C: say whether anything was left.
     let final_check = leaks::check(&rt, Duration::from_secs(5));
     let out = match result {

@@ -77,6 +77,15 @@ pub fn percentile(values: &[u64], q: f64) -> u64 {
     v[rank - 1]
 }
 
+/// Median of `v`, the upper one for an even count (0 for none); sorts `v`.
+pub fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn mean(values: &[u64]) -> f64 {
     if values.is_empty() {
         0.0
