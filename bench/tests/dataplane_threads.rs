@@ -9,9 +9,9 @@ use testutil::nic as common;
 use std::time::{Duration, Instant};
 
 use common::{frame, TestNic};
-use nic::control::Counters;
 use nic::frontend::{SimFrontend, MIN_MEM, QSIZE};
 use nic::LockPolicy;
+use nic_api::Counters;
 
 /// More than one thread's pool (its cap: 4096 + 256 per VF of the PF + 1024
 /// for the channel to the other thread = 5632 here).

@@ -12,9 +12,9 @@ use std::time::Duration;
 use bench::dataplane::dpdk::Backend;
 use bench::dataplane::testpmd::{Hugepages, Testpmd, PAGES_PER_TESTPMD};
 use common::{frame, TestNic};
-use nic::devset::VfState;
 use nic::frontend::{SimFrontend, MIN_MEM};
 use nic::LockPolicy;
+use nic_api::VfState;
 
 const T: Duration = Duration::from_secs(5);
 /// The tests of this file take hugepages in turn: each gives back what it

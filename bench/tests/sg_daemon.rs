@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use bench::sg::open_echo_pipes;
 use common::{sg_of, wait_sg, TestNic};
-use nic::control::{DevKind, VfInfo};
-use nic::devset::VfState;
 use nic::sg::frontend::SgFrontend;
+use nic_api::{DevKind, VfInfo, VfState};
 use sgiov::driver::DriverConfig;
 use sgiov::layout::{PathKind, Transform};
 

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use bench::sg::open_echo_pipes;
 use common::{wait_sg, TestNic};
-use nic::devset::VfState;
 use nic::sg::frontend::SgFrontend;
+use nic_api::VfState;
 use sgiov::driver::DriverConfig;
 use vhost::vhost_user::message::{VhostUserHeaderFlag, VhostUserProtocolFeatures};
 use vhost::vhost_user::{Frontend, VhostUserFrontend};

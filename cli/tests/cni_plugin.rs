@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use cni_common::*;
-use nic::control::DevKind;
+use nic_api::DevKind;
 use serde_json::{json, Value};
 
 #[test]

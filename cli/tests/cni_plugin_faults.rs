@@ -381,7 +381,7 @@ fn cni_nic_killed_mid_call_then_del_against_the_restarted_daemon_frees_every_vf(
             &Default::default(),
         )
         .expect("open the state dir");
-        let r = stored.handle(nic::control::Request::Alloc {
+        let r = stored.handle(nic_api::Request::Alloc {
             pf: "pf0".into(),
             sandbox: "halfadd".into(),
             kind: Default::default(),

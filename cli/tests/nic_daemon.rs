@@ -11,9 +11,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nic::control::{Client, ErrorCode, Response, VfInfo};
-use nic::devset::VfState;
 use nic::frontend::{SimFrontend, MIN_MEM};
+use nic_api::{Client, ErrorCode, Response, VfInfo, VfState};
 use nic_common::{frame, hold_frontend_if_child, spawn_frontend_child};
 
 const T: Duration = Duration::from_secs(10);
@@ -385,7 +384,7 @@ fn nic_control_server_survives_flood_long_lines_and_malformed_requests() {
     // The flood: far more idle connections than the cap, all kept open here.
     let mut flood = Vec::new();
     for _ in 0..3000 {
-        match nic::control::connect_timeout(&d.control, Duration::from_secs(2)) {
+        match nic_api::connect_timeout(&d.control, Duration::from_secs(2)) {
             Ok(s) => flood.push(s),
             Err(e) => panic!("connect #{} failed: {e}", flood.len()),
         }

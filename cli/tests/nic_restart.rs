@@ -14,7 +14,7 @@ mod nic_vm_common;
 
 use std::time::{Duration, Instant};
 
-use nic::devset::VfState;
+use nic_api::VfState;
 use nic_vm_common::*;
 
 /// The guests' server: answers every request on the uplink at once and logs

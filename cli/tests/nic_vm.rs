@@ -16,8 +16,7 @@ mod nic_vm_common;
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use nic::control::{Counters, VfInfo};
-use nic::devset::VfState;
+use nic_api::{Counters, VfInfo, VfState};
 use nic_vm_common::*;
 
 #[test]

@@ -73,7 +73,7 @@ fn a_sandbox_and_the_nic_daemon_outlive_the_threads_that_started_them() {
         std::thread::sleep(Duration::from_millis(20));
     }
     sb.check_alive().unwrap();
-    nic::control::Client::connect(&rt.nic_socket()).expect("NIC daemon answers");
+    nic_api::Client::connect(&rt.nic_socket()).expect("NIC daemon answers");
     sb.teardown().unwrap();
     drop(sb);
     assert!(!running(vmm), "teardown reaped the VMM");

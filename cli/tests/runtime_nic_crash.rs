@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bench::startup::{run_round, RoundSpec};
-use nic::devset::VfState;
+use nic_api::VfState;
 use runtime::{Runtime, Variant};
 
 mod cli_common;
@@ -45,7 +45,7 @@ fn bench_rounds_restart_a_nic_daemon_that_died() {
     // Died between rounds: started again before the next round's sandboxes.
     let dead = kill_nic(&rt);
     testutil::poll_until("the NIC daemon's death", Duration::from_secs(10), || {
-        match nic::control::Client::connect(&rt.nic_socket()) {
+        match nic_api::Client::connect(&rt.nic_socket()) {
             Err(_) => Ok(()),
             Ok(_) => Err(format!("pid {dead} still answers")),
         }
@@ -63,7 +63,7 @@ fn bench_rounds_restart_a_nic_daemon_that_died() {
     let (r, open) = std::thread::scope(|s| {
         let killer = s.spawn(|| {
             while !stop.load(Ordering::Relaxed) {
-                let open = nic::control::Client::connect(&rt.nic_socket())
+                let open = nic_api::Client::connect(&rt.nic_socket())
                     .and_then(|mut c| c.list())
                     .ok()
                     // Its session set up and used: the guest sent a frame.

@@ -72,7 +72,7 @@ fn a_second_services_process_is_refused_and_a_killed_one_is_seen_gone() {
     assert_eq!(std::fs::read(dir.join("services.json")).unwrap(), json);
     assert!(conf.exists());
     ServicesInfo::load(&dir.join("services.json")).expect("the first serves on");
-    nic::control::Client::connect(&info.nic_socket)
+    nic_api::Client::connect(&info.nic_socket)
         .expect("the first's NIC daemon")
         .list()
         .unwrap();

@@ -16,7 +16,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use nic::control::{DevKind, VfInfo};
+use nic_api::{DevKind, VfInfo};
 use runtime::{Runtime, Sandbox, SandboxSpec, SgSpec, Variant};
 
 mod cli_common;
@@ -60,7 +60,7 @@ fn burstvm_run_on_an_sg_network_moves_data_over_its_pipes() {
 }
 
 fn sg_devices(rt: &Runtime) -> Vec<VfInfo> {
-    let mut c = nic::control::Client::connect(&rt.nic_socket()).unwrap();
+    let mut c = nic_api::Client::connect(&rt.nic_socket()).unwrap();
     c.list()
         .unwrap()
         .into_iter()

@@ -16,7 +16,7 @@ mod nic_vm_common;
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use nic::control::{ErrorCode, Request, VfInfo};
+use nic_api::{ErrorCode, Request, VfInfo};
 use nic_vm_common::*;
 
 const PIPES: &str = "64";

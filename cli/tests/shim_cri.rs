@@ -95,7 +95,7 @@ fn cri_runp_reaches_the_echo_server_over_the_vf_and_rmp_leaves_nothing() {
     }
     // The VF the CRI plugin's CNI ADD assigned to this pod is the one the VMM opened.
     let info = runtime::ServicesInfo::load(&f.services_dir.join("services.json")).unwrap();
-    let mut nic = nic::control::Client::connect(&info.nic_socket).unwrap();
+    let mut nic = nic_api::Client::connect(&info.nic_socket).unwrap();
     let vf = nic
         .list()
         .unwrap()

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nic::control::Client;
-use nic::devset::VfState;
+use nic_api::Client;
+use nic_api::VfState;
 use testutil::virtio::{
     mac_str, serve_agent, stages, stop_child, vmm_command_mac, TestTap, Wire, GUEST_MAC, LAZY_DMA,
     VANILLA_DMA,

@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::error::{code, PluginError};
 use crate::version::{self, Version};
 use netutil::cni::CniResult;
-use nic::control::DevKind;
+use nic_api::DevKind;
 
 pub const DEFAULT_NIC_SOCKET: &str = "/run/burstvm/nic.sock";
 /// Most seconds `nicTimeout` may ask for: ADD must not hang a runtime for longer.
@@ -87,7 +87,7 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
     let nic_socket =
         PathBuf::from(string("nicSocket")?.unwrap_or_else(|| DEFAULT_NIC_SOCKET.into()));
     let nic_timeout = match o.get("nicTimeout") {
-        None | Some(Value::Null) => nic::control::DEFAULT_TIMEOUT,
+        None | Some(Value::Null) => nic_api::DEFAULT_TIMEOUT,
         Some(v) => match v.as_f64() {
             Some(t) if t > 0.0 && t <= MAX_NIC_TIMEOUT_SECS => Duration::from_secs_f64(t),
             _ => {
@@ -248,7 +248,7 @@ mod tests {
         let c = conf("").unwrap();
         assert_eq!(c.version, Version::V1_1_0);
         assert_eq!(c.nic_socket, PathBuf::from(DEFAULT_NIC_SOCKET));
-        assert_eq!(c.nic_timeout, nic::control::DEFAULT_TIMEOUT);
+        assert_eq!(c.nic_timeout, nic_api::DEFAULT_TIMEOUT);
         assert!(c.ipam.is_none() && c.mac.is_none() && c.vlan.is_none());
         assert_eq!(c.kind, DevKind::Vf);
         assert_eq!(conf(r#","kind":"vf""#).unwrap().kind, DevKind::Vf);

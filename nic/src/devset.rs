@@ -25,6 +25,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use nic_api::VfState;
 use serde::{Deserialize, Serialize};
 
 /// How a devset serializes its operations.
@@ -65,20 +66,6 @@ impl std::str::FromStr for LockPolicy {
             )),
         }
     }
-}
-
-/// Lifecycle of a VF: free → assigned → open → closed → reset → free (after release).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum VfState {
-    Free,
-    Assigned,
-    Open,
-    Closed,
-    Reset,
-    /// The VF saw a malformed descriptor chain (or its open failed): it does no
-    /// more I/O until a reset (by its guest, or at its close).
-    Error,
 }
 
 /// The device behind a VF: what open, close and reset do to it.

@@ -58,8 +58,7 @@ pub struct NicConfig {
     pub sg: sg::SgConfig,
 }
 
-/// Most VFs a PF can have: 32 PCI devices × 8 functions on its bus.
-pub const MAX_VFS: usize = 256;
+pub use nic_api::MAX_VFS;
 
 impl Default for NicConfig {
     fn default() -> Self {

@@ -19,9 +19,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::control::Counters;
 use crate::devset::VfDevice;
 use crate::memory::VfMemory;
+use nic_api::Counters;
 
 /// Queue indexes of virtio-net: 0 = receive (NIC → guest), 1 = transmit.
 pub const RXQ: usize = 0;

@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use nic::devset::{Devset, DevsetError, LockPolicy, VfDevice, VfState};
+use nic::devset::{Devset, DevsetError, LockPolicy, VfDevice};
+use nic_api::VfState;
 use rand::{Rng, SeedableRng};
 
 struct Probe {

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use common::{frame, run_nic_if_child, spawn_nic_child, TestNic};
 use guestmem::pool::{Pool, PoolClient, PoolServer, PoolStats};
 use guestmem::{GuestMemory, MemoryPolicy, MemorySource, RegionSpec};
-use nic::control::Client;
-use nic::devset::VfState;
 use nic::frontend::{FrontendMemory, SimFrontend, MIN_MEM};
 use nic::LockPolicy;
+use nic_api::Client;
+use nic_api::VfState;
 
 /// The dead tenant's byte: what the NIC keeps writing into its receive buffers.
 const CANARY: u8 = 0xA5;

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{frame, TestNic};
-use nic::devset::VfState;
 use nic::frontend::{FrontendMemory, SimFrontend, MIN_MEM};
 use nic::LockPolicy;
+use nic_api::VfState;
 
 const T: Duration = Duration::from_secs(5);
 const CANARY: u8 = 0xa5;

@@ -6,9 +6,9 @@ use testutil::nic as common;
 use std::time::Duration;
 
 use common::{frame, TestNic};
-use nic::devset::VfState;
 use nic::frontend::{SimFrontend, MIN_MEM};
 use nic::LockPolicy;
+use nic_api::VfState;
 
 const T: Duration = Duration::from_secs(5);
 
@@ -481,8 +481,8 @@ fn sim_to_raw(
     name: &str,
 ) -> (
     TestNic,
-    nic::control::VfInfo,
-    nic::control::VfInfo,
+    nic_api::VfInfo,
+    nic_api::VfInfo,
     SimFrontend,
     nic::frontend::VuFrontend,
 ) {

@@ -98,7 +98,7 @@ pub struct CniNetwork {
     config: Vec<u8>,
     /// The config's `name`, and burstvm-cni's `kind` (a VF unless `"sg"`).
     name: String,
-    kind: nic::control::DevKind,
+    kind: nic_api::DevKind,
     plugin: PathBuf,
     /// Directories searched for plugins (`CNI_PATH`).
     path: Vec<PathBuf>,
@@ -118,7 +118,7 @@ pub struct Attachment {
     /// The VF's (or SG function's) vhost-user socket.
     pub vf_socket: Option<PathBuf>,
     /// A VF, or an SG function (`"kind":"sg"` in the result: no link or address).
-    pub kind: nic::control::DevKind,
+    pub kind: nic_api::DevKind,
 }
 
 impl CniNetwork {
@@ -169,7 +169,7 @@ impl CniNetwork {
     }
 
     /// burstvm-cni's `kind`: an SG function for `"sg"`, else a VF (its default).
-    pub fn kind(&self) -> nic::control::DevKind {
+    pub fn kind(&self) -> nic_api::DevKind {
         self.kind
     }
 
@@ -177,8 +177,8 @@ impl CniNetwork {
     /// (the network pool, an engine's ADD attached by the shim).
     pub fn require_vf(&self, what: &'static str) -> Result<(), CniError> {
         match self.kind() {
-            nic::control::DevKind::Vf => Ok(()),
-            nic::control::DevKind::Sg => Err(CniError::NotVf {
+            nic_api::DevKind::Vf => Ok(()),
+            nic_api::DevKind::Sg => Err(CniError::NotVf {
                 name: self.name.clone(),
                 path: self.config_path.clone(),
                 what,
@@ -355,8 +355,8 @@ pub fn attachment(r: &CniResult, ifname: &str) -> Result<Attachment, NoInterface
             Some(k) => k.parse().unwrap_or_default(),
             // libcni (cnitool, containerd) re-encodes results without burstvm's `kind`
             // (docs/cni.md): a socket without a MAC is an SG function (a VF always has one).
-            None if iface.mac.is_none() && iface.socket_path.is_some() => nic::control::DevKind::Sg,
-            None => nic::control::DevKind::Vf,
+            None if iface.mac.is_none() && iface.socket_path.is_some() => nic_api::DevKind::Sg,
+            None => nic_api::DevKind::Vf,
         },
     })
 }
@@ -382,7 +382,7 @@ mod tests {
             PathBuf::from("/run/burstvm/nic/pf0-vf3.sock")
         );
         assert!(attachment(&r, "eth1").is_err());
-        assert_eq!(a.kind, nic::control::DevKind::Vf);
+        assert_eq!(a.kind, nic_api::DevKind::Vf);
     }
 
     #[test]
@@ -392,14 +392,14 @@ mod tests {
                            "pciID":"pf0-sg1","socketPath":"/run/burstvm/nic/pf0-sg1.sock"}]}"#;
         let r: CniResult = serde_json::from_str(json).unwrap();
         let a = attachment(&r, "eth0").unwrap();
-        assert_eq!(a.kind, nic::control::DevKind::Sg);
+        assert_eq!(a.kind, nic_api::DevKind::Sg);
         assert!(a.mac.is_none() && a.ip_cidr.is_none());
         // As cnitool prints it (libcni dropped `kind`): still an SG function.
         let relayed: CniResult =
             serde_json::from_str(&json.replace(r#""kind":"sg","#, "")).unwrap();
         assert_eq!(
             attachment(&relayed, "eth0").unwrap().kind,
-            nic::control::DevKind::Sg
+            nic_api::DevKind::Sg
         );
         assert_eq!(
             a.vf_socket.unwrap(),
@@ -516,8 +516,8 @@ mod tests {
             "sg.conf",
             r#"{"cniVersion":"1.1.0","name":"sgnet","type":"burstvm-cni","kind":"sg"}"#,
         );
-        assert_eq!(vf.kind(), nic::control::DevKind::Vf);
-        assert_eq!(sg.kind(), nic::control::DevKind::Sg);
+        assert_eq!(vf.kind(), nic_api::DevKind::Vf);
+        assert_eq!(sg.kind(), nic_api::DevKind::Sg);
         assert_eq!(sg.name(), "sgnet");
         vf.require_vf("the network pool (--net-pool)").unwrap();
         let e = sg

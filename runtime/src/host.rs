@@ -125,7 +125,7 @@ impl SandboxHost for Runtime {
 #[derive(Debug, thiserror::Error)]
 pub enum HostCallError {
     #[error(transparent)]
-    Nic(#[from] nic::control::ClientError),
+    Nic(#[from] nic_api::ClientError),
     #[error(transparent)]
     Neighbor(#[from] uplink::UplinkError),
     #[error(
@@ -424,7 +424,7 @@ impl SandboxHost for HostServices {
         self.info.pool_socket.as_deref()
     }
     fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, HostCallError> {
-        let mut c = nic::control::Client::connect(&self.info.nic_socket)?;
+        let mut c = nic_api::Client::connect(&self.info.nic_socket)?;
         Ok(c.get_by_id(vf_id)?.socket)
     }
     fn addressing(&self) -> Addressing {

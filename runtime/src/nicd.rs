@@ -40,7 +40,10 @@ impl NicDaemon {
         let mut cmd = Command::new(rt.bin());
         cmd.arg("nic")
             .args(["--pf", PF])
-            .args(["--vfs", &rt.config().vfs.clamp(1, nic::MAX_VFS).to_string()])
+            .args([
+                "--vfs",
+                &rt.config().vfs.clamp(1, nic_api::MAX_VFS).to_string(),
+            ])
             .args(["--devset-lock", lock.as_arg()])
             .args(["--sgfs", &rt.config().sgfs.to_string()])
             .arg("--control")
@@ -77,7 +80,7 @@ impl NicDaemon {
             })?;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if nic::control::Client::connect(&sock).is_ok() {
+            if nic_api::Client::connect(&sock).is_ok() {
                 return Ok(NicDaemon {
                     child,
                     _keeper: keeper,
@@ -125,7 +128,7 @@ impl NicDaemon {
         if self.exited() {
             return true;
         }
-        match nic::control::connect_timeout(control, Duration::from_millis(500)) {
+        match nic_api::connect_timeout(control, Duration::from_millis(500)) {
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
             _ => return false,
         }

@@ -9,10 +9,10 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nic::control::{Client, VfInfo};
 use nic::daemon::Nic;
 use nic::frontend::{SimFrontend, MIN_MEM};
 use nic::{LockPolicy, NicConfig};
+use nic_api::{Client, VfInfo};
 
 pub struct TestNic {
     pub dir: PathBuf,
@@ -170,7 +170,7 @@ pub fn sg_of(c: &mut Client, sandbox: &str) -> VfInfo {
     c.list()
         .unwrap()
         .into_iter()
-        .find(|v| v.kind == nic::control::DevKind::Sg && v.sandbox.as_deref() == Some(sandbox))
+        .find(|v| v.kind == nic_api::DevKind::Sg && v.sandbox.as_deref() == Some(sandbox))
         .expect("the sandbox has an SG function")
 }
 

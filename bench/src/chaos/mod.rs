@@ -286,14 +286,14 @@ pub fn bench_chaos_cli(a: &BenchChaosConfig) -> Result<(), Error> {
             "rounds and concurrency must be at least 1",
         ));
     }
-    if a.tenants == 0 || a.concurrency * a.tenants > nic::MAX_VFS {
+    if a.tenants == 0 || a.concurrency * a.tenants > nic_api::MAX_VFS {
         return Err(bad(
             "--tenants",
             format!(
                 "{} slots × {} tenants: at least one, and at most the {} VFs of a PF",
                 a.concurrency,
                 a.tenants,
-                nic::MAX_VFS
+                nic_api::MAX_VFS
             ),
         ));
     }

@@ -74,7 +74,7 @@ pub fn worker_main(a: &ChaosWorkerConfig) -> Result<(), Error> {
         trace_path: None,
         // One VF per tenant: a killed tenant's VF is reset at its close, but
         // freed only by its teardown's DEL, which a killed NIC daemon delays.
-        vfs: (a.concurrency * a.tenants).clamp(1, nic::MAX_VFS),
+        vfs: (a.concurrency * a.tenants).clamp(1, nic_api::MAX_VFS),
         network: true,
         cgroup_pool: 0,
         cgroup_limits: cgroup::Limits {
@@ -114,7 +114,7 @@ pub fn worker_main(a: &ChaosWorkerConfig) -> Result<(), Error> {
 /// Waits until the NIC daemon answers again (it may be restarting).
 fn wait_nic(rt: &Runtime, limit: Duration) {
     let end = Instant::now() + limit;
-    while Instant::now() < end && nic::control::Client::connect(&rt.nic_socket()).is_err() {
+    while Instant::now() < end && nic_api::Client::connect(&rt.nic_socket()).is_err() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -187,7 +187,7 @@ pub fn signals_and_kicks(c: &mut Client) -> Result<(u64, u64), BenchSgError> {
 
 /// The PF's signal-plane latency counters (every SG function of the PF
 /// shows the same; the daemon publishes them every 100 ms).
-pub fn pf_lat(c: &mut Client) -> Result<nic::sg::SgLat, BenchSgError> {
+pub fn pf_lat(c: &mut Client) -> Result<nic_api::SgLat, BenchSgError> {
     Ok(list_sg(c)?
         .first()
         .and_then(|v| v.sg)

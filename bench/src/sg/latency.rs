@@ -15,8 +15,8 @@ use super::{
     attach_channels, join_load, load_sgfs, median, open_echo_pipes, pf_lat, settle,
     signals_and_kicks, start_load, BenchSgError, CommonConfig, Daemon, Flags, Signals, T,
 };
-use nic::control::Client;
 use nic::sg::frontend::SgFrontend;
+use nic_api::Client;
 
 /// The daemon's SG thread of the bench's PF (nic::daemon names it).
 const SG_THREAD: &str = "sg-pf0";

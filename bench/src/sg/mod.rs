@@ -29,12 +29,12 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nic_api::{Client, ClientError, DevKind, VfInfo};
 use sgiov::dedicated::MAX_CHANNELS;
 use sgiov::driver::{DriverConfig, DriverError};
 use sgiov::layout::{PathKind, Transform};
 use sgiov::signal::RingId;
 
-use nic::control::{Client, ClientError, DevKind, VfInfo};
 use nic::sg::frontend::{SgFrontend, SgFrontendError, HEAP};
 
 use crate::stats::median;

@@ -10,7 +10,7 @@ use super::{
     jain, join_load, median, settle, signals_and_kicks, start_load, BenchSgError, CommonConfig,
     Daemon, Flags,
 };
-use nic::control::Client;
+use nic_api::Client;
 use sgiov::sched::Policy;
 
 /// What `bench sgiov throughput` runs (the `burstvm` CLI parses its flags into this).

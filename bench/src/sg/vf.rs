@@ -23,11 +23,10 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use netutil::MacAddr;
+use nic_api::{Client, VfInfo, VfState};
 
 use super::latency::{measure, LatencyConfig, LatencyRow};
 use super::{BenchSgError, Daemon, Flags, T};
-use nic::control::{Client, VfInfo};
-use nic::devset::VfState;
 use nic::frontend::{SimFrontend, MIN_MEM};
 
 /// The daemon's dataplane thread of the bench's PF (nic::daemon names it).
@@ -70,7 +69,7 @@ pub fn run(a: &LatencyConfig) -> Result<Vec<LatencyRow>, BenchSgError> {
     Ok(rows)
 }
 
-fn control_err(what: String) -> impl FnOnce(nic::control::ClientError) -> BenchSgError {
+fn control_err(what: String) -> impl FnOnce(nic_api::ClientError) -> BenchSgError {
     move |source| BenchSgError::Control {
         what,
         source: Box::new(source),

@@ -152,13 +152,13 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
         .any(|v| v.policy().net == variant::NetKind::Vf);
     // While a pooled round runs, the refilled pool holds VFs too.
     let vfs = max_n + if vf_variants { a.net_pool } else { 0 };
-    if vf_variants && vfs > nic::MAX_VFS {
+    if vf_variants && vfs > nic_api::MAX_VFS {
         return Err(bad(
             "--concurrency",
             format!(
                 "{max_n} sandboxes and {} pooled attachments with a VF each, but a PF has at most {} VFs",
                 a.net_pool,
-                nic::MAX_VFS
+                nic_api::MAX_VFS
             ),
         ));
     }

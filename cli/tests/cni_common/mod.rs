@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use nic::control::{Client, VfInfo};
+use nic_api::{Client, VfInfo};
 use serde_json::{json, Value};
 
 pub const PLUGIN: &str = env!("CARGO_BIN_EXE_burstvm-cni");

@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nic::control::{Counters, Request, Response, VfInfo};
-use nic::devset::VfState;
+use nic_api::{Counters, Request, Response, VfInfo, VfState};
 pub use testutil::virtio::{
     ip_checksum, mac_str, stop_child, udp_reply_to, TestTap, Wire, LAZY_DMA, SERVER_MAC,
     SERVER_PORT, VANILLA_DMA,
@@ -246,7 +245,7 @@ impl Nic {
         self.call(&Request::Alloc {
             pf: "pf0".into(),
             sandbox: sandbox.into(),
-            kind: nic::control::DevKind::Sg,
+            kind: nic_api::DevKind::Sg,
             mac: None,
             vlan: None,
         })

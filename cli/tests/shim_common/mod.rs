@@ -210,7 +210,7 @@ impl Fixture {
             }
         }
         let info = runtime::ServicesInfo::load(&self.services_dir.join("services.json")).unwrap();
-        let mut c = nic::control::Client::connect(&info.nic_socket).unwrap();
+        let mut c = nic_api::Client::connect(&info.nic_socket).unwrap();
         for v in c.list().unwrap() {
             if let Some(s) = v.sandbox {
                 left.push(format!("VF {} assigned to {s}", v.id));

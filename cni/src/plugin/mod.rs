@@ -24,8 +24,7 @@ use crate::placeholder::{self, PlaceholderError};
 use crate::version::{Version, SUPPORTED};
 use netutil::cni::{CniResult, Interface};
 use netutil::{MacAddr, Netns, NetnsError, RouteSpec};
-use nic::control::{Client, ClientError, DevKind, ErrorCode, VfInfo as Vf};
-use nic::devset::VfState;
+use nic_api::{Client, ClientError, DevKind, ErrorCode, VfInfo as Vf, VfState};
 
 /// Most bytes of network config read from stdin. Real configs are a few
 /// KiB; a caller that sends more (broken or hostile) gets a decode error,

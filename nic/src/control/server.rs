@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::{parse_request, ErrorCode, Request, Response};
+use nic_api::{parse_request, ErrorCode, Request, Response};
 
 /// What one client may cost the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -419,7 +419,7 @@ impl<'a> Server<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::Client;
+    use nic_api::Client;
     use std::io::BufRead;
     use std::sync::Arc;
     use vmm_sys_util::eventfd::EFD_NONBLOCK;

@@ -17,15 +17,15 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use netutil::MacAddr;
+use nic_api::{DevKind, ErrorCode, Request, Response, VfInfo, VfState};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use crate::control::server::{Limits, Server};
-use crate::control::{DevKind, ErrorCode, Request, Response, VfInfo};
 use crate::dataplane::uplink::{Uplink, UplinkSpec};
 use crate::dataplane::Dataplane;
-use crate::devset::{Devset, LockPolicy, VfState};
+use crate::devset::{Devset, LockPolicy};
 use crate::ids::{default_mac, vf_id};
 use crate::poll::{eventfd_fd, wait_readable};
 use crate::port::{Port, PortConfig, VfHw};

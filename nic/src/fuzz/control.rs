@@ -3,9 +3,9 @@
 
 use super::scratch_dir;
 use crate::control::server::answer;
-use crate::control::{parse_request, Request, Response};
 use crate::daemon::Nic;
 use crate::devset::LockPolicy;
+use nic_api::{parse_request, Request, Response};
 
 /// Request lines, each answered by a fresh daemon state (two PFs, four VFs),
 /// exactly as the control server answers them. Every answer serializes and
@@ -46,7 +46,7 @@ pub fn fuzz_control_request(data: &[u8]) {
             pf.devset.check_invariants().expect("devset invariants");
             for (_, sb) in pf.devset.snapshot() {
                 if let Some(id) = sb {
-                    assert_eq!(crate::control::sandbox_id_problem(&id), None);
+                    assert_eq!(nic_api::sandbox_id_problem(&id), None);
                 }
             }
         }

@@ -15,7 +15,7 @@ pub mod serve;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use serde::{Deserialize, Serialize};
+use nic_api::SgCounters;
 use sgiov::device::DeviceConfig;
 use sgiov::engine::EngineConfig;
 use sgiov::exec::capacity::Capacities;
@@ -104,51 +104,6 @@ impl SgConfig {
             ..Default::default()
         }
     }
-}
-
-/// Counters of one SGF slot and of its PF's device, for the control API.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SgCounters {
-    /// The guest's area is attached (setup queue ATTACH succeeded).
-    pub attached: bool,
-    pub sockets: u64,
-    /// The SGF's device counters (flattened: the wire format lists them
-    /// beside the others).
-    #[serde(flatten)]
-    pub sgf: sgiov::sgf::SgfStats,
-    /// Setup commands refused (bad magic or op, area refused).
-    pub setup_errors: u64,
-    /// The whole PF's device: SGFs attached, sockets, pipes, rings, staging
-    /// bytes and key slots in use (all 0 when nothing is attached: no leak).
-    pub pf_sgfs: u64,
-    pub pf_sockets: u64,
-    pub pf_pipes: u64,
-    pub pf_rings: u64,
-    pub pf_staging_bytes: u64,
-    pub pf_key_slots: u64,
-    /// The PF's SG thread and priority lane (cumulative histograms).
-    #[serde(default)]
-    pub pf_lat: SgLat,
-    /// Connections between two SGFs of the PF since the daemon started,
-    /// and those that encrypt (cumulative).
-    #[serde(default)]
-    pub pf_chains: u64,
-    #[serde(default)]
-    pub pf_crypto_chains: u64,
-}
-
-/// Where a PF's signal-plane latency goes (log2 histograms, cumulative: a
-/// reader subtracts two snapshots). A signal waits in its FIFO for at most
-/// the round the SG thread is in; then `prio_wait_us` covers the rest up to
-/// a worker taking the priority job.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SgLat {
-    /// SG thread rounds that had work: doorbells, completions, job generation, µs.
-    pub round_us: sgiov::lat::Hist,
-    /// Jobs queued for the executors, sampled once per such round.
-    pub queue_depth: sgiov::lat::Hist,
-    #[serde(flatten)]
-    pub prio: sgiov::engine::LatStats,
 }
 
 /// The SG functions of one PF.

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use nic_api::{SgCounters, SgLat};
 use sgiov::device::{Device, DeviceError};
 use sgiov::layout::{ErrorCode, SetupCmd, SETUP_ATTACH, SETUP_DETACH, SETUP_MAGIC};
 use sgiov::sgf::SgfId;
@@ -17,7 +18,7 @@ use vm_memory::ByteValued;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::mem::SgMemory;
-use super::{SgCounters, SgLat, SgPf};
+use super::SgPf;
 use crate::dataplane::virtio::Fault;
 use crate::devset::Devset;
 use crate::memory::VfMemory;

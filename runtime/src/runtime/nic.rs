@@ -153,7 +153,7 @@ impl Runtime {
 
     /// The VF's vhost-user socket, asked from the NIC daemon.
     pub fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, crate::host::HostCallError> {
-        let mut c = nic::control::Client::connect(&self.nic_socket())?;
+        let mut c = nic_api::Client::connect(&self.nic_socket())?;
         Ok(c.get_by_id(vf_id)?.socket)
     }
 
@@ -162,7 +162,7 @@ impl Runtime {
         if self.nic().is_none() {
             return Ok(Vec::new());
         }
-        let mut c = nic::control::Client::connect(&self.nic_socket()).map_err(|e| e.to_string())?;
+        let mut c = nic_api::Client::connect(&self.nic_socket()).map_err(|e| e.to_string())?;
         Ok(c.list()
             .map_err(|e| e.to_string())?
             .into_iter()

@@ -48,7 +48,7 @@ impl<'rt> Sandbox<'rt> {
             gateway: None,
             vf_id: None,
             vf_socket: None,
-            kind: nic::control::DevKind::Vf,
+            kind: nic_api::DevKind::Vf,
         };
         let link = crate::guestnet::read_link(&ns, IFNAME, &att)?;
         self.attach_vf(None, &link, vm)
@@ -82,7 +82,7 @@ impl<'rt> Sandbox<'rt> {
         // Marked before the call: a half-done ADD is undone by DEL too.
         self.cni_added = true;
         let att = cni.add(&self.spec.id, &ns, IFNAME)?;
-        if att.kind == nic::control::DevKind::Sg {
+        if att.kind == nic_api::DevKind::Sg {
             // No link, MAC or address: the SG function's socket is all there is.
             let socket = att
                 .vf_socket

@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{DevKind, ErrorCode, Request, Response, VfInfo};
+use crate::{DevKind, ErrorCode, Request, Response, VfInfo};
 
 /// How long a call may take unless the caller says otherwise. Control
 /// requests are answered in milliseconds; under a 200-way burst on two CPUs
