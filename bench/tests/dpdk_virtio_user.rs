@@ -53,8 +53,12 @@ fn dpdk_virtio_user_frames_cross_the_switch_byte_exact_with_exact_counters() {
         .alloc("pf0", "sb-sim", Some("02:00:00:00:d0:0b"), None)
         .unwrap();
     // testpmd as A's guest driver: mac= must be the VF's (spoof check).
-    let vdev = format!("net_virtio_user0,path={},mac={}", a.socket.display(), a.mac);
-    let peer = format!("--eth-peer=0,{}", b.mac);
+    let vdev = format!(
+        "net_virtio_user0,path={},mac={}",
+        a.socket.display(),
+        a.mac.unwrap()
+    );
+    let peer = format!("--eth-peer=0,{}", b.mac.unwrap());
     let mut pmd =
         Testpmd::spawn("interop", 0, &[vdev], &["--forward-mode=macswap", &peer]).unwrap();
     nic.wait_vf("sb-dpdk", "open", |v| v.state == VfState::Open);
@@ -71,12 +75,8 @@ fn dpdk_virtio_user_frames_cross_the_switch_byte_exact_with_exact_counters() {
             .recv(T)
             .unwrap_or_else(|| panic!("txonly frame {i} of {sent} never reached VF B"));
         assert_eq!(f.len(), TXONLY_LEN, "frame {i}");
-        assert_eq!(&f[..6], &*b.mac.parse::<netutil::MacAddr>().unwrap(), "dst");
-        assert_eq!(
-            &f[6..12],
-            &*a.mac.parse::<netutil::MacAddr>().unwrap(),
-            "src"
-        );
+        assert_eq!(&f[..6], &*b.mac.unwrap(), "dst");
+        assert_eq!(&f[6..12], &*a.mac.unwrap(), "src");
         // IPv4, UDP, 198.18.0.1 -> 198.18.0.2 (testpmd's txonly template).
         assert_eq!(&f[12..14], &[0x08, 0x00]);
         assert_eq!(f[14] >> 4, 4);

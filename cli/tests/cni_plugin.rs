@@ -29,7 +29,7 @@ fn cni_add_check_del_round_trip() {
     assert_eq!(r["interfaces"].as_array().unwrap().len(), 1);
     assert_eq!(iface["name"], "eth0");
     assert_eq!(iface["sandbox"], ns.path());
-    assert_eq!(iface["mac"], vf.mac.as_str());
+    assert_eq!(iface["mac"], vf.mac.unwrap().to_string());
     assert_eq!(iface["pciID"], vf.id.as_str());
     assert_eq!(iface["socketPath"], vf.socket.to_str().unwrap());
     assert_eq!(iface["mtu"], 1500);
@@ -55,7 +55,7 @@ fn cni_add_check_del_round_trip() {
     // The runtime's view: the placeholder names the VF and carries the IP configuration.
     let p = cni::read_placeholder(Path::new(&ns.path()), "eth0").unwrap();
     assert_eq!(p.vf_id, vf.id);
-    assert_eq!(p.mac_string(), vf.mac);
+    assert_eq!(Some(p.mac), vf.mac);
     assert_eq!(p.addresses, vec![addr]);
     assert_eq!(p.gateway, Some("10.77.0.1".parse().unwrap()));
     assert!(
@@ -96,7 +96,7 @@ fn cni_older_versions_work_without_1_1_fields() {
         assert_eq!(r["cniVersion"], version);
         let iface = &r["interfaces"][0];
         assert_eq!(iface["name"], "eth0");
-        assert_eq!(iface["mac"], nic.assigned()[0].mac.as_str());
+        assert_eq!(iface["mac"], nic.assigned()[0].mac.unwrap().to_string());
         for field in ["pciID", "socketPath", "mtu"] {
             assert!(
                 iface.get(field).is_none(),

@@ -127,7 +127,7 @@ fn two_guests_talk_through_the_vf_switch_with_exact_counters() {
             for (v, g) in [(va, &a), (vb, &b)] {
                 assert_eq!(v.state, VfState::Open, "{v:?}");
                 assert_eq!(v.sandbox.as_deref(), Some(g.sandbox.as_str()));
-                assert_eq!(v.mac, mac_str(&g.mac));
+                assert_eq!(v.mac, Some(g.mac.into()));
             }
             break;
         }

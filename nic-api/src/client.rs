@@ -333,6 +333,13 @@ impl Client {
     }
 }
 
+/// The vhost-user socket of VF `vf_id`, asked from the daemon at `control`
+/// (one connection, one `get`): where a VMM connects for the VF a CNI
+/// result or placeholder names.
+pub fn vf_socket(control: &Path, vf_id: &str) -> Result<PathBuf, ClientError> {
+    Ok(Client::connect(control)?.get_by_id(vf_id)?.socket)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,12 +438,7 @@ mod tests {
         let path = d.path().join("dies.sock");
         let l = UnixListener::bind(&path).unwrap();
         let mut c = Client::connect(&path).unwrap();
-        let server = std::thread::spawn(move || {
-            let (s, _) = l.accept().unwrap();
-            let mut line = String::new();
-            std::io::BufRead::read_line(&mut std::io::BufReader::new(&s), &mut line).unwrap();
-            line
-        });
+        let server = answer_once(l, "");
         let e = c.release("sb-lost").unwrap_err();
         assert!(server.join().unwrap().contains("sb-lost"));
         assert!(matches!(e, ClientError::Closed { .. }), "{e}");
@@ -451,6 +453,46 @@ mod tests {
         assert!(matches!(e, ClientError::Lost { .. }), "{e}");
         assert!(e.is_lost() && e.is_transient(), "{e}");
         assert!(e.to_string().contains("reset.sock"), "{e}");
+    }
+
+    /// A one-call daemon: accepts one connection, reads one request line,
+    /// writes `reply` and hangs up; the thread returns the request.
+    fn answer_once(l: UnixListener, reply: &'static str) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(&s), &mut line).unwrap();
+            s.write_all(reply.as_bytes()).unwrap();
+            line
+        })
+    }
+
+    #[test]
+    fn vf_socket_asks_for_the_vf_by_id() {
+        let d = dir();
+        let path = d.path().join("ctl.sock");
+        let server = answer_once(
+            UnixListener::bind(&path).unwrap(),
+            concat!(
+                r#"{"ok":true,"vf":{"id":"0000:b1:00.3","pf":"pf0","index":3,"#,
+                r#""mac":"02:42:bf:00:00:03","vlan":null,"socket":"/run/x/pf0-vf3.sock","#,
+                r#""state":"assigned","sandbox":"sb","counters":{"rx_packets":0,"rx_bytes":0,"#,
+                r#""rx_drops":0,"tx_packets":0,"tx_bytes":0,"tx_drops":0,"bad_descriptors":0}}}"#,
+                "\n"
+            ),
+        );
+        let sock = vf_socket(&path, "0000:b1:00.3").unwrap();
+        assert_eq!(sock, Path::new("/run/x/pf0-vf3.sock"));
+        let req: Request = serde_json::from_str(&server.join().unwrap()).unwrap();
+        assert_eq!(
+            req,
+            Request::Get {
+                sandbox: None,
+                vf: Some("0000:b1:00.3".into())
+            }
+        );
+        let e = vf_socket(&d.path().join("gone.sock"), "0000:b1:00.3").unwrap_err();
+        assert!(matches!(e, ClientError::Unavailable { .. }), "{e}");
     }
 
     #[test]

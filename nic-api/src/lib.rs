@@ -13,7 +13,7 @@ pub mod client;
 pub mod vf;
 pub mod wire;
 
-pub use client::{connect_timeout, Client, ClientError, DEFAULT_TIMEOUT, MAX_RESPONSE};
+pub use client::{connect_timeout, vf_socket, Client, ClientError, DEFAULT_TIMEOUT, MAX_RESPONSE};
 pub use vf::{Counters, SgCounters, SgLat, VfInfo, VfState};
 pub use wire::{
     parse_request, sandbox_id_problem, DevKind, ErrorCode, Request, Response, MAX_PF_NAME,

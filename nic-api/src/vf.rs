@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use netutil::MacAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::DevKind;
@@ -45,7 +46,9 @@ pub struct VfInfo {
     pub id: String,
     pub pf: String,
     pub index: usize,
-    pub mac: String,
+    /// The VF's MAC; an SG function has none (`""` on the wire).
+    #[serde(with = "mac_or_empty")]
+    pub mac: Option<MacAddr>,
     pub vlan: Option<u16>,
     pub socket: PathBuf,
     pub state: VfState,
@@ -104,4 +107,65 @@ pub struct SgLat {
     pub queue_depth: sgiov::lat::Hist,
     #[serde(flatten)]
     pub prio: sgiov::engine::LatStats,
+}
+
+/// `VfInfo::mac` as the wire has it: `"aa:bb:cc:dd:ee:ff"`, or `""` for none.
+mod mac_or_empty {
+    use netutil::MacAddr;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(mac: &Option<MacAddr>, s: S) -> Result<S::Ok, S::Error> {
+        match mac {
+            Some(m) => s.collect_str(m),
+            None => s.serialize_str(""),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<MacAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        text.parse().map(Some).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vf(kind: DevKind, mac: Option<MacAddr>) -> VfInfo {
+        VfInfo {
+            kind,
+            id: "0000:b1:00.3".into(),
+            pf: "pf0".into(),
+            index: 3,
+            mac,
+            vlan: None,
+            socket: "/run/burstvm/nic/pf0-vf3.sock".into(),
+            state: VfState::Free,
+            sandbox: None,
+            counters: Counters::default(),
+            sg: None,
+            sg_policy: None,
+            sg_capacity: None,
+        }
+    }
+
+    #[test]
+    fn the_mac_is_typed_and_its_wire_form_unchanged() {
+        let mac = MacAddr::new([0x02, 0x42, 0xbf, 0, 0, 3]);
+        let j = serde_json::to_value(vf(DevKind::Vf, Some(mac))).unwrap();
+        assert_eq!(j["mac"], "02:42:bf:00:00:03");
+        assert_eq!(serde_json::from_value::<VfInfo>(j).unwrap().mac, Some(mac));
+        // An SG function has no MAC: an empty string, as before.
+        let j = serde_json::to_value(vf(DevKind::Sg, None)).unwrap();
+        assert_eq!((&j["kind"], &j["mac"]), (&"sg".into(), &"".into()));
+        assert_eq!(serde_json::from_value::<VfInfo>(j).unwrap().mac, None);
+
+        let mut j = serde_json::to_value(vf(DevKind::Vf, Some(mac))).unwrap();
+        j["mac"] = "02:42:bf:00:00".into();
+        let e = serde_json::from_value::<VfInfo>(j).unwrap_err();
+        assert!(e.to_string().contains("not a MAC address"), "{e}");
+    }
 }

@@ -424,8 +424,7 @@ impl SandboxHost for HostServices {
         self.info.pool_socket.as_deref()
     }
     fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, HostCallError> {
-        let mut c = nic_api::Client::connect(&self.info.nic_socket)?;
-        Ok(c.get_by_id(vf_id)?.socket)
+        Ok(nic_api::vf_socket(&self.info.nic_socket, vf_id)?)
     }
     fn addressing(&self) -> Addressing {
         self.info.addressing()

@@ -9,6 +9,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use netutil::MacAddr;
 use nic::daemon::Nic;
 use nic::frontend::{SimFrontend, MIN_MEM};
 use nic::{LockPolicy, NicConfig};
@@ -248,9 +249,36 @@ pub fn spawn_child(test: &str, env: &str, value: &Path) -> Child {
     child
 }
 
-pub fn frame(dst: &str, src: &str, payload: &[u8]) -> Vec<u8> {
-    let mut f = dst.parse::<netutil::MacAddr>().unwrap().to_vec();
-    f.extend_from_slice(&*src.parse::<netutil::MacAddr>().unwrap());
+/// A MAC as the tests hold it: text, or a VF's `VfInfo::mac`.
+pub trait TestMac {
+    fn mac(&self) -> MacAddr;
+}
+
+impl TestMac for str {
+    fn mac(&self) -> MacAddr {
+        self.parse().unwrap()
+    }
+}
+
+impl TestMac for String {
+    fn mac(&self) -> MacAddr {
+        self.as_str().mac()
+    }
+}
+
+impl TestMac for Option<MacAddr> {
+    fn mac(&self) -> MacAddr {
+        self.expect("a VF has a MAC")
+    }
+}
+
+pub fn frame(
+    dst: &(impl TestMac + ?Sized),
+    src: &(impl TestMac + ?Sized),
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut f = dst.mac().to_vec();
+    f.extend_from_slice(&*src.mac());
     f.extend_from_slice(&[0x88, 0xb5]); // local experimental ethertype
     f.extend_from_slice(payload);
     f

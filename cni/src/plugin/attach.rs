@@ -65,11 +65,11 @@ fn add_with_vf(
     vf: &Vf,
     ipam: Option<&Path>,
 ) -> Result<Value, PluginError> {
-    let mac = parse_mac(&vf.mac).ok_or_else(|| {
+    let mac = vf.mac.ok_or_else(|| {
         PluginError::new(
             code::IO_FAILURE,
             "NIC daemon sent a bad VF",
-            format!("VF {} has MAC {:?}", vf.id, vf.mac),
+            format!("VF {} has no MAC", vf.id),
         )
     })?;
     let ipam_result = match ipam {

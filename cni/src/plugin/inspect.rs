@@ -67,9 +67,9 @@ pub(super) fn check(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
             ))),
         };
     }
-    let vf_mac = parse_mac(&vf.mac).ok_or_else(|| {
-        check_failed(format!("the NIC reports MAC {:?} for VF {}", vf.mac, vf.id))
-    })?;
+    let vf_mac = vf
+        .mac
+        .ok_or_else(|| check_failed(format!("the NIC reports no MAC for VF {}", vf.id)))?;
     if iface.pci_id.as_deref().is_some_and(|p| p != vf.id) {
         return Err(check_failed(format!(
             "prevResult has pciID {:?}, the NIC has VF {}",
@@ -94,7 +94,7 @@ pub(super) fn check(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
     {
         return Err(check_failed(format!(
             "prevResult has MAC {:?}, VF {} has {}",
-            iface.mac, vf.id, vf.mac
+            iface.mac, vf.id, vf_mac
         )));
     }
 
@@ -111,7 +111,7 @@ pub(super) fn check(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
             "{ifname} in {netns_str} has MAC {}, VF {} has {}",
             ph.mac_string(),
             vf.id,
-            vf.mac
+            vf_mac
         )));
     }
     for ip in prev.ips.iter().filter(|ip| ip.interface == Some(index)) {

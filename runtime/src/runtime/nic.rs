@@ -153,8 +153,7 @@ impl Runtime {
 
     /// The VF's vhost-user socket, asked from the NIC daemon.
     pub fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, crate::host::HostCallError> {
-        let mut c = nic_api::Client::connect(&self.nic_socket())?;
-        Ok(c.get_by_id(vf_id)?.socket)
+        Ok(nic_api::vf_socket(&self.nic_socket(), vf_id)?)
     }
 
     /// VFs the NIC daemon still has assigned, with their sandbox (leak check).
