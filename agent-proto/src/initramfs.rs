@@ -115,7 +115,7 @@ mod tests {
         write_initramfs(&agent, &out).unwrap();
 
         // Read back with the crate's reader.
-        let mut r = std::fs::File::open(&out).unwrap();
+        let mut r = File::open(&out).unwrap();
         let mut seen = Vec::new();
         loop {
             let mut e = cpio::NewcReader::new(r).unwrap();

@@ -33,7 +33,7 @@ pub enum BenchError {
     Config(String),
     #[error("bench devset: {}: {source}", .dir.display())]
     Dir {
-        dir: std::path::PathBuf,
+        dir: PathBuf,
         #[source]
         source: std::io::Error,
     },

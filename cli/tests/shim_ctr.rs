@@ -137,7 +137,7 @@ fn kill_stops_gracefully_and_a_killed_shim_leaves_nothing() {
     // Graceful: SIGTERM → the VMM closes its devices and exits 0.
     let st = f.ctr(&["task", "kill", "g1"]).status().unwrap();
     assert!(st.success());
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let out = f.ctr(&["task", "ls"]).output().unwrap();
         let ls = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -149,7 +149,7 @@ fn kill_stops_gracefully_and_a_killed_shim_leaves_nothing() {
         if line.contains("STOPPED") {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "g1 not stopped: {ls}");
+        assert!(Instant::now() < deadline, "g1 not stopped: {ls}");
         std::thread::sleep(Duration::from_millis(100));
     }
     let out = f.ctr(&["task", "delete", "g1"]).output().unwrap();

@@ -121,7 +121,7 @@ fn pool_memory_with_lazy_zeroing_boots_and_goes_back() {
 }
 
 /// Peak RSS (KiB) of a VMM that boots `elf` in 64 MiB to READY.
-fn peak_rss_kib(elf: &std::path::Path) -> i64 {
+fn peak_rss_kib(elf: &Path) -> i64 {
     // Reaped by wait4 below (for its rusage), not by Child::wait.
     #[allow(clippy::zombie_processes)]
     let child = burstvm()

@@ -140,7 +140,7 @@ pub enum Error {
     )]
     PrivateRegion(String),
     #[error("lazy-zeroing handler stopped: {0}")]
-    LazyHandler(#[source] std::sync::Arc<lazy::LazyError>),
+    LazyHandler(#[source] std::sync::Arc<LazyError>),
     #[error(transparent)]
     Pool(#[from] pool::Error),
 }

@@ -45,7 +45,7 @@ fn take_return_shrink_accounting() {
     assert_eq!(st.lent_bytes, a.memfd_size() + c.memfd_size());
 
     // A returned memfd is marked dirty (nothing zeroed): its table says so.
-    let dm = DeviceMemory::attach(std::os::fd::AsFd::as_fd(la.memfd()), 0, a.size).unwrap();
+    let dm = DeviceMemory::attach(AsFd::as_fd(la.memfd()), 0, a.size).unwrap();
     dm.prepare_for_device_write(0, a.size).unwrap();
     assert_eq!(dm.page_stats().unwrap().zero, a.size / PAGE);
     pool.give_back(la);

@@ -288,7 +288,7 @@ mod not_netns_tests {
         assert!(Netns::open(Path::new("/proc/self/ns/net")).is_ok());
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("regular");
-        std::fs::write(&f, b"x").unwrap();
+        fs::write(&f, b"x").unwrap();
         for (p, want) in [
             (f.as_path(), "regular file"),
             (d.path(), "directory"),

@@ -78,7 +78,7 @@ impl PacketSocket {
             libc::bind(
                 fd.as_raw_fd(),
                 (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
             )
         };
         if r < 0 {
@@ -93,7 +93,7 @@ impl PacketSocket {
                     libc::SOL_PACKET,
                     libc::PACKET_AUXDATA,
                     (&on as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    size_of::<libc::c_int>() as libc::socklen_t,
                 )
             };
             if r < 0 {
@@ -150,11 +150,11 @@ impl PacketSocket {
         // SAFETY: msghdr is plain integers and pointers; all-zero is valid.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_name = sll.as_mut_ptr().cast();
-        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+        msg.msg_namelen = size_of::<libc::sockaddr_ll>() as u32;
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&cbuf);
+        msg.msg_controllen = size_of_val(&cbuf);
         // SAFETY: every pointer in `msg` refers to a live buffer of the
         // length given next to it (`sll`, `iov` over `buf`, `cbuf`).
         let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, 0) };

@@ -16,8 +16,8 @@ pub enum DevsetLock {
 impl DevsetLock {
     pub fn as_arg(self) -> &'static str {
         match self {
-            DevsetLock::Global => "global",
-            DevsetLock::Hierarchical => "hierarchical",
+            Global => "global",
+            Hierarchical => "hierarchical",
         }
     }
 }

@@ -697,13 +697,9 @@ impl shim::Task for TaskService {
         Ok(r)
     }
 
-    fn delete(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::DeleteRequest,
-    ) -> TtrpcResult<api::DeleteResponse> {
+    fn delete(&self, _ctx: &TtrpcContext, req: api::DeleteRequest) -> TtrpcResult<DeleteResponse> {
         let t = self.inner.task(&req.id)?;
-        let mut r = api::DeleteResponse::new();
+        let mut r = DeleteResponse::new();
         if !req.exec_id.is_empty() {
             exec_of(&t, &req.exec_id)?;
             let agent = t.agent.as_ref().expect("exec_of checked");

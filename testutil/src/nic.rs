@@ -307,7 +307,7 @@ impl PacketSocket {
     }
 
     /// Next incoming frame with `ethertype` (at offset 12, or 16 after a VLAN tag).
-    pub fn recv_type(&self, ethertype: u16, timeout: std::time::Duration) -> Option<Vec<u8>> {
+    pub fn recv_type(&self, ethertype: u16, timeout: Duration) -> Option<Vec<u8>> {
         let end = Instant::now() + timeout;
         let mut buf = vec![0u8; 4096];
         while Instant::now() < end {
@@ -334,7 +334,7 @@ pub const TEST_ETHERTYPE: u16 = 0x88b5;
 
 /// Receives frames on a test frontend until one has the test ethertype
 /// (the kernel sends IPv6 noise on fresh links).
-pub fn recv_test_frame(fe: &mut nic::frontend::SimFrontend, timeout: Duration) -> Option<Vec<u8>> {
+pub fn recv_test_frame(fe: &mut SimFrontend, timeout: Duration) -> Option<Vec<u8>> {
     let end = Instant::now() + timeout;
     while Instant::now() < end {
         if let Some(f) = fe.recv(end - Instant::now()) {
@@ -347,11 +347,7 @@ pub fn recv_test_frame(fe: &mut nic::frontend::SimFrontend, timeout: Duration) -
 }
 
 pub fn sh(cmd: &str) {
-    let st = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .status()
-        .unwrap();
+    let st = Command::new("sh").arg("-c").arg(cmd).status().unwrap();
     assert!(st.success(), "{cmd}");
 }
 

@@ -112,7 +112,7 @@ impl Wire {
             libc::bind(
                 fd.as_raw_fd(),
                 &sll as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                size_of::<libc::sockaddr_ll>() as u32,
             )
         };
         assert_eq!(
@@ -132,7 +132,7 @@ impl Wire {
                 libc::SOL_SOCKET,
                 libc::SO_RCVTIMEO,
                 &tv as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as u32,
+                size_of::<libc::timeval>() as u32,
             )
         };
         assert_eq!(r, 0, "SO_RCVTIMEO: {}", std::io::Error::last_os_error());

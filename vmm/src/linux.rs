@@ -168,10 +168,10 @@ fn segment_span(kernel: &Path, f: &mut File) -> Result<(u64, u64), Error> {
     if ehdr.e_ident[elf::EI_DATA] != elf::ELFDATA2LSB {
         return Err(elf_err(kernel, E::BigEndianElfOnLittle));
     }
-    if ehdr.e_phentsize as usize != std::mem::size_of::<Phdr>() {
+    if ehdr.e_phentsize as usize != size_of::<Phdr>() {
         return Err(elf_err(kernel, E::InvalidProgramHeaderSize));
     }
-    if (ehdr.e_phoff as usize) < std::mem::size_of::<Ehdr>() {
+    if (ehdr.e_phoff as usize) < size_of::<Ehdr>() {
         return Err(elf_err(kernel, E::InvalidProgramHeaderOffset));
     }
     if ehdr.e_entry < HIMEM_START {

@@ -103,12 +103,12 @@ unsafe impl ByteValued for MpIoapic {}
 // SAFETY: as above.
 unsafe impl ByteValued for MpInterrupt {}
 
-const _: () = assert!(std::mem::size_of::<MpFloating>() == 16);
-const _: () = assert!(std::mem::size_of::<MpTableHeader>() == 44);
-const _: () = assert!(std::mem::size_of::<MpCpu>() == 20);
-const _: () = assert!(std::mem::size_of::<MpBus>() == 8);
-const _: () = assert!(std::mem::size_of::<MpIoapic>() == 8);
-const _: () = assert!(std::mem::size_of::<MpInterrupt>() == 8);
+const _: () = assert!(size_of::<MpFloating>() == 16);
+const _: () = assert!(size_of::<MpTableHeader>() == 44);
+const _: () = assert!(size_of::<MpCpu>() == 20);
+const _: () = assert!(size_of::<MpBus>() == 8);
+const _: () = assert!(size_of::<MpIoapic>() == 8);
+const _: () = assert!(size_of::<MpInterrupt>() == 8);
 
 fn checksum(bytes: &[u8]) -> u8 {
     0u8.wrapping_sub(bytes.iter().fold(0u8, |a, b| a.wrapping_add(*b)))
@@ -168,7 +168,7 @@ pub fn build(vcpus: u8) -> Vec<u8> {
         entries.extend_from_slice(lint.as_slice());
     }
 
-    let header_len = std::mem::size_of::<MpTableHeader>();
+    let header_len = size_of::<MpTableHeader>();
     let header = MpTableHeader {
         signature: *b"PCMP",
         length: (header_len + entries.len()) as u16,
@@ -185,7 +185,7 @@ pub fn build(vcpus: u8) -> Vec<u8> {
 
     let mut mpf = MpFloating {
         signature: *b"_MP_",
-        physptr: (MPTABLE_ADDR + std::mem::size_of::<MpFloating>() as u64) as u32,
+        physptr: (MPTABLE_ADDR + size_of::<MpFloating>() as u64) as u32,
         length: 1, // in 16-byte units
         spec: 4,
         ..MpFloating::default()

@@ -143,7 +143,7 @@ pub enum BenchDpError {
     #[error("bench dataplane: {0}")]
     Run(String),
     #[error("bench dataplane --peer dpdk: {0}")]
-    Peer(#[source] crate::dataplane::testpmd::TestpmdError),
+    Peer(#[source] testpmd::TestpmdError),
 }
 
 /// One run's result.
@@ -459,7 +459,7 @@ pub fn run_cli(args: &BenchDataplaneConfig) -> Result<(), BenchDpError> {
         source,
     })?;
     if args.peer == Some(Peer::Dpdk) {
-        let r = crate::dataplane::dpdk::run(args, &dir);
+        let r = dpdk::run(args, &dir);
         if args.dir.is_none() {
             let _ = std::fs::remove_dir_all(&dir);
         }

@@ -77,7 +77,7 @@ impl Uplink {
         loop {
             // SAFETY: sockaddr_ll is plain data.
             let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            let mut sl = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            let mut sl = size_of::<libc::sockaddr_ll>() as u32;
             // SAFETY: buf and sll are valid writable buffers of the sizes passed.
             let n = unsafe {
                 libc::recvfrom(

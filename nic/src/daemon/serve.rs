@@ -162,7 +162,7 @@ pub fn run_with(args: &NicConfig, wait: impl FnOnce(&Arc<Nic>)) -> Result<(), Er
     // Held until this function returns, before anything in them is touched:
     // a second daemon on them stops here, its first's sockets and state intact.
     let _locks = lock_dirs(&args.state_dir, &socket_dir)?;
-    match nic_api::connect_timeout(&args.control, std::time::Duration::from_secs(2)) {
+    match nic_api::connect_timeout(&args.control, Duration::from_secs(2)) {
         Ok(_) => {
             return Err(Error::Config(format!(
                 "control socket {}: another nic daemon is running",

@@ -309,7 +309,7 @@ impl SgLoop {
             let e = |source| Fault::Split { q: SETUP_Q, source };
             view.split_into(head, &mut split).map_err(e)?;
             split.check_in(gm).map_err(e)?;
-            let size = std::mem::size_of::<SetupCmd>() as u64;
+            let size = size_of::<SetupCmd>() as u64;
             if virtq::total(&split.readable) < size || virtq::total(&split.writable) < 4 {
                 return Err(Fault::Chain {
                     q: SETUP_Q,

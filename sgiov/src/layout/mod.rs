@@ -298,11 +298,11 @@ unsafe impl ByteValued for CtrlMsg {}
 // SAFETY: as above.
 unsafe impl ByteValued for SetupCmd {}
 
-const _: () = assert!(std::mem::size_of::<AreaHeader>() == 128);
-const _: () = assert!(std::mem::size_of::<FifoCtl>() == 128);
-const _: () = assert!(std::mem::size_of::<RingDesc>() == 32);
-const _: () = assert!(std::mem::size_of::<CtrlMsg>() == 64);
-const _: () = assert!(std::mem::size_of::<SetupCmd>() == 32);
+const _: () = assert!(size_of::<AreaHeader>() == 128);
+const _: () = assert!(size_of::<FifoCtl>() == 128);
+const _: () = assert!(size_of::<RingDesc>() == 32);
+const _: () = assert!(size_of::<CtrlMsg>() == 64);
+const _: () = assert!(size_of::<SetupCmd>() == 32);
 
 /// The canonical area layout for given FIFO and table sizes (the driver may
 /// choose another, as long as the header describes it and it validates).

@@ -309,8 +309,8 @@ fn workers_serve_each_device_alone() {
 fn an_empty_slot_takes_media_and_gives_them_back() {
     let spec: DiskSpec = "empty,ro,id=c0".parse().unwrap();
     let media = Arc::new(Media::new(Disk::open(&spec).unwrap()));
-    let irq = vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK).unwrap();
-    let interrupt = Arc::new(crate::virtio::Interrupt::new(irq));
+    let irq = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+    let interrupt = Arc::new(Interrupt::new(irq));
     let slot = DiskSlot::new("c0".into(), true, media.clone(), interrupt.clone());
     assert_eq!((slot.sectors(), media.generation()), (0, 0));
     let m = mem();

@@ -203,7 +203,7 @@ impl Guest {
 
     /// Sends `data` on connection `key` (host port `key.local`).
     #[cfg(test)]
-    pub fn send_data(&mut self, key: super::conn::Key, data: &[u8]) {
+    pub fn send_data(&mut self, key: conn::Key, data: &[u8]) {
         let mut h = self.hdr(OP_RW, key.peer, key.local);
         h.len = data.len() as u32;
         self.send(&h, data);
@@ -263,7 +263,7 @@ pub struct Dev {
     pub e: Engine,
     pub path: PathBuf,
     pub counters: Arc<VsockCounters>,
-    listener: Arc<std::os::unix::net::UnixListener>,
+    listener: Arc<UnixListener>,
     limits: Limits,
     _file: SocketFile,
     events: Vec<EpollEvent>,
@@ -272,7 +272,7 @@ pub struct Dev {
 fn engine(
     g: &Guest,
     path: &Path,
-    listener: &Arc<std::os::unix::net::UnixListener>,
+    listener: &Arc<UnixListener>,
     counters: &Arc<VsockCounters>,
     limits: Limits,
     reset_event: bool,
@@ -285,7 +285,7 @@ fn engine(
             EpollEvent::new(EventSet::IN, TOKEN_LISTENER),
         )
         .unwrap();
-    let prepare: Arc<crate::virtio::chain::PrepareWrite> = Arc::new(|_, _| Ok(()));
+    let prepare: Arc<PrepareWrite> = Arc::new(|_, _| Ok(()));
     let parts = Parts {
         cid: CID,
         path: path.to_path_buf(),
@@ -325,8 +325,8 @@ pub fn dev(g: &Guest, dir: &Path, limits: Limits) -> Dev {
 pub fn limits() -> Limits {
     Limits {
         max_connections: MAX_CONNECTIONS,
-        connect_timeout: std::time::Duration::from_millis(200),
-        close_timeout: std::time::Duration::from_millis(200),
+        connect_timeout: Duration::from_millis(200),
+        close_timeout: Duration::from_millis(200),
     }
 }
 
@@ -346,7 +346,7 @@ impl Dev {
     }
 
     #[cfg(test)]
-    pub fn count(&self, c: impl Fn(&VsockCounters) -> &std::sync::atomic::AtomicU64) -> u64 {
+    pub fn count(&self, c: impl Fn(&VsockCounters) -> &AtomicU64) -> u64 {
         VsockCounters::get(c(&self.counters))
     }
 

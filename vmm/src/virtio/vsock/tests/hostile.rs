@@ -341,7 +341,7 @@ fn device_life_cycle_through_the_transport() {
         .map(|_| EventFd::new(EFD_NONBLOCK).unwrap())
         .collect();
     let kick: Vec<EventFd> = evts.iter().map(|e| e.try_clone().unwrap()).collect();
-    let prepare: Arc<crate::virtio::chain::PrepareWrite> = Arc::new(|_, _| Ok(()));
+    let prepare: Arc<PrepareWrite> = Arc::new(|_, _| Ok(()));
     let irq = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).unwrap()));
     let dev = Vsock::new(
         CID,
@@ -430,13 +430,13 @@ fn device_life_cycle_through_the_transport() {
 /// The fuzz target's seeds run clean (the corpus replay runs them too).
 #[test]
 fn vsock_fuzz_seeds_run_clean() {
-    for seed in crate::virtio::vsock::fuzz::vsock_seeds() {
-        crate::virtio::vsock::fuzz::fuzz_vsock(&seed);
+    for seed in fuzz::vsock_seeds() {
+        fuzz::fuzz_vsock(&seed);
     }
     // Truncated and empty inputs too.
-    for seed in crate::virtio::vsock::fuzz::vsock_seeds() {
+    for seed in fuzz::vsock_seeds() {
         for cut in [0, 1, 7, seed.len() / 2] {
-            crate::virtio::vsock::fuzz::fuzz_vsock(&seed[..cut.min(seed.len())]);
+            fuzz::fuzz_vsock(&seed[..cut.min(seed.len())]);
         }
     }
 }
