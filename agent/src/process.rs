@@ -137,6 +137,7 @@ pub fn resolve_program(id: &str, p: &Process, root: Option<&Path>) -> Result<Pat
 
 /// The three standard streams of a child (a stream the process does not
 /// have is /dev/null, opened by the caller).
+#[derive(Debug)]
 pub struct Stdio3 {
     pub stdin: OwnedFd,
     pub stdout: OwnedFd,
@@ -145,6 +146,7 @@ pub struct Stdio3 {
 
 /// What the child does between its creation and exec, all prepared
 /// beforehand: raw system calls only (see the module's header).
+#[derive(Debug)]
 struct ChildSteps {
     root: Option<CString>,
     cwd: CString,
@@ -229,6 +231,7 @@ impl ChildSteps {
 /// A process ready to be spawned: program, argv, environment, stdio and
 /// [`ChildSteps`] (session, terminal, rlimits, root, cwd, umask, groups,
 /// gid, uid, no_new_privs, in that order), every byte prepared.
+#[derive(Debug)]
 pub struct Spawn {
     program: CString,
     _argv: Vec<CString>,

@@ -34,6 +34,17 @@ struct Registry {
     spawned: u64,
 }
 
+// The callbacks are closures: Debug names the pids waited for.
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("waiting", &self.waiting.keys().collect::<Vec<_>>())
+            .field("spawned", &self.spawned)
+            .finish()
+    }
+}
+
+#[derive(Debug)]
 pub struct Reaper {
     reg: Mutex<Registry>,
     cv: Condvar,

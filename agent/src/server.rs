@@ -98,6 +98,7 @@ impl Default for AgentConfig {
     }
 }
 
+#[derive(Debug)]
 struct Proc {
     req: CreateProcess,
     /// Streams attached and not yet handed to the process.
@@ -123,7 +124,7 @@ impl Proc {
     }
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct State {
     procs: BTreeMap<String, Proc>,
     /// Mounted container roots (pod sandbox).
@@ -158,6 +159,7 @@ pub struct PowerOff {
 }
 
 /// The server's state: the sandbox's processes.
+#[derive(Debug)]
 pub struct Agent {
     cfg: AgentConfig,
     state: Mutex<State>,

@@ -38,6 +38,7 @@ pub struct Received {
     pub outgoing: bool,
 }
 
+#[derive(Debug)]
 pub struct PacketSocket {
     fd: OwnedFd,
     ifname: String,

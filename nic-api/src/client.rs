@@ -93,6 +93,7 @@ impl ClientError {
 pub use netutil::unixsock::connect_timeout;
 
 /// A connection to the daemon's control socket.
+#[derive(Debug)]
 pub struct Client {
     path: PathBuf,
     stream: UnixStream,

@@ -113,6 +113,7 @@ enum SideGuard<'a> {
     Write(#[allow(dead_code)] RwLockWriteGuard<'a, ()>),
 }
 
+#[derive(Debug)]
 pub struct Devset<T> {
     name: String,
     policy: LockPolicy,

@@ -83,6 +83,7 @@ pub enum MemError {
     },
 }
 
+#[derive(Debug)]
 struct RegionInfo {
     gpa: u64,
     size: u64,
@@ -134,6 +135,7 @@ fn allocate(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
 }
 
 /// The mapped, resident memory of one open VF.
+#[derive(Debug)]
 pub struct VfMemory {
     vf: String,
     /// Declared before `regions`: dropped first, its regions borrow their mappings.

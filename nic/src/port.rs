@@ -28,7 +28,7 @@ pub const RXQ: usize = 0;
 pub const TXQ: usize = 1;
 pub const MAX_QUEUE_SIZE: u16 = 1024;
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct AtomicCounters {
     pub rx_packets: AtomicU64,
     pub rx_bytes: AtomicU64,
@@ -98,6 +98,7 @@ pub struct PortConfig {
     pub vlan: Option<u16>,
 }
 
+#[derive(Debug)]
 pub struct Vring {
     pub queue: Queue,
     pub kick: Option<Arc<EventFd>>,
@@ -143,7 +144,7 @@ impl Vring {
 
 /// A signal-only vring (an SG function's `dedicated` channel, vring 2 + k):
 /// a doorbell and an interrupt eventfd, no virtqueue.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct ChanVring {
     pub kick: Option<Arc<EventFd>>,
     pub call: Option<EventFd>,
@@ -159,6 +160,7 @@ impl ChanVring {
 }
 
 /// What a session set up; dropped whole at close and reset.
+#[derive(Debug)]
 pub struct Runtime {
     pub active: bool,
     pub failed: bool,
@@ -211,6 +213,7 @@ impl Runtime {
     }
 }
 
+#[derive(Debug)]
 pub struct Port {
     pub pf: String,
     pub index: usize,
@@ -360,6 +363,7 @@ impl Port {
 }
 
 /// A session-side user's hold on a port's runtime (see [`Port::runtime`]).
+#[derive(Debug)]
 pub struct RuntimeGuard<'a> {
     port: &'a Port,
     guard: Option<MutexGuard<'a, Option<Runtime>>>,
@@ -391,6 +395,7 @@ impl Drop for RuntimeGuard<'_> {
 }
 
 /// The devset payload of a VF.
+#[derive(Debug)]
 pub struct VfHw {
     pub port: Arc<Port>,
 }

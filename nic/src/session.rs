@@ -47,6 +47,7 @@ fn fail(what: String) -> VuError {
 
 /// What a device kind offers over vhost-user: its virtio features and its
 /// config space. Memory table, vrings and lifecycle are shared.
+#[derive(Debug)]
 pub struct Profile {
     pub features: u64,
     pub config: fn(&Port) -> Vec<u8>,
@@ -85,6 +86,7 @@ fn fail_with(e: impl std::error::Error + Send + Sync + 'static) -> VuError {
     VuError::ReqHandlerError(io::Error::other(e))
 }
 
+#[derive(Debug)]
 pub struct VfSession {
     devset: Arc<Devset<VfHw>>,
     profile: &'static Profile,

@@ -187,6 +187,7 @@ fn write_limits(layout: &Layout, dirs: &[PathBuf], l: Limits) -> Result<(), Cgro
 
 /// A sandbox's cgroup (one directory per hierarchy). Removed (or returned to
 /// its pool) by `delete` or on drop.
+#[derive(Debug)]
 pub struct Cgroup {
     name: String,
     dirs: Vec<PathBuf>,
@@ -289,6 +290,7 @@ impl Drop for Cgroup {
 }
 
 /// `cgroup.procs` files opened ahead of a fork.
+#[derive(Debug)]
 pub struct ProcsFiles(Vec<File>);
 
 impl ProcsFiles {
@@ -362,6 +364,7 @@ pub(crate) fn rmdir_retry(d: &Path) -> Result<(), CgroupError> {
 }
 
 /// Idle pre-created groups (RunD's rename-based cgroup pool).
+#[derive(Debug)]
 pub struct CgroupPool {
     layout: Layout,
     prefix: String,

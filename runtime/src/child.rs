@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 /// The thread a child was forked on; dropping it ends the thread, which
 /// SIGKILLs the child if it is still running (reap it first).
+#[derive(Debug)]
 pub struct Keeper {
     stop: Option<mpsc::Sender<()>>,
     thread: Option<JoinHandle<()>>,

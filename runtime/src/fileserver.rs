@@ -31,6 +31,7 @@ pub fn pattern_bytes(n: u64) -> Vec<u8> {
     (0..n).map(pattern).collect()
 }
 
+#[derive(Debug)]
 pub struct FileServer {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,

@@ -25,6 +25,13 @@ use crate::runtime::Runtime;
 use crate::uplink::{self, Addressing};
 use netutil::MacAddr;
 
+// A host is a runtime or a test double: `Sandbox`'s Debug only names it.
+impl std::fmt::Debug for dyn SandboxHost + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SandboxHost")
+    }
+}
+
 /// Everything a `Sandbox` needs from the host it runs on.
 pub trait SandboxHost: Sync {
     /// The `burstvm` binary spawned as `burstvm vmm`.
@@ -356,6 +363,7 @@ pub fn read_replies(path: &Path) -> std::collections::BTreeMap<String, u64> {
 }
 
 /// Host services used by a sandbox whose process does not own them (the shim).
+#[derive(Debug)]
 pub struct HostServices {
     info: ServicesInfo,
     layout: Layout,

@@ -65,6 +65,7 @@ pub enum PoolError {
 
 /// A ready attachment: its netns (with the placeholder link `IFNAME`), the
 /// CNI container id it was added under, and the link the guest gets.
+#[derive(Debug)]
 pub struct Pooled {
     pub id: String,
     pub netns: NamedNetns,
@@ -73,7 +74,7 @@ pub struct Pooled {
     pub vf_socket: Option<std::path::PathBuf>,
 }
 
-#[derive(Default)]
+#[derive(Default, Debug)]
 struct State {
     ready: VecDeque<Pooled>,
     /// Ids the pool owns: ready or being made (leak checks skip them).
@@ -86,6 +87,7 @@ struct State {
     stop: bool,
 }
 
+#[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
     /// Wakes the refill thread (a claim, stop).
@@ -102,6 +104,7 @@ impl Shared {
 }
 
 /// The pool and its refill thread; dropping it DELs every entry it holds.
+#[derive(Debug)]
 pub struct NetPool {
     shared: Arc<Shared>,
     cni: CniNetwork,
@@ -206,6 +209,7 @@ impl NetPool {
 }
 
 /// A sandbox start in progress (see `NetPool::busy`).
+#[derive(Debug)]
 pub struct Busy(Arc<Shared>);
 
 impl Drop for Busy {

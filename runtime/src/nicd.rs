@@ -13,6 +13,7 @@ use crate::variant::DevsetLock;
 const DYING_WAIT: Duration = Duration::from_secs(5);
 
 /// The NIC daemon child, with the lock policy it was started with.
+#[derive(Debug)]
 pub struct NicDaemon {
     child: Child,
     /// The thread the daemon was forked on; dropped after it is reaped.

@@ -59,6 +59,7 @@ impl Default for Addressing {
 }
 
 /// The server netns, its veth pair and the echo server.
+#[derive(Debug)]
 pub struct ServerNet {
     netns: NamedNetns,
     /// The veth end the NIC daemon uses as its uplink (in the server netns).
@@ -73,6 +74,7 @@ pub struct ServerNet {
 /// Permanent neighbour entries on the server bridge, through an rtnetlink
 /// socket bound to the server netns: the runtime that owns it has one, and
 /// so has an attached sandbox (the shim), which opens it by path.
+#[derive(Debug)]
 pub struct NeighborTable {
     nl: Mutex<Rtnl>,
     bridge_index: u32,
@@ -246,6 +248,7 @@ impl Drop for ServerNet {
 }
 
 /// UDP echo: every datagram goes back to its sender unchanged.
+#[derive(Debug)]
 pub struct EchoServer {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,

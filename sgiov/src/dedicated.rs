@@ -33,6 +33,7 @@ pub fn channel_bytes(entries: u32) -> u64 {
 }
 
 /// One pipe's own signal channel, device side.
+#[derive(Debug)]
 pub struct Channel {
     /// The pipe's rings: the only ids its words may name.
     pub tx: RingId,
@@ -84,7 +85,7 @@ impl Channel {
 }
 
 /// The channels of one SGF, by channel index.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct DedicatedPlane {
     chans: BTreeMap<u16, Channel>,
     scanned: u64,
@@ -183,6 +184,7 @@ impl DedicatedPlane {
 }
 
 /// The guest end of one channel.
+#[derive(Debug)]
 pub struct GuestChannel {
     g2d: FifoProducer,
     d2g: FifoConsumer,

@@ -58,6 +58,7 @@ impl FifoError {
 }
 
 /// The shared part of both ends: where the FIFO is and how to touch it.
+#[derive(Debug)]
 struct Fifo {
     label: String,
     mem: Arc<dyn Memory>,
@@ -122,6 +123,7 @@ pub fn need_event(event: u32, new: u32, old: u32) -> bool {
 }
 
 /// The producing end of one FIFO.
+#[derive(Debug)]
 pub struct FifoProducer {
     f: Fifo,
     prod: u32,
@@ -241,6 +243,7 @@ impl FifoProducer {
 }
 
 /// The consuming end of one FIFO.
+#[derive(Debug)]
 pub struct FifoConsumer {
     f: Fifo,
     cons: u32,

@@ -10,6 +10,7 @@
 //! sandbox's bytes).
 
 use std::error::Error as StdError;
+use std::fmt;
 use std::fs::File;
 use std::sync::Mutex;
 
@@ -68,6 +69,39 @@ pub enum MemError {
 }
 
 /// One address space the device can access.
+/// Names the memory (the trait objects are shared as `Arc<dyn Memory>`).
+impl fmt::Debug for dyn Memory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Memory")
+            .field("name", &self.name())
+            .finish_non_exhaustive()
+    }
+}
+
+// The prepare hook is a closure: Debug says only whether there is one.
+impl fmt::Debug for GuestMem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuestMem")
+            .field("name", &self.name)
+            .field("gm", &self.gm)
+            .field("hook", &self.hook.is_some())
+            .finish()
+    }
+}
+
+impl fmt::Debug for RawMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawMemory")
+            .field("name", &self.name)
+            .field("ptr", &self.ptr)
+            .field("base", &self.base)
+            .field("len", &self.len)
+            .field("hook", &self.hook.is_some())
+            .field("untrusted", &self.untrusted)
+            .finish()
+    }
+}
+
 pub trait Memory: Send + Sync {
     /// Names the memory in errors (sandbox, SGF or "staging").
     fn name(&self) -> &str;
@@ -266,6 +300,7 @@ fn memfd(name: &str, size: usize) -> Result<File, MemError> {
 /// power-of-two blocks for staging rings. Guests never map it, so it needs no
 /// preparation; a freed block's pages are punched out, so the next ring
 /// starts from zeroes and no byte of one tenant survives into another's ring.
+#[derive(Debug)]
 pub struct StagingMemory {
     name: String,
     file: File,

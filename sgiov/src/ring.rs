@@ -198,7 +198,7 @@ impl RingPtrs {
 /// A ring's bytes: reads and writes at a free-running pointer, split at the
 /// ring end. Used for control messages and by the guest-side driver; the
 /// data path uses jobs instead.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct RingView {
     pub mem: Arc<dyn Memory>,
     pub geom: RingGeom,

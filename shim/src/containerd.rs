@@ -38,6 +38,7 @@ pub struct ContainerdConfig {
 }
 
 /// A running private containerd; stopped (and its directory removed) on drop.
+#[derive(Debug)]
 pub struct Containerd {
     child: Option<Child>,
     cfg: ContainerdConfig,

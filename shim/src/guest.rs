@@ -220,6 +220,7 @@ impl Proc {
 }
 
 /// The guest agent of one task's sandbox and the task's processes there.
+#[derive(Debug)]
 pub struct Agent {
     task: String,
     /// A pod's container: its processes run in this container's root.

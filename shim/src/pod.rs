@@ -26,6 +26,7 @@ use crate::task::{OnExit, Status, Task, TaskError};
 const API_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a pod's containers need of its VM, known once it is ready.
+#[derive(Debug)]
 pub struct PodVm {
     vsock: OnceLock<PathBuf>,
     api: OnceLock<PathBuf>,
@@ -62,6 +63,7 @@ impl PodVm {
 }
 
 /// What a pod's container is created with.
+#[derive(Debug)]
 pub struct MemberParams {
     /// The pod sandbox's task (in this shim: one shim per pod).
     pub pod: Arc<Task>,
@@ -72,6 +74,7 @@ pub struct MemberParams {
 }
 
 /// A pod's container, as its task keeps it.
+#[derive(Debug)]
 pub struct Member {
     pod_id: String,
     pod: Arc<PodVm>,

@@ -157,6 +157,16 @@ pub struct Shim {
     exit: Arc<ExitSignal>,
 }
 
+// containerd-shim's ExitSignal and RemotePublisher have no Debug.
+impl std::fmt::Debug for Shim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shim")
+            .field("namespace", &self.namespace)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
 impl shim::Shim for Shim {
     type T = TaskService;
 
@@ -262,6 +272,16 @@ struct Inner {
     tasks: Mutex<HashMap<String, Arc<Task>>>,
 }
 
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("namespace", &self.namespace)
+            .field("shim_id", &self.shim_id)
+            .field("tasks", &self.tasks)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Inner {
     fn publish(&self, topic: &str, event: Box<dyn shim::protos::protobuf::MessageDyn>) {
         let p = self.publisher.lock().unwrap_or_else(|e| e.into_inner());
@@ -290,7 +310,7 @@ fn exec_of(t: &Task, exec_id: &str) -> TtrpcResult<Arc<Proc>> {
     agent.exec_proc(exec_id).map_err(guest_err)
 }
 
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct TaskService {
     inner: Arc<Inner>,
 }

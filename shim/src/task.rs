@@ -158,6 +158,7 @@ fn join(errs: &[TeardownError]) -> String {
 }
 
 /// The parameters a task is created with.
+#[derive(Debug)]
 pub struct TaskParams {
     pub id: String,
     pub bundle: PathBuf,
@@ -180,6 +181,7 @@ pub struct TaskParams {
 }
 
 /// The Linux-guest part of a task's parameters.
+#[derive(Debug)]
 pub struct LinuxParams {
     /// The main process (config.json's `process`).
     pub process: agent_proto::Process,
@@ -252,6 +254,7 @@ impl SandboxHost for ShimHost<'_> {
     }
 }
 
+#[derive(Debug)]
 pub struct Task {
     pub id: String,
     pub bundle: PathBuf,

@@ -18,6 +18,7 @@ pub fn fresh_dir(prefix: &str, name: &str) -> PathBuf {
 }
 
 /// Kills and reaps the child when the test ends, also on failure.
+#[derive(Debug)]
 pub struct ChildGuard(pub Child);
 
 impl Drop for ChildGuard {

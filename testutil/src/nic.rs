@@ -15,6 +15,7 @@ use nic::frontend::{SimFrontend, MIN_MEM};
 use nic::{LockPolicy, NicConfig};
 use nic_api::{Client, VfInfo};
 
+#[derive(Debug)]
 pub struct TestNic {
     pub dir: PathBuf,
     pub control: PathBuf,
@@ -289,6 +290,7 @@ pub fn path_exists(p: &Path) -> bool {
 }
 
 /// A raw AF_PACKET socket on one interface (the test's view of an uplink).
+#[derive(Debug)]
 pub struct PacketSocket(netutil::PacketSocket);
 
 impl PacketSocket {

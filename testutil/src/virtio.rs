@@ -49,6 +49,7 @@ pub fn ip(args: &[&str]) {
 }
 
 /// A persistent tap made by the test, deleted when dropped.
+#[derive(Debug)]
 pub struct TestTap(pub String);
 
 impl TestTap {
@@ -78,6 +79,7 @@ impl Drop for TestTap {
 }
 
 /// The test's end of the wire: an AF_PACKET socket bound to the tap.
+#[derive(Debug)]
 pub struct Wire(OwnedFd);
 
 impl Wire {

@@ -177,6 +177,7 @@ pub fn monotonic_ns() -> u64 {
 
 /// Appends trace events of one sandbox to a file (or keeps them in memory
 /// only, when no file was asked for). Cheap to share between threads.
+#[derive(Debug)]
 pub struct TraceWriter {
     sandbox: String,
     file: Option<(PathBuf, Mutex<File>)>,

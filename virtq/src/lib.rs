@@ -126,6 +126,7 @@ impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
 }
 
 /// Iterator of [`RingView::walk`]; fused after the chain's end or an error.
+#[derive(Debug)]
 pub struct Walk<'v, 'm, M: GuestMemory + ?Sized> {
     view: &'v RingView<'m, M>,
     indirect_ok: bool,

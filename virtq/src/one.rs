@@ -25,6 +25,7 @@ use crate::xlat::HostRange;
 use crate::{Buf, CopyError, RingView};
 
 /// The chain at `head`: one buffer, and its host address for this burst.
+#[derive(Debug)]
 pub struct OneBuf<'m, M: ?Sized> {
     pub head: u16,
     pub buf: Buf,

@@ -214,6 +214,7 @@ pub const KEPT: usize = 2;
 
 /// Host slices of a chain's first buffers, for one burst (they borrow the
 /// memory table like the ring view).
+#[derive(Debug)]
 pub struct Kept<'m, M: GuestMemory + ?Sized> {
     slices: [Option<Slice<'m, M>>; KEPT],
 }

@@ -95,6 +95,7 @@ pub(crate) fn prefetch_ptr(p: *const u8) {
 pub(crate) type Slice<'m, M> = VolatileSlice<'m, BS<'m, <M as GuestMemory>::Bitmap>>;
 
 /// The rings of one queue for one burst (see the module doc).
+#[derive(Debug)]
 pub struct RingView<'m, M: GuestMemory + ?Sized> {
     pub(crate) ring: Ring,
     /// `size - 1`: ring slots are free-running indexes masked with it (no division).
@@ -295,6 +296,7 @@ impl<'m, M: GuestMemory + ?Sized> RingView<'m, M> {
 }
 
 /// Iterator of [`RingView::avail_heads`]: head indexes, in the driver's order.
+#[derive(Debug)]
 pub struct AvailHeads<'v, 'm, M: GuestMemory + ?Sized> {
     view: &'v RingView<'m, M>,
     pos: u16,

@@ -30,6 +30,7 @@ use vm_memory::{
 /// beyond it are still served, by the table's own search.
 const MAX_REGIONS: usize = 8;
 
+#[derive(Debug)]
 struct Region<'m, R> {
     start: u64,
     len: u64,
@@ -55,6 +56,7 @@ fn inside<'m, R>(r: &Region<'m, R>, addr: u64, count: usize) -> Option<(&'m R, u
 
 /// The translation cache of one memory table (see the module doc). Not
 /// `Sync`: one per thread, e.g. one per burst of the NIC's dataplane.
+#[derive(Debug)]
 pub struct Xlat<'m, M: GuestMemoryBackend> {
     mem: &'m M,
     regions: [Option<Region<'m, M::R>>; MAX_REGIONS],
@@ -127,6 +129,7 @@ impl<'m, M: GuestMemoryBackend> Xlat<'m, M> {
 
 /// What [`Xlat::get_slices`](GuestMemory::get_slices) yields: the one slice
 /// the cache resolved, or the table's own iterator.
+#[derive(Debug)]
 pub enum XlatSlices<'a, M: GuestMemoryBackend> {
     One(Option<VolatileSlice<'a, MS<'a, M>>>),
     Table(GuestMemoryBackendSliceIterator<'a, M>),

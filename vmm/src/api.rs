@@ -183,6 +183,7 @@ pub enum ApiError {
 }
 
 /// A client of the control socket; every call is bounded by its timeout.
+#[derive(Debug)]
 pub struct Client {
     path: PathBuf,
     stream: BufReader<UnixStream>,

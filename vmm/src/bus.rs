@@ -26,6 +26,7 @@ impl BusDevice for Box<dyn BusDevice> {
 }
 
 /// What a device gets from the VM core when it is created.
+#[derive(Debug)]
 pub struct DeviceContext {
     /// For irqfd / ioeventfd registration.
     pub vm: Arc<kvm_ioctls::VmFd>,
@@ -58,6 +59,19 @@ pub struct BusError {
 #[derive(Default, Clone)]
 pub struct Bus {
     devices: BTreeMap<u64, (u64, SharedDevice)>,
+}
+
+// Devices are trait objects: Debug lists the ranges they hold.
+impl std::fmt::Debug for Bus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(
+                self.devices
+                    .iter()
+                    .map(|(&base, &(len, _))| base..base + len),
+            )
+            .finish()
+    }
 }
 
 impl Bus {

@@ -29,6 +29,7 @@ fn io(what: &str, path: &Path, e: impl std::fmt::Display) -> AgentError {
 }
 
 /// The guest's container roots.
+#[derive(Debug)]
 pub struct GuestRoots {
     /// The pod's /etc settings (host name, name servers).
     pub cfg: BootConfig,

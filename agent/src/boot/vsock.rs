@@ -11,6 +11,7 @@ use nix::sys::socket::{
 use super::BootError;
 use crate::server::Listener;
 
+#[derive(Debug)]
 pub struct VsockListener {
     fd: OwnedFd,
     port: u32,

@@ -140,6 +140,7 @@ fn leases(dir: &Path) -> Vec<(Ipv4Addr, String)> {
 }
 
 /// Sends every leased tenant its canary frames until stopped.
+#[derive(Debug)]
 pub struct Generator {
     stop: Arc<AtomicBool>,
     sent: Arc<AtomicU64>,

@@ -210,6 +210,7 @@ fn frame(dst: [u8; 6], src: [u8; 6], len: usize) -> Vec<u8> {
 
 /// An in-process NIC with one PF of `vfs` assigned VFs, serving their
 /// sockets, and its dataplane thread as the daemon runs it; stopped on drop.
+#[derive(Debug)]
 pub struct BenchNic {
     pub nic: Arc<Nic>,
     server: Option<BackgroundServer>,

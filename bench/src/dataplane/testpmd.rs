@@ -121,7 +121,7 @@ impl Drop for Hugepages {
 }
 
 /// Everything the child printed, shared with the thread that reads it.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Output {
     /// stdout: prompts and command output, in order.
     text: Mutex<String>,
@@ -131,6 +131,7 @@ struct Output {
 }
 
 /// A running `dpdk-testpmd -i`; killed and reaped on drop.
+#[derive(Debug)]
 pub struct Testpmd {
     name: String,
     child: Child,

@@ -7,6 +7,7 @@ use super::*;
 
 /// A `burstvm nic` child with `sgfs` SG functions on PF `pf0`; SIGTERMed
 /// and reaped on drop, and killed by the kernel if this thread dies first.
+#[derive(Debug)]
 pub struct Daemon {
     child: Child,
     dir: PathBuf,

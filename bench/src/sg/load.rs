@@ -207,7 +207,7 @@ pub struct ShardResult {
 }
 
 /// Control of the load shards: `go` starts counting, `stop` ends the run.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Flags {
     pub go: AtomicBool,
     pub stop: AtomicBool,

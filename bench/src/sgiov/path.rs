@@ -169,6 +169,7 @@ const FIRST: u32 = 0x1230;
 const MIB: f64 = (1u64 << 20) as f64;
 
 /// Two guests and the engine connecting them along one path.
+#[derive(Debug)]
 pub struct PathRig {
     pub path: BenchPath,
     eng: Engine,

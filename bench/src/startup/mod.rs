@@ -65,6 +65,7 @@ pub fn round_events(all: &[TraceEvent], ids: &[String]) -> Vec<TraceEvent> {
         .collect()
 }
 
+#[derive(Debug)]
 pub struct BenchPlan {
     pub variants: Vec<Variant>,
     /// Writable-layer modes each variant runs with (empty: no rootfs).
@@ -93,6 +94,7 @@ pub enum NetPoolRuns {
 /// How long a pooled round waits for the pool to be full.
 pub const NET_POOL_FILL_BOUND: Duration = Duration::from_secs(120);
 
+#[derive(Debug)]
 pub struct BenchOutput {
     pub summary: Summary,
     pub table: String,

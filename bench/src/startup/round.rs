@@ -8,6 +8,7 @@ use super::*;
 pub const MEMORY_MARGIN: u64 = 1 << 30;
 
 /// One round's outcome.
+#[derive(Debug)]
 pub struct Round {
     pub variant: Variant,
     pub concurrency: usize,

@@ -27,6 +27,7 @@ pub use addr::{RouteEntry, RouteSpec};
 
 use crate::MacAddr;
 
+#[derive(Debug)]
 pub struct Rtnl {
     sock: Socket,
     seq: u32,

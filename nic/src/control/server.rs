@@ -72,6 +72,7 @@ fn encode(resp: &Response, out: &mut Vec<u8>) {
     out.push(b'\n');
 }
 
+#[derive(Debug)]
 struct Conn {
     stream: UnixStream,
     /// Unprocessed input: `inbuf[start..]`; `inbuf[start..scanned]` has no newline.
@@ -208,6 +209,18 @@ pub struct Server<'a> {
     handle: &'a mut dyn FnMut(Request) -> Response,
     /// Connections closed to make room for newer ones (diagnostics).
     pub evicted: u64,
+}
+
+// The handler is a closure: Debug leaves it out.
+impl std::fmt::Debug for Server<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("listener", &self.listener)
+            .field("limits", &self.limits)
+            .field("conns", &self.conns.len())
+            .field("evicted", &self.evicted)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a> Server<'a> {

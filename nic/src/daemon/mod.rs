@@ -34,6 +34,7 @@ use crate::sg::{SgConfig, SgPf};
 use crate::state::{self, Assignment, StateFile};
 use crate::{Error, NicConfig};
 
+#[derive(Debug)]
 pub struct Pf {
     pub index: usize,
     pub name: String,
@@ -45,6 +46,7 @@ pub struct Pf {
 }
 
 /// Everything the control server and the acceptors share.
+#[derive(Debug)]
 pub struct Nic {
     pub pfs: Vec<Pf>,
     /// Pool servers the memory of VF memory tables is registered with (`--pool-socket`).

@@ -5,6 +5,7 @@
 use super::*;
 
 /// Threads and sockets of a running daemon; `shutdown` undoes everything.
+#[derive(Debug)]
 struct Running {
     stop: Arc<AtomicBool>,
     stop_fd: Arc<EventFd>,
@@ -15,7 +16,7 @@ struct Running {
     wakes: Vec<Arc<EventFd>>,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Sessions {
     streams: HashMap<u64, UnixStream>,
     threads: Vec<JoinHandle<()>>,
@@ -333,6 +334,7 @@ fn start_acceptor(
 
 /// The VF sockets of a `Nic` served in the background, without dataplane or
 /// control socket: what `bench devset` measures.
+#[derive(Debug)]
 pub struct BackgroundServer {
     nic: Arc<Nic>,
     run: Running,

@@ -48,6 +48,18 @@ pub struct Mempool {
     unallocated: usize,
 }
 
+// Counts, not the packet buffers.
+impl std::fmt::Debug for Mempool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mempool")
+            .field("home", &self.home)
+            .field("free", &self.free.len())
+            .field("away", &self.away.iter().map(Vec::len).collect::<Vec<_>>())
+            .field("unallocated", &self.unallocated)
+            .finish()
+    }
+}
+
 impl Mempool {
     pub fn new(n: usize) -> Self {
         Self::with_home(n, 0, 1)

@@ -43,6 +43,7 @@ const SPIN_ROUNDS: u32 = 1000;
 /// longer (`Dataplane::set_sleep_cap`) so that a missed wake-up fails them.
 pub const SAFETY_SLEEP: std::time::Duration = std::time::Duration::from_secs(1);
 
+#[derive(Debug)]
 pub struct Dataplane {
     devset: Arc<Devset<VfHw>>,
     ports: Vec<Arc<Port>>,

@@ -28,6 +28,7 @@ pub const PARK_ROUNDS: u32 = 256;
 /// How often (in rounds) the kicks of parked queues are looked at.
 pub const READY_EVERY: u32 = 8;
 
+#[derive(Debug)]
 pub struct Parking {
     epoll: Epoll,
     /// Rounds in a row the VF's transmit queue had nothing.

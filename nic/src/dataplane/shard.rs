@@ -21,6 +21,7 @@ use crate::port::{AtomicCounters, Port};
 pub(crate) const CROSS_RING: usize = 1024;
 
 /// This thread's side of the link with one other thread.
+#[derive(Debug)]
 struct Link {
     /// Frames for that thread's VFs (VF index, the VF's session the sender
     /// switched it for, packet).
@@ -37,6 +38,7 @@ struct Link {
 }
 
 /// The other dataplane threads of the PF, as one thread sees them.
+#[derive(Debug)]
 pub struct Peers {
     me: usize,
     n: usize,

@@ -33,7 +33,7 @@ pub enum Route {
     Flood,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Switch {
     vfs: Vec<VfView>,
     /// Per VF, its MAC as a 48-bit number (`mac48`), and the same only

@@ -67,11 +67,13 @@ pub enum UplinkError {
 }
 
 /// The fd the uplink carries frames on.
+#[derive(Debug)]
 enum Wire {
     Tap(Tap),
     Packet(PacketSocket),
 }
 
+#[derive(Debug)]
 pub struct Uplink {
     wire: Wire,
 }

@@ -52,7 +52,7 @@ pub enum Fault {
 }
 
 /// Per-thread working space of the VF side, allocated once.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Scratch {
     pub(super) split: Split,
     /// (head, used length) of the chains of one batch, completed together.

@@ -10,6 +10,7 @@ use super::{FrontendError, MIN_MEM};
 /// The frontend's "guest memory": a memfd mapped shared; `populate` touches
 /// every page first (as a VMM that DMA-mapped its RAM itself), otherwise the
 /// NIC's mapping allocates and zeroes the pages (fresh memory, vanilla).
+#[derive(Debug)]
 pub struct FrontendMemory {
     pub(super) memfd: File,
     pub(super) base: *mut u8,

@@ -66,6 +66,18 @@ pub struct VuFrontend {
     chans: Vec<(EventFd, EventFd)>,
 }
 
+// vhost's Frontend has no Debug: the socket names the connection.
+impl std::fmt::Debug for VuFrontend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VuFrontend")
+            .field("socket", &self.socket)
+            .field("mem", &self.mem)
+            .field("avail", &self.avail)
+            .field("chans", &self.chans.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl VuFrontend {
     /// Connects and sets both vrings up; posts no buffers.
     pub fn connect_mem(socket: &Path, mem: FrontendMemory) -> Result<Self, FrontendError> {

@@ -9,6 +9,7 @@ use virtio_bindings::virtio_ring::{VRING_AVAIL_F_NO_INTERRUPT, VRING_USED_F_NO_N
 
 use super::{FrontendError, FrontendMemory, VuFrontend, BUF, BUFFERS, HDR_LEN, QSIZE};
 
+#[derive(Debug)]
 pub struct SimFrontend {
     vu: VuFrontend,
     rx_used_seen: u16,

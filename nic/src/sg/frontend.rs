@@ -45,6 +45,7 @@ pub enum SgFrontendError {
     Timeout { socket: String, timeout: Duration },
 }
 
+#[derive(Debug)]
 pub struct SgFrontend {
     /// Declared before `vu`: dropped first (its memory view points into `vu`'s mapping).
     pub drv: Driver,

@@ -11,6 +11,7 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, VolatileSlice};
 
 use crate::memory::VfMemory;
 
+#[derive(Debug)]
 pub struct SgMemory {
     name: String,
     mem: Arc<VfMemory>,

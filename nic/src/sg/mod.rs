@@ -107,6 +107,7 @@ impl SgConfig {
 }
 
 /// The SG functions of one PF.
+#[derive(Debug)]
 pub struct SgPf {
     pub devset: Arc<Devset<VfHw>>,
     pub ports: Vec<Arc<Port>>,

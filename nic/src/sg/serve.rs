@@ -35,6 +35,7 @@ const IDLE: Duration = Duration::from_millis(100);
 /// Setup commands taken per kick.
 const SETUP_BATCH: usize = 16;
 
+#[derive(Debug)]
 struct Slot {
     port: Arc<Port>,
     seen: u64,
@@ -49,6 +50,7 @@ struct Slot {
     setup_errors: u64,
 }
 
+#[derive(Debug)]
 pub struct SgLoop {
     pf: String,
     devset: Arc<Devset<VfHw>>,

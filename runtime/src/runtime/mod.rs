@@ -121,6 +121,7 @@ pub struct RuntimeConfig {
 pub const DEFAULT_SGFS: usize = 4;
 
 /// One runtime instance; everything it created is removed on drop.
+#[derive(Debug)]
 pub struct Runtime {
     cfg: RuntimeConfig,
     /// Short unique tag in every name this runtime creates (netns, links, cgroups).

@@ -12,6 +12,7 @@ pub(crate) fn keep_logs() -> bool {
 }
 
 /// Paths of one sandbox's files.
+#[derive(Debug)]
 pub(super) struct Files {
     /// The VMM's stderr (the reason of a failure).
     pub stderr: PathBuf,

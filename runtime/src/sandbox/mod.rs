@@ -39,6 +39,7 @@ use files::Files;
 use netutil::NamedNetns;
 
 /// A live sandbox. Dropping it tears it down.
+#[derive(Debug)]
 pub struct Sandbox<'rt> {
     rt: &'rt dyn SandboxHost,
     spec: SandboxSpec,

@@ -104,6 +104,7 @@ enum SockState {
     },
 }
 
+#[derive(Debug)]
 struct Socket {
     tx: RingId,
     rx: RingId,
@@ -111,6 +112,7 @@ struct Socket {
     state: SockState,
 }
 
+#[derive(Debug)]
 struct Listener {
     sgf: SgfId,
     sock: RingId,
@@ -119,6 +121,7 @@ struct Listener {
 }
 
 /// One pipe of a connection, with its guest rings (for errors).
+#[derive(Debug)]
 struct ConnPipe {
     pipe: PipeKey,
     guest_src: Option<(SgfId, RingId)>,
@@ -127,6 +130,7 @@ struct ConnPipe {
 }
 
 /// A connection: its pipes, staging rings and key slots.
+#[derive(Debug)]
 struct Conn {
     ends: Vec<(SgfId, RingId)>,
     pipes: Vec<ConnPipe>,
@@ -135,6 +139,7 @@ struct Conn {
     closing: bool,
 }
 
+#[derive(Debug)]
 struct SgfSlot {
     sgf: Sgf,
     sockets: HashMap<RingId, Socket>,
@@ -156,6 +161,7 @@ pub struct DeviceStats {
     pub crypto_chains: u64,
 }
 
+#[derive(Debug)]
 pub struct Device {
     cfg: DeviceConfig,
     engine: Engine,

@@ -79,6 +79,7 @@ pub enum SockState {
     Closing,
 }
 
+#[derive(Debug)]
 struct DrvRing {
     id: RingId,
     view: RingView,
@@ -88,6 +89,7 @@ struct DrvRing {
     theirs: u32,
 }
 
+#[derive(Debug)]
 struct DrvSock {
     tx: DrvRing,
     rx: DrvRing,
@@ -96,6 +98,7 @@ struct DrvSock {
     chan: Option<u16>,
 }
 
+#[derive(Debug)]
 pub struct Driver {
     mem: Arc<dyn Memory>,
     area: u64,

@@ -5,6 +5,7 @@
 
 use super::*;
 
+#[derive(Debug)]
 pub(super) struct Completion {
     pub(super) pipe: PipeKey,
     pub(super) ord: u64,
@@ -13,6 +14,7 @@ pub(super) struct Completion {
 
 /// Completed jobs, handed from the workers to the polling thread. The
 /// eventfd lets a daemon's event loop wait for them with its other fds.
+#[derive(Debug)]
 pub struct Completions {
     q: Mutex<Vec<Completion>>,
     cv: Condvar,

@@ -166,7 +166,7 @@ pub struct LatStats {
     pub prio_inline: u64,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct LatCounters {
     wait_us: AtomicHist,
     ahead: AtomicHist,
@@ -182,6 +182,7 @@ pub struct EngineStats {
     pub sched: SchedStats,
 }
 
+#[derive(Debug)]
 struct ERing {
     view: RingView,
     ptrs: RingPtrs,
@@ -191,12 +192,14 @@ struct ERing {
     consumer: Option<PipeKey>,
 }
 
+#[derive(Debug)]
 struct Pending {
     done: bool,
     src_adv: u32,
     sink_adv: u32,
 }
 
+#[derive(Debug)]
 struct EPipe {
     spec: PipeSpec,
     seq: u64,
@@ -217,6 +220,7 @@ struct EPipe {
 }
 
 /// What the scheduler carries for each job.
+#[derive(Debug)]
 pub struct JobEnv {
     pub desc: JobDesc,
     pub ord: u64,
@@ -225,6 +229,7 @@ pub struct JobEnv {
     pub hi: Option<(Instant, u64)>,
 }
 
+#[derive(Debug)]
 pub struct Engine {
     cfg: EngineConfig,
     rings: Slab<ERing>,

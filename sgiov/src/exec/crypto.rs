@@ -142,6 +142,13 @@ pub struct KeyStore {
     slots: RwLock<Vec<Option<Arc<Aes256Gcm>>>>,
 }
 
+// Never prints a key.
+impl std::fmt::Debug for KeyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyStore").finish_non_exhaustive()
+    }
+}
+
 impl KeyStore {
     pub fn new(nslots: usize) -> KeyStore {
         KeyStore {

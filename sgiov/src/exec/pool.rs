@@ -10,6 +10,7 @@ use crate::exec::capacity::{Capacities, TokenBucket};
 use crate::job::CLASSES;
 use crate::sched::{PipeKey, Queued, SchedConfig, SchedStats, Scheduler, TenantId};
 
+#[derive(Debug)]
 struct State<T> {
     sched: Scheduler<T>,
     buckets: Vec<TokenBucket>,
@@ -17,6 +18,7 @@ struct State<T> {
 }
 
 /// Shared by the submitter (the signal plane) and the workers.
+#[derive(Debug)]
 pub struct Dispatcher<T> {
     state: Mutex<State<T>>,
     cv: Condvar,
@@ -143,6 +145,14 @@ pub struct WorkerPool {
 }
 
 pub type Work<T> = Arc<dyn Fn(PipeKey, Queued<T>) + Send + Sync>;
+
+impl std::fmt::Debug for WorkerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerPool")
+            .field("threads", &self.threads.len())
+            .finish_non_exhaustive()
+    }
+}
 
 impl WorkerPool {
     pub fn start<T: Send + 'static>(

@@ -95,6 +95,7 @@ impl Default for SchedConfig {
     }
 }
 
+#[derive(Debug)]
 struct PipeQ<T> {
     tenant: TenantId,
     prio: u8,
@@ -110,12 +111,12 @@ struct PipeQ<T> {
 /// (level, 0); DRF: (share as ordered bits, tenant).
 type Key = (u64, TenantId);
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct ClassQ {
     buckets: BTreeMap<Key, VecDeque<(u64, PipeKey)>>,
 }
 
-#[derive(Default, Clone)]
+#[derive(Debug, Default, Clone)]
 struct Tenant {
     usage: [f64; NCLASSES],
     /// Pipes of this tenant with jobs queued or running.
@@ -135,6 +136,7 @@ pub struct SchedStats {
 }
 
 /// The scheduler: pure data structure, no threads, no clock.
+#[derive(Debug)]
 pub struct Scheduler<T> {
     cfg: SchedConfig,
     pipes: HashMap<PipeKey, PipeQ<T>>,

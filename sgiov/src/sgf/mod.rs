@@ -109,6 +109,7 @@ pub mod pend {
 }
 
 /// An open ring of the SGF.
+#[derive(Debug)]
 pub struct SgfRing {
     pub role: RingRole,
     pub geom: RingGeom,
@@ -146,6 +147,7 @@ pub enum Inbound {
     RingError { ring: RingId, code: ErrorCode },
 }
 
+#[derive(Debug)]
 pub struct Sgf {
     pub name: String,
     pub tenant: u32,

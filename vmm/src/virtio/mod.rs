@@ -112,6 +112,7 @@ pub enum VirtioError {
 }
 
 /// The interrupt line of one device: InterruptStatus bits plus the irqfd.
+#[derive(Debug)]
 pub struct Interrupt {
     status: AtomicU32,
     irqfd: EventFd,

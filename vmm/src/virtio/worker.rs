@@ -27,6 +27,7 @@ impl WorkerError {
     }
 }
 
+#[derive(Debug)]
 pub struct Worker {
     stop: EventFd,
     handle: Option<JoinHandle<()>>,

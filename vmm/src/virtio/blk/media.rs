@@ -19,6 +19,7 @@ use crate::devspec::DiskSpec;
 use crate::virtio::{Interrupt, VirtioError, INT_CONFIG};
 
 /// The disk a device serves now, and the config generation that counts changes.
+#[derive(Debug)]
 pub struct Media {
     current: Mutex<Arc<Disk>>,
     generation: AtomicU32,
@@ -58,7 +59,7 @@ pub enum MediaError {
 
 /// A device's media, for the `--api` socket: the slot's id, and the
 /// interrupt that tells the guest.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct DiskSlot {
     pub id: String,
     read_only: bool,

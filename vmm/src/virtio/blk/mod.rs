@@ -53,6 +53,7 @@ const TOKEN_QUEUE: u64 = 0;
 
 /// An opened disk: the file, its geometry and what the guest may do with
 /// it. An empty slot has no file and no sectors (every access is beyond it).
+#[derive(Debug)]
 pub struct Disk {
     file: Option<File>,
     name: String,
@@ -64,7 +65,7 @@ pub struct Disk {
 }
 
 /// Per-device counters (tests and diagnostics).
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct BlkCounters {
     pub reads: AtomicU64,
     pub writes: AtomicU64,
@@ -380,4 +381,16 @@ pub struct Blk {
     interrupt: Arc<Interrupt>,
     counters: Arc<BlkCounters>,
     worker: Option<Worker>,
+}
+
+// The prepare hook is a closure and guest memory is large: Debug leaves them out.
+impl std::fmt::Debug for Blk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Blk")
+            .field("features", &self.features)
+            .field("media", &self.media)
+            .field("counters", &self.counters)
+            .field("worker", &self.worker.is_some())
+            .finish_non_exhaustive()
+    }
 }

@@ -53,6 +53,7 @@ const MMIO_MAGIC: u32 = 0x7472_6976; // "virt"
 const MMIO_VERSION: u32 = 2;
 const VENDOR: u32 = 0x4d56_5542; // "BUVM"
 
+#[derive(Debug)]
 pub struct MmioTransport<D: VirtioDevice> {
     device: D,
     mem: GuestMemoryMmap,

@@ -200,6 +200,20 @@ pub struct Vsock {
     worker: Option<Worker>,
 }
 
+// The prepare hook is a closure and guest memory is large: Debug leaves them out.
+impl std::fmt::Debug for Vsock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vsock")
+            .field("cid", &self.cid)
+            .field("path", &self.path)
+            .field("counters", &self.counters)
+            .field("limits", &self.limits)
+            .field("activations", &self.activations)
+            .field("worker", &self.worker.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Vsock {
     /// A device for guest `cid` whose host side is `listener` (bound at
     /// `file`, by [`bind`]).
