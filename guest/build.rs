@@ -59,7 +59,7 @@ fn run(cmd: &mut Command) {
 
 fn main() {
     let src = Path::new("src/c");
-    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR for build scripts"));
     let cc = env::var("GUEST_CC").unwrap_or_else(|_| "gcc".into());
 
     for f in SOURCES.iter().chain(HEADERS).chain([&LINKER_SCRIPT]) {
@@ -112,7 +112,9 @@ fn main() {
     };
     let entry = addr_of("_start");
     let image_end = addr_of("__image_end");
-    let len = fs::metadata(&bin).unwrap().len();
+    let len = fs::metadata(&bin)
+        .expect("guest build: the linked agent image")
+        .len();
     assert!(
         0xC000_0000 + len >= image_end,
         "guest build: agent.bin ({len} bytes) does not cover .bss (ends at {image_end:#x})"
@@ -147,5 +149,5 @@ fn main() {
         out.join("agent_consts.rs"),
         format!("pub const ENTRY_ADDR: u64 = {entry:#x};\n"),
     )
-    .unwrap();
+    .expect("guest build: write agent_consts.rs");
 }

@@ -10,6 +10,7 @@
 //!
 //! Needs root, unshare/setpriv (util-linux), mkfs.erofs, mkfs.ext4, debugfs,
 //! losetup; skipped otherwise.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::io::Read;
 use std::os::unix::fs::symlink;

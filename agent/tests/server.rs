@@ -5,6 +5,7 @@
 //!
 //! Every agent in this binary shares the process's reaper: no test here
 //! waits for a child of its own.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::io::{Read, Write};
 use std::net::Shutdown;

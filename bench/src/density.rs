@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -133,7 +133,13 @@ fn spawn_starters<'s, 'e: 's>(
         s.spawn(move || {
             let mut mine = Vec::new();
             loop {
-                if sh.limit.lock().unwrap().is_some() || rt.interrupted() {
+                if sh
+                    .limit
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .is_some()
+                    || rt.interrupted()
+                {
                     break;
                 }
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -142,27 +148,39 @@ fn spawn_starters<'s, 'e: 's>(
                 }
                 let avail = crate::startup::mem_available();
                 if avail < crate::startup::MEMORY_MARGIN {
-                    sh.limit.lock().unwrap().get_or_insert(format!(
-                        "memory: MemAvailable {} MiB is under the {} MiB margin",
-                        avail >> 20,
-                        crate::startup::MEMORY_MARGIN >> 20
-                    ));
+                    sh.limit
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .get_or_insert(format!(
+                            "memory: MemAvailable {} MiB is under the {} MiB margin",
+                            avail >> 20,
+                            crate::startup::MEMORY_MARGIN >> 20
+                        ));
                     break;
                 }
                 let t0 = Instant::now();
                 match Sandbox::start(rt, spec(i)) {
                     Ok(sb) => {
                         if timed {
-                            sh.more_times.lock().unwrap().push(t0.elapsed());
+                            sh.more_times
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push(t0.elapsed());
                         }
-                        sh.pids.lock().unwrap().extend(sb.vmm_pid());
+                        sh.pids
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .extend(sb.vmm_pid());
                         mine.push(sb);
                     }
                     Err(f) => {
-                        sh.limit.lock().unwrap().get_or_insert(format!(
-                            "sandbox {} failed at {}: {}",
-                            f.sandbox, f.stage, f.error
-                        ));
+                        sh.limit
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .get_or_insert(format!(
+                                "sandbox {} failed at {}: {}",
+                                f.sandbox, f.stage, f.error
+                            ));
                         break;
                     }
                 }
@@ -178,7 +196,10 @@ fn spawn_starters<'s, 'e: 's>(
                 }
                 errs.extend(sb.teardown().err().map(|e| e.to_string()));
             }
-            sh.teardown_errors.lock().unwrap().extend(errs);
+            sh.teardown_errors
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(errs);
         });
     }
 }
@@ -216,23 +237,37 @@ fn run_level(
     let mut m = Measured::default();
     let mut more_limit = None;
     std::thread::scope(|s| {
-        let hold = release.write().unwrap();
+        let hold = release.write().unwrap_or_else(PoisonError::into_inner);
         let (tx, rx) = std::sync::mpsc::channel();
         let w = START_WORKERS.min(n);
         spawn_starters(s, rt, &spec, 0..n, w, false, &sh, &release, tx);
         rx.iter().take(w).for_each(drop);
         // Idle after READY: let the agents settle before reading.
         std::thread::sleep(Duration::from_millis(500));
-        let pids = sh.pids.lock().unwrap().clone();
+        let pids = sh
+            .pids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         m.running = pids.len();
         m.totals = proc_totals(&pids);
         m.drop = avail0.saturating_sub(crate::startup::mem_available());
         m.pt = meminfo("PageTables:").saturating_sub(pt0);
-        if sh.limit.lock().unwrap().is_none() && a.more > 0 {
+        if sh
+            .limit
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+            && a.more > 0
+        {
             let (tx, rx) = std::sync::mpsc::channel();
             spawn_starters(s, rt, &spec, n..n + a.more, a.more, true, &sh, &release, tx);
             rx.iter().take(a.more).for_each(drop);
-            more_limit = sh.limit.lock().unwrap().clone();
+            more_limit = sh
+                .limit
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
         }
         drop(hold);
     });
@@ -241,11 +276,14 @@ fn run_level(
     let ms: Vec<f64> = sh
         .more_times
         .into_inner()
-        .unwrap()
+        .unwrap_or_else(PoisonError::into_inner)
         .iter()
         .map(|d| d.as_secs_f64() * 1e3)
         .collect();
-    let limit = sh.limit.into_inner().unwrap();
+    let limit = sh
+        .limit
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
     let limit = match more_limit {
         Some(l) => Some(format!("while starting {} more: {l}", a.more)),
         None => limit.or(rt.interrupted().then(|| "interrupted (Ctrl-C)".to_string())),
@@ -263,7 +301,10 @@ fn run_level(
         more: ms.len(),
         more_avg_ms: ms.iter().sum::<f64>() / ms.len().max(1) as f64,
         more_max_ms: ms.iter().cloned().fold(0.0, f64::max),
-        teardown_errors: sh.teardown_errors.into_inner().unwrap(),
+        teardown_errors: sh
+            .teardown_errors
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner),
         leaks: leaks::check(rt, Duration::from_secs(10)),
     }
 }

@@ -9,7 +9,7 @@
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::stats::percentile;
@@ -156,7 +156,9 @@ fn run_round(argvs: &[Vec<CString>]) -> Result<Round> {
                 libc::_exit(127);
             }
         }
-        pids.lock().unwrap().push(pid);
+        pids.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(pid);
     }
     // SAFETY: the parent's copy of the read end.
     unsafe { libc::close(rd) };
@@ -192,7 +194,7 @@ fn run_round(argvs: &[Vec<CString>]) -> Result<Round> {
         }
         let at = t0.elapsed();
         {
-            let mut p = pids.lock().unwrap();
+            let mut p = pids.lock().unwrap_or_else(PoisonError::into_inner);
             let Some(i) = p.iter().position(|&x| x == pid) else {
                 continue; // not one of this round's (cannot happen: none other)
             };

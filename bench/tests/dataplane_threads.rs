@@ -3,6 +3,7 @@
 //! and the packet buffers go back to their home pools (more frames cross
 //! than a pool holds, without a drop); sleeping threads are woken for every
 //! frame, and ask for kicks (VRING_USED_F_NO_NOTIFY clear) only while asleep.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use testutil::nic as common;
 

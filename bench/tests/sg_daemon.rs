@@ -1,6 +1,7 @@
 //! SG functions served by the daemon over real vhost-user sessions: the
 //! control API, attach through the setup queue, an echo through warp pipes,
 //! detach on disconnect and on a SIGKILLed frontend, nothing leaked.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use testutil::nic as common;
 

@@ -3,6 +3,7 @@
 //! the process's fd count is this test's): channel vrings accept no
 //! virtqueue, every channel holds a kick/call eventfd pair on both sides,
 //! and all of them are given back when the frontend disconnects.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use testutil::nic as common;
 

@@ -4,6 +4,7 @@
 //! parallel ADDs, chaining, SG functions). Failures and faults (bad input,
 //! exhaustion, a dead, silent or killed NIC daemon) are in cni_plugin_faults.rs;
 //! the set-up both use is cni_common.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod cni_common;
 

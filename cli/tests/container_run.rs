@@ -5,6 +5,7 @@
 //! the condensed kernel (scripts/build-guest-kernel.sh) and the static agent
 //! (scripts/build-agent.sh), both made by scripts/setup.sh / test.sh. Each
 //! test boots one VM: under kvm_pvm the kernel runs emulated (~20-40 s).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod guest_common;
 

@@ -4,6 +4,7 @@
 //! kubelet would drive them (root; docs/shim.md). The flow takes the
 //! runtime handler as a parameter: it runs with containerd's runc here, and
 //! can run with `burstvm` once the shim runs containers in a pod.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod guest_common;
 mod shim_common;

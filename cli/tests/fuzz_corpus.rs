@@ -6,6 +6,7 @@
 //! The seeds are also made by code (`*_seeds()` in each crate's `fuzz`
 //! module); this test checks that each of them is in the corpus, and
 //! `BURSTVM_WRITE_SEEDS=1` writes them there after a seed changed.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::path::{Path, PathBuf};
 

@@ -2,6 +2,7 @@
 //! given to `burstvm vmm` under lazy, pre50 and vanilla; the agent (probe mode) reads
 //! addresses all over RAM and never sees a canary byte, and the boot info the VMM wrote
 //! (instant-zero list) is intact.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::process::Command;
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 //! killed with SIGKILL, and one daemon per directory. Frontends are nic's
 //! test frontend (vhost crate Frontend, memfd memory, hand-written split
 //! rings).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 // The nic crate's test helpers (frames, VF polling, a frontend in a child process).
 use testutil::nic as nic_common;

@@ -9,6 +9,7 @@
 //! - A guest that resets its device reaches READY again on the same VF; a guest whose VF the
 //!   NIC put in `error` is told (DEVICE_NEEDS_RESET), resets, and works again. Neither
 //!   touches the other VF of the devset.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod nic_vm_common;
 

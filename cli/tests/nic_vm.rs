@@ -10,6 +10,7 @@
 //! - A VMM killed with SIGKILL while its VF is open: the VF is closed and
 //!   reset at once while another VF of the devset stays open, and after
 //!   release is allocated again and used by a new VMM to READY.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod nic_vm_common;
 

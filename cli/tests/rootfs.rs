@@ -4,6 +4,7 @@
 //! to each sandbox, the template unchanged, nothing left after teardown,
 //! also when the VMM or the runtime itself is killed with SIGKILL.
 //! Needs root, /dev/kvm, erofs-utils, xfsprogs, e2fsprogs.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::io::{BufRead, BufReader, Lines};
 use std::path::{Path, PathBuf};

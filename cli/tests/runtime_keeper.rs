@@ -7,6 +7,7 @@
 //! `a_killed_runtime_with_a_full_net_pool_leaves_nothing` and rootfs.rs's
 //! `runtime_layers_leave_nothing_even_after_sigkill`.) Needs root, /dev/kvm and the
 //! CNI plugins (as runtime_startup.rs).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::time::{Duration, Instant};
 

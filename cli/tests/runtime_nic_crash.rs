@@ -5,6 +5,7 @@
 //! reconnect instead of every sandbox in flight failing. Through the
 //! runtime's own round (`bench::run_round`), with built-in-agent guests.
 //! Needs root, /dev/kvm and the CNI plugins (as runtime_startup.rs).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -4,6 +4,7 @@
 //! liveness is its lock, not its pid, so a killed one is seen gone even
 //! when its pid belongs to another process, and its successor starts at
 //! once (reaping what the killed one left). Root, iproute2, /opt/cni/bin.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -12,6 +12,7 @@
 //!   and the VMM's checksum; a third finds no free SGF; after teardown (VMMs stopped
 //!   mid-transfer) both SGFs are free and detached, the PF holds no pipe or ring, and
 //!   the runtime's leak check is clean.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

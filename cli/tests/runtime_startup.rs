@@ -4,6 +4,7 @@
 //! arguments. Kept sandboxes, teardown by signal or by the next runtime, the
 //! tap bridge and the network pool are in runtime_lifecycle.rs.
 //! They need root, /dev/kvm, iproute2 and host-local (in /opt/cni/bin).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use serde_json::Value;
 

@@ -4,6 +4,7 @@
 //! sandboxes' VFs out of use. Through the runtime (its NIC daemon, CNI and
 //! echo server), with built-in-agent guests. Needs root, /dev/kvm and the
 //! CNI plugins (as runtime_startup.rs).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::time::Duration;
 

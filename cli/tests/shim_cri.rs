@@ -2,6 +2,7 @@
 //! makes the netns and runs burstvm-cni, the shim attaches the VF named by
 //! the placeholder link, and the guest's request reaches the echo server
 //! over it (root, KVM; docs/shim.md).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod shim_common;
 

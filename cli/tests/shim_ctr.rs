@@ -1,6 +1,7 @@
 //! `ctr run --runtime io.containerd.burstvm.v2` against a private containerd:
 //! exit status = the guest's, traces written, nothing left after delete and
 //! after a SIGKILLed shim (root, KVM; docs/shim.md).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod shim_common;
 

@@ -6,6 +6,7 @@
 //! metrics). Root, KVM, containerd; the kernel (scripts/build-guest-kernel.sh)
 //! and the static agent (scripts/build-agent.sh). Two boots: under kvm_pvm
 //! the kernel runs emulated (~30-40 s each).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod guest_common;
 mod shim_common;

@@ -5,6 +5,7 @@
 //! `burstvm cri` as kubelet would: a pod with containers of two images,
 //! logs, exec, the pod's VF, stop, remove, nothing left. Root, KVM,
 //! containerd; the kernel and the static agent; one boot (~30-40 s here).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod guest_common;
 mod shim_common;

@@ -5,6 +5,7 @@
 //! template), a SIGKILLed restored VMM, `burstvm run --template`, and
 //! `burstvm bench density` with and without a template.
 //! Needs root and /dev/kvm.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -1,6 +1,7 @@
 //! virtio-net over tap, end to end: the built-in agent's UDP request leaves
 //! through a tap the test created, the test answers the agent's ARP and UDP
 //! on the tap, and the guest reaches READY. Also: the tap errors.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::path::Path;
 use std::process::Command;

@@ -1,6 +1,7 @@
 //! The vhost-user-net frontend end to end: the built-in agent drives a VF of
 //! `burstvm nic` (passthrough in software); its request leaves through the
 //! PF's uplink tap, where the test answers it. Sync and async VF driver init.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

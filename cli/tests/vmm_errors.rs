@@ -1,5 +1,6 @@
 //! Bad input to `burstvm vmm`: each gets one clear error naming the thing,
 //! a non-zero exit, and leaves nothing behind.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod vmm_common;
 

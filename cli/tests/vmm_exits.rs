@@ -1,6 +1,7 @@
 //! How a running guest can end the VMM: each way gives a non-zero exit and a
 //! message that says which (READY and the i8042 reset end it with status 0). The guests are tiny hand-assembled ELF "kernels"
 //! (no PVH note, so they enter through the 64-bit boot protocol in long mode).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod vmm_common;
 

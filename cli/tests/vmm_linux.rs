@@ -5,6 +5,7 @@
 //! condensed kernel (scripts/build-guest-kernel.sh) must mount the EROFS
 //! root from virtio-blk and start init. Each test stops the VMM with
 //! SIGTERM once its lines are seen (a full boot takes long on this host).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod guest_common;
 mod vmm_common;

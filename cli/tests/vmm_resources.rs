@@ -1,6 +1,7 @@
 //! Resources of a running VMM are released when it ends: the tap it
 //! attached, and the pool memory it took (`--pool-socket`, lazy zeroing);
 //! loading a kernel touches only the pages it writes.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod vmm_common;
 

@@ -1,6 +1,7 @@
 //! The agent's C code compiled for the host: the frame code (net.c) and
 //! boot-info header checked by tests/host_harness.c, and the EROFS reader
 //! (erofs.c) run by tests/host_erofs.c against images mkfs.erofs builds.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

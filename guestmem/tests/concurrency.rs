@@ -1,4 +1,5 @@
 //! Fault handler, background zeroer and device writers racing on the same pages.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! 2 MiB hugetlb pages: a clear error when not reserved, and lazy zeroing when they are.
 //! Reserves a few pages in /proc/sys/vm/nr_hugepages for the test and restores it.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod common;
 

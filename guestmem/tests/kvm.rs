@@ -1,5 +1,6 @@
 //! A real KVM guest reads pool memory full of a previous tenant's canary under each policy:
 //! KVM's own accesses (kernel-mode faults) must go through the lazy-zeroing path too.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Every fd, mapping and thread is released when a GuestMemory, client and server go away.
 //! (Its own test binary: counts are per process.)
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! netutil against the kernel, inside namespaces the tests make (run as
 //! root): named netns life cycle, taps, links, addresses, routes,
 //! neighbours, and an AF_PACKET wire across a veth pair.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;

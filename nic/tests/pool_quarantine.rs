@@ -2,6 +2,7 @@
 //! not when the NIC's session ends late (a lock wait) and the dataplane keeps writing the dead
 //! tenant's frames, not when the NIC is stopped or killed; and it does come back once the NIC
 //! has unmapped it.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use testutil::nic as common;
 

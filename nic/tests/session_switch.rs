@@ -2,6 +2,7 @@
 //! owns each live VF's rings and hands them back for every session message.
 //! Memory a frontend gave up (a new memory table, or a disconnect) must never
 //! see another byte: canary bytes in it stay as they were.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use testutil::nic as common;
 

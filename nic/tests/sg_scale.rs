@@ -2,6 +2,7 @@
 //! thread counts do not grow with pipes. Alone in its test binary, so no
 //! other test opens fds meanwhile (daemon and frontend share this process;
 //! the frontend's fds are fixed too).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use testutil::nic as common;
 

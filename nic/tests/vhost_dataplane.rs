@@ -1,5 +1,6 @@
 //! The VF vhost-user backends and the dataplane, driven by test frontends
 //! (vhost crate Frontend, memfd memory, hand-written split rings).
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use testutil::nic as common;
 

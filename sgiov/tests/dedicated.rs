@@ -1,6 +1,7 @@
 //! The `dedicated` signal mode (one signal channel per socket, polled by
 //! the device): echoes through it, and a channel word that names another
 //! pipe's ring is rejected, counted, fails only its own pipe.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod common;
 

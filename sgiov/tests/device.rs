@@ -2,6 +2,7 @@
 //! guest memory (two mappings of each sandbox's memfd: the guest's and the
 //! device's, as vhost-user would give). Doorbells and interrupts are direct
 //! calls; everything else is the real protocol.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod common;
 

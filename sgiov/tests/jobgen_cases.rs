@@ -3,6 +3,7 @@
 //! are run by the executors (in shuffled order inside each barrier segment)
 //! and the sink is compared byte for byte with a reference transform
 //! computed with the aes-gcm crate directly.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 use std::collections::HashSet;
 use std::sync::Arc;

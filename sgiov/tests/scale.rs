@@ -1,6 +1,7 @@
 //! 4096 warp pipes on one SG function: the device's fd and thread counts do
 //! not grow with the number of pipes. Alone in its test binary, so no other
 //! test opens fds meanwhile.
+#![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
 mod common;
 

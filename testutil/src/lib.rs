@@ -1,4 +1,5 @@
 //! Helpers shared by the workspace's tests. Only ever a dev-dependency.
+#![allow(clippy::unwrap_used)] // test support: a failed step fails the test
 
 #[cfg(feature = "nic")]
 pub mod nic;

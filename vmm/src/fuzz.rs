@@ -120,7 +120,9 @@ pub fn fuzz_mmio(data: &[u8]) {
         op.resize(OP_LEN, 0);
         let offset = u64::from(u16::from_le_bytes([op[1], op[2]])) & 0xfff;
         let size = [1usize, 2, 4, 8][op[3] as usize % 4];
-        let value = u64::from(u32::from_le_bytes(op[4..8].try_into().unwrap()));
+        let value = u64::from(u32::from_le_bytes(
+            op[4..8].try_into().expect("a 4-byte slice"),
+        ));
         match op[0] % 3 {
             0 => {
                 let mut buf = vec![0xeeu8; size];

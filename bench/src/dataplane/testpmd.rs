@@ -13,7 +13,7 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The binary, found on PATH.
@@ -203,7 +203,7 @@ impl Testpmd {
                     }
                     let into = if is_stdout { &out.text } else { &out.err };
                     into.lock()
-                        .unwrap()
+                        .unwrap_or_else(PoisonError::into_inner)
                         .push_str(&String::from_utf8_lossy(&buf[..n]));
                     out.grew.notify_all();
                 }
@@ -228,8 +228,8 @@ impl Testpmd {
     fn fail(&self, reason: String) -> TestpmdError {
         let text = format!(
             "{}\n[stderr]\n{}",
-            self.out.text.lock().unwrap(),
-            self.out.err.lock().unwrap()
+            self.out.text.lock().unwrap_or_else(PoisonError::into_inner),
+            self.out.err.lock().unwrap_or_else(PoisonError::into_inner)
         );
         let tail: String = text
             .lines()
@@ -256,7 +256,7 @@ impl Testpmd {
         timeout: Duration,
     ) -> Result<usize, TestpmdError> {
         let end = Instant::now() + timeout;
-        let mut text = self.out.text.lock().unwrap();
+        let mut text = self.out.text.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             if let Some(i) = text.get(from..).and_then(|t| t.find(pat)) {
                 return Ok(from + i + pat.len());
@@ -268,21 +268,31 @@ impl Testpmd {
                 let why = if exited { "exited" } else { "timed out" };
                 return Err(self.fail(format!("{why} waiting for {pat:?}")));
             }
-            text = self.out.grew.wait_timeout(text, end - now).unwrap().0;
+            text = self
+                .out
+                .grew
+                .wait_timeout(text, end - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
     }
 
     /// Sends one command line and waits for the next prompt; returns what
     /// the command printed.
     pub fn cmd(&mut self, line: &str) -> Result<String, TestpmdError> {
-        let from = self.out.text.lock().unwrap().len();
+        let from = self
+            .out
+            .text
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
         writeln!(self.stdin, "{line}").map_err(|source| TestpmdError::Io {
             what: format!("testpmd {}: write {line:?}", self.name),
             source,
         })?;
         // The echo of the command line is followed by its output and a prompt.
         let done = self.wait_for(from, PROMPT, T)?;
-        let text = self.out.text.lock().unwrap();
+        let text = self.out.text.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(text[from..done].to_string())
     }
 

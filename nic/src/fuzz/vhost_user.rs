@@ -18,7 +18,9 @@ fn fds_for(request: u32, body: &[u8]) -> usize {
     match request {
         5 => body
             .get(..4)
-            .map_or(0, |n| u32::from_le_bytes(n.try_into().unwrap()) as usize)
+            .map_or(0, |n| {
+                u32::from_le_bytes(n.try_into().expect("a 4-byte slice")) as usize
+            })
             .min(8), // SET_MEM_TABLE: one per region
         6 | 7 | 12 | 13 | 14 | 21 | 32 | 37 | 42 => 1,
         _ => 0,
@@ -68,8 +70,8 @@ pub fn fuzz_vhost_user(data: &[u8]) {
         let hdr = &data[off..(off + 12).min(data.len())];
         let (req, size) = if hdr.len() == 12 {
             (
-                u32::from_le_bytes(hdr[0..4].try_into().unwrap()),
-                u32::from_le_bytes(hdr[8..12].try_into().unwrap()) as usize,
+                u32::from_le_bytes(hdr[0..4].try_into().expect("a 4-byte slice")),
+                u32::from_le_bytes(hdr[8..12].try_into().expect("a 4-byte slice")) as usize,
             )
         } else {
             (0, 0)

@@ -144,7 +144,10 @@ fn tag_of(pid: u32, k: u32) -> String {
     let mut s = String::new();
     let mut x = pid as u64 * 64 + k as u64;
     loop {
-        s.insert(0, char::from_digit((x % 36) as u32, 36).unwrap());
+        s.insert(
+            0,
+            char::from_digit((x % 36) as u32, 36).expect("x % 36 is a base-36 digit"),
+        );
         x /= 36;
         if x == 0 {
             break;

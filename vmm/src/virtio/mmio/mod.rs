@@ -346,7 +346,8 @@ impl<D: VirtioDevice> MmioTransport<D> {
         if data.len() != 4 || !offset.is_multiple_of(4) {
             return;
         }
-        self.write_reg(offset, u32::from_le_bytes(data.try_into().unwrap()));
+        let word = data.try_into().expect("data.len() == 4, checked above");
+        self.write_reg(offset, u32::from_le_bytes(word));
     }
 }
 
