@@ -254,7 +254,7 @@ pub fn parse_size(field: &'static str, s: &str) -> Result<u64, Error> {
 
 pub fn parse_mac(field: &'static str, s: &str) -> Result<MacAddr, Error> {
     s.parse()
-        .map_err(|e: netutil::MacParseError| invalid(field, e.to_string()))
+        .map_err(|source| Error::InvalidMac { field, source })
 }
 
 pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, Ipv4Addr), Error> {

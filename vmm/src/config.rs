@@ -100,7 +100,12 @@ pub enum TemplateMode {
 /// The `--app-file` payload: a regular file no larger than the image region allows.
 fn read_app_file(p: &std::path::Path) -> Result<Vec<u8>, Error> {
     let bad = |msg: String| invalid("--app-file", format!("{}: {msg}", p.display()));
-    let md = std::fs::metadata(p).map_err(|e| bad(e.to_string()))?;
+    let io_err = |source| Error::File {
+        what: "--app-file",
+        path: p.to_path_buf(),
+        source,
+    };
+    let md = std::fs::metadata(p).map_err(io_err)?;
     if !md.is_file() {
         return Err(bad("not a regular file".into()));
     }
@@ -111,7 +116,7 @@ fn read_app_file(p: &std::path::Path) -> Result<Vec<u8>, Error> {
             layout::MAX_APP_SIZE
         )));
     }
-    std::fs::read(p).map_err(|e| bad(e.to_string()))
+    std::fs::read(p).map_err(io_err)
 }
 
 /// A locally administered unicast MAC derived from the sandbox id.

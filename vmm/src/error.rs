@@ -174,6 +174,12 @@ impl std::fmt::Display for GuestFailure {
 pub enum Error {
     #[error("{field}: {msg}")]
     InvalidArg { field: &'static str, msg: String },
+    #[error("{field}: {source}")]
+    InvalidMac {
+        field: &'static str,
+        #[source]
+        source: netutil::MacParseError,
+    },
     #[error("KVM device {path}: {source}")]
     KvmOpen {
         path: PathBuf,
@@ -217,6 +223,15 @@ pub enum Error {
     },
     #[error("kernel {path}: {msg}")]
     Kernel { path: PathBuf, msg: String },
+    /// linux-loader refused the kernel as an ELF (`hint` says what to do
+    /// with a compressed image).
+    #[error("kernel {path}: not a bootable vmlinux ELF: {source}{hint}")]
+    KernelElf {
+        path: PathBuf,
+        hint: &'static str,
+        #[source]
+        source: linux_loader::loader::elf::Error,
+    },
     /// A step of loading the kernel failed: the I/O or linux-loader error of `what`.
     #[error("kernel {path}: {what}: {source}")]
     KernelStep {
@@ -233,11 +248,12 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("sandbox {sandbox}: network device {device}: {msg}")]
+    #[error("sandbox {sandbox}: network device {device}: {source}")]
     Net {
         sandbox: String,
         device: String,
-        msg: String,
+        #[source]
+        source: Box<crate::virtio::VirtioError>,
     },
     /// The `--vsock` device could not be created (its error names the socket path).
     #[error("sandbox {sandbox}: vsock device: {source}")]
@@ -253,11 +269,20 @@ pub enum Error {
         #[source]
         source: crate::virtio::vsock::VsockError,
     },
-    #[error("sandbox {sandbox}: device {device}: {msg}")]
+    #[error("sandbox {sandbox}: device {device}: {source}")]
     Device {
         sandbox: String,
         device: String,
-        msg: String,
+        #[source]
+        source: Box<crate::virtio::VirtioError>,
+    },
+    /// A device's MMIO or port range could not be placed on its bus.
+    #[error("sandbox {sandbox}: device {device}: {source}")]
+    Bus {
+        sandbox: String,
+        device: String,
+        #[source]
+        source: crate::bus::BusError,
     },
     #[error(transparent)]
     Trace(#[from] trace::TraceError),

@@ -150,7 +150,11 @@ fn elf_err(kernel: &Path, e: linux_loader::loader::elf::Error) -> Error {
         }
         _ => "",
     };
-    kerr(kernel, format!("not a bootable vmlinux ELF: {e}{hint}"))
+    Error::KernelElf {
+        path: kernel.to_path_buf(),
+        hint,
+        source: e,
+    }
 }
 
 /// The guest range of the PT_LOAD segments, from the headers only (the

@@ -35,10 +35,10 @@ pub(super) struct LegacyDevices {
 
 fn bus_err(sb: &str, device: &str) -> impl FnOnce(crate::bus::BusError) -> Error {
     let (sandbox, device) = (sb.to_string(), device.to_string());
-    move |e| Error::Device {
+    move |source| Error::Bus {
         sandbox,
         device,
-        msg: e.to_string(),
+        source,
     }
 }
 
@@ -145,10 +145,10 @@ pub(super) fn attach_net_devices(
             NetBackend::Sg(p) => format!("sg:{}", p.display()),
         };
         let dev = crate::virtio::create_net_device(backend, cfg.device_mac(backend), &ctx)
-            .map_err(|e| Error::Net {
+            .map_err(|source| Error::Net {
                 sandbox: sb.to_string(),
                 device: name.clone(),
-                msg: e.to_string(),
+                source: Box::new(source),
             })?;
         let dev: SharedDevice = Arc::new(Mutex::new(dev));
         mmio.insert(&name, base, MMIO_SIZE, dev)
@@ -177,10 +177,10 @@ pub(super) fn attach_disks(
             _ => format!("disk:{}", spec.path.display()),
         };
         let (dev, disk_slot) =
-            crate::virtio::create_blk_device(spec, &ctx).map_err(|e| Error::Device {
+            crate::virtio::create_blk_device(spec, &ctx).map_err(|source| Error::Device {
                 sandbox: sb.to_string(),
                 device: name.clone(),
-                msg: e.to_string(),
+                source: Box::new(source),
             })?;
         media.extend(disk_slot);
         let dev: SharedDevice = Arc::new(Mutex::new(dev));

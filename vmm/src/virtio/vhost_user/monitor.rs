@@ -196,13 +196,11 @@ impl Vf {
         };
         let missing = d.features & !s.backend_features & self.kind.features();
         if missing != 0 {
-            return Err(Restore::Impossible(format!(
-                "the new backend lacks negotiated features {missing:#x}"
-            )));
+            return Err(Restore::Impossible(Impossible::MissingFeatures(missing)));
         }
         let bases = self
             .ring_bases(d)
-            .map_err(|e| Restore::Impossible(e.to_string()))?;
+            .map_err(|e| Restore::Impossible(Impossible::RingBases(e)))?;
         let avail: Vec<u16> = d
             .queues
             .iter()
@@ -247,5 +245,14 @@ enum Restore {
     /// The new backend refused the restored rings.
     Refused(VirtioError),
     /// Cannot work with any backend of this kind.
-    Impossible(String),
+    Impossible(Impossible),
+}
+
+/// Why no backend of this kind can take the device over.
+#[derive(Debug, thiserror::Error)]
+enum Impossible {
+    #[error("the new backend lacks negotiated features {0:#x}")]
+    MissingFeatures(u64),
+    #[error(transparent)]
+    RingBases(VirtioError),
 }
