@@ -254,12 +254,19 @@ pub struct RangeSet {
     ranges: BTreeMap<u64, (u64, String)>,
 }
 
+/// A range overlaps one already in the set; `owner` labels that one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("overlaps {owner}")]
+pub struct Overlap {
+    pub owner: String,
+}
+
 impl RangeSet {
     /// Inserts `[start, end)` unless it overlaps a range already there.
-    pub fn insert(&mut self, start: u64, end: u64, owner: String) -> Result<(), String> {
+    pub fn insert(&mut self, start: u64, end: u64, owner: String) -> Result<(), Overlap> {
         if let Some((_, (e, o))) = self.ranges.range(..end).next_back() {
             if *e > start {
-                return Err(o.clone());
+                return Err(Overlap { owner: o.clone() });
             }
         }
         self.ranges.insert(start, (end, owner));
@@ -355,12 +362,17 @@ mod tests {
     #[test]
     fn range_set_refuses_overlaps() {
         let mut s = RangeSet::default();
+        let by = |owner: &str| {
+            Err(Overlap {
+                owner: owner.into(),
+            })
+        };
         s.insert(0x1000, 0x2000, "area".into()).unwrap();
         s.insert(0x3000, 0x4000, "ring 2".into()).unwrap();
-        assert_eq!(s.insert(0x1fff, 0x2100, "x".into()), Err("area".into()));
-        assert_eq!(s.insert(0x0, 0x1001, "x".into()), Err("area".into()));
-        assert_eq!(s.insert(0x2000, 0x4000, "x".into()), Err("ring 2".into()));
-        assert_eq!(s.insert(0x3800, 0x3900, "x".into()), Err("ring 2".into()));
+        assert_eq!(s.insert(0x1fff, 0x2100, "x".into()), by("area"));
+        assert_eq!(s.insert(0x0, 0x1001, "x".into()), by("area"));
+        assert_eq!(s.insert(0x2000, 0x4000, "x".into()), by("ring 2"));
+        assert_eq!(s.insert(0x3800, 0x3900, "x".into()), by("ring 2"));
         s.insert(0x2000, 0x3000, "ring 3".into()).unwrap();
         s.remove(0x3000);
         s.insert(0x3000, 0x3100, "ring 4".into()).unwrap();

@@ -281,10 +281,7 @@ fn all_eight_cases_and_fig10_are_byte_exact() {
                     &mut seq,
                     &mut |ptr| {
                         let mut h = [0u8; 16];
-                        r.src
-                            .read(ptr, &mut h)
-                            .map(|_| h)
-                            .map_err(|e| e.to_string())
+                        r.src.read(ptr, &mut h).map(|_| h)
                     },
                 )
                 .unwrap();

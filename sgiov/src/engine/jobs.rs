@@ -208,7 +208,7 @@ impl Engine {
         let view = &src.view;
         let mut header = |ptr: u32| {
             let mut h = [0u8; 16];
-            view.read(ptr, &mut h).map(|_| h).map_err(|e| e.to_string())
+            view.read(ptr, &mut h).map(|_| h)
         };
         let plan = match jobgen::generate(sspan, kspan, &params, &mut x.seq, &mut header) {
             Ok(plan) => plan,

@@ -28,6 +28,7 @@
 use crate::exec::crypto::{self, RecordHeader, HDR, KIND_DATA, KIND_PAD, OVERHEAD};
 use crate::job::{Buf, JobDesc, Op};
 use crate::layout::{limits, ErrorCode};
+use crate::mem::MemError;
 use crate::ring::RingView;
 
 /// Bytes of one ring: `len` bytes from free-running pointer `ptr` in a ring
@@ -173,14 +174,14 @@ pub struct Plan {
     pub in_place: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum JobGenError {
     #[error("record at source offset {off:#x}: {what}")]
     Record { off: u32, what: &'static str },
     #[error("record at source offset {off:#x}: sequence {got}, expected {want}")]
     Sequence { off: u32, got: u64, want: u64 },
     #[error("reading a record header: {0}")]
-    Header(String),
+    Header(#[source] MemError),
 }
 
 impl JobGenError {
@@ -211,7 +212,7 @@ pub fn generate(
     sink: Span,
     p: &Params,
     seq: &mut u64,
-    header: &mut dyn FnMut(u32) -> Result<[u8; 16], String>,
+    header: &mut dyn FnMut(u32) -> Result<[u8; 16], MemError>,
 ) -> Result<Plan, JobGenError> {
     let mut plan = Plan::default();
     step(src, sink, p, seq, header, &mut plan)?;
@@ -241,7 +242,7 @@ fn step(
     sink: Span,
     p: &Params,
     seq: &mut u64,
-    header: &mut dyn FnMut(u32) -> Result<[u8; 16], String>,
+    header: &mut dyn FnMut(u32) -> Result<[u8; 16], MemError>,
     plan: &mut Plan,
 ) -> Result<(), JobGenError> {
     if plan.jobs.len() >= p.max_jobs || src.len == 0 {

@@ -3,8 +3,12 @@
 
 use super::*;
 
-fn no_headers(_: u32) -> Result<[u8; 16], String> {
-    Err("no headers here".into())
+fn no_headers(addr: u32) -> Result<[u8; 16], MemError> {
+    Err(MemError::OutOfRange {
+        mem: "no headers here".into(),
+        addr: addr.into(),
+        len: 16,
+    })
 }
 
 fn params(xf: Xf) -> Params {
@@ -72,7 +76,7 @@ fn encrypt_pads_a_short_tail() {
 #[test]
 fn decrypt_rejects_bad_records() {
     let mut seq = 0;
-    let hdr = |h: RecordHeader| move |_: u32| Ok::<_, String>(h.encode());
+    let hdr = |h: RecordHeader| move |_: u32| Ok::<_, MemError>(h.encode());
     let src = Span::new(4096, 0, 4096);
     let sink = Span::new(4096, 0, 4096);
     let p = params(Xf::Decrypt);
@@ -102,12 +106,15 @@ fn decrypt_rejects_bad_records() {
         &mut hdr(RecordHeader::data(100, 0)),
     )
     .unwrap_err();
-    assert_eq!(
-        e,
-        JobGenError::Record {
-            off: 4032,
-            what: "record straddles the ring end"
-        }
+    assert!(
+        matches!(
+            e,
+            JobGenError::Record {
+                off: 4032,
+                what: "record straddles the ring end"
+            }
+        ),
+        "{e:?}"
     );
     // A misaligned record start.
     let odd = Span::new(4096, 8, 100);

@@ -32,7 +32,7 @@ use crate::layout::{
     RingState, SgfState, CTRL_REPLY_RING, CTRL_REQ_RING,
 };
 use crate::mem::{MemError, Memory};
-use crate::ring::{RangeSet, RingError, RingGeom, RingPtrs, RingView};
+use crate::ring::{Overlap, RangeSet, RingError, RingGeom, RingPtrs, RingView};
 use crate::signal::{RingId, Signal, SignalType, SignalWord};
 
 pub type SgfId = u32;
@@ -227,7 +227,7 @@ impl Sgf {
             let geom = RingGeom::from_desc(&label, &*mem, &d, role).map_err(cerr)?;
             ranges
                 .insert(geom.base, geom.end(), label.clone())
-                .map_err(|other| {
+                .map_err(|Overlap { owner: other }| {
                     cerr(RingError::Overlap {
                         ring: label.clone(),
                         base: geom.base,

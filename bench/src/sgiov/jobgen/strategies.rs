@@ -67,7 +67,7 @@ impl Stream {
             let view = &self.src;
             let plan = generate(src, sink, &p, &mut self.seq, &mut |ptr| {
                 let mut h = [0u8; 16];
-                view.read(ptr, &mut h).map(|_| h).map_err(|e| e.to_string())
+                view.read(ptr, &mut h).map(|_| h)
             })?;
             for j in &plan.jobs {
                 execute(&j.desc(&self.src, &self.sink, b.slot), &b.keys)?;
