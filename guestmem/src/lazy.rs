@@ -35,7 +35,8 @@ pub struct LazyStats {
     pub background_mapped: u64,
 }
 
-type ErrorCallback = Box<dyn Fn(&str) + Send + Sync>;
+/// Told the first lazy-zeroing error, once (`GuestMemory::set_lazy_error_callback`).
+pub type LazyErrorCallback = Box<dyn Fn(&Arc<LazyError>) + Send + Sync>;
 
 /// Why a lazy-zeroing thread stopped serving faults; each names the region
 /// and page it is about where there is one.
@@ -87,7 +88,7 @@ pub enum LazyError {
 pub(crate) struct ErrorSlot {
     first: Mutex<Option<Arc<LazyError>>>,
     fd: EventFd,
-    callback: Mutex<Option<ErrorCallback>>,
+    callback: Mutex<Option<LazyErrorCallback>>,
     fired: AtomicBool,
 }
 
@@ -121,7 +122,7 @@ impl ErrorSlot {
         let cb = self.callback.lock().unwrap_or_else(|p| p.into_inner());
         if let (Some(cb), Some(e)) = (&*cb, self.get()) {
             if !self.fired.swap(true, Ordering::AcqRel) {
-                cb(&e.to_string());
+                cb(&e);
             }
         }
     }
@@ -134,7 +135,7 @@ impl ErrorSlot {
         sys::borrow(&self.fd)
     }
 
-    pub fn set_callback(&self, cb: ErrorCallback) {
+    pub fn set_callback(&self, cb: LazyErrorCallback) {
         *self.callback.lock().unwrap_or_else(|p| p.into_inner()) = Some(cb);
         self.fire();
     }

@@ -389,7 +389,7 @@ impl GuestMemory {
     }
 
     /// Called once, from the failing thread, with the first lazy-zeroing error.
-    pub fn set_lazy_error_callback(&self, cb: Box<dyn Fn(&str) + Send + Sync>) {
+    pub fn set_lazy_error_callback(&self, cb: crate::LazyErrorCallback) {
         self.errors.set_callback(cb)
     }
 

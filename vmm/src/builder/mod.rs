@@ -330,10 +330,9 @@ fn finish(
     let sink = Arc::new(EventSink::new().map_err(os_err(sb, "eventfd"))?);
     {
         let sink = sink.clone();
-        mem.set_lazy_error_callback(Box::new(move |msg| {
-            sink.post(VmEvent::Failure(GuestFailure::MemoryHandler(
-                msg.to_string(),
-            )))
+        // The failure is a report (an exit line): flattened here.
+        mem.set_lazy_error_callback(Box::new(move |e| {
+            sink.post(VmEvent::Failure(GuestFailure::MemoryHandler(e.to_string())))
         }));
     }
 
