@@ -56,7 +56,12 @@ fn check_netns(path: &Path, file: &File) -> Result<(), NetnsError> {
             };
             not(kind.into())
         } else {
-            not(e.to_string())
+            // Another failure proves nothing about the file: keep the cause.
+            NetnsError::Io {
+                path: path.to_path_buf(),
+                op: "NS_GET_NSTYPE",
+                source: e,
+            }
         });
     }
     if t != libc::CLONE_NEWNET {

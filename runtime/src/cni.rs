@@ -14,6 +14,13 @@ use serde::Deserialize;
 pub enum CniError {
     #[error("CNI config {path}: {reason}")]
     Config { path: PathBuf, reason: String },
+    /// A CNI_PATH directory cannot be joined into the variable (it holds a ':').
+    #[error("CNI config {path}: CNI_PATH: {source}")]
+    CniPath {
+        path: PathBuf,
+        #[source]
+        source: std::env::JoinPathsError,
+    },
     #[error("CNI config {path}: {source}")]
     ConfigRead {
         path: PathBuf,
@@ -199,9 +206,9 @@ impl CniNetwork {
         netns: &Path,
         ifname: &str,
     ) -> Result<Vec<u8>, CniError> {
-        let cni_path = std::env::join_paths(&self.path).map_err(|e| CniError::Config {
+        let cni_path = std::env::join_paths(&self.path).map_err(|source| CniError::CniPath {
             path: self.config_path.clone(),
-            reason: format!("CNI_PATH: {e}"),
+            source,
         })?;
         let mut cmd = Command::new(&self.plugin);
         let host_ns = match &self.host_netns {

@@ -95,7 +95,7 @@ pub fn check(rt: &Runtime, grace: Duration) -> LeakReport {
         }
         match rt.leftover_links() {
             Ok(v) => r.links = v,
-            Err(e) => r.errors.push(e),
+            Err(e) => r.errors.push(e.to_string()),
         }
         if r.is_clean() || Instant::now() >= deadline {
             return r;

@@ -38,6 +38,8 @@ pub use variant::{Policy, Variant};
 pub enum Error {
     #[error("{field}: {reason}")]
     BadArg { field: &'static str, reason: String },
+    #[error("--rootfs-file: {0}")]
+    RootfsFile(#[source] rootfs::NotAFile),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error(transparent)]
@@ -192,6 +194,6 @@ impl RootfsConfig {
             self.rootfs_image,
             layer,
         )
-        .map_err(|e| bad("--rootfs-file", e.to_string()))
+        .map_err(Error::RootfsFile)
     }
 }

@@ -37,9 +37,11 @@ pub enum ConfigError {
         #[source]
         source: runtime::variant::UnknownVariant,
     },
-    #[error("shim config {path}: field memory: {source}")]
-    Memory {
+    /// A size field (`memory`, `layer_size`) that does not parse.
+    #[error("shim config {path}: field {field}: {source}")]
+    Size {
         path: PathBuf,
+        field: &'static str,
         #[source]
         source: Box<runtime::Error>,
     },
@@ -180,8 +182,9 @@ impl ShimConfig {
                 "the tap variant needs the self-hosted runtime (burstvm run)".into(),
             ));
         }
-        runtime::parse_size("memory", &c.memory).map_err(|e| ConfigError::Memory {
+        runtime::parse_size("memory", &c.memory).map_err(|e| ConfigError::Size {
             path: path.to_path_buf(),
+            field: "memory",
             source: Box::new(e),
         })?;
         if !c.cpus.is_finite() || c.cpus <= 0.0 {
@@ -190,7 +193,13 @@ impl ShimConfig {
         match runtime::parse_size("layer_size", &c.layer_size) {
             Ok(n) if n >= 8 << 20 => {}
             Ok(n) => return Err(field("layer_size", format!("{n} bytes: at least 8M"))),
-            Err(e) => return Err(field("layer_size", e.to_string())),
+            Err(e) => {
+                return Err(ConfigError::Size {
+                    path: path.to_path_buf(),
+                    field: "layer_size",
+                    source: Box::new(e),
+                })
+            }
         }
         if let Some(k) = &c.kernel {
             if !k.is_file() {

@@ -34,6 +34,13 @@ pub enum ParseError {
     Json(#[source] serde_json::Error),
     #[error("{field}: {reason}")]
     Field { field: String, reason: String },
+    /// A JSON value that does not decode as the field's type.
+    #[error("{field}: {source}")]
+    FieldJson {
+        field: String,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 fn field(field: impl Into<String>, reason: impl Into<String>) -> ParseError {
@@ -312,7 +319,10 @@ pub fn agent_process(
     what: &str,
 ) -> Result<agent_proto::Process, ParseError> {
     let mut p: agent_proto::Process =
-        serde_json::from_value(v).map_err(|e| field(what, e.to_string()))?;
+        serde_json::from_value(v).map_err(|source| ParseError::FieldJson {
+            field: what.to_string(),
+            source,
+        })?;
     if p.args.is_empty() {
         return Err(field(format!("{what}.args"), "empty: nothing to run"));
     }

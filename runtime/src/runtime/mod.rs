@@ -332,14 +332,17 @@ impl Runtime {
 
     /// Ports of the server bridge other than the server's own: `tap`
     /// sandboxes' veth ends left behind.
-    pub fn leftover_links(&self) -> Result<Vec<String>, String> {
+    pub fn leftover_links(&self) -> Result<Vec<String>, uplink::UplinkError> {
         let Some(srv) = &self.server else {
             return Ok(Vec::new());
         };
         let links = srv
             .rtnl()
             .links()
-            .map_err(|e| format!("list links of {}: {e}", srv.netns_name()))?;
+            .map_err(|source| uplink::UplinkError::Sys {
+                what: format!("list links of {}", srv.netns_name()),
+                source,
+            })?;
         Ok(links
             .into_iter()
             .filter(|l| l.master == Some(srv.bridge_index()) && l.name != uplink::SERVER_IF)

@@ -157,13 +157,12 @@ impl Runtime {
     }
 
     /// VFs the NIC daemon still has assigned, with their sandbox (leak check).
-    pub fn assigned_vfs(&self) -> Result<Vec<(String, String)>, String> {
+    pub fn assigned_vfs(&self) -> Result<Vec<(String, String)>, nic_api::ClientError> {
         if self.nic().is_none() {
             return Ok(Vec::new());
         }
-        let mut c = nic_api::Client::connect(&self.nic_socket()).map_err(|e| e.to_string())?;
-        Ok(c.list()
-            .map_err(|e| e.to_string())?
+        let mut c = nic_api::Client::connect(&self.nic_socket())?;
+        Ok(c.list()?
             .into_iter()
             .filter(|v| v.sandbox.is_some())
             .map(|v| (v.id, v.sandbox.unwrap_or_default()))
