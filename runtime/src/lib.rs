@@ -38,6 +38,14 @@ pub use variant::{Policy, Variant};
 pub enum Error {
     #[error("{field}: {reason}")]
     BadArg { field: &'static str, reason: String },
+    /// A flag's file or program that cannot be used (`--burstvm-bin`, `--dir`).
+    #[error("{field}: {}: {source}", .path.display())]
+    ArgIo {
+        field: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("--rootfs-file: {0}")]
     RootfsFile(#[source] rootfs::NotAFile),
     #[error(transparent)]

@@ -77,7 +77,11 @@ fn run_vmm(bin: &Path, args: &[String], what: &str) -> Result<(), Error> {
         .arg("vmm")
         .args(args)
         .status()
-        .map_err(|e| bad("--burstvm-bin", format!("{}: {e}", bin.display())))?;
+        .map_err(|source| Error::ArgIo {
+            field: "--burstvm-bin",
+            path: bin.to_path_buf(),
+            source,
+        })?;
     if !status.success() {
         return Err(bad(
             "template",
@@ -96,8 +100,11 @@ pub fn create_cli(a: &TemplateCreateConfig) -> Result<(), Error> {
     }
     let (memory, app_size) = a.sandbox.bytes()?;
     let dir = a.dir.join(&a.name);
-    std::fs::create_dir_all(&a.dir)
-        .map_err(|e| bad("--dir", format!("{}: {e}", a.dir.display())))?;
+    std::fs::create_dir_all(&a.dir).map_err(|source| Error::ArgIo {
+        field: "--dir",
+        path: a.dir.clone(),
+        source,
+    })?;
     if dir.exists() {
         if !a.force {
             return Err(bad(
@@ -105,8 +112,11 @@ pub fn create_cli(a: &TemplateCreateConfig) -> Result<(), Error> {
                 format!("{} exists (use --force to replace it)", dir.display()),
             ));
         }
-        std::fs::remove_dir_all(&dir)
-            .map_err(|e| bad("--force", format!("{}: {e}", dir.display())))?;
+        std::fs::remove_dir_all(&dir).map_err(|source| Error::ArgIo {
+            field: "--force",
+            path: dir.clone(),
+            source,
+        })?;
     }
     let args = vec![
         "--sandbox".to_string(),

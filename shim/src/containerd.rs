@@ -19,6 +19,12 @@ pub enum ContainerdError {
     },
     #[error("containerd in {dir}: {reason}")]
     Failed { dir: PathBuf, reason: String },
+    #[error("containerd in {dir}: PATH: {source}")]
+    Path {
+        dir: PathBuf,
+        #[source]
+        source: std::env::JoinPathsError,
+    },
 }
 
 /// How to set a private containerd up.
@@ -109,9 +115,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         let path = std::env::join_paths(std::iter::once(cfg.shim_dir.clone()).chain(
             std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
         ))
-        .map_err(|e| ContainerdError::Failed {
+        .map_err(|source| ContainerdError::Path {
             dir: cfg.dir.clone(),
-            reason: format!("PATH: {e}"),
+            source,
         })?;
         let mut cmd = Command::new("containerd");
         cmd.arg("--config")

@@ -29,6 +29,14 @@ pub enum RootfsError {
         fstype: String,
         reason: String,
     },
+    #[error("rootfs mount {index} ({fstype}): mount at {}: {source}", .target.display())]
+    MountSys {
+        index: usize,
+        fstype: String,
+        target: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
     #[error("rootfs {path}: {op}: {source}")]
     Sys {
         path: PathBuf,
@@ -244,10 +252,11 @@ fn mount_one(m: &MountSpec, target: &Path) -> Result<(), RootfsError> {
     } else {
         MsFlags::empty()
     };
-    let err = |e: nix::Error| RootfsError::Mount {
+    let err = |source: nix::Error| RootfsError::MountSys {
         index: 0,
         fstype: m.fstype.clone(),
-        reason: format!("mount at {}: {e}", target.display()),
+        target: target.to_path_buf(),
+        source,
     };
     if m.fstype == "overlay" {
         let data: Vec<&str> = m

@@ -59,7 +59,7 @@ impl std::error::Error for SandboxFailure {
     }
 }
 
-/// Starting the VMM process: the file or program it is about, and the cause.
+/// Starting or waiting for the VMM process: the file, program or step, and the cause.
 #[derive(Debug, thiserror::Error)]
 pub enum VmmSpawnError {
     #[error("{}: {source}", .path.display())]
@@ -74,6 +74,15 @@ pub enum VmmSpawnError {
         #[source]
         source: std::io::Error,
     },
+    /// The pipe the VMM writes READY to could not be made.
+    #[error("ready pipe: {0}")]
+    ReadyPipe(#[source] std::io::Error),
+    /// Waiting for the spawned VMM to exit failed.
+    #[error("wait for VMM: {0}")]
+    Wait(#[source] std::io::Error),
+    /// Asking whether the VMM still runs failed.
+    #[error("VMM status: {0}")]
+    Status(#[source] std::io::Error),
 }
 
 /// A sandbox's teardown: every step that failed (the others still ran).

@@ -186,7 +186,7 @@ impl<'rt> Sandbox<'rt> {
             })?;
         }
         let (ready_r, ready_w) =
-            spawn::pipe().map_err(|e| fail("vmm-spawn", format!("ready pipe: {e}").into()))?;
+            spawn::pipe().map_err(|e| fail("vmm-spawn", VmmSpawnError::ReadyPipe(e).into()))?;
         // `vmm-spawn` is recorded by the VMM itself, from the instant passed in
         // BURSTVM_SPAWN_NS to its memory being set up.
         sb.spawn_vmm(vm, ready_w)

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use trace::Stage;
 
-use super::{Sandbox, SandboxFailure};
+use super::{Sandbox, SandboxFailure, VmmSpawnError};
 
 impl Sandbox<'_> {
     /// Waits for "ready" on the pipe; EOF means the VMM ended without it.
@@ -43,7 +43,7 @@ impl Sandbox<'_> {
             match poll_in(f.as_fd(), left.min(Duration::from_millis(200))) {
                 Ok(false) => continue,
                 Ok(true) => {}
-                Err(e) => return Err(self.failure("vmm-spawn", format!("ready pipe: {e}"))),
+                Err(e) => return Err(self.failed("vmm-spawn", VmmSpawnError::ReadyPipe(e).into())),
             }
             let mut buf = [0u8; 64];
             match f.read(&mut buf) {
@@ -55,7 +55,7 @@ impl Sandbox<'_> {
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.failure("vmm-spawn", format!("ready pipe: {e}"))),
+                Err(e) => return Err(self.failed("vmm-spawn", VmmSpawnError::ReadyPipe(e).into())),
             }
         }
         // The VMM closed the pipe without READY: it failed. Name its error.
@@ -140,7 +140,7 @@ impl Sandbox<'_> {
                     format!("VMM exited with {st} after READY: {}", stderr_summary(&err)),
                 ))
             }
-            Err(e) => Err(self.failure("ready", format!("VMM status: {e}"))),
+            Err(e) => Err(self.failed("ready", VmmSpawnError::Status(e).into())),
         }
     }
 
@@ -149,7 +149,7 @@ impl Sandbox<'_> {
         if let Some(c) = self.vmm.as_mut() {
             let st = c
                 .wait()
-                .map_err(|e| self.failure("ready", format!("wait for VMM: {e}")))?;
+                .map_err(|e| self.failed("ready", VmmSpawnError::Wait(e).into()))?;
             self.vmm = None;
             if !st.success() {
                 let err = self.files.stderr_text();
