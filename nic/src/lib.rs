@@ -200,6 +200,12 @@ pub enum Error {
     },
     #[error(transparent)]
     State(#[from] state::StateError),
+    #[error("nic configuration: PF {pf}: SG device: {source}")]
+    SgDevice {
+        pf: String,
+        #[source]
+        source: Box<sgiov::device::DeviceError>,
+    },
     #[error("PF {pf}: {source}")]
     Uplink {
         pf: String,

@@ -45,6 +45,32 @@ fn fail(what: String) -> VuError {
     VuError::ReqHandlerError(io::Error::other(what))
 }
 
+/// A request that failed on an error of its own: the vhost crate wants an
+/// io::Error, which carries this one as its inner error.
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    #[error("VF {vf}: vring {q} {what} fd: {source}")]
+    VringFd {
+        vf: String,
+        q: usize,
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("VF {vf}: vring {q} addresses: {source}")]
+    VringAddr {
+        vf: String,
+        q: usize,
+        #[source]
+        source: virtio_queue::Error,
+    },
+}
+
+fn failed(e: RequestError) -> VuError {
+    tracing::warn!("{e}");
+    VuError::ReqHandlerError(io::Error::other(e))
+}
+
 /// What a device kind offers over vhost-user: its virtio features and its
 /// config space. Memory table, vrings and lifecycle are shared.
 #[derive(Debug)]
@@ -136,10 +162,14 @@ impl VfSession {
         what: &str,
     ) -> Result<(usize, Option<EventFd>)> {
         let q = self.queue_index(index as u32)?;
-        let efd = fd
-            .map(eventfd_from)
-            .transpose()
-            .map_err(|e| fail(format!("VF {}: vring {q} {what} fd: {e}", self.port.id)))?;
+        let efd = fd.map(eventfd_from).transpose().map_err(|source| {
+            failed(RequestError::VringFd {
+                vf: self.port.id.clone(),
+                q,
+                what: what.to_string(),
+                source,
+            })
+        })?;
         Ok((q, efd))
     }
 
@@ -317,7 +347,13 @@ impl VhostUserBackendReqHandlerMut for VfSession {
                 .try_set_desc_table_address(d)
                 .and_then(|_| queue.try_set_avail_ring_address(a))
                 .and_then(|_| queue.try_set_used_ring_address(u))
-                .map_err(|e| fail(format!("VF {id}: vring {q} addresses: {e}")))?;
+                .map_err(|source| {
+                    failed(RequestError::VringAddr {
+                        vf: id.clone(),
+                        q,
+                        source,
+                    })
+                })?;
             Ok(())
         })
     }

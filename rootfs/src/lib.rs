@@ -29,6 +29,13 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error("{tool} ({args}): cannot run: {source} (scripts/setup.sh installs it)")]
+    ToolSpawn {
+        tool: &'static str,
+        args: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{tool} ({args}): {reason}")]
     Tool {
         tool: &'static str,
@@ -80,10 +87,10 @@ pub(crate) fn run_tool(tool: &'static str, cmd: &mut std::process::Command) -> R
     let out = cmd
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| Error::Tool {
+        .map_err(|source| Error::ToolSpawn {
             tool,
             args: args.clone(),
-            reason: format!("cannot run: {e} (scripts/setup.sh installs it)"),
+            source,
         })?;
     if out.status.success() {
         return Ok(());

@@ -315,6 +315,21 @@ pub enum Error {
     },
     #[error("template {path}: {msg}")]
     Template { path: PathBuf, msg: String },
+    #[error(
+        "template {path}: {} does not parse: {source}",
+        crate::snapshot::STATE_FILE
+    )]
+    TemplateJson {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("template {path}: serializing the state: {source}")]
+    TemplateSerialize {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("template {path}: guest memory: {source}")]
     TemplateMemory {
         path: PathBuf,

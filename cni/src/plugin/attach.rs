@@ -82,10 +82,7 @@ fn add_with_vf(
                 )
             })?;
             CniResult::from_json(&out).map_err(|e| {
-                PluginError::decode(
-                    &format!("result of IPAM plugin {}", p.display()),
-                    e.to_string(),
-                )
+                PluginError::decode_json(&format!("result of IPAM plugin {}", p.display()), e)
             })?
         }
     };

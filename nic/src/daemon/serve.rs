@@ -296,8 +296,10 @@ fn start_vfs(nic: &Arc<Nic>, run: &mut Running) -> Result<(), Error> {
             nic,
             run,
         )?;
-        let lp = crate::sg::serve::SgLoop::new(&pf.name, sg)
-            .map_err(|e| Error::Config(format!("PF {}: SG device: {e}", pf.name)))?;
+        let lp = crate::sg::serve::SgLoop::new(&pf.name, sg).map_err(|e| Error::SgDevice {
+            pf: pf.name.clone(),
+            source: Box::new(e),
+        })?;
         let (s, sf) = (run.stop.clone(), run.stop_fd.clone());
         run.threads
             .push(spawn(format!("sg-{}", pf.name), move || lp.run(&s, &sf))?);

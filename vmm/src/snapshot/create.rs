@@ -236,9 +236,9 @@ fn save(cfg: &VmConfig, vm: &Vm, fd: &VcpuFd, dir: &Path) -> Result<Template, Er
             vm: vm_state,
             vcpus: vec![vcpu],
         };
-        let json = serde_json::to_vec(&t).map_err(|e| Error::Template {
+        let json = serde_json::to_vec(&t).map_err(|source| Error::TemplateSerialize {
             path: dir.to_path_buf(),
-            msg: format!("serializing the state: {e}"),
+            source,
         })?;
         let state = tmp.join(STATE_FILE);
         std::fs::write(&state, json).map_err(file_err("template state", &state))?;

@@ -64,8 +64,10 @@ impl Template {
             path: path.clone(),
             source,
         })?;
-        let t: Template = serde_json::from_slice(&text)
-            .map_err(|e| bad(format!("{STATE_FILE} does not parse: {e}")))?;
+        let t: Template = serde_json::from_slice(&text).map_err(|source| Error::TemplateJson {
+            path: dir.to_path_buf(),
+            source,
+        })?;
         if t.version != TEMPLATE_VERSION {
             return Err(bad(format!(
                 "version {}, this burstvm reads version {TEMPLATE_VERSION}",
