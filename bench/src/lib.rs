@@ -39,6 +39,14 @@ pub enum Error {
     Runtime(#[from] runtime::Error),
     #[error(transparent)]
     Plot(#[from] plot::PlotError),
+    /// A program a flag names could not be started.
+    #[error("{field}: spawn {}: {source}", .path.display())]
+    Spawn {
+        field: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("output {}: {source}", .path.display())]
     Output {
         path: PathBuf,

@@ -172,7 +172,11 @@ impl Worker {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .map_err(|e| bad("--burstvm-bin", format!("spawn {}: {e}", bin.display())))?;
+            .map_err(|source| Error::Spawn {
+                field: "--burstvm-bin",
+                path: bin.to_path_buf(),
+                source,
+            })?;
         let stdin = child.stdin.take().expect("piped");
         let stdout = child.stdout.take().expect("piped");
         let (tx, lines) = mpsc::channel();
@@ -214,17 +218,26 @@ impl Worker {
     }
 
     /// Ends the worker normally: EOF on stdin, it tears everything down.
-    fn finish(self) -> Result<(), String> {
+    fn finish(self) -> Result<(), WorkerEnd> {
         let Worker {
             mut child, stdin, ..
         } = self;
         drop(stdin);
         match child.wait() {
             Ok(st) if st.success() => Ok(()),
-            Ok(st) => Err(format!("chaos worker exited with {st}")),
-            Err(e) => Err(format!("chaos worker: {e}")),
+            Ok(st) => Err(WorkerEnd::Exit(st)),
+            Err(e) => Err(WorkerEnd::Wait(e)),
         }
     }
+}
+
+/// How a worker told to finish did not end cleanly.
+#[derive(Debug, thiserror::Error)]
+enum WorkerEnd {
+    #[error("chaos worker exited with {0}")]
+    Exit(std::process::ExitStatus),
+    #[error("chaos worker: {0}")]
+    Wait(#[source] std::io::Error),
 }
 
 /// Host resources of the runtime `tag` (after it ended or was reaped).
@@ -375,7 +388,7 @@ pub fn bench_chaos_cli(a: &BenchChaosConfig) -> Result<(), Error> {
         let end = w.finish();
         let o = rounds.last_mut().expect("at least one round");
         if let Err(e) = end {
-            o.leftovers.push(e);
+            o.leftovers.push(e.to_string());
         }
         let left = settle(Duration::from_secs(10), || host_leftovers(&tag, &layout));
         if left.is_empty() {

@@ -142,6 +142,8 @@ pub enum BenchDpError {
     },
     #[error("bench dataplane: {0}")]
     Run(String),
+    #[error("bench dataplane: {0}")]
+    Devset(#[source] nic::devset::DevsetError),
     #[error("bench dataplane --peer dpdk: {0}")]
     Peer(#[source] testpmd::TestpmdError),
 }
@@ -258,7 +260,7 @@ impl BenchNic {
         for i in 0..vfs {
             pf.devset
                 .assign(i, &format!("bench-dp-{i}"))
-                .map_err(|e| BenchDpError::Run(e.to_string()))?;
+                .map_err(BenchDpError::Devset)?;
         }
         let server = BackgroundServer::start(nic.clone()).map_err(nic_err("serve VF sockets"))?;
         let stop = Arc::new(AtomicBool::new(false));
