@@ -43,7 +43,7 @@ pub use ipnet::{IpNet, IpNetError};
 pub use mac::{MacAddr, MacParseError};
 pub use netns::{NamedNetns, Netns, NetnsError};
 pub use packet::{PacketError, PacketOptions, PacketSocket, Received};
-pub use rtnl::{Link, RouteEntry, RouteSpec, Rtnl};
+pub use rtnl::{BadReply, Link, RouteEntry, RouteSpec, Rtnl};
 pub use tap::{Tap, TapError, TapOptions};
 
 /// Interface names are 1..IFNAMSIZ-1 bytes without `/` or NUL.

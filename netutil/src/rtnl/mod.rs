@@ -59,8 +59,18 @@ fn link_msg(index: u32) -> LinkMessage {
     m
 }
 
-fn bad_reply(e: impl std::fmt::Display) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("rtnetlink reply: {e}"))
+/// A reply the kernel sent that does not decode; carried inside the
+/// io::Error (InvalidData) that `Rtnl` returns, so callers can downcast it.
+#[derive(Debug, thiserror::Error)]
+pub enum BadReply {
+    #[error("rtnetlink reply: {0}")]
+    Decode(#[source] netlink_packet_core::DecodeError),
+    #[error("rtnetlink reply: zero-length message")]
+    ZeroLength,
+}
+
+fn bad_reply(e: BadReply) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
 impl Rtnl {
@@ -93,10 +103,10 @@ impl Rtnl {
             let mut off = 0;
             while off < data.len() {
                 let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[off..])
-                    .map_err(bad_reply)?;
+                    .map_err(|e| bad_reply(BadReply::Decode(e)))?;
                 let len = msg.header.length as usize;
                 if len == 0 {
-                    return Err(bad_reply("zero-length message"));
+                    return Err(bad_reply(BadReply::ZeroLength));
                 }
                 off += (len + 3) & !3;
                 if msg.header.sequence_number != self.seq {
