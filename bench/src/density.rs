@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::{bad, Error};
+use runtime::instance::{Runtime, RuntimeConfig};
 use runtime::leaks::{self, LeakReport};
-use runtime::runtime::{Runtime, RuntimeConfig};
 use runtime::sandbox::{Sandbox, SandboxSpec};
 use runtime::template::TemplateConfig;
 use runtime::variant::{NetKind, Variant};
@@ -357,7 +357,7 @@ fn table(levels: &[Level]) -> String {
 }
 
 pub fn bench_density_cli(a: &BenchDensityConfig) -> Result<(), Error> {
-    runtime::runtime::install_sigint_handler();
+    runtime::instance::install_sigint_handler();
     let (memory, app_size) = a.sandbox.bytes()?;
     if a.sandboxes.is_empty() || a.sandboxes.contains(&0) {
         return Err(bad("--sandboxes", "levels of at least 1"));

@@ -131,7 +131,7 @@ fn round(rt: &Runtime, sandboxes: &mut [Sandbox<'_>], timeout: Duration) -> Resu
 }
 
 pub fn run_cli(a: &BenchNicRestartConfig) -> Result<(), Error> {
-    runtime::runtime::install_sigint_handler();
+    runtime::instance::install_sigint_handler();
     if a.variant.policy().net != NetKind::Vf {
         return Err(bad("--variant", format!("{} has no VF", a.variant)));
     }

@@ -87,7 +87,7 @@ pub(crate) fn p99(v: &[u64]) -> f64 {
 
 /// Looks a CNI plugin up where the runtime does.
 fn find_plugin(bin: &Path, name: &str) -> Result<PathBuf> {
-    runtime::runtime::cni_path(bin)
+    runtime::instance::cni_path(bin)
         .into_iter()
         .map(|d| d.join(name))
         .find(|p| p.is_file())
@@ -288,7 +288,7 @@ fn cri_round(rt: &Runtime, s: &CriSetup, c: &CriClient, v: Variant, n: usize) ->
 }
 
 pub fn run(a: &BenchStartupConfig) -> Result<()> {
-    runtime::runtime::install_sigint_handler();
+    runtime::instance::install_sigint_handler();
     let (rt, plan) = startup::bench_setup(a)?;
     std::fs::create_dir_all(&plan.out).with_context(|| plan.out.display().to_string())?;
     let s = setup(&rt, a, plan.spec.memory_bytes, None)?;
@@ -440,7 +440,7 @@ pub fn run(a: &BenchStartupConfig) -> Result<()> {
             lc.describe()
         );
     }
-    if runtime::runtime::sigint_received() {
+    if runtime::instance::sigint_received() {
         bail!("interrupted");
     }
     println!("leak check: clean after every round (direct and CRI)");

@@ -97,7 +97,7 @@ fn first_line(r: impl Read) -> Result<u64> {
 
 /// What the direct path needs for each sandbox.
 struct Direct {
-    rootfs: runtime::rootfs::RootfsSpec,
+    rootfs: runtime::sandbox::rootfs::RootfsSpec,
     kernel: PathBuf,
     initrd: PathBuf,
     process: agent_proto::Process,
@@ -198,7 +198,7 @@ fn cri_one(
 }
 
 pub fn run(a: &BenchStartupConfig) -> Result<()> {
-    runtime::runtime::install_sigint_handler();
+    runtime::instance::install_sigint_handler();
     let name = a
         .image
         .as_deref()

@@ -304,7 +304,7 @@ fn cni_kind_sg_adds_an_sg_function_without_link_or_address_and_del_releases_it()
     assert_eq!(iface["pciID"], sgf.id.as_str(), "{r}");
     assert!(iface.get("kind").is_none(), "libcni kept kind now: {r}");
     let parsed: netutil::cni::CniResult = serde_json::from_value(r.clone()).unwrap();
-    let att = runtime::cni::attachment(&parsed, "eth0").unwrap();
+    let att = runtime::cni_exec::attachment(&parsed, "eth0").unwrap();
     assert_eq!(att.kind, DevKind::Sg, "{r}");
     net.del(&ns2.path());
     assert!(nic.assigned().is_empty(), "{:?}", nic.assigned());

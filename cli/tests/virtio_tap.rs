@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use testutil::virtio::{open_tap, serve_agent, vmm_command, TestTap, Wire};
+use testutil::tap::{open_tap, serve_agent, vmm_command, TestTap, Wire};
 
 const BURSTVM: &str = env!("CARGO_BIN_EXE_burstvm");
 

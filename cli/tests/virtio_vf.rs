@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nic_api::Client;
 use nic_api::VfState;
-use testutil::virtio::{
+use testutil::tap::{
     mac_str, serve_agent, stages, stop_child, vmm_command_mac, TestTap, Wire, GUEST_MAC, LAZY_DMA,
     VANILLA_DMA,
 };

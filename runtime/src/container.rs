@@ -168,7 +168,7 @@ pub fn find_vsock(sandbox: &str) -> Result<PathBuf, Error> {
             format!("{sandbox:?} is not a sandbox id"),
         ));
     }
-    let root = Path::new(crate::runtime::STATE_ROOT);
+    let root = Path::new(crate::instance::STATE_ROOT);
     let found = std::fs::read_dir(root)
         .into_iter()
         .flatten()
@@ -294,7 +294,7 @@ pub struct ExecConfig {
 
 /// Runs `cfg.command` in the sandbox; its exit status.
 pub fn exec_cli(cfg: &ExecConfig) -> Result<i32, Error> {
-    crate::runtime::install_sigint_handler();
+    crate::instance::install_sigint_handler();
     let vsock = match (&cfg.vsock, &cfg.sandbox) {
         (Some(p), _) => p.clone(),
         (None, Some(sb)) => find_vsock(sb)?,
@@ -335,7 +335,7 @@ pub fn exec_cli(cfg: &ExecConfig) -> Result<i32, Error> {
         Stdio {
             stdin: cfg.interactive,
         },
-        &crate::runtime::sigint_received,
+        &crate::instance::sigint_received,
     )
 }
 

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use netutil::{MacAddr, Netns, Rtnl};
 
-use crate::cni::Attachment;
+use crate::cni_exec::Attachment;
 
 /// The guest-side interface for the `tap` variant, inside the sandbox netns.
 pub const TAP_IF: &str = "tap0";

@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{Cgroup, CgroupError, Layout, Limits};
-use crate::cni::CniNetwork;
-use crate::runtime::Runtime;
-use crate::uplink::{self, Addressing};
+use crate::cni_exec::CniNetwork;
+use crate::instance::Runtime;
+use crate::server_netns::{self, Addressing};
 use netutil::MacAddr;
 
 // A host is a runtime or a test double: `Sandbox`'s Debug only names it.
@@ -134,13 +134,13 @@ pub enum HostCallError {
     #[error(transparent)]
     Nic(#[from] nic_api::ClientError),
     #[error(transparent)]
-    Neighbor(#[from] uplink::UplinkError),
+    Neighbor(#[from] server_netns::ServerNetError),
     #[error(
         "tap network: {source} (scripts/setup.sh installs the reference plugins in /opt/cni/bin)"
     )]
     TapNetwork {
         #[source]
-        source: std::sync::Arc<crate::cni::CniError>,
+        source: std::sync::Arc<crate::cni_exec::CniError>,
     },
     #[error("tap network: this runtime was created without a network")]
     NoTapNetwork,
@@ -186,7 +186,7 @@ pub enum HostError {
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
     #[error(transparent)]
-    Cni(#[from] Box<crate::cni::CniError>),
+    Cni(#[from] Box<crate::cni_exec::CniError>),
 }
 
 /// `services.json`: where the host-wide services are. Written by
@@ -319,7 +319,7 @@ pub fn export(rt: &Runtime, dir: &Path, cni_conf: &Path) -> Result<ServicesInfo,
         nic_socket: rt.nic_socket(),
         pool_socket: rt.pool_socket().map(Path::to_path_buf),
         cni_config: cni_conf.to_path_buf(),
-        cni_path: crate::runtime::cni_path(rt.bin()),
+        cni_path: crate::instance::cni_path(rt.bin()),
         server_ip: a.server_ip,
         prefix_len: a.prefix_len,
         server_mac: a.server_mac.to_string(),
@@ -371,7 +371,7 @@ pub struct HostServices {
     state_dir: PathBuf,
     trace_path: PathBuf,
     interrupted: AtomicBool,
-    neighbors: std::sync::OnceLock<uplink::NeighborTable>,
+    neighbors: std::sync::OnceLock<server_netns::NeighborTable>,
 }
 
 impl HostServices {
@@ -443,7 +443,7 @@ impl SandboxHost for HostServices {
         let t = match self.neighbors.get() {
             Some(t) => t,
             None => {
-                let t = uplink::NeighborTable::open(&self.info.server_netns)?;
+                let t = server_netns::NeighborTable::open(&self.info.server_netns)?;
                 self.neighbors.get_or_init(|| t)
             }
         };

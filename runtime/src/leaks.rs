@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::runtime::Runtime;
+use crate::instance::Runtime;
 use netutil::netns;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -4,7 +4,7 @@
 
 pub mod cgroup;
 pub mod child;
-pub mod cni;
+pub mod cni_exec;
 pub mod container;
 pub mod cpuacct;
 pub mod failures;
@@ -14,21 +14,21 @@ pub mod host;
 pub mod leaks;
 pub mod netpool;
 pub mod nicd;
-pub mod rootfs;
+
+pub mod instance;
 mod run;
-pub mod runtime;
 pub mod sandbox;
+pub mod server_netns;
 pub mod services;
 pub mod template;
-pub mod uplink;
 pub mod variant;
 pub mod vmmproc;
 
 use std::path::PathBuf;
 
 pub use host::{HostServices, SandboxHost, ServicesInfo};
+pub use instance::{Runtime, RuntimeConfig, RuntimeError};
 pub use run::{run_cli, ContainerRun, NetKindArg, RunConfig};
-pub use runtime::{Runtime, RuntimeConfig, RuntimeError};
 pub use sandbox::{pod_slot, Attach, Sandbox, SandboxFailure, SandboxSpec, SgSpec};
 pub use services::{services_cli, ServicesConfig};
 
@@ -151,7 +151,7 @@ pub struct RootfsConfig {
     pub rootfs_file: Option<String>,
     /// How the guest gets the read-only layer: blk (virtio-blk) or pmem
     /// (copied into the image region; built-in agent only).
-    pub rootfs_image: rootfs::ImageMode,
+    pub rootfs_image: sandbox::rootfs::ImageMode,
     /// Capacity of each sandbox's writable layer (the ext4 template), bytes.
     pub rootfs_layer_size: u64,
     /// Image cache (default: $BURSTVM_IMAGE_CACHE or /var/lib/burstvm/images).
@@ -194,9 +194,9 @@ impl RootfsConfig {
     pub fn spec(
         &self,
         image: &std::sync::Arc<::rootfs::Image>,
-        layer: rootfs::LayerMode,
-    ) -> Result<rootfs::RootfsSpec, Error> {
-        rootfs::RootfsSpec::new(
+        layer: sandbox::rootfs::LayerMode,
+    ) -> Result<sandbox::rootfs::RootfsSpec, Error> {
+        sandbox::rootfs::RootfsSpec::new(
             image.clone(),
             self.rootfs_file.as_deref(),
             self.rootfs_image,

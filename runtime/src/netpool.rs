@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use netutil::NamedNetns;
 
-use crate::cni::{CniError, CniNetwork};
+use crate::cni_exec::{CniError, CniNetwork};
 use crate::failures::Failures;
 use crate::guestnet::{GuestLink, GuestNetError};
 // Stopping the pool retries a DEL answered "try again later" as a teardown does.

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::child::Keeper;
-use crate::runtime::{Runtime, RuntimeError, PF};
+use crate::instance::{Runtime, RuntimeError, PF};
 use crate::variant::DevsetLock;
 
 /// How long `exited_or_exiting` waits for a daemon that refuses connections to exit.

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::{
-    bad, burstvm_bin, cgroup, leaks, rootfs, runtime, template, variant, Error, RootfsConfig,
-    Runtime, RuntimeConfig, Sandbox, SandboxConfig, SandboxSpec, SgSpec, Variant,
+    bad, burstvm_bin, cgroup, instance, leaks, template, variant, Error, RootfsConfig, Runtime,
+    RuntimeConfig, Sandbox, SandboxConfig, SandboxSpec, SgSpec, Variant,
 };
 
 /// `burstvm run`: one sandbox through every stage.
@@ -118,7 +118,7 @@ impl RunConfig {
                 "the network pool holds VF attachments; an SG sandbox cannot claim one",
             ));
         }
-        let sgfs = self.sgfs.unwrap_or(runtime::DEFAULT_SGFS);
+        let sgfs = self.sgfs.unwrap_or(instance::DEFAULT_SGFS);
         if sgfs == 0 {
             return Err(bad("--sgfs", "--net-kind sg needs at least 1"));
         }
@@ -138,10 +138,10 @@ const NET_POOL_FILL_BOUND: Duration = Duration::from_secs(60);
 /// Runs one sandbox; its exit status: the container's (with `--kernel`),
 /// else 0.
 pub fn run_cli(a: &RunConfig) -> Result<i32, Error> {
-    runtime::install_sigint_handler();
+    instance::install_sigint_handler();
     let (memory, app_size) = a.sandbox.bytes()?;
     let policy = a.variant.policy();
-    if a.kernel.is_some() && a.rootfs.rootfs_image == rootfs::ImageMode::Pmem {
+    if a.kernel.is_some() && a.rootfs.rootfs_image == crate::sandbox::rootfs::ImageMode::Pmem {
         return Err(bad(
             "--rootfs-image",
             "pmem is for the built-in agent; a Linux guest reads the image from virtio-blk",
@@ -178,9 +178,9 @@ pub fn run_cli(a: &RunConfig) -> Result<i32, Error> {
         None => None,
     };
     let layer_mode = if a.rootfs_copy {
-        rootfs::LayerMode::Copy
+        crate::sandbox::rootfs::LayerMode::Copy
     } else {
-        rootfs::LayerMode::Reflink
+        crate::sandbox::rootfs::LayerMode::Reflink
     };
     let mut rootfs = image
         .as_ref()

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::runtime::{install_sigint_handler, sigint_received};
+use crate::instance::{install_sigint_handler, sigint_received};
 use crate::{burstvm_bin, cgroup, host, Error, Runtime, RuntimeConfig, Variant};
 
 /// `burstvm services`.

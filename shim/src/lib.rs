@@ -3,11 +3,11 @@
 //! through the runtime library against host-wide services (`burstvm
 //! services`); see docs/shim.md.
 
+pub mod bundle_rootfs;
 pub mod config;
 pub mod containerd;
 pub mod guest;
 pub mod pod;
-pub mod rootfs;
 pub mod service;
 pub mod spec;
 pub mod task;

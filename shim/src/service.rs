@@ -20,9 +20,9 @@ use shim::{Config, DeleteResponse, ExitSignal, Flags, StartOpts, TtrpcContext, T
 
 use runtime::{HostServices, SandboxSpec, ServicesInfo};
 
+use crate::bundle_rootfs::{self, GuestRootfs, MountSpec, Want};
 use crate::config::{self, Guest, ShimConfig};
 use crate::guest::{GuestError, Proc, StdioPaths, DRAIN_LIMIT};
-use crate::rootfs::{self, GuestRootfs, MountSpec, Want};
 use crate::spec::{Kind, Spec};
 use crate::task::{Exit, KillError, LinuxParams, OnExit, Record, Status, Task, TaskParams};
 
@@ -83,7 +83,7 @@ pub enum CreateError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Rootfs(#[from] rootfs::RootfsError),
+    Rootfs(#[from] bundle_rootfs::RootfsError),
     #[error("sandbox {sandbox}: host services: {source}")]
     Attach {
         sandbox: String,
@@ -232,9 +232,9 @@ pub fn cleanup_bundle(bundle: &Path) -> Vec<String> {
     let info = ServicesInfo::load(&rec.services).ok();
     let cni = info
         .as_ref()
-        .and_then(|i| runtime::cni::CniNetwork::load(&i.cni_config, i.cni_path.clone()).ok());
+        .and_then(|i| runtime::cni_exec::CniNetwork::load(&i.cni_config, i.cni_path.clone()).ok());
     if let (Some(ip), Some(i)) = (rec.guest_ip, &info) {
-        let r = runtime::uplink::NeighborTable::open(&i.server_netns).and_then(|t| t.del(ip));
+        let r = runtime::server_netns::NeighborTable::open(&i.server_netns).and_then(|t| t.del(ip));
         match r {
             Ok(()) => done.push(format!("neighbour entry {ip}")),
             Err(e) => tracing::warn!("{e}"),
@@ -257,7 +257,8 @@ pub fn cleanup_bundle(bundle: &Path) -> Vec<String> {
         done.push(format!("state directory {}", dir.display()));
     }
     let rootfs = bundle.join("rootfs");
-    if rec.mounted && rootfs::is_mounted(&rootfs) && rootfs::unmount(&rootfs).is_ok() {
+    if rec.mounted && bundle_rootfs::is_mounted(&rootfs) && bundle_rootfs::unmount(&rootfs).is_ok()
+    {
         done.push(format!("mount {}", rootfs.display()));
     }
     let _ = std::fs::remove_file(bundle.join(crate::task::RECORD));
@@ -431,7 +432,7 @@ impl TaskService {
         };
         // From here on an error leaves a mount, layers or files that the
         // caller's `cleanup_bundle` removes by the record.
-        let prepared = rootfs::prepare(&bundle, &mounts, want)?;
+        let prepared = bundle_rootfs::prepare(&bundle, &mounts, want)?;
         let mut sandbox_spec = SandboxSpec {
             cpus: size.cpus,
             keep_running: true,
@@ -482,11 +483,11 @@ impl TaskService {
             sandbox_spec.kernel = Some(kernel.clone());
             sandbox_spec.agent_initrd = Some(initrd);
             // The agent reads no check file: the container's process is the proof.
-            sandbox_spec.rootfs = Some(runtime::rootfs::RootfsSpec {
+            sandbox_spec.rootfs = Some(runtime::sandbox::rootfs::RootfsSpec {
                 image: Arc::clone(image),
                 check: None,
-                image_mode: runtime::rootfs::ImageMode::Blk,
-                layer_mode: runtime::rootfs::LayerMode::Reflink,
+                image_mode: runtime::sandbox::rootfs::ImageMode::Blk,
+                layer_mode: runtime::sandbox::rootfs::LayerMode::Reflink,
             });
             host_state = dir.clone();
             if spec.kind == Kind::PodSandbox {

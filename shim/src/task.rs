@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use runtime::{Attach, HostServices, Sandbox, SandboxHost, SandboxSpec};
 use serde::{Deserialize, Serialize};
 
+use crate::bundle_rootfs::{self, GuestRootfs, Prepared};
 use crate::guest::{Agent, GuestError, DRAIN_LIMIT};
-use crate::rootfs::{self, GuestRootfs, Prepared};
 
 /// After the main process of a Linux guest exited and `Shutdown` was sent,
 /// the VMM has this long to exit before it is killed.
@@ -147,7 +147,7 @@ pub enum TeardownError {
     #[error("sandbox {sandbox}: teardown timed out")]
     TimedOut { sandbox: String },
     #[error(transparent)]
-    Unmount(#[from] rootfs::RootfsError),
+    Unmount(#[from] bundle_rootfs::RootfsError),
 }
 
 fn join(errs: &[TeardownError]) -> String {
@@ -221,7 +221,7 @@ impl SandboxHost for ShimHost<'_> {
     ) -> Result<runtime::cgroup::Cgroup, runtime::cgroup::CgroupError> {
         self.services.cgroup_for(id, limits)
     }
-    fn cni(&self) -> Option<&runtime::cni::CniNetwork> {
+    fn cni(&self) -> Option<&runtime::cni_exec::CniNetwork> {
         self.services.cni()
     }
     fn pool_socket(&self) -> Option<&Path> {
@@ -230,7 +230,7 @@ impl SandboxHost for ShimHost<'_> {
     fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, runtime::host::HostCallError> {
         self.services.vf_socket(vf_id)
     }
-    fn addressing(&self) -> runtime::uplink::Addressing {
+    fn addressing(&self) -> runtime::server_netns::Addressing {
         self.services.addressing()
     }
     fn add_neighbor(
@@ -797,7 +797,7 @@ impl Task {
             .unwrap_or_else(|e| e.into_inner())
             .take()
         {
-            if let Err(e) = rootfs::unmount(&rootfs) {
+            if let Err(e) = bundle_rootfs::unmount(&rootfs) {
                 errs.push(e.into());
             }
         }

@@ -3,7 +3,7 @@
 
 #[cfg(feature = "nic")]
 pub mod nic;
-pub mod virtio;
+pub mod tap;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};

@@ -30,7 +30,7 @@ pub(super) fn nic_pid(tag: &str) -> Option<u32> {
     processes(
         "nic",
         "--control",
-        &format!("{}/", runtime::runtime::state_dir_of(tag).display()),
+        &format!("{}/", runtime::instance::state_dir_of(tag).display()),
     )
     .first()
     .map(|p| p.0)
@@ -39,7 +39,7 @@ pub(super) fn nic_pid(tag: &str) -> Option<u32> {
 /// Sandboxes in the middle of their request/reply exchange (VF driver up,
 /// not ready): the NIC is writing into their memory right now.
 fn mid_exchange(tag: &str) -> BTreeSet<String> {
-    let evs = trace::read_trace(&runtime::runtime::state_dir_of(tag).join("trace.jsonl"))
+    let evs = trace::read_trace(&runtime::instance::state_dir_of(tag).join("trace.jsonl"))
         .unwrap_or_default();
     let driver: BTreeSet<String> = evs
         .iter()

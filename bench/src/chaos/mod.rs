@@ -242,11 +242,11 @@ enum WorkerEnd {
 
 /// Host resources of the runtime `tag` (after it ended or was reaped).
 fn host_leftovers(tag: &str, layout: &runtime::cgroup::Layout) -> Vec<String> {
-    let prefix = runtime::runtime::sandbox_prefix_of(tag);
+    let prefix = runtime::instance::sandbox_prefix_of(tag);
     let mut v = Vec::new();
     for ns in netutil::netns::list(&prefix)
         .into_iter()
-        .chain(netutil::netns::list(&runtime::runtime::server_netns_of(
+        .chain(netutil::netns::list(&runtime::instance::server_netns_of(
             tag,
         )))
     {
@@ -261,7 +261,7 @@ fn host_leftovers(tag: &str, layout: &runtime::cgroup::Layout) -> Vec<String> {
     if let Some(pid) = nic_pid(tag) {
         v.push(format!("NIC daemon (pid {pid})"));
     }
-    let dir = runtime::runtime::state_dir_of(tag);
+    let dir = runtime::instance::state_dir_of(tag);
     if dir.exists() {
         v.push(format!("state directory {}", dir.display()));
     }
@@ -281,7 +281,7 @@ fn settle(limit: Duration, check: impl Fn() -> Vec<String>) -> Vec<String> {
 }
 
 pub fn bench_chaos_cli(a: &BenchChaosConfig) -> Result<(), Error> {
-    runtime::runtime::install_sigint_handler();
+    runtime::instance::install_sigint_handler();
     let memory = a.memory;
     let policy = a.variant.policy();
     if policy.net != NetKind::Vf || policy.memory_policy == "vanilla" {
@@ -327,7 +327,7 @@ pub fn bench_chaos_cli(a: &BenchChaosConfig) -> Result<(), Error> {
     // Tags of killed workers, checked once the next runtime reaped them.
     let mut dead: Vec<(usize, String)> = Vec::new();
     for r in 0..a.rounds {
-        if runtime::runtime::sigint_received() {
+        if runtime::instance::sigint_received() {
             break;
         }
         let w = match worker.take() {
@@ -401,7 +401,7 @@ pub fn bench_chaos_cli(a: &BenchChaosConfig) -> Result<(), Error> {
     }
     if !dead.is_empty() {
         // No runtime comes after the last killed one: reap as one would.
-        for r in runtime::runtime::reap_stale(&layout) {
+        for r in runtime::instance::reap_stale(&layout) {
             println!("  reaped: {r}");
         }
         for (i, tag) in dead.drain(..) {
@@ -417,7 +417,7 @@ pub fn bench_chaos_cli(a: &BenchChaosConfig) -> Result<(), Error> {
             }
         })?;
     }
-    if runtime::runtime::sigint_received() {
+    if runtime::instance::sigint_received() {
         return Err(Error::Interrupted);
     }
     if !report.pass {

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::canary::{self, Sighting};
 use crate::Error;
+use runtime::instance::{NicRestarts, Runtime};
 use runtime::leaks::{self, LeakReport};
-use runtime::runtime::{NicRestarts, Runtime};
 use runtime::sandbox::{Sandbox, SandboxSpec};
 use runtime::variant::Variant;
 use runtime::{cgroup, RuntimeConfig};
@@ -68,7 +68,7 @@ struct Tenant {
 }
 
 pub fn worker_main(a: &ChaosWorkerConfig) -> Result<(), Error> {
-    runtime::runtime::install_sigint_handler();
+    runtime::instance::install_sigint_handler();
     let rt = Runtime::new(RuntimeConfig {
         bin: a.burstvm_bin.clone(),
         trace_path: None,

@@ -19,9 +19,9 @@ use serde::Serialize;
 use trace::TraceEvent;
 
 use crate::stats::{self, GroupStats};
+use runtime::instance::{NicRestarts, Runtime};
 use runtime::leaks::{self, LeakReport};
-use runtime::rootfs::{LayerMode, RootfsSpec};
-use runtime::runtime::{NicRestarts, Runtime};
+use runtime::sandbox::rootfs::{LayerMode, RootfsSpec};
 use runtime::sandbox::{RootfsCost, Sandbox, SandboxFailure, SandboxSpec};
 use runtime::variant::{NetKind, Variant};
 

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use runtime::{burstvm_bin, cgroup, leaks, rootfs, template, variant};
+use runtime::{burstvm_bin, cgroup, leaks, sandbox::rootfs, template, variant};
 use runtime::{RootfsConfig, Runtime, RuntimeConfig, SandboxConfig, Variant};
 
 use super::{mem_available, run, sandbox_bytes, BenchPlan, NetPoolRuns, RoundSpec, MEMORY_MARGIN};
@@ -199,7 +199,7 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
 }
 
 pub fn bench_startup_cli(a: &BenchStartupConfig) -> Result<(), Error> {
-    runtime::runtime::install_sigint_handler();
+    runtime::instance::install_sigint_handler();
     let (rt, plan) = bench_setup(a)?;
     let result = run(&rt, &plan, &mut |l| eprintln!("{l}"));
     // Also after an error or Ctrl-C: say whether anything was left.
@@ -218,7 +218,7 @@ pub fn bench_startup_cli(a: &BenchStartupConfig) -> Result<(), Error> {
     println!("wrote {}", a.out.join("trace.jsonl").display());
     println!("wrote {}", a.out.join("summary.json").display());
     drop(rt);
-    if runtime::runtime::sigint_received() {
+    if runtime::instance::sigint_received() {
         eprintln!("{}", final_check.describe());
         return Err(Error::Interrupted);
     }

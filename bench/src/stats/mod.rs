@@ -193,7 +193,7 @@ pub struct RootfsStats {
 
 /// Statistics of the writable layers of one round.
 pub fn rootfs_stats(
-    mode: runtime::rootfs::LayerMode,
+    mode: runtime::sandbox::rootfs::LayerMode,
     costs: &[runtime::sandbox::RootfsCost],
 ) -> RootfsStats {
     let wall: Vec<u64> = costs.iter().map(|c| c.wall_ns).collect();
@@ -409,7 +409,7 @@ mod tests {
 
     #[test]
     fn rootfs_layers_are_compared_per_variant() {
-        use runtime::rootfs::LayerMode;
+        use runtime::sandbox::rootfs::LayerMode;
         use runtime::sandbox::RootfsCost;
         let cost = |w, c, b| RootfsCost {
             wall_ns: w * MS,

@@ -121,7 +121,10 @@ mod tests {
         let c = a.into_config();
         assert_eq!(c.variant, runtime::Variant::Tap);
         assert_eq!((c.sandbox.memory, c.sandbox.app_size), (128 << 20, 4096));
-        assert_eq!(c.rootfs.rootfs_image, runtime::rootfs::ImageMode::Pmem);
+        assert_eq!(
+            c.rootfs.rootfs_image,
+            runtime::sandbox::rootfs::ImageMode::Pmem
+        );
         assert_eq!(c.rootfs.rootfs_layer_size, 64 << 20);
         assert_eq!(c.net_kind, runtime::NetKindArg::Sg);
         // --rootfs-image needs --rootfs; a bad size names its flag.

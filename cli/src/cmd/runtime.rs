@@ -9,7 +9,7 @@ use bench::density::BenchDensityConfig;
 use bench::restart::BenchNicRestartConfig;
 use bench::startup::{BenchStartupConfig, Via};
 use burstvm::args::choice;
-use runtime::rootfs::ImageMode;
+use runtime::sandbox::rootfs::ImageMode;
 use runtime::template::{TemplateConfig, TemplateCreateConfig, TemplateProbeConfig, DEFAULT_DIR};
 use runtime::{
     NetKindArg, RootfsConfig, RunConfig, SandboxConfig, ServicesConfig, SgSpec, Variant,

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nic_api::{Counters, Request, Response, VfInfo, VfState};
-pub use testutil::virtio::{
+pub use testutil::tap::{
     ip_checksum, mac_str, stop_child, udp_reply_to, TestTap, Wire, LAZY_DMA, SERVER_MAC,
     SERVER_PORT, VANILLA_DMA,
 };

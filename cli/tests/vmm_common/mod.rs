@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 #[allow(unused_imports)] // not every vmm_* test attaches a tap
-pub use testutil::virtio::open_tap;
+pub use testutil::tap::open_tap;
 
 pub fn burstvm() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_burstvm"));

@@ -98,7 +98,7 @@ pub enum TeardownStep {
         source: crate::host::HostCallError,
     },
     #[error(transparent)]
-    CniDel(Box<crate::cni::CniError>),
+    CniDel(Box<crate::cni_exec::CniError>),
     #[error(transparent)]
     Netns(netutil::NetnsError),
     #[error(transparent)]

@@ -28,7 +28,7 @@ impl<'rt> Sandbox<'rt> {
 
     /// The CNI network of the spec's attachment: the SG network for an SG
     /// spec, else the VF network (None: the host has none).
-    pub(super) fn network(&self) -> Option<&'rt crate::cni::CniNetwork> {
+    pub(super) fn network(&self) -> Option<&'rt crate::cni_exec::CniNetwork> {
         match self.spec.sg {
             Some(_) => self.rt.sg_cni(),
             None => self.rt.cni(),
@@ -41,7 +41,7 @@ impl<'rt> Sandbox<'rt> {
             cni.require_vf("an engine-made attachment (the shim's attach path)")?;
         }
         let ns = self.netns_path().to_path_buf();
-        let att = crate::cni::Attachment {
+        let att = crate::cni_exec::Attachment {
             ifname: IFNAME.to_string(),
             mac: None,
             ip_cidr: None,
@@ -105,7 +105,7 @@ impl<'rt> Sandbox<'rt> {
         self.tap_added = true;
         let att = cni.add(&self.spec.id, ns.path(), IFNAME)?;
         let link = crate::guestnet::tap_join(&self.spec.id, ns.netns(), &att)?;
-        self.attach_link(NetBackend::Tap(crate::runtime::TAP_IF.into()), &link, vm)
+        self.attach_link(NetBackend::Tap(crate::instance::TAP_IF.into()), &link, vm)
     }
 
     /// A VF link: its vhost-user socket (from the CNI result, else asked from
@@ -139,7 +139,10 @@ impl<'rt> Sandbox<'rt> {
         vm.mac = Some(link.mac);
         vm.ip = Some((link.ip, link.netmask()));
         vm.gateway = Some(link.gateway.unwrap_or(a.server_ip));
-        vm.server = Some(SocketAddrV4::new(a.server_ip, crate::uplink::ECHO_PORT));
+        vm.server = Some(SocketAddrV4::new(
+            a.server_ip,
+            crate::server_netns::ECHO_PORT,
+        ));
         vm.server_mac = Some(a.server_mac);
         Ok(())
     }

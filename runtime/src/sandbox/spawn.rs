@@ -63,7 +63,7 @@ impl Sandbox<'_> {
                         vm.api = Some(self.files.api.clone());
                     }
                 }
-                None => vm.cmdline = Some(crate::rootfs::linux_cmdline()),
+                None => vm.cmdline = Some(crate::sandbox::rootfs::linux_cmdline()),
             }
             vm.serial_log = Some(self.files.console.clone());
         }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::rootfs::RootfsSpec;
+use crate::sandbox::rootfs::RootfsSpec;
 use crate::variant::Variant;
 
 /// What to create.

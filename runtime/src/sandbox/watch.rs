@@ -96,7 +96,7 @@ impl Sandbox<'_> {
                     .collect()
             })
             .unwrap_or_default();
-        let expected = crate::runtime::expected_stages_with(
+        let expected = crate::instance::expected_stages_with(
             self.spec.variant,
             self.spec.rootfs.is_some(),
             self.pooled_id.is_some(),

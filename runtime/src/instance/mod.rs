@@ -4,19 +4,19 @@
 //!
 //! This file holds the `Runtime`, its creation and its drop (which removes
 //! everything it made, in reverse order, on every exit path); each concern
-//! has its own file: `cniconf` (the CNI networks it writes), `nic` (its NIC
+//! has its own file: `cni_networks` (the CNI networks it writes), `nic` (its NIC
 //! daemon), `pooled` (its network pool), `signals` (SIGINT/SIGTERM),
 //! `stages` (the stages a variant goes through), `stale` (names derived
 //! from its tag, and reaping what dead runtimes left).
 
-mod cniconf;
+mod cni_networks;
 mod nic;
 mod pooled;
 mod signals;
 mod stages;
 mod stale;
 
-pub use cniconf::{cni_path, PF};
+pub use cni_networks::{cni_path, PF};
 pub use nic::{NicRestarts, NIC_WATCH_PERIOD};
 pub use signals::{install_sigint_handler, sigint_received};
 pub use stages::{expected_stages, expected_stages_with};
@@ -32,10 +32,10 @@ use std::sync::{Arc, Mutex};
 use guestmem::pool::{Pool, PoolServer};
 
 use crate::cgroup::{Cgroup, CgroupError, CgroupPool, Layout, Limits};
-use crate::cni::CniNetwork;
+use crate::cni_exec::CniNetwork;
 use crate::nicd::NicDaemon;
 use crate::sandbox::files::keep_logs;
-use crate::uplink::{self, Addressing, ServerNet};
+use crate::server_netns::{self, Addressing, ServerNet};
 
 pub use crate::guestnet::TAP_IF;
 
@@ -57,9 +57,9 @@ pub enum RuntimeError {
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
     #[error(transparent)]
-    Uplink(#[from] uplink::UplinkError),
+    Uplink(#[from] server_netns::ServerNetError),
     #[error(transparent)]
-    Cni(#[from] crate::cni::CniError),
+    Cni(#[from] crate::cni_exec::CniError),
     #[error(transparent)]
     Pool(#[from] guestmem::pool::Error),
     #[error("NIC daemon ({bin} nic): {reason}")]
@@ -138,7 +138,7 @@ pub struct Runtime {
     server: Option<ServerNet>,
     /// The `tap` variant's network: the reference `bridge` plugin, run in
     /// the server netns (Err: the plugin is not installed).
-    tap_cni: Option<Result<CniNetwork, Arc<crate::cni::CniError>>>,
+    tap_cni: Option<Result<CniNetwork, Arc<crate::cni_exec::CniError>>>,
     interrupted: Arc<AtomicBool>,
     /// The managed filesystem of writable layers, and its template's digest.
     layers: Option<(::rootfs::WritableLayers, String)>,
@@ -345,7 +345,7 @@ impl Runtime {
             })?;
         Ok(links
             .into_iter()
-            .filter(|l| l.master == Some(srv.bridge_index()) && l.name != uplink::SERVER_IF)
+            .filter(|l| l.master == Some(srv.bridge_index()) && l.name != server_netns::SERVER_IF)
             .map(|l| l.name)
             .collect())
     }

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{state_err, Runtime, RuntimeError};
-use crate::cni::CniNetwork;
-use crate::uplink;
+use crate::cni_exec::CniNetwork;
+use crate::server_netns;
 
 /// The PF the runtime's NIC daemon serves.
 pub const PF: &str = "pf0";
@@ -54,7 +54,7 @@ impl Runtime {
             "cniVersion": "1.1.0",
             "name": format!("burstvm-tap-{}", self.tag),
             "type": "bridge",
-            "bridge": uplink::SERVER_BRIDGE,
+            "bridge": server_netns::SERVER_BRIDGE,
             "isGateway": false,
             "ipMasq": false,
             "ipam": self.ipam(TAP_RANGE),

@@ -24,7 +24,7 @@ pub const ECHO_PORT: u16 = 7777;
 const MAX_DGRAM: usize = 2048;
 
 #[derive(Debug, thiserror::Error)]
-pub enum UplinkError {
+pub enum ServerNetError {
     #[error(transparent)]
     Netns(#[from] NetnsError),
     #[error("server network: {what}: {source}")]
@@ -35,9 +35,9 @@ pub enum UplinkError {
     },
 }
 
-fn sys(what: impl Into<String>) -> impl FnOnce(io::Error) -> UplinkError {
+fn sys(what: impl Into<String>) -> impl FnOnce(io::Error) -> ServerNetError {
     let what = what.into();
-    move |source| UplinkError::Sys { what, source }
+    move |source| ServerNetError::Sys { what, source }
 }
 
 /// Addressing of the sandbox network.
@@ -82,9 +82,9 @@ pub struct NeighborTable {
 
 impl NeighborTable {
     /// Opens the neighbour table of the server netns at `netns` (another process's).
-    pub fn open(netns: &std::path::Path) -> Result<NeighborTable, UplinkError> {
+    pub fn open(netns: &std::path::Path) -> Result<NeighborTable, ServerNetError> {
         let ns = netutil::Netns::open(netns)?;
-        let (nl, bridge_index) = ns.run(|| -> Result<_, UplinkError> {
+        let (nl, bridge_index) = ns.run(|| -> Result<_, ServerNetError> {
             let mut nl = Rtnl::open().map_err(sys("open rtnetlink"))?;
             let br = nl
                 .index_of(SERVER_BRIDGE)
@@ -98,7 +98,7 @@ impl NeighborTable {
     }
 
     /// A permanent neighbour entry so that replies reach a guest without ARP.
-    pub fn add(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), UplinkError> {
+    pub fn add(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), ServerNetError> {
         self.nl
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -106,7 +106,7 @@ impl NeighborTable {
             .map_err(sys(format!("add neighbour {ip}")))
     }
 
-    pub fn del(&self, ip: Ipv4Addr) -> Result<(), UplinkError> {
+    pub fn del(&self, ip: Ipv4Addr) -> Result<(), ServerNetError> {
         match self
             .nl
             .lock()
@@ -121,12 +121,12 @@ impl NeighborTable {
 
 impl ServerNet {
     /// `tag` makes names unique per runtime (at most 11 characters).
-    pub fn create(tag: &str, addr: Addressing) -> Result<ServerNet, UplinkError> {
-        let netns = NamedNetns::create(&crate::runtime::server_netns_of(tag))?;
+    pub fn create(tag: &str, addr: Addressing) -> Result<ServerNet, ServerNetError> {
+        let netns = NamedNetns::create(&crate::instance::server_netns_of(tag))?;
         let uplink_if = format!("bvu{tag}");
         // Both veth ends live in the server netns: the NIC opens `uplink_if`
         // there (AF_PACKET), `SERVER_IF` is a port of the server bridge.
-        let (nl, bridge_index, sock, files) = netns.run(|| -> Result<_, UplinkError> {
+        let (nl, bridge_index, sock, files) = netns.run(|| -> Result<_, ServerNetError> {
             let mut nl = Rtnl::open().map_err(sys("open rtnetlink"))?;
             nl.create_veth(&uplink_if, SERVER_IF, None)
                 .map_err(sys(format!("create veth {uplink_if} / {SERVER_IF}")))?;
@@ -220,11 +220,11 @@ impl ServerNet {
     }
 
     /// A permanent neighbour entry so that replies reach a guest without ARP.
-    pub fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), UplinkError> {
+    pub fn add_neighbor(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<(), ServerNetError> {
         self.neigh.add(ip, mac)
     }
 
-    pub fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), UplinkError> {
+    pub fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), ServerNetError> {
         self.neigh.del(ip)
     }
 
@@ -256,7 +256,7 @@ pub struct EchoServer {
 }
 
 impl EchoServer {
-    pub fn start(sock: UdpSocket) -> Result<EchoServer, UplinkError> {
+    pub fn start(sock: UdpSocket) -> Result<EchoServer, ServerNetError> {
         // The loop checks `stop` at least every 100 ms.
         sock.set_read_timeout(Some(Duration::from_millis(100)))
             .map_err(sys("set echo socket timeout"))?;
@@ -330,7 +330,7 @@ impl Drop for EchoServer {
 
 /// Whether the server netns of this runtime tag is left.
 pub fn leftovers(tag: &str) -> Vec<String> {
-    netns::list(&crate::runtime::server_netns_of(tag))
+    netns::list(&crate::instance::server_netns_of(tag))
 }
 
 #[cfg(test)]
