@@ -15,7 +15,9 @@ pkgs=(gcc binutils libclang-dev iproute2 fonts-dejavu-core linux-image-amd64 zst
   containerd protobuf-compiler
   # dpdk-testpmd (virtio-user and vhost PMDs): the NIC's interop test and
   # `burstvm bench dataplane --peer dpdk` (docs/nic.md)
-  dpdk-dev)
+  dpdk-dev
+  # perf (cpu-clock) for scripts/profile-startup.sh
+  linux-perf)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
