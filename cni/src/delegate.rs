@@ -55,9 +55,13 @@ pub fn exec(plugin: &Path, command: Command, stdin: &[u8]) -> Result<Option<Valu
     let out = child
         .wait_with_output()
         .map_err(|e| io("cannot wait for it", e))?;
-    // A plugin may exit without reading its stdin; its exit status tells then.
+    // A plugin may exit without reading its stdin (EPIPE here, or a write
+    // cut short): its exit status and output tell then.
     if out.status.success() {
-        write.map_err(|e| io("cannot write its stdin", e))?;
+        match write {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            w => w.map_err(|e| io("cannot write its stdin", e))?,
+        }
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let json: Option<Value> = if text.trim().is_empty() {

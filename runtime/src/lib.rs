@@ -47,7 +47,7 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("--rootfs-file: {0}")]
-    RootfsFile(#[source] rootfs::NotAFile),
+    RootfsFile(#[source] sandbox::rootfs::NotAFile),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error(transparent)]

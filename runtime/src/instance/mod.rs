@@ -332,14 +332,14 @@ impl Runtime {
 
     /// Ports of the server bridge other than the server's own: `tap`
     /// sandboxes' veth ends left behind.
-    pub fn leftover_links(&self) -> Result<Vec<String>, uplink::UplinkError> {
+    pub fn leftover_links(&self) -> Result<Vec<String>, server_netns::ServerNetError> {
         let Some(srv) = &self.server else {
             return Ok(Vec::new());
         };
         let links = srv
             .rtnl()
             .links()
-            .map_err(|source| uplink::UplinkError::Sys {
+            .map_err(|source| server_netns::ServerNetError::Sys {
                 what: format!("list links of {}", srv.netns_name()),
                 source,
             })?;

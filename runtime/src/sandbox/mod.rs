@@ -175,8 +175,8 @@ impl<'rt> Sandbox<'rt> {
                     .rt
                     .writable_layers()
                     .ok_or("this runtime was created without writable layers")?;
-                let p = crate::sandbox::rootfs::prepare(layers, &sb.spec.id, r.layer_mode)?;
-                crate::sandbox::rootfs::vm_params(&r, p.layer.path(), &mut vm);
+                let p = rootfs::prepare(layers, &sb.spec.id, r.layer_mode)?;
+                rootfs::vm_params(&r, p.layer.path(), &mut vm);
                 sb.rootfs_cost = Some(RootfsCost {
                     wall_ns: p.wall_ns,
                     cpu_ns: p.cpu_ns,
