@@ -55,7 +55,7 @@ def main():
     samples = collections.defaultdict(list)  # round -> [(role, sym, dso)]
     p = subprocess.Popen(
         ["perf", "script", "-i", perf_data, "--show-task-events",
-         "-F", "comm,pid,tid,time,sym,dso"],
+         "-F", "comm,pid,tid,time,ip,sym,dso"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, errors="replace")
     for line in p.stdout:
         m = FORK.search(line)

@@ -112,6 +112,7 @@ fn stage_color(s: Stage) -> RGBColor {
         Stage::DmaRam => RGBColor(220, 50, 40),
         Stage::Rootfs => RGBColor(150, 110, 60),
         Stage::DmaImage => RGBColor(250, 140, 40),
+        Stage::DmaWindow => RGBColor(250, 200, 90),
         Stage::VfOpen => RGBColor(170, 30, 130),
         Stage::Boot => RGBColor(60, 170, 80),
         Stage::RootfsMount => RGBColor(180, 150, 90),

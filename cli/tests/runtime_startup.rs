@@ -43,7 +43,7 @@ fn every_variant_reaches_ready_with_its_stages() {
     let summary: Value =
         serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     let groups = summary["groups"].as_array().unwrap();
-    assert_eq!(groups.len(), 11);
+    assert_eq!(groups.len(), 12);
     for g in groups {
         let v = g["variant"].as_str().unwrap();
         assert_eq!(g["ready"], 1, "{v}: {g}");
@@ -81,7 +81,7 @@ fn every_variant_reaches_ready_with_its_stages() {
         }
     }
     let trace = read_trace(&out.join("trace.jsonl"));
-    assert_eq!(trace.by_sandbox.len(), 11);
+    assert_eq!(trace.by_sandbox.len(), 12);
     for (sb, st) in &trace.by_sandbox {
         let v = ALL_VARIANTS
             .split(',')

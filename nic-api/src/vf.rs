@@ -36,6 +36,11 @@ pub struct Counters {
     /// moved or resized (the guest changed a queue after DRIVER_OK).
     #[serde(default)]
     pub bad_requests: u64,
+    /// Bytes of guest memory the VF's current memory table maps (a gauge,
+    /// 0 without a session): what the device can reach, e.g. only the
+    /// sandbox's DMA window under the `window` variant.
+    #[serde(default)]
+    pub mapped_bytes: u64,
 }
 
 /// One VF or SG function as `get` and `list` show it.

@@ -254,6 +254,11 @@ impl VfMemory {
     }
 
     /// Translates a frontend virtual address (vring addresses) to a guest address.
+    /// Bytes of guest memory this table maps.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.regions.iter().map(|r| r.size).sum()
+    }
+
     pub fn va_to_gpa(&self, va: u64) -> Option<GuestAddress> {
         self.regions
             .iter()

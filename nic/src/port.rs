@@ -38,6 +38,9 @@ pub struct AtomicCounters {
     pub tx_drops: AtomicU64,
     pub bad_descriptors: AtomicU64,
     pub bad_requests: AtomicU64,
+    /// A gauge: bytes the current memory table maps (set with the table,
+    /// 0 when the runtime that holds it is replaced).
+    pub mapped_bytes: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -74,6 +77,7 @@ impl AtomicCounters {
             tx_drops: l(&self.tx_drops),
             bad_descriptors: l(&self.bad_descriptors),
             bad_requests: l(&self.bad_requests),
+            mapped_bytes: l(&self.mapped_bytes),
         }
     }
     fn clear(&self) {
@@ -86,6 +90,7 @@ impl AtomicCounters {
             &self.tx_drops,
             &self.bad_descriptors,
             &self.bad_requests,
+            &self.mapped_bytes,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -405,6 +410,7 @@ impl VfDevice for VfHw {
         // Fresh rings and no memory: nothing of a previous session survives.
         let mut rt = self.port.runtime();
         *rt = Runtime::new();
+        self.port.counters.mapped_bytes.store(0, Ordering::Relaxed);
         rt.active = true;
         self.port.new_session();
         drop(rt);
@@ -414,6 +420,7 @@ impl VfDevice for VfHw {
         let mut rt = self.port.runtime();
         let failed = rt.failed;
         *rt = Runtime::new(); // unmaps the memory table, closes the eventfds
+        self.port.counters.mapped_bytes.store(0, Ordering::Relaxed);
         rt.failed = failed;
         self.port.new_session();
         drop(rt);

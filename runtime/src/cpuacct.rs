@@ -23,6 +23,10 @@ pub struct StartCpu {
     pub runtime_ns: u64,
     pub cni_ns: u64,
     pub vmm_ns: u64,
+    /// The VMM's CPU after READY until its background zeroer ended (the
+    /// zeroing a lazy sandbox defers past its start; `Sandbox::
+    /// wait_background_zeroing`), 0 if not measured. Not part of the start.
+    pub vmm_after_ready_ns: u64,
 }
 
 thread_local! {

@@ -22,6 +22,11 @@ impl DevsetLock {
     }
 }
 
+/// The DMA window of the `window` variant: the built-in agent's rings and
+/// packet buffers need a few pages (8-entry queues); 2 MiB is the VMM's
+/// granule.
+pub const DMA_WINDOW_BYTES: u64 = 2 << 20;
+
 /// The sandbox's network attachment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NetKind {
@@ -38,6 +43,10 @@ pub struct Policy {
     pub devset_lock: Option<DevsetLock>,
     pub dma_ram: bool,
     pub dma_image: bool,
+    /// The device maps only a small window (`burstvm vmm --dma-window`)
+    /// where the built-in agent keeps its rings and packet buffers; guest
+    /// RAM stays private to the VMM (issue 27 §2).
+    pub dma_window: bool,
     /// `burstvm vmm --memory-policy` value.
     pub memory_policy: &'static str,
     /// `burstvm vmm --vf-init` value (None: no VF).
@@ -66,12 +75,13 @@ pub enum Variant {
     Pre10,
     Pre50,
     Pre100,
+    Window,
 }
 
 use DevsetLock::{Global, Hierarchical};
 
 /// (variant, name, policy): the table of docs/design.md as data.
-const TABLE: [(Variant, &str, Policy); 11] = [
+const TABLE: [(Variant, &str, Policy); 12] = [
     (
         Variant::NoNet,
         "no-net",
@@ -176,6 +186,23 @@ const TABLE: [(Variant, &str, Policy); 11] = [
             NetKind::Vf,
         ),
     ),
+    (
+        Variant::Window,
+        "window",
+        // Guest RAM fresh and never device-mapped (as no-net's); the window
+        // is fresh too, so nothing is zeroed ahead or recycled for it.
+        Policy {
+            dma_window: true,
+            ..p(
+                Some(Hierarchical),
+                false,
+                false,
+                "vanilla",
+                Some("async"),
+                NetKind::Vf,
+            )
+        },
+    ),
 ];
 
 const fn p(
@@ -190,6 +217,7 @@ const fn p(
         devset_lock,
         dma_ram,
         dma_image,
+        dma_window: false,
         memory_policy,
         vf_init,
         net,
@@ -197,7 +225,7 @@ const fn p(
 }
 
 impl Variant {
-    pub const ALL: [Variant; 11] = [
+    pub const ALL: [Variant; 12] = [
         Variant::NoNet,
         Variant::Tap,
         Variant::Vanilla,
@@ -209,6 +237,7 @@ impl Variant {
         Variant::Pre10,
         Variant::Pre50,
         Variant::Pre100,
+        Variant::Window,
     ];
 
     fn row(self) -> &'static (Variant, &'static str, Policy) {
@@ -234,7 +263,7 @@ impl fmt::Display for Variant {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("unknown variant {0:?} (expected one of: no-net, tap, vanilla, fastiov, fastiov-L, fastiov-S, fastiov-D, fastiov-A, pre10, pre50, pre100)")]
+#[error("unknown variant {0:?} (expected one of: no-net, tap, vanilla, fastiov, fastiov-L, fastiov-S, fastiov-D, fastiov-A, pre10, pre50, pre100, window)")]
 pub struct UnknownVariant(pub String);
 
 impl FromStr for Variant {

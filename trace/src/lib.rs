@@ -31,6 +31,9 @@ pub enum Stage {
     DmaRam,
     Rootfs,
     DmaImage,
+    /// `window` variant: the small shared region the device maps instead of
+    /// guest RAM (rings and packet buffers) made DMA-ready.
+    DmaWindow,
     VfOpen,
     Boot,
     /// Linux guest agent: the container root mounted and switched to.
@@ -52,7 +55,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 17] = [
+    pub const ALL: [Stage; 18] = [
         Stage::Cgroup,
         Stage::Netns,
         Stage::CniAdd,
@@ -62,6 +65,7 @@ impl Stage {
         Stage::DmaRam,
         Stage::Rootfs,
         Stage::DmaImage,
+        Stage::DmaWindow,
         Stage::VfOpen,
         Stage::Boot,
         Stage::RootfsMount,
@@ -76,9 +80,10 @@ impl Stage {
     pub const INCIDENTS: [Stage; 2] = [Stage::VfReconnect, Stage::VfLost];
 
     /// The stages FastIOV's Table 1 counts as VF-related overhead.
-    pub const VF_RELATED: [Stage; 5] = [
+    pub const VF_RELATED: [Stage; 6] = [
         Stage::DmaRam,
         Stage::DmaImage,
+        Stage::DmaWindow,
         Stage::VfOpen,
         Stage::VfDriver,
         Stage::VfLink,
@@ -95,6 +100,7 @@ impl Stage {
             Stage::DmaRam => "dma-ram",
             Stage::Rootfs => "rootfs",
             Stage::DmaImage => "dma-image",
+            Stage::DmaWindow => "dma-window",
             Stage::VfOpen => "vf-open",
             Stage::Boot => "boot",
             Stage::RootfsMount => "rootfs-mount",

@@ -69,6 +69,10 @@ pub struct VmParams {
     pub dma_ram: bool,
     /// DMA-map the image region (times the dma-image stage).
     pub dma_image: bool,
+    /// Bytes of the DMA window (0: none): a small fresh region, DMA-mapped,
+    /// where the built-in agent keeps its rings and packet buffers; with it
+    /// a VF needs neither dma-ram nor dma-image (times the dma-window stage).
+    pub dma_window: u64,
     /// Take guest memory from the page-pool server at this socket.
     pub pool_socket: Option<PathBuf>,
     /// Back guest memory with 2 MiB hugetlb pages.

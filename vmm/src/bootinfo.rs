@@ -7,9 +7,9 @@ use crate::args::{AgentMode, VmConfig};
 
 pub const MAGIC: u64 = 0x4255_5253_544d_5631; // "BURSTVM1"
 /// Version 2 appends the rootfs fields, version 3 the SG fields, version 4
-/// the SG chain fields; a reader
+/// the SG chain fields, version 5 the DMA window; a reader
 /// accepts any version ≥ the one whose fields it needs (docs/design.md).
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 pub const BI_ASYNC_VF_INIT: u32 = 1;
 pub const BI_PROBE_MODE: u32 = 2;
 pub const BI_TOUCH_RX: u32 = 4;
@@ -87,6 +87,11 @@ pub struct BootInfo {
     /// `BI_SG_SEND`/`BI_SG_RECV`: the port; the sender's transform (0 copy, 1 crypto).
     pub sg_port: u32,
     pub sg_xf: u32,
+    // Version 5: the DMA window.
+    /// Where the agent must place everything a device reads or writes
+    /// (rings, packet buffers); size 0 = anywhere in RAM.
+    pub dma_window_gpa: u64,
+    pub dma_window_size: u64,
 }
 
 /// A device as the boot info lists it.
@@ -183,6 +188,12 @@ impl BootInfo {
             sg_bytes: 0,
             sg_port: 0,
             sg_xf: 0,
+            dma_window_gpa: if cfg.dma_window > 0 {
+                crate::layout::DMA_WINDOW_ADDR
+            } else {
+                0
+            },
+            dma_window_size: cfg.dma_window,
         };
         if let Some(f) = &rootfs.file {
             // Validated to fit (NUL included) by the config.
@@ -287,6 +298,8 @@ mod tests {
         assert_eq!(offset_of!(BootInfo, sg_bytes), 932);
         assert_eq!(offset_of!(BootInfo, sg_port), 936);
         assert_eq!(offset_of!(BootInfo, sg_xf), 940);
-        assert_eq!(size_of::<BootInfo>(), 944);
+        assert_eq!(offset_of!(BootInfo, dma_window_gpa), 944);
+        assert_eq!(offset_of!(BootInfo, dma_window_size), 952);
+        assert_eq!(size_of::<BootInfo>(), 960);
     }
 }

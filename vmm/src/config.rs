@@ -61,6 +61,8 @@ pub struct VmConfig {
     pub policy: guestmem::MemoryPolicy,
     pub dma_ram: bool,
     pub dma_image: bool,
+    /// Bytes of the DMA window region (0: none), a multiple of 2 MiB.
+    pub dma_window: u64,
     pub pool_socket: Option<PathBuf>,
     pub hugepages: bool,
     pub vf_init: VfInit,
@@ -306,6 +308,30 @@ impl VmConfig {
             }
             None => BootSource::Agent,
         };
+        let dma_window = a.dma_window;
+        if dma_window > 0 {
+            if !matches!(boot, BootSource::Agent) {
+                return Err(invalid(
+                    "--dma-window",
+                    "only the built-in agent places its rings and buffers in a window                      (a Linux guest needs VIRTIO_F_ACCESS_PLATFORM and a restricted swiotlb)",
+                ));
+            }
+            if a.agent_mode.is_sg() {
+                return Err(invalid(
+                    "--dma-window",
+                    "the SG agent modes keep their rings in RAM (the window holds virtio-net's)",
+                ));
+            }
+            if !dma_window.is_multiple_of(layout::ALIGN_2M) || dma_window > layout::MAX_DMA_WINDOW {
+                return Err(invalid(
+                    "--dma-window",
+                    format!(
+                        "a multiple of 2 MiB up to {} MiB",
+                        layout::MAX_DMA_WINDOW >> 20
+                    ),
+                ));
+            }
+        }
         if a.agent_mode.is_sg() {
             let sgfs = a
                 .net
@@ -373,6 +399,7 @@ impl VmConfig {
             policy,
             dma_ram: a.dma_ram,
             dma_image: a.dma_image,
+            dma_window,
             pool_socket: a.pool_socket.clone(),
             hugepages: a.hugepages,
             vf_init: a.vf_init,
@@ -436,6 +463,7 @@ impl VmConfig {
             self.pool_socket = None;
             self.dma_ram = false;
             self.dma_image = false;
+            self.dma_window = 0;
             if matches!(mode, TemplateMode::Save(_)) {
                 // The app payload is per sandbox: the template's image
                 // region is sized for --app-size but holds none.

@@ -37,6 +37,7 @@ impl VmParams {
             memory_policy: guestmem::MemoryPolicy::Vanilla,
             dma_ram: false,
             dma_image: false,
+            dma_window: 0,
             pool_socket: None,
             hugepages: false,
             vf_init: VfInit::Sync,
@@ -117,6 +118,9 @@ impl VmParams {
         }
         if self.dma_image {
             a.val("--dma-image", true);
+        }
+        if self.dma_window != d.dma_window {
+            a.val("--dma-window", self.dma_window);
         }
         a.path("--pool-socket", &self.pool_socket);
         a.flag("--hugepages", self.hugepages);

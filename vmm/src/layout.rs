@@ -22,8 +22,13 @@ pub const MIN_RAM: u64 = 2 << 20;
 pub const MMIO_BASE: u64 = 0xD000_0000;
 pub const MMIO_SIZE: u64 = 0x1000;
 pub const FIRST_VIRTIO_GSI: u32 = 5;
-/// The image region must end below the virtio-mmio window.
-pub const MAX_IMAGE: u64 = MMIO_BASE - IMAGE_ADDR;
+/// Largest `--dma-window`.
+pub const MAX_DMA_WINDOW: u64 = 16 << 20;
+/// The DMA window (`--dma-window`) starts here: above the image region,
+/// below the virtio-mmio window, inside the agent's identity map.
+pub const DMA_WINDOW_ADDR: u64 = MMIO_BASE - MAX_DMA_WINDOW;
+/// The image region must end below the DMA window.
+pub const MAX_IMAGE: u64 = DMA_WINDOW_ADDR - IMAGE_ADDR;
 pub const MAX_APP_SIZE: u64 = MAX_IMAGE - (16 << 20);
 /// virtio-mmio devices of a Linux guest: GSIs 5..=20 (Firecracker's mptable
 /// routes 5..=23 the same way).

@@ -212,6 +212,9 @@ fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<u32, Guest
             match ev {
                 VmEvent::Ready if !ready => {
                     ready = true;
+                    if let Err(e) = vm.start_background_zeroing() {
+                        return Err(GuestFailure::MemoryHandler(e.to_string()));
+                    }
                     print!("{}", vm.trace.summary());
                     if let Some(fd) = cfg.ready_fd {
                         notify_ready(fd);

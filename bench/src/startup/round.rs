@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// How long a round waits after its last READY for the VMMs' background
+/// zeroing (64 MiB each at idle priority) before it tears them down.
+const ZEROING_PATIENCE: Duration = Duration::from_secs(60);
 /// Host memory kept free on top of what a round needs.
 pub const MEMORY_MARGIN: u64 = 1 << 30;
 
@@ -123,6 +126,11 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                             .map(|ip| rt.server().replies().get(&ip).copied().unwrap_or(0) > 0);
                         drop(done_guard);
                         let r = sb.check_alive();
+                        // Every sandbox is READY: the zeroing a lazy VMM
+                        // deferred past its start runs now, counted apart.
+                        if r.is_ok() {
+                            sb.wait_background_zeroing(ZEROING_PATIENCE);
+                        }
                         let td = sb.teardown().err().map(|e| e.to_string());
                         r.map(|_| (td, answered, sb.rootfs_cost, sb.start_cpu))
                     })

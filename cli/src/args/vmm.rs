@@ -18,6 +18,10 @@ fn memory(s: &str) -> Result<u64, vmm::Error> {
     args::parse_size("--memory", s)
 }
 
+fn dma_window(s: &str) -> Result<u64, vmm::Error> {
+    args::parse_size("--dma-window", s)
+}
+
 fn app_size(s: &str) -> Result<u64, vmm::Error> {
     args::parse_size("--app-size", s)
 }
@@ -106,6 +110,11 @@ pub struct VmmArgs {
     /// DMA-map the image region (times the dma-image stage).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub dma_image: bool,
+    /// A DMA window of this size (e.g. 2M; 0: none): the only memory a VF
+    /// maps besides --dma-ram/--dma-image; the built-in agent keeps its
+    /// rings and packet buffers there (times the dma-window stage).
+    #[arg(long, default_value = "0", value_parser = dma_window)]
+    pub dma_window: u64,
     /// Take guest memory from the page-pool server at this socket.
     #[arg(long)]
     pub pool_socket: Option<PathBuf>,
@@ -210,6 +219,7 @@ impl VmmArgs {
             memory_policy: self.memory_policy,
             dma_ram: self.dma_ram,
             dma_image: self.dma_image,
+            dma_window: self.dma_window,
             pool_socket: self.pool_socket,
             hugepages: self.hugepages,
             vf_init: self.vf_init,
@@ -485,6 +495,7 @@ mod tests {
             memory_policy: MemoryPolicy::Pre(50),
             dma_ram: true,
             dma_image: true,
+            dma_window: 2 << 20,
             pool_socket: Some("/run/pool.sock".into()),
             vf_init: VfInit::Async,
             vf_reconnect: 5,

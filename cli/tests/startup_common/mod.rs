@@ -14,7 +14,7 @@ use serde_json::Value;
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
 pub const ALL_VARIANTS: &str =
-    "no-net,tap,vanilla,fastiov,fastiov-L,fastiov-S,fastiov-D,fastiov-A,pre10,pre50,pre100";
+    "no-net,tap,vanilla,fastiov,fastiov-L,fastiov-S,fastiov-D,fastiov-A,pre10,pre50,pre100,window";
 
 pub fn tempdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("burstvm-rt-{name}-{}", std::process::id()));
@@ -88,11 +88,16 @@ pub fn expected(variant: &str) -> Vec<&'static str> {
         v.push("cni-add");
     }
     v.push("vmm-spawn");
-    if vf {
+    // `window`: the device maps only the DMA window, never guest RAM.
+    let window = variant == "window";
+    if vf && !window {
         v.push("dma-ram");
     }
     if dma_image {
         v.push("dma-image");
+    }
+    if window {
+        v.push("dma-window");
     }
     if vf {
         v.push("vf-open");
@@ -103,7 +108,7 @@ pub fn expected(variant: &str) -> Vec<&'static str> {
     }
     v.push("app-launch");
     // Async VF init: the agent's wait for the link is its own stage.
-    if ["fastiov", "fastiov-L", "fastiov-S", "fastiov-D"].contains(&variant) {
+    if ["fastiov", "fastiov-L", "fastiov-S", "fastiov-D", "window"].contains(&variant) {
         v.push("vf-link");
     }
     v.push("ready");
@@ -136,7 +141,7 @@ pub fn check_stage_order(variant: &str, sb: &str, st: &BTreeMap<String, (u64, u6
         "{variant} {sb}: vmm-spawn after host stages"
     );
     let mut prev = s("vmm-spawn").1;
-    for d in ["dma-ram", "dma-image"] {
+    for d in ["dma-ram", "dma-image", "dma-window"] {
         if st.contains_key(d) {
             assert!(prev <= s(d).0, "{variant} {sb}: {d} in order");
             prev = s(d).1;

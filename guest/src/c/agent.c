@@ -60,11 +60,29 @@ void *alloc_pages(uint32_t n) {
   return (void *)p;
 }
 
+/* What a device reads or writes comes from the DMA window when there is one
+ * (vmm --dma-window, the `window` variant): the device maps only the window,
+ * never guest RAM. Fresh like RAM: zero on first use. */
+static uint64_t dma_next, dma_end;
+
+void *alloc_dma_pages(uint32_t n) {
+  if (!dma_end) return alloc_pages(n);
+  uint64_t p = dma_next;
+  if (dma_end - dma_next < (uint64_t)n * 4096) fail(ERR_NO_MEMORY);
+  dma_next += (uint64_t)n * 4096;
+  return (void *)p;
+}
+
 static void heap_init(const struct boot_info *bi) {
   if (bi->n_mem == 0) fail(ERR_NO_MEMORY);
   heap_next = (bi->mem[0].base + 4095) & ~4095ULL;
   heap_end = bi->mem[0].base + bi->mem[0].size;
   if (heap_end < heap_next || heap_end > 0x100000000ULL) fail(ERR_NO_MEMORY);
+  if (bi->version >= 5 && bi->dma_window_size) {
+    dma_next = bi->dma_window_gpa;
+    dma_end = bi->dma_window_gpa + bi->dma_window_size;
+    if (dma_next & 4095 || dma_end < dma_next || dma_end > 0x100000000ULL) fail(ERR_NO_MEMORY);
+  }
 }
 
 /* ---- interrupts: IDT, LAPIC, IOAPIC ---------------------------------------- */

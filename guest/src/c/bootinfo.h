@@ -5,10 +5,10 @@
 
 #define BOOTINFO_MAGIC 0x42555253544d5631ULL /* "BURSTVM1" */
 /* Version 2 appends the rootfs fields, version 3 the SG fields, version 4
- * the SG chain fields. A reader
+ * the SG chain fields, version 5 the DMA window. A reader
  * accepts any version >= 1 and reads the fields of version k only if
  * version >= k. */
-#define BOOTINFO_VERSION 4
+#define BOOTINFO_VERSION 5
 
 #define BI_ASYNC_VF_INIT 1
 #define BI_PROBE_MODE 2
@@ -45,6 +45,9 @@ struct boot_info {
   uint32_t sg_pipes, sg_bytes;     /* BI_SG: echo sockets to open, bytes through each */
   /* version 4: SG chain (docs/sgiov.md section 14.1) */
   uint32_t sg_port, sg_xf;         /* BI_SG_SEND/RECV: the port; CONNECT's transform (0 copy, 1 crypto) */
+  /* version 5: the DMA window (vmm --dma-window): everything a device reads or
+   * writes (rings, packet buffers) goes there; size 0 = anywhere in RAM */
+  uint64_t dma_window_gpa, dma_window_size;
 };
 
 #endif

@@ -55,7 +55,7 @@ void virtq_setup(uint64_t base, struct virtq *q, uint16_t index) {
   uint16_t num = VQ_SIZE;
   while (num > max) num >>= 1; /* stay a power of two */
 
-  uint8_t *page = alloc_pages(1);
+  uint8_t *page = alloc_dma_pages(1);
   q->index = index;
   q->num = num;
   q->desc = (void *)page;

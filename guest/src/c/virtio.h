@@ -112,6 +112,8 @@ struct vblk {
 
 /* Bump allocator over boot_info.mem (agent.c). Returned pages are zero. */
 void *alloc_pages(uint32_t n);
+/* Pages a device reads or writes: from the DMA window if the VMM gave one. */
+void *alloc_dma_pages(uint32_t n);
 /* Sleep until cond(arg) holds, acknowledging device interrupts (agent.c);
  * fail(err) after the agent's wait limit. */
 void wait_until(int (*cond)(void *), void *arg, uint32_t err);

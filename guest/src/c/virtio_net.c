@@ -14,7 +14,7 @@ void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx) {
    * each buffer page first, so that lazy zeroing happens now, on the guest's
    * fault, and never after the device has written a packet there (FastIOV's
    * proactive fault). */
-  uint8_t *rx = alloc_pages((n->rx.num * RX_BUF_SIZE + 4095) / 4096);
+  uint8_t *rx = alloc_dma_pages((n->rx.num * RX_BUF_SIZE + 4095) / 4096);
   for (uint16_t i = 0; i < n->rx.num; i++) {
     n->rx_buf[i] = rx + i * RX_BUF_SIZE;
     if (touch_rx && (i * RX_BUF_SIZE) % 4096 == 0) *(volatile uint8_t *)n->rx_buf[i] = 0;
@@ -24,7 +24,7 @@ void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx) {
     virtq_post(&n->rx, i);
   }
   /* TX: a single buffer in descriptor 0, reused for every frame. */
-  n->tx_buf = alloc_pages(1);
+  n->tx_buf = alloc_dma_pages(1);
   n->tx.desc[0].addr = (uint64_t)n->tx_buf;
 
   virtio_driver_ok(n->base);

@@ -36,6 +36,9 @@ pub fn expected_stages_with(variant: Variant, rootfs: bool, pooled: bool) -> Vec
     if p.dma_image {
         v.push(Stage::DmaImage);
     }
+    if p.dma_window {
+        v.push(Stage::DmaWindow);
+    }
     if p.net == NetKind::Vf {
         v.push(Stage::VfOpen);
     }
@@ -68,5 +71,11 @@ mod tests {
         assert!(t.contains(&Stage::CniAdd) && !t.contains(&Stage::VfOpen));
         assert_eq!(f.first(), Some(&Stage::Cgroup));
         assert_eq!(f.last(), Some(&Stage::Ready));
+        let w = expected_stages(Variant::Window, false);
+        assert!(
+            w.contains(&Stage::DmaWindow)
+                && !w.contains(&Stage::DmaRam)
+                && w.contains(&Stage::VfOpen)
+        );
     }
 }

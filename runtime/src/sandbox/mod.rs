@@ -68,6 +68,8 @@ pub struct Sandbox<'rt> {
     pub guest_ip: Option<Ipv4Addr>,
     /// Host CPU of the start, by owner (set at READY).
     pub start_cpu: Option<crate::cpuacct::StartCpu>,
+    /// The sandbox cgroup's CPU usage at READY.
+    vmm_cpu_at_ready: Option<u64>,
     torn_down: bool,
 }
 
@@ -116,6 +118,7 @@ impl<'rt> Sandbox<'rt> {
             rootfs_cost: None,
             guest_ip: None,
             start_cpu: None,
+            vmm_cpu_at_ready: None,
             torn_down: false,
         };
         // On any error below, `sb` is dropped and torn down.
@@ -200,7 +203,9 @@ impl<'rt> Sandbox<'rt> {
                 + sb.keeper.as_ref().map_or(0, |k| k.spawn_cpu_ns),
             cni_ns: crate::cpuacct::thread_children_ns().saturating_sub(children0),
             vmm_ns: vmm1.zip(vmm0).map_or(0, |(a, b)| a.saturating_sub(b)),
+            vmm_after_ready_ns: 0,
         });
+        sb.vmm_cpu_at_ready = vmm1;
         Ok(sb)
     }
 

@@ -35,6 +35,9 @@ impl Sandbox<'_> {
         vm.memory_policy = policy.memory_policy.parse::<guestmem::MemoryPolicy>()?;
         vm.dma_ram = policy.dma_ram;
         vm.dma_image = policy.dma_image;
+        if policy.dma_window {
+            vm.dma_window = crate::variant::DMA_WINDOW_BYTES;
+        }
         vm.timeout = self.spec.timeout_secs;
         vm.trace = Some(self.rt.trace_path().to_path_buf());
         vm.ready_fd = Some(ready_w.as_raw_fd());

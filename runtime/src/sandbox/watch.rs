@@ -144,6 +144,29 @@ impl Sandbox<'_> {
         }
     }
 
+    /// After READY: waits (at most `patience`) until the VMM's background
+    /// zeroer (the `bg-zeroer` thread a lazy VMM starts at READY) has ended,
+    /// then returns the VMM's CPU since READY (`StartCpu::vmm_after_ready_ns`):
+    /// the zeroing deferred past the start, counted apart from it. None if
+    /// the VMM or its cgroup is gone or the zeroer still runs.
+    pub fn wait_background_zeroing(&mut self, patience: Duration) -> Option<u64> {
+        let pid = self.vmm_pid()?;
+        let deadline = Instant::now() + patience;
+        while zeroer_running(pid) {
+            if Instant::now() >= deadline || self.rt.interrupted() {
+                return None;
+            }
+            // Polls another process's thread list; the work is the zeroer's.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let now = self.cgroup.as_ref()?.cpu_usage_ns()?;
+        let ns = now.saturating_sub(self.vmm_cpu_at_ready?);
+        if let Some(c) = self.start_cpu.as_mut() {
+            c.vmm_after_ready_ns = ns;
+        }
+        Some(ns)
+    }
+
     /// Waits for the VMM to exit (after READY without --keep-running).
     pub fn wait_exit(&mut self) -> Result<(), SandboxFailure> {
         if let Some(c) = self.vmm.as_mut() {
@@ -242,6 +265,17 @@ fn poll_in(fd: BorrowedFd<'_>, timeout: Duration) -> std::io::Result<bool> {
         Err(nix::Error::EINTR) => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether process `pid` still has guestmem's lazy background zeroer thread.
+fn zeroer_running(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("comm"))
+            .is_ok_and(|c| c.trim_end() == guestmem::ZEROER_THREAD)
+    })
 }
 
 #[cfg(test)]

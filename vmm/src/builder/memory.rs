@@ -53,6 +53,14 @@ fn region_specs(cfg: &VmConfig, image: &ImageLayout) -> Vec<guestmem::RegionSpec
             dma: cfg.dma_image,
         });
     }
+    if cfg.dma_window > 0 {
+        specs.push(guestmem::RegionSpec {
+            name: "window".into(),
+            gpa: DMA_WINDOW_ADDR,
+            size: cfg.dma_window,
+            dma: true,
+        });
+    }
     specs
 }
 
@@ -112,7 +120,11 @@ pub(super) fn dma_map(
     trace: &TraceWriter,
     interrupted: &dyn Fn() -> Result<(), Error>,
 ) -> Result<(), Error> {
-    for (name, stage) in [("ram", Stage::DmaRam), ("image", Stage::DmaImage)] {
+    for (name, stage) in [
+        ("ram", Stage::DmaRam),
+        ("image", Stage::DmaImage),
+        ("window", Stage::DmaWindow),
+    ] {
         if mem.regions().iter().any(|r| r.name() == name && r.dma()) {
             let t0 = monotonic_ns();
             interrupted()?;

@@ -64,6 +64,12 @@ impl Vm {
     pub(crate) fn vm_fd(&self) -> &Arc<VmFd> {
         &self._vm
     }
+
+    /// Starts the lazy policy's background zeroer (a no-op for other
+    /// policies or when it already runs): at READY for built-in agent guests.
+    pub fn start_background_zeroing(&self) -> Result<(), guestmem::Error> {
+        self._memory.start_lazy_zeroing_shared()
+    }
 }
 
 pub(crate) fn kvm_err(
@@ -293,7 +299,13 @@ pub fn build(
     }
     drop(inputs.pmem);
     interrupted()?;
-    mem.start_lazy_zeroing().map_err(memory::mem_err(sb))?;
+    // The built-in agent reports READY, and its background zeroer starts
+    // then (`Vm::start_background_zeroing`): until READY only what the guest
+    // or a device touches is zeroed (on fault, before device access), so a
+    // start's CPU is the start's own and the rest of RAM is zeroed after it.
+    if !matches!(cfg.boot, BootSource::Agent) {
+        mem.start_lazy_zeroing().map_err(memory::mem_err(sb))?;
+    }
     let make_vcpus = || {
         interrupted()?;
         create_vcpus(cfg, &kvm, &vm, guest.entry)

@@ -251,7 +251,7 @@ impl VhostUserNet {
             return Err(vu_err(
                 socket,
                 "SET_MEM_TABLE",
-                "no dma region to share with the NIC (a VF needs --dma-ram true)",
+                "no dma region to share with the NIC (a VF needs --dma-ram true or --dma-window)",
             ));
         }
         let call = interrupt
