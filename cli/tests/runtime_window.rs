@@ -2,20 +2,28 @@
 //! "Variants"): the NIC maps only the sandbox's DMA window, never its RAM.
 //! Needs root, /dev/kvm and the CNI plugins (as runtime_startup.rs).
 //!
-//! A `window` sandbox and a `fastiov` one side by side on one NIC: both reach
-//! READY and the echo server answers both (the window's rings and packet
-//! buffers work); the NIC's memory table of the window sandbox's VF is the
-//! 2 MiB window, the fastiov one's all of its 64 MiB of RAM; after teardown
-//! both VFs map nothing and the runtime's leak check is clean.
+//! - A `window` sandbox and a `fastiov` one side by side on one NIC: both
+//!   reach READY and the echo server answers both (the window's rings and
+//!   packet buffers work); the NIC's memory table of the window sandbox's VF
+//!   is the 2 MiB window, the fastiov one's all of its 64 MiB of RAM; after
+//!   teardown both VFs map nothing and the runtime's leak check is clean.
+//! - VFs and templates together: two `window` sandboxes restored from one
+//!   template at once, each with a fresh window of its own, both answered
+//!   over their VFs without a boot; the NIC maps each one's window only
+//!   (never the template's copy-on-write memory).
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use nic_api::{DevKind, VfInfo};
 use runtime::{Sandbox, SandboxSpec, Variant};
 
 mod cli_common;
-use cli_common::networked_runtime_vfs;
+use cli_common::{burstvm, networked_runtime_vfs, text};
+
+/// VMs and NICs on a 2-core machine: one test at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 fn vfs(rt: &runtime::Runtime) -> Vec<VfInfo> {
     let mut c = nic_api::Client::connect(&rt.nic_socket()).unwrap();
@@ -28,6 +36,7 @@ fn vfs(rt: &runtime::Runtime) -> Vec<VfInfo> {
 
 #[test]
 fn a_window_sandbox_answers_over_its_vf_and_the_nic_maps_only_its_window() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const RAM: u64 = 64 << 20;
     let rt = networked_runtime_vfs(2, 0);
     let pfx = rt.sandbox_prefix();
@@ -74,4 +83,72 @@ fn a_window_sandbox_answers_over_its_vf_and_the_nic_maps_only_its_window() {
     }
     let lc = runtime::leaks::check(&rt, Duration::from_secs(5));
     assert!(lc.is_clean(), "{}", lc.describe());
+}
+
+#[test]
+fn window_sandboxes_restored_from_one_template_answer_over_their_own_vfs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("burstvm-window-tmpl-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = burstvm(&["template", "create", "tw", "--dir", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let rt = networked_runtime_vfs(2, 0);
+    rt.prepare_variant(Variant::Window).unwrap();
+    let pfx = rt.sandbox_prefix();
+    let ids = [format!("{pfx}tw-a"), format!("{pfx}tw-b")];
+    let sbs: Vec<Sandbox> = std::thread::scope(|s| {
+        let hs: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let spec = SandboxSpec {
+                    keep_running: true,
+                    template: Some(dir.join("tw")),
+                    ..SandboxSpec::new(id.clone(), Variant::Window, 64 << 20, 60)
+                };
+                let rt = &rt;
+                s.spawn(move || Sandbox::start(rt, spec))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap().unwrap_or_else(|e| panic!("{e}")))
+            .collect()
+    });
+    let replies = rt.server().replies();
+    for sb in &sbs {
+        let ip = sb.guest_ip.unwrap();
+        assert!(
+            replies.get(&ip).copied().unwrap_or(0) > 0,
+            "{}: answered",
+            sb.id()
+        );
+    }
+    let trace = std::fs::read_to_string(rt.trace_path()).unwrap();
+    for id in &ids {
+        let stage = |s: &str| trace.contains(&format!("\"sandbox\":\"{id}\",\"stage\":\"{s}\""));
+        assert!(
+            stage("restore") && stage("dma-window") && stage("vf-open"),
+            "{id}: {trace}"
+        );
+        assert!(!stage("boot"), "{id}: restored, not booted: {trace}");
+    }
+    let devs = vfs(&rt);
+    for id in &ids {
+        let v = devs
+            .iter()
+            .find(|v| v.sandbox.as_deref() == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("no VF of {id}: {devs:#?}"));
+        assert_eq!(
+            v.counters.mapped_bytes,
+            runtime::variant::DMA_WINDOW_BYTES,
+            "{id}: the NIC maps this restore's window only"
+        );
+    }
+    for mut sb in sbs {
+        sb.check_alive().unwrap();
+        sb.teardown().unwrap();
+    }
+    let lc = runtime::leaks::check(&rt, Duration::from_secs(5));
+    assert!(lc.is_clean(), "{}", lc.describe());
+    drop(rt);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

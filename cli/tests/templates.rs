@@ -219,7 +219,9 @@ fn run_starts_from_a_named_template_and_leaves_nothing() {
     let o = burstvm(&["template", "create", "t2", "--dir", dir]);
     assert!(o.status.success(), "{}", text(&o));
     let trace = d.0.join("run.jsonl");
-    for variant in ["no-net", "tap"] {
+    // `window`: a VF whose only shared memory is a fresh DMA window beside
+    // the template's private copy-on-write memory.
+    for variant in ["no-net", "tap", "window"] {
         let o = burstvm(&[
             "run",
             "--variant",
@@ -236,6 +238,7 @@ fn run_starts_from_a_named_template_and_leaves_nothing() {
     }
     let t = std::fs::read_to_string(&trace).unwrap();
     assert!(t.contains("\"stage\":\"restore\""), "{t}");
+    assert!(t.contains("\"stage\":\"dma-window\""), "{t}");
     assert!(!t.contains("\"stage\":\"boot\""), "{t}");
     // A VF cannot map a template's private memory: refused by name.
     let o = burstvm(&[

@@ -45,7 +45,7 @@ impl std::fmt::Debug for GuestMemory {
     }
 }
 
-fn validate(specs: &[RegionSpec], page_size: u64) -> Result<(), Error> {
+pub(crate) fn validate(specs: &[RegionSpec], page_size: u64) -> Result<(), Error> {
     if specs.is_empty() {
         return Err(Error::InvalidSpec {
             region: String::new(),

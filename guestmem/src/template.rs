@@ -73,20 +73,44 @@ pub fn save_region(region: &Region, path: &Path) -> Result<SavedRegion, Error> {
     })
 }
 
+/// One region of a template: its file mapped private copy-on-write.
+fn open_template_region(spec: &RegionSpec, path: &Path) -> Result<Region, Error> {
+    let f = File::open(path).map_err(|e| {
+        Error::io(
+            format!("template file {} of region {:?}", path.display(), spec.name),
+            e,
+        )
+    })?;
+    Region::from_template(spec, f)
+}
+
 impl GuestMemory {
     /// Guest memory restored from template files, one per region: each a
     /// private copy-on-write mapping (`Region::from_template`). No pool, no
     /// lazy zeroing, no DMA map: the bytes are the template's.
     pub fn from_template(regions: &[(RegionSpec, PathBuf)]) -> Result<GuestMemory, Error> {
-        let mut out = Vec::with_capacity(regions.len());
+        Self::from_template_with(regions, &[])
+    }
+
+    /// `from_template` plus `fresh` regions of this sandbox alone (a DMA
+    /// window): new memfds, zero, DMA-mappable (`dma_map`, vanilla policy),
+    /// so a device shares them while the template's memory stays private.
+    pub fn from_template_with(
+        regions: &[(RegionSpec, PathBuf)],
+        fresh: &[RegionSpec],
+    ) -> Result<GuestMemory, Error> {
+        let all: Vec<RegionSpec> = regions
+            .iter()
+            .map(|(s, _)| s.clone())
+            .chain(fresh.iter().cloned())
+            .collect();
+        crate::memory::validate(&all, sys::base_page_size())?;
+        let mut out = Vec::with_capacity(all.len());
         for (spec, path) in regions {
-            let f = File::open(path).map_err(|e| {
-                Error::io(
-                    format!("template file {} of region {:?}", path.display(), spec.name),
-                    e,
-                )
-            })?;
-            out.push(Region::from_template(spec, f)?);
+            out.push(open_template_region(spec, path)?);
+        }
+        for spec in fresh {
+            out.push(Region::fresh(spec, false)?);
         }
         GuestMemory::from_regions(out)
     }

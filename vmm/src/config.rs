@@ -470,11 +470,12 @@ impl VmConfig {
                 self.app_bytes = Some(Vec::new());
             }
         } else {
-            if self.net.iter().any(|n| n.is_vhost_user()) {
+            if self.net.iter().any(|n| n.is_vhost_user()) && self.dma_window == 0 {
                 return Err(invalid(
                     "--template",
                     "a VF (vhost-user) maps guest memory from a shared fd, and a template's \
-                     memory is private copy-on-write: use a tap or no network with templates",
+                     memory is private copy-on-write: give the VF a --dma-window (fresh per \
+                     restore), or use a tap or no network with templates",
                 ));
             }
             // Restored memory is the template's file, mapped copy-on-write:

@@ -274,7 +274,11 @@ pub struct BenchStartupArgs {
     #[arg(long, default_value_t = 50)]
     pub concurrency: usize,
     /// Comma-separated variants.
-    #[arg(long, value_delimiter = ',', default_value = "no-net,vanilla,fastiov,window")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "no-net,vanilla,fastiov,window"
+    )]
     pub variants: Vec<Variant>,
     #[command(flatten)]
     pub sandbox: SandboxArgs,

@@ -53,15 +53,19 @@ fn region_specs(cfg: &VmConfig, image: &ImageLayout) -> Vec<guestmem::RegionSpec
             dma: cfg.dma_image,
         });
     }
-    if cfg.dma_window > 0 {
-        specs.push(guestmem::RegionSpec {
-            name: "window".into(),
-            gpa: DMA_WINDOW_ADDR,
-            size: cfg.dma_window,
-            dma: true,
-        });
-    }
+    specs.extend(window_spec(cfg));
     specs
+}
+
+/// The DMA window region of `--dma-window` (None without one): fresh for
+/// every sandbox, booted or restored from a template.
+pub(super) fn window_spec(cfg: &VmConfig) -> Option<guestmem::RegionSpec> {
+    (cfg.dma_window > 0).then(|| guestmem::RegionSpec {
+        name: "window".into(),
+        gpa: DMA_WINDOW_ADDR,
+        size: cfg.dma_window,
+        dma: true,
+    })
 }
 
 /// The regions (fresh or from the pool), each one a KVM memory slot over

@@ -55,12 +55,14 @@ pub fn build(
     interrupted()?;
 
     let t0 = monotonic_ns();
-    let mem = guestmem::GuestMemory::from_template(&t.region_files(dir)).map_err(|source| {
-        Error::TemplateMemory {
+    // A DMA window is this sandbox's own fresh region beside the template's
+    // private copy-on-write memory: the only memory a VF maps.
+    let window: Vec<_> = memory::window_spec(cfg).into_iter().collect();
+    let mut mem = guestmem::GuestMemory::from_template_with(&t.region_files(dir), &window)
+        .map_err(|source| Error::TemplateMemory {
             path: dir.clone(),
             source,
-        }
-    })?;
+        })?;
     memory::register_slots(sb, &vm, &mem)?;
     let device_mem = memory::device_view(sb, &mem)?;
     let app_checksum = super::boot::write_sandbox_info(cfg, &mem, &devs, &image)?;
@@ -75,6 +77,7 @@ pub fn build(
         .map_err(kvm_err(sb, "KVM_CREATE_VCPU 0"))?;
     state::restore_vcpu(&fd, &t.vcpus[0]).map_err(state_err)?;
     trace.record(Stage::Restore, t0, monotonic_ns())?;
+    memory::dma_map(cfg, &mut mem, &trace, interrupted)?;
 
     finish(
         cfg,
