@@ -145,9 +145,17 @@ impl GuestMemory {
             MemorySource::Fresh => None,
             MemorySource::Pool(c) => Some(c),
         };
+        // DMA regions come from the pool under every policy but vanilla; under
+        // lazy, regions no device maps do too, as host-only memory (the uffd
+        // handler zeroes what the guest touches; no device may map it, so it
+        // goes back without waiting for one: `pool::PageUse`).
         let use_pool: Vec<bool> = specs
             .iter()
-            .map(|s| pool.is_some() && s.dma && policy != MemoryPolicy::Vanilla)
+            .map(|s| {
+                pool.is_some()
+                    && policy != MemoryPolicy::Vanilla
+                    && (s.dma || policy == MemoryPolicy::Lazy)
+            })
             .collect();
         check_resources(specs, &use_pool, hugepages, page_size)?;
 
@@ -158,7 +166,13 @@ impl GuestMemory {
         for (spec, &pooled) in specs.iter().zip(&use_pool) {
             taken.push(match (&pool, pooled) {
                 (Some(client), true) => {
-                    let (fd, recycled) = client.take_memfd(spec.size, hugepages, policy)?;
+                    let page_use = if spec.dma {
+                        crate::pool::PageUse::Device
+                    } else {
+                        crate::pool::PageUse::HostOnly
+                    };
+                    let (fd, recycled) =
+                        client.take_memfd_as(spec.size, hugepages, policy, page_use)?;
                     if !recycled && !hugepages {
                         miss_bytes += spec.size;
                     }

@@ -397,3 +397,64 @@ fn stale_lease_never_marks_a_page_zero() {
         "{s:?}"
     );
 }
+
+/// PiBooster's third page type (`PageUse::HostOnly`): one sandbox's two memfds, its window
+/// (device memory, registered by a device) and its RAM (host-only). When the VMM goes, the
+/// host-only memfd is back in the cache at once while the device still maps the window:
+/// no unmap to wait for. A device cannot register host-only memory at all (refused and
+/// counted). The window comes back only after the device's unmap.
+#[test]
+fn host_only_memory_returns_without_waiting_for_a_device_unmap() {
+    let size = 1 << 20;
+    let server = canary_pool("host-only", size, 2);
+    let admin = client(&server);
+    let vmm = client(&server);
+    let (ram, _) = vmm
+        .take_memfd_as(size, false, MemoryPolicy::Lazy, pool::PageUse::HostOnly)
+        .unwrap();
+    let (window, _) = vmm
+        .take_memfd_as(size, false, MemoryPolicy::Lazy, pool::PageUse::Device)
+        .unwrap();
+    let paths = [server.path().to_path_buf()];
+    let e = pool::DeviceHold::register(&paths, &[ram.as_fd()]).unwrap_err();
+    assert!(e.to_string().contains("host-only"), "{e}");
+    let hold = pool::DeviceHold::register(&paths, &[window.as_fd()])
+        .unwrap()
+        .expect("the window is registered");
+    let st = admin.stats().unwrap();
+    assert_eq!(
+        (st.device_maps_refused, server.registrations()),
+        (1, 1),
+        "{st:?}"
+    );
+
+    // The VMM dies while the device still maps the window.
+    drop((ram, window));
+    drop(vmm);
+    let st = wait_stats(&admin, "took the host-only memfd back", |s| {
+        s.cached_memfds == 1
+    });
+    assert_eq!(
+        (
+            st.quarantined_memfds,
+            st.lent_memfds,
+            st.returns_without_unmap,
+            st.returns_after_unmap
+        ),
+        (1, 1, 1, 0),
+        "{st:?}"
+    );
+    // The device unmaps: now the window comes back too.
+    drop(hold);
+    let st = wait_stats(&admin, "took the window back", |s| s.cached_memfds == 2);
+    assert_eq!(
+        (
+            st.quarantined_memfds,
+            st.lent_memfds,
+            st.returns_without_unmap,
+            st.returns_after_unmap
+        ),
+        (0, 0, 1, 1),
+        "{st:?}"
+    );
+}

@@ -217,6 +217,14 @@ pub fn bench_startup_cli(a: &BenchStartupConfig) -> Result<(), Error> {
     }
     println!("wrote {}", a.out.join("trace.jsonl").display());
     println!("wrote {}", a.out.join("summary.json").display());
+    // After the leak check: every lent memfd is back (PiBooster's recycling, §3.3).
+    let ps = rt.pool().stats();
+    println!(
+        "page pool: {} memfds back without waiting for a device unmap (no device mapped them: \
+         host-only regions, PiBooster's third page type), {} after the NIC's unmap; {} device \
+         maps of host-only memory refused",
+        ps.returns_without_unmap, ps.returns_after_unmap, ps.device_maps_refused
+    );
     drop(rt);
     if runtime::instance::sigint_received() {
         eprintln!("{}", final_check.describe());

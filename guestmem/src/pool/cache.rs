@@ -56,6 +56,18 @@ pub struct PoolStats {
     pub quarantined_memfds: u64,
     #[serde(default)]
     pub quarantined_bytes: u64,
+    /// Lent memfds that came back when their VMM was gone, no device having
+    /// ever mapped them (host-only memory, or device memory no device took):
+    /// device unmaps ("IOTLB flushes") the return did not wait for.
+    #[serde(default)]
+    pub returns_without_unmap: u64,
+    /// Lent memfds that came back only after every device that mapped them
+    /// had unmapped them.
+    #[serde(default)]
+    pub returns_after_unmap: u64,
+    /// Device registrations of host-only memory, refused.
+    #[serde(default)]
+    pub device_maps_refused: u64,
     pub classes: Vec<ClassStats>,
 }
 
@@ -74,6 +86,9 @@ pub(super) struct Inner {
     released: u64,
     quarantined_memfds: u64,
     quarantined_bytes: u64,
+    returns_without_unmap: u64,
+    returns_after_unmap: u64,
+    device_maps_refused: u64,
 }
 
 impl Inner {
@@ -229,6 +244,21 @@ impl Pool {
         self.idle_wake.notify_all();
     }
 
+    /// Counts a lease's return: after a device's unmap, or without one.
+    pub(super) fn note_return(&self, after_unmap: bool) {
+        let mut inner = self.lock();
+        if after_unmap {
+            inner.returns_after_unmap += 1;
+        } else {
+            inner.returns_without_unmap += 1;
+        }
+    }
+
+    /// Counts a refused device registration of host-only memory.
+    pub(super) fn note_refused_map(&self) {
+        self.lock().device_maps_refused += 1;
+    }
+
     /// Counts a lent memfd in or out of quarantine (its tenant is gone, a device maps it).
     pub(super) fn quarantine(&self, class: SizeClass, on: bool) {
         let mut inner = self.lock();
@@ -337,6 +367,9 @@ impl Pool {
             released: inner.released,
             quarantined_memfds: inner.quarantined_memfds,
             quarantined_bytes: inner.quarantined_bytes,
+            returns_without_unmap: inner.returns_without_unmap,
+            returns_after_unmap: inner.returns_after_unmap,
+            device_maps_refused: inner.device_maps_refused,
             classes,
         }
     }

@@ -11,7 +11,7 @@ use nix::sys::time::TimeVal;
 
 use super::lease::{lease_of, LeaseKey};
 use super::protocol::{recv_msg, send_msg, seqpacket, socket_err, Request, Response};
-use super::{Error, PoolStats, SizeClass};
+use super::{Error, PageUse, PoolStats, SizeClass};
 use crate::MemoryPolicy;
 
 /// A pool server that does not answer within this time is treated as failed (a `fill` of
@@ -111,6 +111,17 @@ impl PoolClient {
         hugepages: bool,
         policy: MemoryPolicy,
     ) -> Result<(OwnedFd, bool), Error> {
+        self.take_memfd_as(size, hugepages, policy, PageUse::Device)
+    }
+
+    /// As `take_memfd`, for `page_use`: a `HostOnly` memfd no device may ever map.
+    pub fn take_memfd_as(
+        &self,
+        size: u64,
+        hugepages: bool,
+        policy: MemoryPolicy,
+        page_use: PageUse,
+    ) -> Result<(OwnedFd, bool), Error> {
         if policy == MemoryPolicy::Vanilla {
             return Err(Error::VanillaFromPool);
         }
@@ -118,6 +129,7 @@ impl PoolClient {
             size,
             hugepages,
             policy: policy.to_string(),
+            page_use,
         })?;
         let expect = SizeClass { size, hugepages }.memfd_size();
         if fds.len() != 1 || resp.memfd_size != Some(expect) {

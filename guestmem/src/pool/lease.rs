@@ -25,7 +25,7 @@ use nix::sys::stat::Mode;
 use nix::unistd::{lseek, Whence};
 use serde::{Deserialize, Serialize};
 
-use super::{Error, Lent, Pool};
+use super::{Error, Lent, PageUse, Pool};
 
 /// Name prefix of every memfd the pool creates (`memfd:burstvm-pool`): a device treats such a
 /// memfd as lent memory that must be registered before it is mapped.
@@ -99,6 +99,10 @@ struct Lease {
     holder: Option<u64>,
     /// Device connections that registered a mapping, with their count of registrations.
     devices: HashMap<u64, u32>,
+    /// Who may map it; `HostOnly` leases refuse every registration.
+    page_use: PageUse,
+    /// A device registered it at some point: its return waited for that unmap.
+    was_mapped: bool,
 }
 
 #[derive(Default)]
@@ -131,7 +135,7 @@ impl Leases {
 
     /// Lends `lent` to connection `conn`: returns the fd to send (its own file description,
     /// offset = lease id). On error `lent` goes straight back to the pool.
-    pub fn lend(&self, conn: u64, lent: Lent) -> Result<OwnedFd, Error> {
+    pub fn lend(&self, conn: u64, lent: Lent, page_use: PageUse) -> Result<OwnedFd, Error> {
         let id = {
             let mut t = self.lock();
             t.next += 1;
@@ -150,6 +154,8 @@ impl Leases {
                     key,
                     holder: Some(conn),
                     devices: HashMap::new(),
+                    page_use,
+                    was_mapped: false,
                 };
                 self.lock().leases.insert(id, lease);
                 Ok(fd)
@@ -162,12 +168,19 @@ impl Leases {
     }
 
     /// Connection `conn` (a device process) maps the memory lent under `key`: it stays out of
-    /// the cache until `conn` closes. Refused unless the lease is live (its taker connected).
+    /// the cache until `conn` closes. Refused unless the lease is live (its taker connected),
+    /// and always for host-only memory (counted in `PoolStats::device_maps_refused`).
     pub fn register(&self, conn: u64, key: LeaseKey) -> Result<(), Error> {
         let mut t = self.lock();
         match t.leases.get_mut(&key.lease) {
             Some(l) if l.key == (key.dev, key.ino) && l.holder.is_some() => {
+                if l.page_use == PageUse::HostOnly {
+                    drop(t);
+                    self.pool.note_refused_map();
+                    return Err(Error::HostOnly { key });
+                }
                 *l.devices.entry(conn).or_default() += 1;
+                l.was_mapped = true;
                 Ok(())
             }
             _ => Err(Error::NotLive { key }),
@@ -202,6 +215,9 @@ impl Leases {
         // Marking a memfd dirty walks its table: outside the lock.
         for (l, was_quarantined) in ended {
             let class = l.lent.class();
+            if !stopping {
+                self.pool.note_return(l.was_mapped);
+            }
             if stopping {
                 self.pool.forget(l.lent);
             } else {

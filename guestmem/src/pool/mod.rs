@@ -97,11 +97,32 @@ pub enum Error {
     )]
     NotLive { key: LeaseKey },
     #[error(
+        "pool: lease {} of memfd (dev {}, inode {}) is host-only memory (taken for a region no \
+         device maps): no device may map it",
+        .key.lease, .key.dev, .key.ino
+    )]
+    HostOnly { key: LeaseKey },
+    #[error(
         "pool memory (lease {}, memfd inode {}) cannot be registered with any pool ({tried}): a \
          device must not map pool memory that the pool could recycle under it",
         .key.lease, .key.ino
     )]
     Unregistered { key: LeaseKey, tried: String },
+}
+
+/// Who may map a lent memfd: PiBooster's page types (pibooster.txt §3.3). A
+/// `Device` memfd may be mapped by a device too (the NIC registers it), so
+/// it goes back to the cache only once every device has unmapped it. A
+/// `HostOnly` memfd (a region no device maps: the image region under
+/// FastIOV's skip, guest RAM under `window`) is PiBooster's semi-writable
+/// page: writable by the VMM and the guest, never by a device. The pool
+/// refuses any device registration of it, so it needs no device unmap (the
+/// software NIC's "IOTLB flush") and goes back as soon as its VMM is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PageUse {
+    Device,
+    HostOnly,
 }
 
 /// Memfds of one size class are interchangeable.

@@ -38,6 +38,10 @@ pub(super) fn seqpacket(path: &Path) -> Result<(OwnedFd, UnixAddr), Error> {
 
 const MAX_MSG: usize = 64 * 1024;
 
+fn device_use() -> super::PageUse {
+    super::PageUse::Device
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "kebab-case")]
 pub(super) enum Request {
@@ -45,6 +49,9 @@ pub(super) enum Request {
         size: u64,
         hugepages: bool,
         policy: String,
+        /// Absent (older clients): `device`.
+        #[serde(default = "device_use")]
+        page_use: super::PageUse,
     },
     Stats,
     Shrink {

@@ -333,6 +333,7 @@ fn handle(leases: &Leases, conn: u64, req: Request) -> Result<(Response, Option<
             size,
             hugepages,
             policy,
+            page_use,
         } => {
             let policy: MemoryPolicy = policy.parse().map_err(|e| Error::BadPolicy {
                 source: Box::new(e),
@@ -343,7 +344,7 @@ fn handle(leases: &Leases, conn: u64, req: Request) -> Result<(Response, Option<
                 recycled: Some(lent.recycled),
                 ..ok
             };
-            Ok((resp, Some(leases.lend(conn, lent)?)))
+            Ok((resp, Some(leases.lend(conn, lent, page_use)?)))
         }
         Request::Stats => Ok((
             Response {
