@@ -68,6 +68,13 @@ pub struct PoolStats {
     /// Device registrations of host-only memory, refused.
     #[serde(default)]
     pub device_maps_refused: u64,
+    /// Recycling latency of returns after an unmap: from the VMM's exit to
+    /// the last device's unmap (the time such memory sat quarantined), summed
+    /// and the largest. A return without unmap waits for nothing.
+    #[serde(default)]
+    pub unmap_wait_ns_total: u64,
+    #[serde(default)]
+    pub unmap_wait_ns_max: u64,
     pub classes: Vec<ClassStats>,
 }
 
@@ -89,6 +96,8 @@ pub(super) struct Inner {
     returns_without_unmap: u64,
     returns_after_unmap: u64,
     device_maps_refused: u64,
+    unmap_wait_ns_total: u64,
+    unmap_wait_ns_max: u64,
 }
 
 impl Inner {
@@ -244,14 +253,18 @@ impl Pool {
         self.idle_wake.notify_all();
     }
 
-    /// Counts a lease's return: after a device's unmap, or without one.
-    pub(super) fn note_return(&self, after_unmap: bool) {
+    /// Counts a lease's return: after a device's unmap, or without one;
+    /// `waited`: how long it sat quarantined after its VMM was gone.
+    pub(super) fn note_return(&self, after_unmap: bool, waited: Option<std::time::Duration>) {
         let mut inner = self.lock();
         if after_unmap {
             inner.returns_after_unmap += 1;
         } else {
             inner.returns_without_unmap += 1;
         }
+        let ns = waited.map_or(0, |d| d.as_nanos() as u64);
+        inner.unmap_wait_ns_total += ns;
+        inner.unmap_wait_ns_max = inner.unmap_wait_ns_max.max(ns);
     }
 
     /// Counts a refused device registration of host-only memory.
@@ -370,6 +383,8 @@ impl Pool {
             returns_without_unmap: inner.returns_without_unmap,
             returns_after_unmap: inner.returns_after_unmap,
             device_maps_refused: inner.device_maps_refused,
+            unmap_wait_ns_total: inner.unmap_wait_ns_total,
+            unmap_wait_ns_max: inner.unmap_wait_ns_max,
             classes,
         }
     }

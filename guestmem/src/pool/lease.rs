@@ -103,6 +103,8 @@ struct Lease {
     page_use: PageUse,
     /// A device registered it at some point: its return waited for that unmap.
     was_mapped: bool,
+    /// When its taker went while a device still mapped it (quarantine start).
+    orphaned: Option<std::time::Instant>,
 }
 
 #[derive(Default)]
@@ -156,6 +158,7 @@ impl Leases {
                     devices: HashMap::new(),
                     page_use,
                     was_mapped: false,
+                    orphaned: None,
                 };
                 self.lock().leases.insert(id, lease);
                 Ok(fd)
@@ -204,7 +207,10 @@ impl Leases {
                 match (l.holder.is_none(), l.devices.is_empty()) {
                     // A lease without holder stays in the table only while quarantined.
                     (true, true) => done.push((*id, !was_held)),
-                    (true, false) if was_held => self.pool.quarantine(l.lent.class(), true),
+                    (true, false) if was_held => {
+                        l.orphaned = Some(std::time::Instant::now());
+                        self.pool.quarantine(l.lent.class(), true)
+                    }
                     _ => {}
                 }
             }
@@ -216,7 +222,8 @@ impl Leases {
         for (l, was_quarantined) in ended {
             let class = l.lent.class();
             if !stopping {
-                self.pool.note_return(l.was_mapped);
+                let waited = l.orphaned.map(|t| t.elapsed());
+                self.pool.note_return(l.was_mapped, waited);
             }
             if stopping {
                 self.pool.forget(l.lent);
