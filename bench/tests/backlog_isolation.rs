@@ -11,6 +11,9 @@ use testutil::nic::frame;
 
 /// VFs of the PF: a bystander pair, one flooding VF and the rest never reading.
 const VFS: usize = 40;
+/// Bound of every wait: generous, since the dataplane thread shares 2 cores
+/// with the rest of the suite (a loaded run once took over 5 s to fill a ring).
+const PATIENCE: Duration = Duration::from_secs(30);
 /// Frames sent to each VF that never reads: its receive ring, its backlog, and more.
 const PER_HOG: u64 = 600;
 
@@ -49,17 +52,14 @@ fn guests_that_never_read_do_not_starve_another_vfs_transmit() {
         let t0 = Instant::now();
         while c(j).rx_packets == 0 {
             fe[2].send(&f);
-            assert!(
-                t0.elapsed() < Duration::from_secs(5),
-                "VF {j} never reachable"
-            );
+            assert!(t0.elapsed() < PATIENCE, "VF {j} never reachable");
             std::thread::sleep(Duration::from_millis(2));
         }
     }
     // Every probe taken by the NIC, and the bystanders' copies read.
     let t0 = Instant::now();
     while fe[2].tx_in_flight() > 0 {
-        assert!(t0.elapsed() < Duration::from_secs(5), "probes not taken");
+        assert!(t0.elapsed() < PATIENCE, "probes not taken");
         std::thread::yield_now();
     }
     for i in [0, 1] {
@@ -83,7 +83,7 @@ fn guests_that_never_read_do_not_starve_another_vfs_transmit() {
         )
     };
     while taken().0 + taken().1 < total {
-        assert!(t0.elapsed() < Duration::from_secs(5), "flood not counted");
+        assert!(t0.elapsed() < PATIENCE, "flood not counted");
         std::thread::sleep(Duration::from_millis(2));
     }
     assert_eq!(
@@ -96,10 +96,7 @@ fn guests_that_never_read_do_not_starve_another_vfs_transmit() {
     for j in hogs.clone() {
         let t0 = Instant::now();
         while c(j).rx_packets - base[j].rx_packets < ring {
-            assert!(
-                t0.elapsed() < Duration::from_secs(5),
-                "VF {j}: ring not filled"
-            );
+            assert!(t0.elapsed() < PATIENCE, "VF {j}: ring not filled");
             std::thread::sleep(Duration::from_millis(2));
         }
         let d = c(j);
