@@ -63,8 +63,6 @@ fn delta(now: &Counters, base: &Counters) -> Counters {
         tx_drops: now.tx_drops - base.tx_drops,
         bad_descriptors: now.bad_descriptors - base.bad_descriptors,
         bad_requests: now.bad_requests - base.bad_requests,
-        // A gauge, not a count.
-        mapped_bytes: now.mapped_bytes,
     }
 }
 

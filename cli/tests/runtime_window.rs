@@ -60,7 +60,6 @@ fn a_window_sandbox_answers_over_its_vf_and_the_nic_maps_only_its_window() {
             .into_iter()
             .find(|f| f.sandbox.as_deref() == Some(&sb))
             .unwrap_or_else(|| panic!("{v}: no VF of {sb}"))
-            .counters
             .mapped_bytes
     };
     assert_eq!(
@@ -77,7 +76,7 @@ fn a_window_sandbox_answers_over_its_vf_and_the_nic_maps_only_its_window() {
         sb.teardown().unwrap_or_else(|e| panic!("{v}: {e}"));
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while vfs(&rt).iter().any(|f| f.counters.mapped_bytes > 0) {
+    while vfs(&rt).iter().any(|f| f.mapped_bytes > 0) {
         assert!(std::time::Instant::now() < deadline, "{:#?}", vfs(&rt));
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -138,7 +137,7 @@ fn window_sandboxes_restored_from_one_template_answer_over_their_own_vfs() {
             .find(|v| v.sandbox.as_deref() == Some(id.as_str()))
             .unwrap_or_else(|| panic!("no VF of {id}: {devs:#?}"));
         assert_eq!(
-            v.counters.mapped_bytes,
+            v.mapped_bytes,
             runtime::variant::DMA_WINDOW_BYTES,
             "{id}: the NIC maps this restore's window only"
         );

@@ -36,11 +36,6 @@ pub struct Counters {
     /// moved or resized (the guest changed a queue after DRIVER_OK).
     #[serde(default)]
     pub bad_requests: u64,
-    /// Bytes of guest memory the VF's current memory table maps (a gauge,
-    /// 0 without a session): what the device can reach, e.g. only the
-    /// sandbox's DMA window under the `window` variant.
-    #[serde(default)]
-    pub mapped_bytes: u64,
 }
 
 /// One VF or SG function as `get` and `list` show it.
@@ -59,6 +54,11 @@ pub struct VfInfo {
     pub state: VfState,
     pub sandbox: Option<String>,
     pub counters: Counters,
+    /// Bytes of guest memory the current memory table maps (0 without a
+    /// session): what the device can reach, e.g. only the sandbox's DMA
+    /// window under the `window` variant.
+    #[serde(default)]
+    pub mapped_bytes: u64,
     /// SG functions only: device counters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sg: Option<SgCounters>,
@@ -151,6 +151,7 @@ mod tests {
             state: VfState::Free,
             sandbox: None,
             counters: Counters::default(),
+            mapped_bytes: 0,
             sg: None,
             sg_policy: None,
             sg_capacity: None,

@@ -77,7 +77,6 @@ impl AtomicCounters {
             tx_drops: l(&self.tx_drops),
             bad_descriptors: l(&self.bad_descriptors),
             bad_requests: l(&self.bad_requests),
-            mapped_bytes: l(&self.mapped_bytes),
         }
     }
     fn clear(&self) {
