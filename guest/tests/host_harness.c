@@ -33,7 +33,9 @@ int main(void) {
   CHECK(offsetof(struct boot_info, sg_bytes) == 932);
   CHECK(offsetof(struct boot_info, sg_port) == 936);
   CHECK(offsetof(struct boot_info, sg_xf) == 940);
-  CHECK(sizeof(struct boot_info) == 944);
+  CHECK(offsetof(struct boot_info, dma_window_gpa) == 944);
+  CHECK(offsetof(struct boot_info, dma_window_size) == 952);
+  CHECK(sizeof(struct boot_info) == 960);
 
   struct boot_info bi;
   memset(&bi, 0, sizeof bi);
