@@ -57,7 +57,7 @@ pub enum RuntimeError {
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
     #[error(transparent)]
-    Uplink(#[from] server_netns::ServerNetError),
+    ServerNet(#[from] server_netns::ServerNetError),
     #[error(transparent)]
     Cni(#[from] crate::cni_exec::CniError),
     #[error(transparent)]
