@@ -313,7 +313,8 @@ impl VmConfig {
             if !matches!(boot, BootSource::Agent) {
                 return Err(invalid(
                     "--dma-window",
-                    "only the built-in agent places its rings and buffers in a window                      (a Linux guest needs VIRTIO_F_ACCESS_PLATFORM and a restricted swiotlb)",
+                    "only the built-in agent places its rings and buffers in a window \
+                     (a Linux guest needs VIRTIO_F_ACCESS_PLATFORM and a restricted swiotlb)",
                 ));
             }
             if a.agent_mode.is_sg() {
