@@ -358,6 +358,44 @@ mod tests {
     }
 
     #[test]
+    fn dma_window_is_the_agents_and_a_multiple_of_2m() {
+        let c = cfg(&["--dma-window", "2M", "--net", "vf:/vf.sock"]).unwrap();
+        assert_eq!((c.dma_window, c.dma_ram), (2 << 20, false));
+        for (args, want) in [
+            (
+                &["--dma-window", "3M"][..],
+                "a multiple of 2 MiB up to 16 MiB",
+            ),
+            (
+                &["--dma-window", "32M"][..],
+                "a multiple of 2 MiB up to 16 MiB",
+            ),
+            (
+                &["--dma-window", "2M", "--kernel", "/vmlinux"][..],
+                "a restricted swiotlb",
+            ),
+            (
+                &[
+                    "--dma-window",
+                    "2M",
+                    "--net",
+                    "sg:/sg.sock",
+                    "--agent-mode",
+                    "sg",
+                ][..],
+                "the SG agent modes",
+            ),
+        ] {
+            let e = cfg(args).unwrap_err();
+            assert!(
+                e.contains("--dma-window") && e.contains(want),
+                "{args:?}: {e}"
+            );
+            assert!(!e.contains("  "), "{e}");
+        }
+    }
+
+    #[test]
     fn vsock_flags() {
         let c = cfg(&["--vsock", "/run/sb1.vsock"]).unwrap();
         let v = c.vsock.unwrap();
