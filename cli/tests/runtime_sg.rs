@@ -21,7 +21,7 @@ use nic_api::{DevKind, VfInfo};
 use runtime::{Runtime, Sandbox, SandboxSpec, SgSpec, Variant};
 
 mod cli_common;
-use cli_common::{burstvm, networked_runtime, text};
+use cli_common::{burstvm, networked_runtime, nic_devices, text};
 
 /// Both tests boot VMs on a 2-core machine: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -61,12 +61,7 @@ fn burstvm_run_on_an_sg_network_moves_data_over_its_pipes() {
 }
 
 fn sg_devices(rt: &Runtime) -> Vec<VfInfo> {
-    let mut c = nic_api::Client::connect(&rt.nic_socket()).unwrap();
-    c.list()
-        .unwrap()
-        .into_iter()
-        .filter(|v| v.kind == DevKind::Sg)
-        .collect()
+    nic_devices(rt, DevKind::Sg)
 }
 
 /// The SG devices once `ok` holds (the daemon publishes SG counters every 100 ms).

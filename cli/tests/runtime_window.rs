@@ -20,18 +20,13 @@ use nic_api::{DevKind, VfInfo};
 use runtime::{Sandbox, SandboxSpec, Variant};
 
 mod cli_common;
-use cli_common::{burstvm, networked_runtime_vfs, text};
+use cli_common::{burstvm, networked_runtime_vfs, nic_devices, text};
 
 /// VMs and NICs on a 2-core machine: one test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn vfs(rt: &runtime::Runtime) -> Vec<VfInfo> {
-    let mut c = nic_api::Client::connect(&rt.nic_socket()).unwrap();
-    c.list()
-        .unwrap()
-        .into_iter()
-        .filter(|v| v.kind == DevKind::Vf)
-        .collect()
+    nic_devices(rt, DevKind::Vf)
 }
 
 #[test]

@@ -38,9 +38,6 @@ pub struct AtomicCounters {
     pub tx_drops: AtomicU64,
     pub bad_descriptors: AtomicU64,
     pub bad_requests: AtomicU64,
-    /// A gauge: bytes the current memory table maps (set with the table,
-    /// 0 when the runtime that holds it is replaced).
-    pub mapped_bytes: AtomicU64,
 }
 
 impl AtomicCounters {
@@ -89,7 +86,6 @@ impl AtomicCounters {
             &self.tx_drops,
             &self.bad_descriptors,
             &self.bad_requests,
-            &self.mapped_bytes,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -225,6 +221,9 @@ pub struct Port {
     pub socket: PathBuf,
     pub default_mac: [u8; 6],
     pub counters: AtomicCounters,
+    /// Bytes the current session's memory table maps (`VfInfo::mapped_bytes`):
+    /// set with the table, 0 from every new session on (`new_session`).
+    mapped_bytes: AtomicU64,
     config: Mutex<PortConfig>,
     /// `None` while the dataplane holds the runtime.
     runtime: Mutex<Option<Runtime>>,
@@ -267,6 +266,7 @@ impl Port {
             socket,
             default_mac: mac,
             counters: AtomicCounters::default(),
+            mapped_bytes: AtomicU64::new(0),
             config: Mutex::new(PortConfig { mac, vlan: None }),
             runtime: Mutex::new(Some(Runtime::new())),
             returned: Condvar::new(),
@@ -293,6 +293,16 @@ impl Port {
     }
     fn new_session(&self) {
         self.session.fetch_add(1, Ordering::AcqRel);
+        self.mapped_bytes.store(0, Ordering::Relaxed);
+    }
+    /// Installs a session's memory table (SET_MEM_TABLE), counted in `mapped_bytes`.
+    pub fn set_memory(&self, mem: VfMemory) {
+        let bytes = mem.mapped_bytes();
+        self.runtime().mem = Some(Arc::new(mem));
+        self.mapped_bytes.store(bytes, Ordering::Relaxed);
+    }
+    pub fn mapped_bytes(&self) -> u64 {
+        self.mapped_bytes.load(Ordering::Relaxed)
     }
     /// The runtime, for a session-side user: waits (a round of the dataplane
     /// at most) until the dataplane handed it back.
@@ -409,7 +419,6 @@ impl VfDevice for VfHw {
         // Fresh rings and no memory: nothing of a previous session survives.
         let mut rt = self.port.runtime();
         *rt = Runtime::new();
-        self.port.counters.mapped_bytes.store(0, Ordering::Relaxed);
         rt.active = true;
         self.port.new_session();
         drop(rt);
@@ -419,7 +428,6 @@ impl VfDevice for VfHw {
         let mut rt = self.port.runtime();
         let failed = rt.failed;
         *rt = Runtime::new(); // unmaps the memory table, closes the eventfds
-        self.port.counters.mapped_bytes.store(0, Ordering::Relaxed);
         rt.failed = failed;
         self.port.new_session();
         drop(rt);

@@ -13,7 +13,6 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use vhost::vhost_user::message::*;
@@ -279,13 +278,7 @@ impl VhostUserBackendReqHandlerMut for VfSession {
         // The DMA mapping: mmap + populate + mlock, under the VF-side lock.
         self.vf(|vf| {
             let mem = VfMemory::map(&id, ctx, files, &self.pools).map_err(fail_with)?;
-            let bytes = mem.mapped_bytes();
-            vf.dev.port.runtime().mem = Some(Arc::new(mem));
-            vf.dev
-                .port
-                .counters
-                .mapped_bytes
-                .store(bytes, Ordering::Relaxed);
+            vf.dev.port.set_memory(mem);
             Ok(())
         })?;
         Ok(None)

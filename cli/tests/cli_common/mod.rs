@@ -55,3 +55,13 @@ pub fn networked_runtime_vfs(vfs: usize, sgfs: usize) -> runtime::Runtime {
     })
     .expect("runtime")
 }
+
+/// The devices of kind `kind` the runtime's NIC daemon serves, as `list` shows them.
+pub fn nic_devices(rt: &runtime::Runtime, kind: nic_api::DevKind) -> Vec<nic_api::VfInfo> {
+    let mut c = nic_api::Client::connect(&rt.nic_socket()).unwrap();
+    c.list()
+        .unwrap()
+        .into_iter()
+        .filter(|v| v.kind == kind)
+        .collect()
+}

@@ -52,13 +52,15 @@ __attribute__((noreturn)) void exception_handler(uint64_t vector, uint64_t rip, 
 
 static uint64_t heap_next, heap_end;
 
-/* The VMM guarantees guest RAM reads as zero on first use. */
-void *alloc_pages(uint32_t n) {
-  uint64_t p = heap_next;
-  if (heap_end - heap_next < (uint64_t)n * 4096) fail(ERR_NO_MEMORY);
-  heap_next += (uint64_t)n * 4096;
+static void *bump(uint64_t *next, uint64_t end, uint32_t n) {
+  uint64_t p = *next;
+  if (end - *next < (uint64_t)n * 4096) fail(ERR_NO_MEMORY);
+  *next += (uint64_t)n * 4096;
   return (void *)p;
 }
+
+/* The VMM guarantees guest RAM reads as zero on first use. */
+void *alloc_pages(uint32_t n) { return bump(&heap_next, heap_end, n); }
 
 /* What a device reads or writes comes from the DMA window when there is one
  * (vmm --dma-window, the `window` variant): the device maps only the window,
@@ -66,11 +68,7 @@ void *alloc_pages(uint32_t n) {
 static uint64_t dma_next, dma_end;
 
 void *alloc_dma_pages(uint32_t n) {
-  if (!dma_end) return alloc_pages(n);
-  uint64_t p = dma_next;
-  if (dma_end - dma_next < (uint64_t)n * 4096) fail(ERR_NO_MEMORY);
-  dma_next += (uint64_t)n * 4096;
-  return (void *)p;
+  return dma_end ? bump(&dma_next, dma_end, n) : alloc_pages(n);
 }
 
 static void heap_init(const struct boot_info *bi) {

@@ -221,13 +221,11 @@ impl Leases {
         // Marking a memfd dirty walks its table: outside the lock.
         for (l, was_quarantined) in ended {
             let class = l.lent.class();
-            if !stopping {
-                let waited = l.orphaned.map(|t| t.elapsed());
-                self.pool.note_return(l.was_mapped, waited);
-            }
             if stopping {
                 self.pool.forget(l.lent);
             } else {
+                self.pool
+                    .note_return(l.was_mapped, l.orphaned.map(|t| t.elapsed()));
                 self.pool.give_back(l.lent);
             }
             // After the give-back: quarantined == 0 means the memory is back.
