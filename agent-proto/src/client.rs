@@ -523,11 +523,14 @@ mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;
 
-    fn temp_sock(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("agent-proto-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir.join("vsock.sock")
+    /// A socket path in a fresh directory, removed with the returned guard.
+    fn temp_sock(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("agent-proto-{name}-"))
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("vsock.sock");
+        (dir, path)
     }
 
     /// A fake VMM + agent: answers the handshake with `reply`, then Hello
@@ -554,7 +557,7 @@ mod tests {
 
     #[test]
     fn hybrid_handshake_then_hello() {
-        let path = temp_sock("ok");
+        let (_dir, path) = temp_sock("ok");
         let t = fake(&path, "OK 1073741824\n", PROTOCOL_VERSION);
         let c = Client::connect_uds(&path, 1024, Duration::from_secs(5)).unwrap();
         assert_eq!(c.agent().agent, "test");
@@ -564,7 +567,7 @@ mod tests {
 
     #[test]
     fn handshake_refused_names_socket() {
-        let path = temp_sock("refused");
+        let (_dir, path) = temp_sock("refused");
         let t = fake(&path, "NO\n", PROTOCOL_VERSION);
         let err = Client::connect_uds(&path, 1024, Duration::from_secs(5)).unwrap_err();
         assert!(matches!(err, ClientError::Handshake { ref reply, .. } if reply == "NO"));
@@ -578,7 +581,7 @@ mod tests {
 
     #[test]
     fn version_mismatch_is_an_error() {
-        let path = temp_sock("version");
+        let (_dir, path) = temp_sock("version");
         let t = fake(&path, "OK 5\n", PROTOCOL_VERSION + 1);
         let err = Client::connect_uds(&path, 1024, Duration::from_secs(5)).unwrap_err();
         assert!(
@@ -590,7 +593,7 @@ mod tests {
 
     #[test]
     fn missing_socket_names_step() {
-        let path = temp_sock("none");
+        let (_dir, path) = temp_sock("none");
         let err = Client::connect_uds(&path, 1024, Duration::from_secs(1)).unwrap_err();
         assert!(
             matches!(
@@ -606,7 +609,7 @@ mod tests {
 
     #[test]
     fn silent_peer_times_out() {
-        let path = temp_sock("silent");
+        let (_dir, path) = temp_sock("silent");
         let l = UnixListener::bind(&path).unwrap();
         let t = thread::spawn(move || {
             let (s, _) = l.accept().unwrap();

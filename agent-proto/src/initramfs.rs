@@ -104,10 +104,11 @@ mod tests {
 
     #[test]
     fn archive_lists_init_dirs_and_console() {
-        let dir =
-            std::env::temp_dir().join(format!("agent-proto-initramfs-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new()
+            .prefix("agent-proto-initramfs-")
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path();
         let agent = dir.join("agent");
         let body: Vec<u8> = (0..10_001u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(&agent, &body).unwrap();
@@ -170,6 +171,5 @@ mod tests {
             }
             Err(e) => eprintln!("cpio(1) not run ({e}): apt-get install cpio"),
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

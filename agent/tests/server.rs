@@ -39,13 +39,15 @@ struct Harness {
     agent: Arc<Agent>,
     vsock: PathBuf,
     dir: PathBuf,
+    _tmp: tempfile::TempDir,
 }
 
-fn dir_for(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("agent-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory, removed with the returned guard.
+fn dir_for(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("agent-test-{name}-"))
+        .tempdir()
+        .unwrap()
 }
 
 fn config() -> AgentConfig {
@@ -70,7 +72,8 @@ fn read_connect(s: &mut UnixStream) -> Option<u32> {
 }
 
 fn harness_with(name: &str, cfg: AgentConfig) -> Harness {
-    let dir = dir_for(name);
+    let tmp = dir_for(name);
+    let dir = tmp.path().to_path_buf();
     let vsock = dir.join("vsock.sock");
     let agent = Agent::new(cfg);
     let l = UnixListener::bind(&vsock).unwrap();
@@ -92,7 +95,12 @@ fn harness_with(name: &str, cfg: AgentConfig) -> Harness {
             });
         }
     });
-    Harness { agent, vsock, dir }
+    Harness {
+        agent,
+        vsock,
+        dir,
+        _tmp: tmp,
+    }
 }
 
 fn harness(name: &str) -> Harness {
@@ -721,7 +729,8 @@ fn orphans_are_reaped() {
 
 #[test]
 fn plain_unix_listeners() {
-    let dir = dir_for("unix");
+    let tmp = dir_for("unix");
+    let dir = tmp.path();
     let (control, stdio) = (dir.join("control.sock"), dir.join("stdio.sock"));
     let agent = Agent::new(config());
     agent.serve_control(UnixListener::bind(&control).unwrap());
@@ -772,7 +781,8 @@ impl agent::pod::ContainerRoots for DirRoots {
 /// refused; unmounting kills what still runs there and forgets the root.
 #[test]
 fn pod_containers_run_in_their_own_roots() {
-    let dir = dir_for("roots");
+    let tmp = dir_for("roots");
+    let dir = tmp.path();
     let roots = Arc::new(DirRoots {
         dir: dir.join("roots"),
         unmounted: Default::default(),

@@ -378,6 +378,10 @@ fn handler_error_stops_the_guest_and_is_reported() {
         assert!(!reader.is_finished(), "the guest read past a failed fault");
         println!("HANDLER-ERROR-OK");
         let _ = std::fs::remove_file(server.path());
+        // _exit skips the server's drop, which would remove its lock file.
+        let mut lock = server.path().as_os_str().to_owned();
+        lock.push(".lock");
+        let _ = std::fs::remove_file(lock);
         // Exit with the reader still blocked: the VMM's way out.
         // SAFETY: _exit ends the child without running the parent's atexit state.
         unsafe { libc::_exit(0) };

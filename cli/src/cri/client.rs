@@ -11,11 +11,12 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    Container, ContainerConfig, ContainerFilter, ContainerStatus, ContainerStatusRequest,
-    CreateContainerRequest, ExecRequest, ExecSyncRequest, ExecSyncResponse, Image,
-    ListContainersRequest, ListImagesRequest, ListPodSandboxRequest, PodSandbox, PodSandboxConfig,
-    PodSandboxStatus, PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    Container, ContainerConfig, ContainerFilter, ContainerState, ContainerStatus,
+    ContainerStatusRequest, CreateContainerRequest, ExecRequest, ExecSyncRequest, ExecSyncResponse,
+    Image, ListContainersRequest, ListImagesRequest, ListPodSandboxRequest, PodSandbox,
+    PodSandboxConfig, PodSandboxStatus, PodSandboxStatusRequest, RemoveContainerRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -296,6 +297,28 @@ impl CriClient {
             }),
         )
         .map(|_| ())
+    }
+
+    /// Waits (bounded by the client's timeout) until the container is no
+    /// longer running. containerd's StopContainer returns at once, without
+    /// waiting, when it races the container's own exit: its exit handler has
+    /// deleted the task but not yet marked the container exited, and a
+    /// RemoveContainer in that window fails with "still running".
+    pub fn wait_not_running(&self, id: &str) -> Result<()> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        loop {
+            if self.inspect(id)?.state != ContainerState::ContainerRunning as i32 {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                anyhow::bail!(
+                    "container {id} on {}: still running {} s after StopContainer",
+                    self.endpoint.display(),
+                    self.timeout.as_secs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     pub fn rm(&self, id: &str) -> Result<()> {

@@ -254,6 +254,7 @@ pub fn run_cli(a: &CriArgs) -> Result<u8> {
                 // refuses without -f, and so do we.
                 if *force {
                     c.stop(id, 0)?;
+                    c.wait_not_running(id)?;
                 } else if c.inspect(id)?.state == ContainerState::ContainerRunning as i32 {
                     anyhow::bail!("container {id} is running: stop it first, or rm -f");
                 }
