@@ -92,6 +92,38 @@ fn cni_bad_input_gets_the_spec_code_and_leaves_nothing() {
     assert_nothing_left(&nic, &net, &ns);
 }
 
+/// A network over two PFs takes a VF of the second once the first has
+/// none free, and is exhausted only when both are; STATUS sees both.
+#[test]
+fn cni_network_over_two_pfs_spills_to_the_second() {
+    let nic = NicDaemon::start_pfs(&[1, 1]);
+    let net = Network::new(&nic, "10.86.0.0/24", json!({"pf": ["pf0", "pf1"]}));
+    let (ns1, ns2, ns3) = (Netns::new(), Netns::new(), Netns::new());
+    net.add(&ns1);
+    let first: Vec<String> = nic.assigned().into_iter().map(|v| v.pf).collect();
+    assert_eq!(first, ["pf0"], "the first PF is tried first");
+    let (status, out) = net.plugin(&[("CNI_COMMAND", "STATUS")], &net.config().to_string());
+    assert_eq!(status, 0, "pf1 still has a free VF: {out}");
+    net.add(&ns2);
+    let mut pfs: Vec<String> = nic.assigned().into_iter().map(|v| v.pf).collect();
+    pfs.sort();
+    assert_eq!(pfs, ["pf0", "pf1"], "the second ADD spilled to pf1");
+    let (status, out) = net.plugin(&env("ADD", "third", &ns3.path()), &net.config().to_string());
+    assert_eq!(error_code(status, &out), 11, "both PFs exhausted: {out}");
+    assert!(ns3.links().is_empty());
+    let (status, out) = net.plugin(&[("CNI_COMMAND", "STATUS")], &net.config().to_string());
+    assert_eq!(
+        error_code(status, &out),
+        50,
+        "no free VF on either PF: {out}"
+    );
+
+    net.del(&ns1.path());
+    net.del(&ns2.path());
+    assert_nothing_left(&nic, &net, &ns1);
+    assert_nothing_left(&nic, &net, &ns2);
+}
+
 #[test]
 fn cni_exhaustion_and_unreachable_nic() {
     let mut nic = NicDaemon::start(2);

@@ -29,7 +29,10 @@ pub struct NetConf {
     pub nic_socket: PathBuf,
     /// Bound on every exchange with the NIC daemon (`nicTimeout`, seconds).
     pub nic_timeout: Duration,
-    pub pf: String,
+    /// `pf`: the physical function(s) whose VFs this network hands out, in
+    /// the order ADD tries them (an array spans PFs, as an SR-IOV resource
+    /// pool does).
+    pub pfs: Vec<String>,
     /// `kind`: a VF (default) or an SG function (SG-IOV, docs/sgiov.md).
     pub kind: DevKind,
     pub mac: Option<String>,
@@ -44,6 +47,33 @@ pub struct NetConf {
 pub fn peek_version(raw: &[u8]) -> Option<String> {
     let v: Value = serde_json::from_slice(raw).ok()?;
     v.get("cniVersion")?.as_str().map(str::to_string)
+}
+
+/// `pf`: a PF name, or a non-empty array of distinct PF names.
+fn pf_list(v: Option<&Value>) -> Result<Vec<String>, PluginError> {
+    let bad = |why: String| PluginError::invalid_config("pf", why);
+    let name = |v: &Value| match v {
+        Value::String(s) if !s.is_empty() => Ok(s.clone()),
+        other => Err(bad(format!("{other} is not a non-empty string"))),
+    };
+    let pfs = match v {
+        None | Some(Value::Null) => {
+            return Err(bad(
+                "missing: name the physical function(s) to take VFs from".into(),
+            ))
+        }
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(bad("an empty array names no physical function".into()))
+        }
+        Some(Value::Array(a)) => a.iter().map(name).collect::<Result<Vec<_>, _>>()?,
+        Some(one) => vec![name(one)?],
+    };
+    for (i, p) in pfs.iter().enumerate() {
+        if pfs[..i].contains(p) {
+            return Err(bad(format!("{p:?} is given twice")));
+        }
+    }
+    Ok(pfs)
 }
 
 /// Decodes and validates a network config: 6 if it is not JSON, 1 for an
@@ -81,9 +111,7 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
         }
     };
     string("name")?.ok_or_else(|| PluginError::invalid_config("name", "missing"))?;
-    let pf = string("pf")?.ok_or_else(|| {
-        PluginError::invalid_config("pf", "missing: name the physical function to take VFs from")
-    })?;
+    let pfs = pf_list(o.get("pf"))?;
     let nic_socket =
         PathBuf::from(string("nicSocket")?.unwrap_or_else(|| DEFAULT_NIC_SOCKET.into()));
     let nic_timeout = match o.get("nicTimeout") {
@@ -211,7 +239,7 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
         version,
         nic_socket,
         nic_timeout,
-        pf,
+        pfs,
         kind,
         mac,
         vlan,
@@ -261,6 +289,28 @@ mod tests {
         assert_eq!(c.ipam.as_deref(), Some("host-local"));
         assert_eq!(c.vlan, Some(12));
         assert_eq!(c.nic_socket, PathBuf::from("/x.sock"));
+        assert_eq!(conf("").unwrap().pfs, ["pf0"]);
+    }
+
+    #[test]
+    fn pf_is_a_name_or_an_array_of_distinct_names() {
+        let with = |pf: &str| {
+            parse(format!(r#"{{"cniVersion":"1.1.0","name":"n","pf":{pf}}}"#).as_bytes())
+        };
+        assert_eq!(with(r#"["pf0","pf1"]"#).unwrap().pfs, ["pf0", "pf1"]);
+        assert_eq!(with(r#"["pf1"]"#).unwrap().pfs, ["pf1"]);
+        for bad in [
+            "[]",
+            r#"["pf0","pf0"]"#,
+            r#"["pf0",""]"#,
+            "[1]",
+            r#""""#,
+            "7",
+        ] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.code, code::INVALID_CONFIG, "{bad}: {e}");
+            assert!(e.to_string().contains("pf"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub fn fuzz_config(data: &[u8]) {
     let _ = config::peek_version(stdin);
     match config::parse(stdin) {
         Ok(c) => {
-            assert!(!c.pf.is_empty());
+            assert!(!c.pfs.is_empty() && c.pfs.iter().all(|p| !p.is_empty()));
             assert!(c.vlan.is_none_or(|v| (1..=4094).contains(&v)));
             assert!(!c.nic_timeout.is_zero());
             assert!(c.nic_timeout.as_secs_f64() <= config::MAX_NIC_TIMEOUT_SECS);

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::child::Keeper;
-use crate::instance::{Runtime, RuntimeError, PF};
+use crate::instance::{pf_plan, Runtime, RuntimeError};
 use crate::variant::DevsetLock;
 
 /// How long `exited_or_exiting` waits for a daemon that refuses connections to exit.
@@ -39,13 +39,17 @@ impl NicDaemon {
                 source,
             })?;
         let mut cmd = Command::new(rt.bin());
-        cmd.arg("nic")
-            .args(["--pf", PF])
-            .args([
-                "--vfs",
-                &rt.config().vfs.clamp(1, nic_api::MAX_VFS).to_string(),
-            ])
-            .args(["--devset-lock", lock.as_arg()])
+        cmd.arg("nic");
+        // One uplink per PF, each a port of the server bridge.
+        for ((pf, vfs), uplink) in pf_plan(rt.config().vfs)
+            .iter()
+            .zip(rt.server().uplink_ifs())
+        {
+            cmd.args(["--pf", pf, "--vfs", &vfs.to_string()])
+                .arg("--uplink")
+                .arg(format!("veth:{}/{uplink}", rt.server().netns_name()));
+        }
+        cmd.args(["--devset-lock", lock.as_arg()])
             .args(["--sgfs", &rt.config().sgfs.to_string()])
             .arg("--control")
             .arg(&sock)
@@ -59,12 +63,6 @@ impl NicDaemon {
                     .into_iter()
                     .flatten(),
             )
-            .arg("--uplink")
-            .arg(format!(
-                "veth:{}/{}",
-                rt.server().netns_name(),
-                rt.server().uplink_if()
-            ))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

@@ -14,10 +14,18 @@ use std::time::Duration;
 
 use netutil::{netns, IpNet, MacAddr, NamedNetns, NetnsError, Rtnl};
 
-/// The server end of the uplink veth, inside the server netns.
-pub const SERVER_IF: &str = "bvs0";
+/// The server end of PF k's uplink veth is `bvs{k}`, a port of
+/// `SERVER_BRIDGE`; the NIC's end is `bvu{k}`. Both live in the server
+/// netns, so the names need not be unique on the host.
+fn server_if(k: usize) -> String {
+    format!("bvs{k}")
+}
+fn uplink_if(k: usize) -> String {
+    format!("bvu{k}")
+}
 /// The bridge in the server netns that holds the server address; the uplink
-/// veth and the `tap` variant's veths are its ports.
+/// veths (one per PF: the bridge is the switch the PFs share) and the `tap`
+/// variant's veths are its ports.
 pub const SERVER_BRIDGE: &str = "brs0";
 pub const ECHO_PORT: u16 = 7777;
 /// Largest datagram echoed; guests send one small request.
@@ -62,8 +70,8 @@ impl Default for Addressing {
 #[derive(Debug)]
 pub struct ServerNet {
     netns: NamedNetns,
-    /// The veth end the NIC daemon uses as its uplink (in the server netns).
-    uplink_if: String,
+    /// The veth ends the NIC daemon uses as its PFs' uplinks (in the server netns).
+    uplink_ifs: Vec<String>,
     addr: Addressing,
     echo: Option<EchoServer>,
     files: Option<crate::fileserver::FileServer>,
@@ -120,26 +128,36 @@ impl NeighborTable {
 }
 
 impl ServerNet {
-    /// `tag` makes names unique per runtime (at most 11 characters).
-    pub fn create(tag: &str, addr: Addressing) -> Result<ServerNet, ServerNetError> {
+    /// `tag` makes names unique per runtime (at most 11 characters);
+    /// `uplinks`: one veth pair per PF of the NIC daemon (at least one).
+    pub fn create(
+        tag: &str,
+        addr: Addressing,
+        uplinks: usize,
+    ) -> Result<ServerNet, ServerNetError> {
         let netns = NamedNetns::create(&crate::instance::server_netns_of(tag))?;
-        let uplink_if = format!("bvu{tag}");
-        // Both veth ends live in the server netns: the NIC opens `uplink_if`
-        // there (AF_PACKET), `SERVER_IF` is a port of the server bridge.
+        let uplink_ifs: Vec<String> = (0..uplinks.max(1)).map(uplink_if).collect();
+        // Both veth ends live in the server netns: the NIC opens `bvu{k}`
+        // there (AF_PACKET), `bvs{k}` is a port of the server bridge.
         let (nl, bridge_index, sock, files) = netns.run(|| -> Result<_, ServerNetError> {
             let mut nl = Rtnl::open().map_err(sys("open rtnetlink"))?;
-            nl.create_veth(&uplink_if, SERVER_IF, None)
-                .map_err(sys(format!("create veth {uplink_if} / {SERVER_IF}")))?;
             nl.create_bridge(SERVER_BRIDGE, Some(addr.server_mac))
                 .map_err(sys(format!("create bridge {SERVER_BRIDGE}")))?;
             let br = nl
                 .index_of(SERVER_BRIDGE)
                 .map_err(sys(format!("index of {SERVER_BRIDGE}")))?;
-            let port = nl
-                .index_of(SERVER_IF)
-                .map_err(sys(format!("index of {SERVER_IF}")))?;
-            nl.set_master(port, br)
-                .map_err(sys(format!("put {SERVER_IF} on {SERVER_BRIDGE}")))?;
+            let mut ports = Vec::new();
+            for (k, up) in uplink_ifs.iter().enumerate() {
+                let server_if = server_if(k);
+                nl.create_veth(up, &server_if, None)
+                    .map_err(sys(format!("create veth {up} / {server_if}")))?;
+                let port = nl
+                    .index_of(&server_if)
+                    .map_err(sys(format!("index of {server_if}")))?;
+                nl.set_master(port, br)
+                    .map_err(sys(format!("put {server_if} on {SERVER_BRIDGE}")))?;
+                ports.push((server_if, port));
+            }
             let cidr =
                 IpNet::new(IpAddr::V4(addr.server_ip), addr.prefix_len).ok_or_else(|| {
                     sys("server address")(io::Error::other(format!(
@@ -149,22 +167,28 @@ impl ServerNet {
                 })?;
             nl.add_address(br, cidr)
                 .map_err(sys(format!("add address {cidr} to {SERVER_BRIDGE}")))?;
+            ports.push((SERVER_BRIDGE.to_string(), br));
+            let names: Vec<&str> = (ports.iter().map(|(n, _)| n.as_str()))
+                .chain(uplink_ifs.iter().map(String::as_str))
+                .collect();
             // No IPv6 chatter (router solicitations, MLD) into the NIC's switch.
-            for i in [uplink_if.as_str(), SERVER_IF, SERVER_BRIDGE] {
+            for i in &names {
                 let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{i}/disable_ipv6"), "1");
             }
-            for (name, index) in [(SERVER_IF, port), (SERVER_BRIDGE, br)] {
-                nl.set_up(index, true)
+            for (name, index) in &ports {
+                nl.set_up(*index, true)
                     .map_err(sys(format!("set {name} up")))?;
             }
-            // The server netns is the wire behind the uplink: its frames
+            // The server netns is the wire behind the uplinks: its frames
             // leave with finished checksums (netutil::set_tx_checksum says why).
-            for name in [SERVER_BRIDGE, SERVER_IF, uplink_if.as_str()] {
+            for name in &names {
                 netutil::set_tx_checksum(name, false)
                     .map_err(sys(format!("turn off tx checksum offload of {name}")))?;
             }
-            nl.set_up_by_name(&uplink_if, true)
-                .map_err(sys(format!("set {uplink_if} up")))?;
+            for up in &uplink_ifs {
+                nl.set_up_by_name(up, true)
+                    .map_err(sys(format!("set {up} up")))?;
+            }
             let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, ECHO_PORT))
                 .map_err(sys("bind UDP echo port"))?;
             let files =
@@ -174,7 +198,7 @@ impl ServerNet {
         })??;
         let mut net = ServerNet {
             netns,
-            uplink_if,
+            uplink_ifs,
             addr,
             echo: None,
             files: None,
@@ -202,8 +226,15 @@ impl ServerNet {
         self.netns.netns()
     }
 
-    pub fn uplink_if(&self) -> &str {
-        &self.uplink_if
+    /// Whether `name` is the server end of one of the uplinks (a bridge
+    /// port of the runtime's own, not a sandbox's).
+    pub fn is_uplink_port(&self, name: &str) -> bool {
+        (0..self.uplink_ifs.len()).any(|k| server_if(k) == name)
+    }
+
+    /// PF k's uplink (`bvu{k}`), as many as `create` was given.
+    pub fn uplink_ifs(&self) -> &[String] {
+        &self.uplink_ifs
     }
 
     pub fn addressing(&self) -> Addressing {
@@ -340,20 +371,22 @@ mod tests {
     #[test]
     fn echo_and_neighbors_in_server_netns() {
         let tag = format!("t{}", std::process::id() % 1_000_000);
-        let net = ServerNet::create(&tag, Addressing::default()).expect("server net (run as root)");
+        let net =
+            ServerNet::create(&tag, Addressing::default(), 2).expect("server net (run as root)");
+        assert_eq!(net.uplink_ifs(), ["bvu0", "bvu1"]);
         // A client in a second namespace behind the uplink end: move the
         // uplink veth end there, as the NIC would forward frames from it.
         let client = NamedNetns::create(&format!("bvcli-{tag}")).unwrap();
         {
             let mut nl = net.rtnl();
-            let up = nl.index_of(net.uplink_if()).unwrap();
+            let up = nl.index_of(&net.uplink_ifs()[1]).unwrap();
             nl.set_netns(up, std::os::fd::AsFd::as_fd(client.netns()))
                 .unwrap();
         }
         client
             .run(|| {
                 let mut nl = Rtnl::open().unwrap();
-                let up = nl.index_of(net.uplink_if()).unwrap();
+                let up = nl.index_of(&net.uplink_ifs()[1]).unwrap();
                 nl.add_address(up, "10.77.3.4/16".parse().unwrap()).unwrap();
                 nl.set_up(up, true).unwrap();
             })

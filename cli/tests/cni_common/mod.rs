@@ -107,11 +107,15 @@ impl Drop for Netns {
     }
 }
 
-/// A `burstvm nic` daemon with one PF `pf0`, killed on drop.
+/// A `burstvm nic` daemon with PF `pf0` (and `pf1`, ... with `start_pfs`),
+/// killed on drop.
 pub struct NicDaemon {
     child: Option<Child>,
     pub socket: PathBuf,
+    /// VFs of pf0.
     pub vfs: usize,
+    /// VFs of pf1, pf2, ...
+    more_pfs: Vec<usize>,
     /// SG functions of pf0 (`--sgfs`).
     pub sgfs: usize,
     dir: tempfile::TempDir,
@@ -122,12 +126,22 @@ impl NicDaemon {
         Self::start_with_sgfs(vfs, 0)
     }
 
+    /// PFs `pf0`, `pf1`, ... with these numbers of VFs.
+    pub fn start_pfs(vfs: &[usize]) -> NicDaemon {
+        Self::start_full(vfs, 0)
+    }
+
     pub fn start_with_sgfs(vfs: usize, sgfs: usize) -> NicDaemon {
+        Self::start_full(&[vfs], sgfs)
+    }
+
+    fn start_full(vfs: &[usize], sgfs: usize) -> NicDaemon {
         let dir = tempfile::tempdir().unwrap();
         let mut d = NicDaemon {
             child: None,
             socket: dir.path().join("nic.sock"),
-            vfs,
+            vfs: vfs[0],
+            more_pfs: vfs[1..].to_vec(),
             sgfs,
             dir,
         };
@@ -143,8 +157,15 @@ impl NicDaemon {
     /// until it answers.
     pub fn spawn(&mut self) {
         assert!(self.child.is_none(), "the daemon is still running");
-        let child = Command::new(BURSTVM)
-            .args(["nic", "--pf", "pf0", "--vfs", &self.vfs.to_string()])
+        let mut cmd = Command::new(BURSTVM);
+        cmd.arg("nic");
+        for (k, n) in std::iter::once(self.vfs)
+            .chain(self.more_pfs.iter().copied())
+            .enumerate()
+        {
+            cmd.args(["--pf", &format!("pf{k}"), "--vfs", &n.to_string()]);
+        }
+        let child = cmd
             .args(["--sgfs", &self.sgfs.to_string()])
             .arg("--control")
             .arg(&self.socket)

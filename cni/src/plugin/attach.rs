@@ -3,6 +3,28 @@
 
 use super::*;
 
+/// A free device of the first of the network's PFs that has one: a PF with
+/// none free is skipped; any other refusal ends the search.
+fn take_device(nic: &mut Client, conf: &NetConf, cid: &str) -> Result<Vf, ClientError> {
+    let mut last = None;
+    for pf in &conf.pfs {
+        let r = match conf.kind {
+            DevKind::Vf => nic.alloc(pf, cid, conf.mac.as_deref(), conf.vlan),
+            DevKind::Sg => nic.alloc_sg(pf, cid),
+        };
+        match r {
+            Err(
+                e @ ClientError::Refused {
+                    code: Some(ErrorCode::NoFreeVf),
+                    ..
+                },
+            ) => last = Some(e),
+            r => return r,
+        }
+    }
+    Err(last.expect("a network names at least one PF (config::pf_list)"))
+}
+
 pub(super) fn add(env: &Env, conf: &NetConf) -> Result<Value, PluginError> {
     let cid = env.container_id()?;
     let netns_path = env.netns()?;
@@ -23,11 +45,7 @@ pub(super) fn add(env: &Env, conf: &NetConf) -> Result<Value, PluginError> {
         ));
     }
     let mut nic = connect(conf)?;
-    let alloc = match conf.kind {
-        DevKind::Vf => nic.alloc(&conf.pf, cid, conf.mac.as_deref(), conf.vlan),
-        DevKind::Sg => nic.alloc_sg(&conf.pf, cid),
-    };
-    let vf = match alloc {
+    let vf = match take_device(&mut nic, conf, cid) {
         Ok(vf) => vf,
         Err(e) => {
             if e.is_lost() {

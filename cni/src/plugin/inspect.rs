@@ -143,21 +143,20 @@ pub(super) fn status(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
         .map_err(|e| PluginError::caused(code::NOT_AVAILABLE, UNAVAILABLE, e))?;
     let of_pf: Vec<&Vf> = vfs
         .iter()
-        .filter(|v| v.pf == conf.pf && v.kind == conf.kind)
+        .filter(|v| conf.pfs.contains(&v.pf) && v.kind == conf.kind)
         .collect();
+    let pfs = conf.pfs.join(", ");
     if of_pf.is_empty() {
         return Err(unavailable(format!(
-            "the NIC at {} has no PF {:?} with {:?} devices",
+            "the NIC at {} has no PF of {pfs} with {:?} devices",
             conf.nic_socket.display(),
-            conf.pf,
             conf.kind
         )));
     }
     if !of_pf.iter().any(|v| v.state == VfState::Free) {
         return Err(unavailable(format!(
-            "all {} VFs of {} are assigned",
+            "all {} VFs of {pfs} are assigned",
             of_pf.len(),
-            conf.pf
         )));
     }
     if let Some(p) = ipam_plugin(env, conf)? {
@@ -166,7 +165,7 @@ pub(super) fn status(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
     Ok(())
 }
 
-/// Releases every VF of `pf` whose container is not in the valid
+/// Releases every VF of the network's PFs whose container is not in the valid
 /// attachments (a PF belongs to one network), then GCs the IPAM plugin.
 pub(super) fn gc(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
     if !conf.version.has_status_and_gc() {
@@ -189,7 +188,7 @@ pub(super) fn gc(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
     match connect(conf).and_then(|mut nic| Ok((nic.list().map_err(nic_error)?, nic))) {
         Err(e) => errors.push(e),
         Ok((vfs, mut nic)) => {
-            for vf in vfs.iter().filter(|v| v.pf == conf.pf) {
+            for vf in vfs.iter().filter(|v| conf.pfs.contains(&v.pf)) {
                 if let Some(s) = vf.sandbox.as_deref().filter(|s| !valid.contains(s)) {
                     if let Err(e) = nic.release(s) {
                         errors.push(nic_error(e));

@@ -13,8 +13,22 @@ use super::{state_err, Runtime, RuntimeError};
 use crate::cni_exec::CniNetwork;
 use crate::server_netns;
 
-/// The PF the runtime's NIC daemon serves.
+/// The runtime's first PF (its SG functions' PF).
 pub const PF: &str = "pf0";
+
+/// The PFs the runtime's NIC daemon serves, with their VFs: `pf0`, `pf1`, ...
+/// as many as `vfs` needs at `nic_api::MAX_VFS` each (a PF has at most
+/// that many). The VF network spans them all: ADD takes a VF of the first
+/// with one free (docs/cni.md).
+pub fn pf_plan(vfs: usize) -> Vec<(String, usize)> {
+    let vfs = vfs.max(1);
+    (0..vfs.div_ceil(nic_api::MAX_VFS))
+        .map(|k| {
+            let n = (vfs - k * nic_api::MAX_VFS).min(nic_api::MAX_VFS);
+            (format!("pf{k}"), n)
+        })
+        .collect()
+}
 /// VF-variant guests get addresses from host-local in this part of the /16 …
 const VF_RANGE: (&str, &str) = ("10.77.1.1", "10.77.127.254");
 /// … and `tap` guests (the reference `bridge` plugin's host-local) in this part.
@@ -75,7 +89,7 @@ impl Runtime {
             "name": format!("burstvm-{}", self.tag),
             "type": "burstvm-cni",
             "nicSocket": self.nic_socket(),
-            "pf": PF,
+            "pf": pf_plan(self.cfg.vfs).into_iter().map(|(pf, _)| pf).collect::<Vec<_>>(),
             "ipam": self.ipam(VF_RANGE),
         });
         let path = self.write_conf("net.conf", &conf)?;
@@ -138,4 +152,19 @@ pub fn cni_path(bin: &Path) -> Vec<PathBuf> {
         v.push(Path::new(&h).join("go/bin"));
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pf_plan_fills_each_pf_before_the_next() {
+        let plan = |vfs| -> Vec<(String, usize)> { pf_plan(vfs) };
+        assert_eq!(plan(0), [("pf0".into(), 1)]);
+        assert_eq!(plan(4), [("pf0".into(), 4)]);
+        assert_eq!(plan(256), [("pf0".into(), 256)]);
+        assert_eq!(plan(257), [("pf0".into(), 256), ("pf1".into(), 1)]);
+        assert_eq!(plan(400), [("pf0".into(), 256), ("pf1".into(), 144)]);
+    }
 }

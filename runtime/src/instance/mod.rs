@@ -16,7 +16,7 @@ mod signals;
 mod stages;
 mod stale;
 
-pub use cni_networks::{cni_path, PF};
+pub use cni_networks::{cni_path, pf_plan, PF};
 pub use nic::{NicRestarts, NIC_WATCH_PERIOD};
 pub use signals::{install_sigint_handler, sigint_received};
 pub use stages::{expected_stages, expected_stages_with};
@@ -201,7 +201,8 @@ impl Runtime {
             false,
         )?);
         if rt.cfg.network {
-            rt.server = Some(ServerNet::create(&tag, Addressing::default())?);
+            let pfs = pf_plan(rt.cfg.vfs).len();
+            rt.server = Some(ServerNet::create(&tag, Addressing::default(), pfs)?);
             rt.write_cni_config()?;
             rt.write_tap_cni_config()?;
         }
@@ -345,7 +346,7 @@ impl Runtime {
             })?;
         Ok(links
             .into_iter()
-            .filter(|l| l.master == Some(srv.bridge_index()) && l.name != server_netns::SERVER_IF)
+            .filter(|l| l.master == Some(srv.bridge_index()) && !srv.is_uplink_port(&l.name))
             .map(|l| l.name)
             .collect())
     }
