@@ -271,3 +271,105 @@ fn ingress_redirect_moves_frames_between_links() {
     })
     .unwrap();
 }
+
+/// The next frame that is not our own, waiting in poll(2) for the socket to
+/// say one is there (bounded).
+fn recv_polled(rx: &PacketSocket, buf: &mut [u8]) -> Option<Vec<u8>> {
+    for _ in 0..20 {
+        let mut pfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(rx),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll(2) on one pollfd on the stack, for an fd `rx` keeps open.
+        if unsafe { libc::poll(&mut pfd, 1, 100) } < 1 {
+            continue;
+        }
+        while let Some(r) = rx.recv(buf).unwrap() {
+            if !r.outgoing {
+                return Some(buf[..r.len].to_vec());
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn rx_ring_sockets_carry_frames_around_the_ring_and_restore_vlan_tags() {
+    let a = ns("ring");
+    a.run(|| {
+        let mut nl = Rtnl::open().unwrap();
+        nl.create_veth("nur0", "nur1", None).unwrap();
+        for n in ["nur0", "nur1"] {
+            let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{n}/disable_ipv6"), "1");
+            nl.set_up_by_name(n, true).unwrap();
+        }
+        let ring = PacketOptions {
+            nonblocking: true,
+            rx_ring: true,
+            ..PacketOptions::default()
+        };
+        let blocking = PacketOptions {
+            rx_ring: true,
+            ..PacketOptions::default()
+        };
+        assert!(
+            PacketSocket::open("nur1", blocking).is_err(),
+            "a ring is for non-blocking sockets"
+        );
+        let tx = PacketSocket::open("nur0", PacketOptions::default()).unwrap();
+        let rx = PacketSocket::open("nur1", ring).unwrap();
+        // A ring socket sends as any other.
+        let back = PacketSocket::open(
+            "nur0",
+            PacketOptions {
+                recv_timeout: Some(Duration::from_millis(100)),
+                ..PacketOptions::default()
+            },
+        )
+        .unwrap();
+        let mut f = vec![2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x88, 0xb5];
+        f.extend_from_slice(b"sent from the ring socket");
+        assert_eq!(send_until_received(&rx, &back, &f).as_deref(), Some(&f[..]));
+        let mut buf = [0u8; 2048];
+        // More than twice the ring's 512 slots, each in order.
+        for i in 0..1100u32 {
+            let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x88, 0xb5];
+            f.extend_from_slice(&i.to_be_bytes());
+            f.extend_from_slice(b"around the ring");
+            tx.send(&f).unwrap();
+            assert_eq!(
+                recv_polled(&rx, &mut buf).as_deref(),
+                Some(&f[..]),
+                "frame {i}"
+            );
+        }
+        // A tagged frame reads as it was on the wire.
+        let mut f = vec![
+            2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x81, 0, 0, 12, 0x88, 0xb5,
+        ];
+        f.extend_from_slice(b"tagged, through the ring");
+        tx.send(&f).unwrap();
+        assert_eq!(recv_polled(&rx, &mut buf).as_deref(), Some(&f[..]));
+        // A frame larger than the reader's buffer is skipped, not cut.
+        let mut big = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x88, 0xb5];
+        big.resize(1400, 7);
+        tx.send(&big).unwrap();
+        let mut small = [0u8; 1000];
+        let skipped = netutil::Received {
+            len: 0,
+            outgoing: true,
+        };
+        let mut got = None;
+        for _ in 0..1000 {
+            got = rx.recv(&mut small).unwrap();
+            if got.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(got, Some(skipped));
+        assert_eq!(rx.recv(&mut buf).unwrap(), None, "nothing pending");
+    })
+    .unwrap();
+}

@@ -70,7 +70,7 @@ pub struct Dataplane {
     seen_changes: u64,
     /// The runtimes of the VFs with an open, working session, owned by this
     /// thread (see `port`): the others are skipped without touching them.
-    owned: Vec<Option<Runtime>>,
+    owned: Vec<Option<Box<Runtime>>>,
     /// VFs to look at again at the next round start: their generation moved,
     /// or their runtime was handed back to a session-side user.
     pending: Vec<bool>,

@@ -1,6 +1,7 @@
 //! The PF's uplink: a tap device, or an AF_PACKET socket bound to an interface
 //! (a veth end) inside a network namespace. Both are non-blocking fds that
-//! carry one Ethernet frame per read/write.
+//! carry one Ethernet frame per read/write; the packet socket receives
+//! through a mapped TPACKET_V2 ring (`netutil::PacketOptions::rx_ring`).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -114,10 +115,17 @@ impl Uplink {
                 let ns = Netns::open_named(netns).map_err(ns_err)?;
                 let sock = ns
                     .run(|| {
+                        // Up before the bind: a packet socket bound to a
+                        // down link keeps a pending ENETDOWN that would fail
+                        // the first send (a ring reader never consumes it).
+                        set_up(&format!("veth:{netns}/{ifname}"), ifname)?;
+                        // Frames in a mapped ring: the dataplane's idle
+                        // rounds look at it without a system call.
                         let opts = PacketOptions {
                             nonblocking: true,
                             vlan_aux: true,
                             recv_timeout: None,
+                            rx_ring: true,
                         };
                         let sock = PacketSocket::open(ifname, opts).map_err(|source| {
                             UplinkError::Packet {
@@ -126,7 +134,6 @@ impl Uplink {
                                 source,
                             }
                         })?;
-                        set_up(&format!("veth:{netns}/{ifname}"), ifname)?;
                         Ok(sock)
                     })
                     .map_err(ns_err)??;
