@@ -5,7 +5,7 @@
 //! - A `window` sandbox and a `fastiov` one side by side on one NIC: both
 //!   reach READY and the echo server answers both (the window's rings and
 //!   packet buffers work); the NIC's memory table of the window sandbox's VF
-//!   is the 2 MiB window, the fastiov one's all of its 64 MiB of RAM; after
+//!   is the 128 KiB window, the fastiov one's all of its 64 MiB of RAM; after
 //!   teardown both VFs map nothing and the runtime's leak check is clean.
 //! - VFs and templates together: two `window` sandboxes restored from one
 //!   template at once, each with a fresh window of its own, both answered

@@ -23,9 +23,11 @@ impl DevsetLock {
 }
 
 /// The DMA window of the `window` variant: the built-in agent's rings and
-/// packet buffers need a few pages (8-entry queues); 2 MiB is the VMM's
-/// granule.
-pub const DMA_WINDOW_BYTES: u64 = 2 << 20;
+/// packet buffers take 7 pages (two 8-entry queues, eight 2 KiB receive
+/// buffers, one transmit page), twice that after a device reset; 128 KiB
+/// holds both with room. Every page of it is zeroed and mapped for the
+/// device at start, so it is no larger than that.
+pub const DMA_WINDOW_BYTES: u64 = 128 << 10;
 
 /// The sandbox's network attachment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

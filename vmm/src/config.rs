@@ -61,7 +61,8 @@ pub struct VmConfig {
     pub policy: guestmem::MemoryPolicy,
     pub dma_ram: bool,
     pub dma_image: bool,
-    /// Bytes of the DMA window region (0: none), a multiple of 2 MiB.
+    /// Bytes of the DMA window region (0: none), a multiple of 4 KiB (2 MiB
+    /// with hugepages).
     pub dma_window: u64,
     pub pool_socket: Option<PathBuf>,
     pub hugepages: bool,
@@ -323,11 +324,13 @@ impl VmConfig {
                     "the SG agent modes keep their rings in RAM (the window holds virtio-net's)",
                 ));
             }
-            if !dma_window.is_multiple_of(layout::ALIGN_2M) || dma_window > layout::MAX_DMA_WINDOW {
+            // Pages, or hugepages when guest memory is hugetlb-backed.
+            let granule = if a.hugepages { layout::ALIGN_2M } else { 4096 };
+            if !dma_window.is_multiple_of(granule) || dma_window > layout::MAX_DMA_WINDOW {
                 return Err(invalid(
                     "--dma-window",
                     format!(
-                        "a multiple of 2 MiB up to {} MiB",
+                        "a multiple of 4 KiB (2 MiB with --hugepages) up to {} MiB",
                         layout::MAX_DMA_WINDOW >> 20
                     ),
                 ));

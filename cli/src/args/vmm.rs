@@ -358,18 +358,16 @@ mod tests {
     }
 
     #[test]
-    fn dma_window_is_the_agents_and_a_multiple_of_2m() {
+    fn dma_window_is_the_agents_and_whole_pages() {
         let c = cfg(&["--dma-window", "2M", "--net", "vf:/vf.sock"]).unwrap();
         assert_eq!((c.dma_window, c.dma_ram), (2 << 20, false));
+        let c = cfg(&["--dma-window", "128K", "--net", "vf:/vf.sock"]).unwrap();
+        assert_eq!(c.dma_window, 128 << 10);
+        const GRANULE: &str = "a multiple of 4 KiB (2 MiB with --hugepages) up to 16 MiB";
         for (args, want) in [
-            (
-                &["--dma-window", "3M"][..],
-                "a multiple of 2 MiB up to 16 MiB",
-            ),
-            (
-                &["--dma-window", "32M"][..],
-                "a multiple of 2 MiB up to 16 MiB",
-            ),
+            (&["--dma-window", "6000"][..], GRANULE),
+            (&["--dma-window", "128K", "--hugepages"][..], GRANULE),
+            (&["--dma-window", "32M"][..], GRANULE),
             (
                 &["--dma-window", "2M", "--kernel", "/vmlinux"][..],
                 "a restricted swiotlb",
