@@ -15,16 +15,24 @@
 
 /* ---- freestanding libc subset ------------------------------------------ */
 
+/* String instructions, 8 bytes at a time: where CPL0 code is emulated
+ * instruction by instruction (kvm_pvm), a byte loop costs four emulated
+ * instructions per byte and `rep` one per call; on hardware it is the fast
+ * path too. The direction flag is clear (SysV ABI). */
 void *memset(void *d, int c, size_t n) {
-  uint8_t *p = d;
-  while (n--) *p++ = (uint8_t)c;
+  void *p = d;
+  size_t q = n >> 3, r = n & 7;
+  uint64_t v = (uint8_t)c * 0x0101010101010101ULL;
+  __asm__ volatile("rep stosq" : "+D"(p), "+c"(q) : "a"(v) : "memory");
+  __asm__ volatile("rep stosb" : "+D"(p), "+c"(r) : "a"(v) : "memory");
   return d;
 }
 
 void *memcpy(void *d, const void *s, size_t n) {
-  uint8_t *p = d;
-  const uint8_t *q = s;
-  while (n--) *p++ = *q++;
+  void *p = d;
+  size_t q = n >> 3, r = n & 7;
+  __asm__ volatile("rep movsq" : "+D"(p), "+S"(s), "+c"(q) : : "memory");
+  __asm__ volatile("rep movsb" : "+D"(p), "+S"(s), "+c"(r) : : "memory");
   return d;
 }
 

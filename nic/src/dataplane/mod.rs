@@ -1,6 +1,7 @@
 //! The dataplane of one PF, in the style of ixy: a thread with its mempool and
 //! a loop that reads every port it serves in batches, switches each frame, and
-//! writes it out (several threads per PF: `shard`). When a whole round finds nothing to do for `SPIN_ROUNDS` rounds it
+//! writes it out (several threads per PF: `shard`). When whole rounds find nothing to do for `SPIN_ROUNDS` rounds or
+//! `SPIN_TIME`, whichever comes first, it
 //! sleeps in poll(2) on the queues' kick eventfds, the uplink fd and a wake
 //! eventfd, so idle VFs cost no CPU. Interrupts go to the guest through the
 //! call eventfd (see `virtio`).
@@ -36,6 +37,12 @@ pub(crate) const BACKLOG_MAX: usize = 256;
 /// Pool buffers for the frames being switched, whatever the backlogs hold.
 const WORKING_SET: usize = 4096;
 const SPIN_ROUNDS: u32 = 1000;
+/// The idle spin also ends after this long: a round's cost grows with the
+/// PF's VFs (a startup burst has hundreds, mostly idle), and a spin of 1000
+/// rounds over them cost milliseconds of CPU per wake-up.
+const SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(50);
+/// Idle rounds between looks at the clock.
+const SPIN_CLOCK_EVERY: u32 = 32;
 /// Upper bound of a sleep. Not the wake-up mechanism: every source of work
 /// wakes a sleeping thread itself (kick and wake eventfds, the uplink fd, the
 /// cross-thread Dekker in `shard`), so a sleep that runs out is a missed
@@ -183,6 +190,7 @@ impl Dataplane {
 
     pub fn run(mut self, stop: &AtomicBool) {
         let mut idle = 0u32;
+        let mut idle_since = std::time::Instant::now();
         let mut rx = Vec::with_capacity(self.batch);
         let mut out = Vec::with_capacity(self.ports.len() + 1);
         // The clock is read when a busy period starts and when it ends, not per round.
@@ -298,8 +306,16 @@ impl Dataplane {
                     self.busy_ns += t.elapsed().as_nanos();
                 }
                 idle += 1;
-                // A VF waiting to be taken back is not a reason to sleep a second.
-                if idle >= SPIN_ROUNDS && !self.any_pending {
+                if idle == 1 {
+                    idle_since = std::time::Instant::now();
+                }
+                let spun = idle >= SPIN_ROUNDS
+                    || (idle.is_multiple_of(SPIN_CLOCK_EVERY) && idle_since.elapsed() >= SPIN_TIME);
+                // A VF waiting to be taken back (`pending`) does not keep the
+                // thread up: its session-side user wakes it when done
+                // (`RuntimeGuard`'s drop notifies), and in a burst of session
+                // set-ups some VF nearly always waits.
+                if spun {
                     self.sleep();
                     idle = 0;
                 }
