@@ -21,6 +21,7 @@
 #define VIRTIO_MMIO_QUEUE_NOTIFY      0x050
 #define VIRTIO_MMIO_INTERRUPT_STATUS  0x060
 #define VIRTIO_MMIO_INTERRUPT_ACK     0x064
+#define VIRTIO_MMIO_INT_CONFIG        0x2 /* InterruptStatus: configuration change */
 #define VIRTIO_MMIO_STATUS            0x070
 #define VIRTIO_MMIO_QUEUE_DESC_LOW    0x080
 #define VIRTIO_MMIO_QUEUE_DESC_HIGH   0x084
