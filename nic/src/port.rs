@@ -175,6 +175,14 @@ pub struct Runtime {
 }
 
 impl Runtime {
+    /// Whether the dataplane has frames to move here: the session is live and
+    /// a ring is usable. Until then the runtime stays with the session side,
+    /// so that the frontend's set-up messages do not each take it back from
+    /// the dataplane (a wake-up and a wait apiece).
+    pub fn carries_frames(&self) -> bool {
+        self.active && !self.failed && self.vrings.iter().any(Vring::usable)
+    }
+
     /// A guest's device reset (VHOST_USER_RESET_DEVICE, a VF-level reset): rings, their
     /// eventfds and the error state go; the memory table stays (the frontend may send a
     /// new one).
@@ -319,9 +327,11 @@ impl Port {
                 g = self.returned.wait(g).unwrap_or_else(|e| e.into_inner());
             }
         }
+        let carried = g.as_ref().is_some_and(|rt| rt.carries_frames());
         RuntimeGuard {
             port: self,
             guard: Some(g),
+            carried,
         }
     }
     /// Dataplane: a session-side user waits for the runtime it holds.
@@ -383,6 +393,8 @@ impl Port {
 pub struct RuntimeGuard<'a> {
     port: &'a Port,
     guard: Option<MutexGuard<'a, Option<Box<Runtime>>>>,
+    /// `carries_frames` when the hold began.
+    carried: bool,
 }
 
 impl Deref for RuntimeGuard<'_> {
@@ -402,9 +414,19 @@ impl DerefMut for RuntimeGuard<'_> {
 
 impl Drop for RuntimeGuard<'_> {
     fn drop(&mut self) {
+        let carries = self
+            .guard
+            .as_ref()
+            .and_then(|g| g.as_ref())
+            .is_some_and(|rt| rt.carries_frames());
         drop(self.guard.take());
-        // The last user gone: the dataplane may take the runtime again.
-        if self.port.want.fetch_sub(1, Ordering::SeqCst) == 1 {
+        let last = self.port.want.fetch_sub(1, Ordering::SeqCst) == 1;
+        if carries && !self.carried {
+            // It became the dataplane's business in this hold: a new
+            // generation makes the dataplane look (whoever holds it next).
+            self.port.bump();
+        } else if last {
+            // The last user gone: the dataplane may take the runtime again.
             self.port.notify();
         }
     }

@@ -409,7 +409,9 @@ impl Dataplane {
             }
         }
         let active = rt.active && !rt.failed;
-        if active {
+        // Owned once a ring can carry frames (`Runtime::carries_frames`);
+        // until then frames switched to it wait in its backlog.
+        if rt.carries_frames() {
             self.owned[i] = Some(rt);
         } else {
             port.return_runtime(rt);
