@@ -68,6 +68,29 @@ int main(void) {
   CHECK(n == 14 + 20 + 8 + 6 + 4 && be16(f + 16) == 20 + 8 + 10 && be16(f + 38) == 8 + 10);
   CHECK(memcmp(f + 42, "sbx-42\x01\x02\x03\x04", 10) == 0);
 
+  /* Ids longer than a word, and the longest (63 bytes): found whole; a
+   * header of large words still checksums (carries folded). */
+  const char *ids[] = {"bv-12345678-m50p-window-7", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde"};
+  for (int k = 0; k < 2; k++) {
+    memset(bi.sandbox_id, 0, sizeof bi.sandbox_id);
+    strcpy(bi.sandbox_id, ids[k]);
+    uint32_t len = (uint32_t)strlen(ids[k]);
+    uint8_t big_ip[4] = {255, 255, 254, 253}, big_sip[4] = {254, 255, 255, 255};
+    memcpy(&bi.ip, big_ip, 4);
+    memcpy(&bi.server_ip, big_sip, 4);
+    n = net_build_request(&bi, mac, f, -1);
+    CHECK(n == 14 + 20 + 8 + len && memcmp(f + 42, ids[k], len) == 0);
+    s = 0;
+    for (int i = 14; i < 34; i += 2) s += be16(f + i);
+    while (s >> 16) s = (s & 0xffff) + (s >> 16);
+    CHECK(s == 0xffff);
+  }
+  memset(bi.sandbox_id, 0, sizeof bi.sandbox_id);
+  strcpy(bi.sandbox_id, "sbx-42");
+  memcpy(&bi.ip, ip, 4);
+  memcpy(&bi.server_ip, sip, 4);
+  n = net_build_request(&bi, mac, f, 0x01020304);
+
   /* Reply: the request mirrored, with a 5-byte payload. */
   uint32_t plen = 0;
   memcpy(g, mac, 6); memcpy(g + 6, peer, 6); g[12] = 8; g[13] = 0;

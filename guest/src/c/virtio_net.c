@@ -15,14 +15,20 @@ void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx) {
    * fault, and never after the device has written a packet there (FastIOV's
    * proactive fault). */
   uint8_t *rx = alloc_dma_pages((n->rx.num * RX_BUF_SIZE + 4095) / 4096);
+  /* All buffers made available at once, the index published last (one
+   * store instead of one per buffer: CPL0 code is emulated per instruction
+   * on kvm_pvm). The device sees nothing before DRIVER_OK anyway. */
   for (uint16_t i = 0; i < n->rx.num; i++) {
-    n->rx_buf[i] = rx + i * RX_BUF_SIZE;
-    if (touch_rx && (i * RX_BUF_SIZE) % 4096 == 0) *(volatile uint8_t *)n->rx_buf[i] = 0;
-    n->rx.desc[i].addr = (uint64_t)n->rx_buf[i];
+    uint8_t *b = rx + i * RX_BUF_SIZE;
+    n->rx_buf[i] = b;
+    if (touch_rx && (i * RX_BUF_SIZE) % 4096 == 0) *(volatile uint8_t *)b = 0;
+    n->rx.desc[i].addr = (uint64_t)b;
     n->rx.desc[i].len = RX_BUF_SIZE;
     n->rx.desc[i].flags = VIRTQ_DESC_F_WRITE;
-    virtq_post(&n->rx, i);
+    n->rx.avail->ring[i] = i;
   }
+  barrier();
+  n->rx.avail->idx = n->rx.avail_idx = n->rx.num;
   /* TX: a single buffer in descriptor 0, reused for every frame. */
   n->tx_buf = alloc_dma_pages(1);
   n->tx.desc[0].addr = (uint64_t)n->tx_buf;
