@@ -37,6 +37,8 @@ pub use args::{AgentMode, SgXf, VmConfig, VmParams};
 pub use bus::{BusDevice, DeviceContext};
 pub use devspec::{DiskSpec, NetBackend, VfInit, VsockSpec};
 pub use error::{Error, GuestFailure};
+/// Where `--dma-window` places the window (the built-in agent's device pages).
+pub use layout::DMA_WINDOW_ADDR;
 
 use events::VmEvent;
 

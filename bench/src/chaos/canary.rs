@@ -41,14 +41,30 @@ fn is_canary(w: u64) -> bool {
 }
 
 /// The built-in agent's network buffers (guest/src/c/virtio_net.c): its
-/// bump allocator starts at the VMM's RAM_FREE_START (1 MiB) with the RX
-/// ring page, the TX ring page, VQ_SIZE (8) receive buffers of RX_BUF_SIZE
-/// (2048) bytes, then the transmit buffer page.
+/// bump allocator for device-visible pages starts at the VMM's
+/// RAM_FREE_START (1 MiB), or at the DMA window with one (the `window`
+/// variant), with the RX ring page, the TX ring page, VQ_SIZE (8) receive
+/// buffers of RX_BUF_SIZE (2048) bytes, then the transmit buffer page.
 pub const AGENT_HEAP: u64 = 0x10_0000;
 pub const VQ_SIZE: u64 = 8;
 pub const RX_BUF_SIZE: u64 = 2048;
-const RX_BUFS: u64 = AGENT_HEAP + 2 * 4096;
-const TX_BUF: u64 = RX_BUFS + VQ_SIZE * RX_BUF_SIZE;
+
+/// Where the device-visible pages of a sandbox of `variant` begin.
+pub fn buffers_base(variant: runtime::Variant) -> u64 {
+    if variant.policy().dma_window {
+        vmm::DMA_WINDOW_ADDR
+    } else {
+        AGENT_HEAP
+    }
+}
+
+fn rx_bufs(base: u64) -> u64 {
+    base + 2 * 4096
+}
+
+fn tx_buf(base: u64) -> u64 {
+    rx_bufs(base) + VQ_SIZE * RX_BUF_SIZE
+}
 /// Offsets in a receive buffer that only a long payload reaches (the
 /// guest's own short frames — the echo reply, ARP — end before 256): canary
 /// words when a canary frame was written there (aligned: 56 + 8k).
@@ -57,20 +73,21 @@ const RX_OFFSETS: [u64; 4] = [256, 520, 776, 1032];
 /// id) of whoever used it last; zero for a tenant that has not sent yet.
 const TX_WORDS: u64 = 16;
 
-/// Where a tenant probes: 32 receive-buffer words, 16 transmit-buffer words.
-pub fn probe_addresses() -> Vec<u64> {
+/// Where a tenant whose buffers begin at `base` probes: 32 receive-buffer
+/// words, 16 transmit-buffer words.
+pub fn probe_addresses(base: u64) -> Vec<u64> {
     let mut v = Vec::new();
     for i in 0..VQ_SIZE {
         for o in RX_OFFSETS {
-            v.push(RX_BUFS + i * RX_BUF_SIZE + o);
+            v.push(rx_bufs(base) + i * RX_BUF_SIZE + o);
         }
     }
-    v.extend((0..TX_WORDS).map(|j| TX_BUF + 8 * j));
+    v.extend((0..TX_WORDS).map(|j| tx_buf(base) + 8 * j));
     v
 }
 
-fn is_tx(addr: u64) -> bool {
-    (TX_BUF..TX_BUF + 4096).contains(&addr)
+fn is_tx(base: u64, addr: u64) -> bool {
+    (tx_buf(base)..tx_buf(base) + 4096).contains(&addr)
 }
 
 /// A byte of another tenant seen by `tenant`.
@@ -92,15 +109,15 @@ pub struct Verdict {
     pub foreign: Vec<Sighting>,
 }
 
-/// Classifies `tenant`'s probe `values` at `probe_addresses()`; `known`
+/// Classifies `tenant`'s probe `values` at `probe_addresses(base)`; `known`
 /// maps canary words to the tenants they belong to.
-pub fn classify(tenant: &str, values: &[u64], known: &HashMap<u64, String>) -> Verdict {
+pub fn classify(tenant: &str, base: u64, values: &[u64], known: &HashMap<u64, String>) -> Verdict {
     let own = canary(tenant);
     let mut v = Verdict::default();
-    for (&gpa, &w) in probe_addresses().iter().zip(values) {
+    for (&gpa, &w) in probe_addresses(base).iter().zip(values) {
         if w == 0 {
             v.zero += 1;
-        } else if w == own && !is_tx(gpa) {
+        } else if w == own && !is_tx(base, gpa) {
             v.own += 1;
         } else {
             v.foreign.push(Sighting {
@@ -210,13 +227,13 @@ mod tests {
 
     #[test]
     fn probes_hit_canary_words_in_every_buffer() {
-        let a = probe_addresses();
+        let a = probe_addresses(AGENT_HEAP);
         assert_eq!(a.len(), 48);
         assert!(a.len() <= 64, "the agent reports at most 64 probes");
         // A canary frame in receive buffer i puts word k at buffer + 56 + 8k.
         for (n, &gpa) in a.iter().take(32).enumerate() {
-            let off = (gpa - RX_BUFS) % RX_BUF_SIZE;
-            assert_eq!((gpa - RX_BUFS) / RX_BUF_SIZE, n as u64 / 4);
+            let off = (gpa - rx_bufs(AGENT_HEAP)) % RX_BUF_SIZE;
+            assert_eq!((gpa - rx_bufs(AGENT_HEAP)) / RX_BUF_SIZE, n as u64 / 4);
             assert_eq!((off - 56) % 8, 0);
             assert!((off - 56) / 8 < WORDS as u64, "inside the payload");
         }
@@ -240,6 +257,15 @@ mod tests {
         assert_eq!(def("RX_BUF_SIZE"), RX_BUF_SIZE);
         assert_eq!(def("VNET_HDR_LEN"), 12);
         assert_eq!(AGENT_HEAP, vmm_ram_free_start());
+        // The window variant's buffers are in its DMA window, laid out alike.
+        assert_eq!(buffers_base(runtime::Variant::Fastiov), AGENT_HEAP);
+        let w = buffers_base(runtime::Variant::Window);
+        assert_eq!(w, vmm::DMA_WINDOW_ADDR);
+        assert!(tx_buf(w) + 4096 - w <= runtime::variant::DMA_WINDOW_BYTES);
+        assert_eq!(
+            probe_addresses(w)[0] - w,
+            probe_addresses(AGENT_HEAP)[0] - AGENT_HEAP
+        );
     }
 
     fn vmm_ram_free_start() -> u64 {
@@ -254,15 +280,15 @@ mod tests {
 
     #[test]
     fn classification_names_foreign_bytes() {
-        let addrs = probe_addresses();
+        let addrs = probe_addresses(AGENT_HEAP);
         let mut known = HashMap::new();
         known.insert(canary("a"), "a".to_string());
         let mut vals = vec![0u64; addrs.len()];
-        assert_eq!(classify("b", &vals, &known).foreign, vec![]);
+        assert_eq!(classify("b", AGENT_HEAP, &vals, &known).foreign, vec![]);
         vals[0] = canary("b");
         vals[1] = canary("a");
         vals[40] = 0x6462_2d76_6240_0000; // bytes of a request in the TX buffer
-        let v = classify("b", &vals, &known);
+        let v = classify("b", AGENT_HEAP, &vals, &known);
         assert_eq!(v.own, 1);
         assert_eq!(v.foreign.len(), 2);
         assert_eq!(v.foreign[0].owner.as_deref(), Some("a"));
@@ -270,6 +296,6 @@ mod tests {
         // Its own canary in the transmit buffer is not its own frame.
         let mut t = vec![0u64; addrs.len()];
         t[33] = canary("b");
-        assert_eq!(classify("b", &t, &known).foreign.len(), 1);
+        assert_eq!(classify("b", AGENT_HEAP, &t, &known).foreign.len(), 1);
     }
 }

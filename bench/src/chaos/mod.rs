@@ -91,7 +91,7 @@ pub struct BenchChaosConfig {
     pub rounds: u32,
     /// Sandboxes started at once per round.
     pub concurrency: usize,
-    /// Variant of every sandbox; it must have a VF and pool memory.
+    /// Variant of every sandbox; it must have a VF, and pool memory or a DMA window.
     pub variant: Variant,
     /// Guest memory per sandbox, bytes.
     pub memory: u64,
@@ -284,11 +284,13 @@ pub fn bench_chaos_cli(a: &BenchChaosConfig) -> Result<(), Error> {
     runtime::instance::install_sigint_handler();
     let memory = a.memory;
     let policy = a.variant.policy();
-    if policy.net != NetKind::Vf || policy.memory_policy == "vanilla" {
+    // Pool memory is where a tenant could see an earlier one's bytes; the
+    // window variant's device pages are its fresh DMA window, probed too.
+    if policy.net != NetKind::Vf || (policy.memory_policy == "vanilla" && !policy.dma_window) {
         return Err(bad(
             "--variant",
             format!(
-                "{}: chaos needs a VF variant with pool memory (fastiov, fastiov-A, pre*, ...)",
+                "{}: chaos needs a VF variant with pool memory or a DMA window (fastiov, fastiov-A, pre*, window, ...)",
                 a.variant
             ),
         ));

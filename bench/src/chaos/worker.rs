@@ -135,7 +135,7 @@ fn run_round(
     let generator = canary::Generator::start(&rt.server().netns_path(), rt.ipam_lease_dir());
     let spec = |id: String| SandboxSpec {
         keep_running: true,
-        probe: canary::probe_addresses(),
+        probe: canary::probe_addresses(canary::buffers_base(a.variant)),
         ..SandboxSpec::new(id, a.variant, a.memory_bytes, a.timeout)
     };
     let start = Barrier::new(n);
@@ -222,7 +222,7 @@ fn run_round(
         }
         if let Some(values) = &t.probe {
             r.probed += 1;
-            let v = canary::classify(&t.id, values, known);
+            let v = canary::classify(&t.id, canary::buffers_base(a.variant), values, known);
             r.own_canary_words += v.own;
             r.foreign.extend(v.foreign);
         }

@@ -532,7 +532,7 @@ pub struct BenchChaosArgs {
     /// Sandboxes started at once per round.
     #[arg(long, default_value_t = 50)]
     pub concurrency: usize,
-    /// Variant of every sandbox; it must have a VF and pool memory.
+    /// Variant of every sandbox; it must have a VF, and pool memory or a DMA window.
     #[arg(long, default_value = "fastiov-A")]
     pub variant: Variant,
     /// Guest memory per sandbox.
