@@ -28,6 +28,7 @@ fn spec() -> RoundSpec {
         rootfs: None,
         template: None,
         net_pool: false,
+        hugepages: false,
     }
 }
 

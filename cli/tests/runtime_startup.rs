@@ -225,3 +225,51 @@ fn bad_arguments_name_the_flag() {
     assert!(!o.status.success());
     assert!(text(&o).contains("--memory"), "{}", text(&o));
 }
+
+/// `--hugepages` (FastIOV's setting): fastiov and window sandboxes on 2 MiB
+/// hugetlb pages reach READY and are answered over their VFs; the pages the
+/// bench reserved are given back; a memory size that is not whole hugepages
+/// is refused with the flag named.
+#[test]
+fn hugepage_backed_vf_sandboxes_reach_ready_and_the_pages_go_back() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    const NR: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
+    let nr = || std::fs::read_to_string(NR).unwrap().trim().to_string();
+    let (before, pages) = (host_state(), nr());
+    let out = tempdir("huge");
+    let o = burstvm(&[
+        "bench",
+        "startup",
+        "--concurrency",
+        "4",
+        "--variants",
+        "no-net,fastiov,window",
+        "--memory",
+        "32M",
+        "--hugepages",
+        "--no-warmup",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let summary: Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["hugepages"], true, "{summary}");
+    for g in summary["groups"].as_array().unwrap() {
+        assert_eq!(
+            (g["ready"].as_u64(), g["failed"].as_u64()),
+            (Some(4), Some(0)),
+            "{g}"
+        );
+        if g["variant"] != "no-net" {
+            assert_eq!(g["answered"], 4, "{g}");
+        }
+    }
+    assert_eq!(nr(), pages, "the reserved hugepages are given back");
+    assert_nothing_new(&before);
+    std::fs::remove_dir_all(&out).unwrap();
+
+    let o = burstvm(&["bench", "startup", "--memory", "33M", "--hugepages"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--memory"), "{}", text(&o));
+}

@@ -29,6 +29,16 @@ impl DevsetLock {
 /// device at start, so it is no larger than that.
 pub const DMA_WINDOW_BYTES: u64 = 128 << 10;
 
+/// The DMA window of a `window` sandbox: `DMA_WINDOW_BYTES`, or one 2 MiB
+/// page when its memory is hugetlb-backed (the window's granule then).
+pub fn dma_window_bytes(hugepages: bool) -> u64 {
+    if hugepages {
+        2 << 20
+    } else {
+        DMA_WINDOW_BYTES
+    }
+}
+
 /// The sandbox's network attachment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NetKind {

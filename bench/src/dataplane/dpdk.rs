@@ -26,7 +26,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::dataplane::testpmd::{process_cpu_ns, Hugepages, Testpmd, PAGES_PER_TESTPMD};
+use crate::dataplane::testpmd::{
+    process_cpu_ns, Hugepages, Testpmd, TestpmdError, PAGES_PER_TESTPMD,
+};
 use crate::dataplane::{nominal_hz, BenchDataplaneConfig, BenchDpError, BenchNic};
 use crate::stats::median;
 
@@ -61,8 +63,8 @@ pub struct PeerSample {
     pub busy_cycles_per_frame: Option<f64>,
 }
 
-impl From<crate::dataplane::testpmd::TestpmdError> for BenchDpError {
-    fn from(e: crate::dataplane::testpmd::TestpmdError) -> Self {
+impl From<TestpmdError> for BenchDpError {
+    fn from(e: TestpmdError) -> Self {
         BenchDpError::Peer(e)
     }
 }
@@ -181,7 +183,7 @@ pub fn run(args: &BenchDataplaneConfig, dir: &Path) -> Result<(), BenchDpError> 
         )));
     }
     // At most two testpmds run at once (a frontend and DPDK's backend).
-    let _pages = Hugepages::reserve(2 * PAGES_PER_TESTPMD)?;
+    let _pages = Hugepages::reserve(2 * PAGES_PER_TESTPMD).map_err(TestpmdError::from)?;
     let (hz, source) = nominal_hz();
     println!(
         "# nominal {:.3} GHz ({source}); frontend dpdk-testpmd virtio-user x2 on CPU {FRONTEND_CPU}, \

@@ -16,10 +16,10 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+pub use crate::hugepages::Hugepages;
+
 /// The binary, found on PATH.
 pub const TESTPMD: &str = "dpdk-testpmd";
-/// Where the kernel keeps the 2 MiB hugepage pool size.
-const NR_HUGEPAGES: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
 /// Hugepages one testpmd of ours takes at most (4096 mbufs of 2 KiB data
 /// room plus rings and EAL heap: about 15 are used).
 pub const PAGES_PER_TESTPMD: u64 = 48;
@@ -32,8 +32,8 @@ pub enum TestpmdError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{NR_HUGEPAGES}: asked for {want} 2 MiB hugepages, the kernel gave {got}")]
-    Hugepages { want: u64, got: u64 },
+    #[error(transparent)]
+    Hugepages(#[from] crate::hugepages::HugepagesError),
     #[error("testpmd {name}: {reason}; its output ends with:\n{tail}")]
     Peer {
         name: String,
@@ -48,76 +48,6 @@ pub fn find() -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join(TESTPMD))
         .find(|p| p.is_file())
-}
-
-/// 2 MiB hugepages added to the kernel's pool; the pool is set back to its
-/// size before on drop, so nothing is left reserved on any exit path short
-/// of SIGKILL.
-#[derive(Debug)]
-pub struct Hugepages {
-    before: u64,
-}
-
-fn read_nr() -> Result<u64, TestpmdError> {
-    let io = |source| TestpmdError::Io {
-        what: NR_HUGEPAGES.into(),
-        source,
-    };
-    let s = std::fs::read_to_string(NR_HUGEPAGES).map_err(io)?;
-    s.trim().parse().map_err(|_| {
-        io(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("not a number: {s:?}"),
-        ))
-    })
-}
-
-fn write_nr(n: u64) -> Result<(), TestpmdError> {
-    std::fs::write(NR_HUGEPAGES, n.to_string()).map_err(|source| TestpmdError::Io {
-        what: format!("{NR_HUGEPAGES} := {n}"),
-        source,
-    })
-}
-
-impl Hugepages {
-    /// Adds `pages` to the pool (needs root); fails, leaving the pool as it
-    /// was, if the kernel cannot find that much contiguous memory.
-    /// A host that has run for a while has its free memory in pieces: on a
-    /// shortfall the kernel compacts memory, then also drops clean page
-    /// cache, and the reservation is tried again after each.
-    pub fn reserve(pages: u64) -> Result<Hugepages, TestpmdError> {
-        let before = read_nr()?;
-        let want = before + pages;
-        write_nr(want)?;
-        let mut got = read_nr()?;
-        for (file, value) in [
-            ("/proc/sys/vm/compact_memory", "1"),
-            ("/proc/sys/vm/drop_caches", "1"),
-        ] {
-            if got >= want {
-                break;
-            }
-            if let Err(e) = std::fs::write(file, value) {
-                tracing::warn!("{file} := {value}: {e}");
-            }
-            let _ = std::fs::write("/proc/sys/vm/compact_memory", "1");
-            write_nr(want)?;
-            got = read_nr()?;
-        }
-        if got < want {
-            let _ = write_nr(before);
-            return Err(TestpmdError::Hugepages { want, got });
-        }
-        Ok(Hugepages { before })
-    }
-}
-
-impl Drop for Hugepages {
-    fn drop(&mut self) {
-        if let Err(e) = write_nr(self.before) {
-            tracing::warn!("hugepages not given back: {e}");
-        }
-    }
 }
 
 /// Everything the child printed, shared with the thread that reads it.

@@ -78,6 +78,8 @@ pub struct BenchPlan {
     pub warmup: bool,
     /// Which rounds of VF variants claim from the network pool.
     pub net_pool: NetPoolRuns,
+    /// `--hugepages`: the 2 MiB pages reserved for the run, given back on drop.
+    pub hugepages: Option<crate::hugepages::Hugepages>,
 }
 
 /// `--net-pool` / `--net-pool-compare`.
@@ -463,6 +465,7 @@ mod tests {
             rootfs: None,
             template: None,
             net_pool: false,
+            hugepages: false,
         };
         assert_eq!(sandbox_bytes(&spec), (64 << 20) + (2 << 20));
         let spec = RoundSpec {

@@ -51,6 +51,8 @@ pub struct RoundSpec {
     /// VF sandboxes claim their network from the runtime's pool (set per round).
     #[serde(skip_serializing)]
     pub net_pool: bool,
+    /// Guest memory in 2 MiB hugetlb pages (`--hugepages`).
+    pub hugepages: bool,
 }
 
 /// Starts `n` sandboxes at once (a barrier), waits until every one is ready
@@ -98,6 +100,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                     rootfs: spec.rootfs.clone(),
                     template: spec.template.clone(),
                     net_pool: spec.net_pool,
+                    hugepages: spec.hugepages,
                     ..SandboxSpec::new(id.clone(), variant, spec.memory_bytes, spec.timeout_secs)
                 };
                 std::thread::Builder::new()

@@ -50,6 +50,9 @@ pub struct BenchStartupConfig {
     pub via: Via,
     /// With `--via cri`: the directory with pause.tar made by scripts/build-images.sh.
     pub images: PathBuf,
+    /// Back every sandbox's memory with 2 MiB hugetlb pages (FastIOV §6's
+    /// setting); the bench reserves them for the run and gives them back.
+    pub hugepages: bool,
     /// With `--via cri`: containers of this image (`<images>/<image>.tar`)
     /// in Linux-guest pods, beside `burstvm run`'s path (docs/shim.md).
     pub image: Option<String>,
@@ -131,7 +134,20 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
         rootfs,
         template: None,
         net_pool: false,
+        hugepages: a.hugepages,
     };
+    if a.hugepages && (a.template.resolve()?.is_some() || a.via == Via::Cri) {
+        return Err(bad(
+            "--hugepages",
+            "not with --template (a template's memory is a private file mapping) or --via cri",
+        ));
+    }
+    if a.hugepages && !memory.is_multiple_of(2 << 20) {
+        return Err(bad(
+            "--memory",
+            format!("{memory} bytes: with --hugepages, a multiple of 2 MiB"),
+        ));
+    }
     let max_n = *levels.iter().max().expect("non-empty");
     let need = max_n as u64 * sandbox_bytes(&spec) + MEMORY_MARGIN;
     let avail = mem_available();
@@ -172,6 +188,16 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
         net_pool: a.net_pool,
         sgfs: 0,
     })?;
+    // Live sandboxes and the page pool's cache of the last pool round, each
+    // at most max_n sandboxes of RAM, image region and window.
+    let hugepages = a
+        .hugepages
+        .then(|| {
+            let per_sandbox = (sandbox_bytes(&spec) >> 21) + 1;
+            crate::hugepages::Hugepages::reserve(2 * max_n as u64 * per_sandbox + 16)
+                .map_err(|e| bad("--hugepages", e.to_string()))
+        })
+        .transpose()?;
     let plan = BenchPlan {
         variants: a.variants.clone(),
         layer_modes,
@@ -185,6 +211,7 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
             (_, false) => NetPoolRuns::On,
             (_, true) => NetPoolRuns::Compare,
         },
+        hugepages,
     };
     Ok((rt, plan))
 }

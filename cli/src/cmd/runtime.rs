@@ -339,6 +339,10 @@ pub struct BenchStartupArgs {
     /// The static guest agent for `--image` (default: as `burstvm run` finds it).
     #[arg(long, requires = "image")]
     pub agent: Option<PathBuf>,
+    /// Back every sandbox's memory with 2 MiB hugetlb pages, as FastIOV's
+    /// evaluation does (reserved for the run and given back after it).
+    #[arg(long)]
+    pub hugepages: bool,
 }
 
 impl BenchStartupArgs {
@@ -363,6 +367,7 @@ impl BenchStartupArgs {
             image: self.image,
             kernel: self.kernel,
             agent: self.agent,
+            hugepages: self.hugepages,
         }
     }
 }

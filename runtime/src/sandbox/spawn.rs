@@ -35,8 +35,9 @@ impl Sandbox<'_> {
         vm.memory_policy = policy.memory_policy.parse::<guestmem::MemoryPolicy>()?;
         vm.dma_ram = policy.dma_ram;
         vm.dma_image = policy.dma_image;
+        vm.hugepages = self.spec.hugepages;
         if policy.dma_window {
-            vm.dma_window = crate::variant::DMA_WINDOW_BYTES;
+            vm.dma_window = crate::variant::dma_window_bytes(self.spec.hugepages);
         }
         vm.timeout = self.spec.timeout_secs;
         vm.trace = Some(self.rt.trace_path().to_path_buf());

@@ -50,6 +50,9 @@ pub struct SandboxSpec {
     /// Attach to the host's SG network (`SandboxHost::sg_cni`, an SG function instead
     /// of a VF) and run the agent's warp pipes (VF variants only).
     pub sg: Option<SgSpec>,
+    /// Every guest memory region in 2 MiB hugetlb pages (`burstvm vmm
+    /// --hugepages`; FastIOV's setting), which the caller has reserved.
+    pub hugepages: bool,
 }
 
 /// The id (virtio serial) of a pod sandbox's empty disk slot `i`.
@@ -98,6 +101,7 @@ impl SandboxSpec {
             template: None,
             net_pool: false,
             sg: None,
+            hugepages: false,
         }
     }
 }
