@@ -18,6 +18,7 @@ pub mod critpath;
 pub mod dataplane;
 pub mod density;
 pub mod devset;
+pub mod echo;
 pub mod hugepages;
 pub mod memory;
 pub mod overhead;

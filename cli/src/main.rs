@@ -77,6 +77,8 @@ enum BenchCommand {
     Dataplane(cmd::nic::BenchDataplaneArgs),
     /// The outage of running sandboxes when the NIC daemon is killed and restarted.
     NicRestart(cmd::runtime::BenchNicRestartArgs),
+    /// The guest's own echo loop over its VF, per variant: exchanges per second and host CPU.
+    Echo(cmd::runtime::BenchEchoArgs),
     /// Sandbox bursts while VMMs, the NIC daemon and the runtime are SIGKILLed:
     /// no leaked resource, no byte of one tenant seen by another.
     Chaos(cmd::runtime::BenchChaosArgs),
@@ -190,6 +192,9 @@ fn main() -> std::process::ExitCode {
         Command::Bench(BenchCommand::Sgiov(SgiovBench::Open(a))) => {
             bench::sg::open::run_cli(&a.into_config()).context("burstvm bench sgiov open")
         }
+        Command::Bench(BenchCommand::Echo(a)) => bench::echo::run(&a.into_config())
+            .map(|r| print!("{}", bench::echo::format(&r)))
+            .context("burstvm bench echo"),
         Command::Bench(BenchCommand::NicRestart(a)) => {
             bench::restart::run_cli(&a.into_config()).context("burstvm bench nic-restart")
         }

@@ -146,3 +146,36 @@ fn window_sandboxes_restored_from_one_template_answer_over_their_own_vfs() {
     drop(rt);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `bench echo`: the guest's echo loop over a window VF and a fastiov VF
+/// keeps going (replies counted over the interval, host CPU per exchange
+/// measured), and a variant without a VF is refused with the flag named.
+#[test]
+fn bench_echo_counts_the_echo_loop_of_each_vf_variant() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let o = burstvm(&[
+        "bench",
+        "echo",
+        "--variants",
+        "window,fastiov",
+        "--seconds",
+        "1",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    for v in ["window", "fastiov"] {
+        let row: Vec<&str> = out
+            .lines()
+            .find(|l| l.starts_with(v))
+            .unwrap_or_else(|| panic!("no {v} row: {out}"))
+            .split_whitespace()
+            .collect();
+        let replies: u64 = row[1].parse().unwrap();
+        let vmm_us: f64 = row[4].parse().unwrap();
+        assert!(replies > 10, "{v}: the loop kept going: {out}");
+        assert!(vmm_us > 0.0, "{v}: the VMM's CPU was measured: {out}");
+    }
+    let o = burstvm(&["bench", "echo", "--variants", "no-net"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("--variants"), "{}", text(&o));
+}

@@ -528,6 +528,37 @@ impl BenchNicRestartArgs {
     }
 }
 
+/// `burstvm bench echo`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchEchoArgs {
+    /// VF variants, measured one after the other in one run.
+    #[arg(long, value_delimiter = ',', default_value = "fastiov,window")]
+    pub variants: Vec<Variant>,
+    /// Seconds each variant's echo loop is counted.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u64,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+    /// Seconds the guest may take to become ready.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+    /// The burstvm binary (default: this one).
+    #[arg(long)]
+    pub burstvm_bin: Option<PathBuf>,
+}
+
+impl BenchEchoArgs {
+    pub fn into_config(self) -> bench::echo::BenchEchoConfig {
+        bench::echo::BenchEchoConfig {
+            variants: self.variants,
+            seconds: self.seconds,
+            sandbox: self.sandbox.into_config(),
+            timeout: self.timeout,
+            burstvm_bin: self.burstvm_bin,
+        }
+    }
+}
+
 /// `burstvm bench chaos`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchChaosArgs {
