@@ -120,20 +120,14 @@ pub fn run(a: &BenchEchoConfig) -> Result<Vec<EchoResult>, Error> {
         ));
     }
     let (memory, app_size) = a.sandbox.bytes()?;
-    let rt = Runtime::new(RuntimeConfig {
-        bin: burstvm_bin(&a.burstvm_bin)?,
-        trace_path: None,
-        vfs: 1,
-        network: true,
-        cgroup_pool: 0,
-        rootfs_layer_bytes: None,
-        net_pool: 0,
-        sgfs: 0,
-        cgroup_limits: cgroup::Limits {
+    let rt = Runtime::new(RuntimeConfig::networked(
+        burstvm_bin(&a.burstvm_bin)?,
+        1,
+        cgroup::Limits {
             memory_bytes: memory + (app_size + (4 << 20)).next_multiple_of(2 << 20),
             cpus: a.sandbox.cpus,
         },
-    })?;
+    ))?;
     let results = a
         .variants
         .iter()

@@ -139,20 +139,14 @@ pub fn run_cli(a: &BenchNicRestartConfig) -> Result<(), Error> {
         return Err(bad("--guests/--rounds", "1..64 guests, at least one round"));
     }
     let (memory, app_size) = a.sandbox.bytes()?;
-    let rt = Runtime::new(RuntimeConfig {
-        bin: burstvm_bin(&a.burstvm_bin)?,
-        trace_path: None,
-        vfs: a.guests,
-        network: true,
-        cgroup_pool: 0,
-        rootfs_layer_bytes: None,
-        net_pool: 0,
-        sgfs: 0,
-        cgroup_limits: cgroup::Limits {
+    let rt = Runtime::new(RuntimeConfig::networked(
+        burstvm_bin(&a.burstvm_bin)?,
+        a.guests,
+        cgroup::Limits {
             memory_bytes: memory + (app_size + (4 << 20)).next_multiple_of(2 << 20),
             cpus: a.sandbox.cpus,
         },
-    })?;
+    ))?;
     rt.prepare_variant(a.variant)?;
     let result = (|| -> Result<Vec<Outage>, Error> {
         let mut sandboxes = Vec::new();

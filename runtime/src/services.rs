@@ -41,20 +41,14 @@ pub fn services_cli(a: &ServicesConfig) -> Result<(), Error> {
     for f in ["services.json", "replies.json"] {
         let _ = std::fs::remove_file(a.dir.join(f));
     }
-    let rt = Runtime::new(RuntimeConfig {
-        bin: burstvm_bin(&a.burstvm_bin)?,
-        trace_path: None,
-        vfs: a.vfs,
-        network: true,
-        cgroup_pool: 0,
-        rootfs_layer_bytes: None,
-        net_pool: 0,
-        sgfs: 0,
-        cgroup_limits: cgroup::Limits {
+    let rt = Runtime::new(RuntimeConfig::networked(
+        burstvm_bin(&a.burstvm_bin)?,
+        a.vfs,
+        cgroup::Limits {
             memory_bytes: 64 << 20,
             cpus: 1.0,
         },
-    })?;
+    ))?;
     rt.hold_dir_lock(lock);
     rt.prepare_variant(a.variant)?;
     let info = host::export(&rt, &a.dir, &a.cni_conf)?;

@@ -116,6 +116,25 @@ pub struct RuntimeConfig {
     pub sgfs: usize,
 }
 
+impl RuntimeConfig {
+    /// A runtime with the network (NIC daemon with `vfs` VFs, server netns,
+    /// CNI) for sandboxes of `limits`, and nothing else: no trace file, no
+    /// cgroup or network pool, no rootfs layers, no SG functions.
+    pub fn networked(bin: PathBuf, vfs: usize, limits: Limits) -> Self {
+        RuntimeConfig {
+            bin,
+            trace_path: None,
+            vfs,
+            network: true,
+            cgroup_pool: 0,
+            cgroup_limits: limits,
+            rootfs_layer_bytes: None,
+            net_pool: 0,
+            sgfs: 0,
+        }
+    }
+}
+
 /// `burstvm run --sgfs` when the sandbox runs on the SG network: the sandbox's own
 /// SGF and a spare (the same margin `run` gives VFs).
 pub const DEFAULT_SGFS: usize = 4;
