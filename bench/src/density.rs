@@ -376,10 +376,7 @@ pub fn bench_density_cli(a: &BenchDensityConfig) -> Result<(), Error> {
         vfs: 0,
         network: a.variant.policy().net != NetKind::None,
         cgroup_pool: 0,
-        cgroup_limits: cgroup::Limits {
-            memory_bytes: memory + (app_size + (4 << 20)).next_multiple_of(2 << 20),
-            cpus: a.sandbox.cpus,
-        },
+        cgroup_limits: cgroup::Limits::for_guest(memory, app_size, a.sandbox.cpus),
         rootfs_layer_bytes: None,
         net_pool: 0,
         sgfs: 0,

@@ -123,10 +123,7 @@ pub fn run(a: &BenchEchoConfig) -> Result<Vec<EchoResult>, Error> {
     let rt = Runtime::new(RuntimeConfig::networked(
         burstvm_bin(&a.burstvm_bin)?,
         1,
-        cgroup::Limits {
-            memory_bytes: memory + (app_size + (4 << 20)).next_multiple_of(2 << 20),
-            cpus: a.sandbox.cpus,
-        },
+        cgroup::Limits::for_guest(memory, app_size, a.sandbox.cpus),
     ))?;
     let results = a
         .variants

@@ -142,10 +142,7 @@ pub fn run_cli(a: &BenchNicRestartConfig) -> Result<(), Error> {
     let rt = Runtime::new(RuntimeConfig::networked(
         burstvm_bin(&a.burstvm_bin)?,
         a.guests,
-        cgroup::Limits {
-            memory_bytes: memory + (app_size + (4 << 20)).next_multiple_of(2 << 20),
-            cpus: a.sandbox.cpus,
-        },
+        cgroup::Limits::for_guest(memory, app_size, a.sandbox.cpus),
     ))?;
     rt.prepare_variant(a.variant)?;
     let result = (|| -> Result<Vec<Outage>, Error> {

@@ -147,6 +147,18 @@ pub struct Limits {
     pub cpus: f64,
 }
 
+impl Limits {
+    /// A sandbox's limits: its guest RAM plus its image region (agent, app
+    /// payload and a pmem rootfs image — `image_bytes` — with 4 MiB for the
+    /// agent, 2 MiB aligned as the VMM lays it out), which is guest memory too.
+    pub fn for_guest(ram_bytes: u64, image_bytes: u64, cpus: f64) -> Self {
+        Limits {
+            memory_bytes: ram_bytes + (image_bytes + (4 << 20)).next_multiple_of(2 << 20),
+            cpus,
+        }
+    }
+}
+
 fn write_limits(layout: &Layout, dirs: &[PathBuf], l: Limits) -> Result<(), CgroupError> {
     let quota = ((l.cpus * CFS_PERIOD_US as f64).round() as u64).max(1000);
     let mem = l.memory_bytes + VMM_OVERHEAD_BYTES;
@@ -467,6 +479,18 @@ impl Drop for CgroupPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_guest_is_charged_its_ram_and_its_2m_aligned_image_region() {
+        assert_eq!(Limits::for_guest(64 << 20, 0, 1.0).memory_bytes, 68 << 20);
+        assert_eq!(
+            Limits::for_guest(64 << 20, (3 << 20) + 1, 0.5),
+            Limits {
+                memory_bytes: (64 << 20) + (8 << 20),
+                cpus: 0.5
+            }
+        );
+    }
 
     fn layout() -> Option<Layout> {
         // Needs root and a cgroup mount: present on the project's machines.

@@ -180,10 +180,7 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
         vfs,
         network,
         cgroup_pool: if a.cgroup_pool { max_n } else { 0 },
-        cgroup_limits: cgroup::Limits {
-            memory_bytes: memory + (app_size + pmem_bytes + (4 << 20)).next_multiple_of(2 << 20),
-            cpus: a.sandbox.cpus,
-        },
+        cgroup_limits: cgroup::Limits::for_guest(memory, app_size + pmem_bytes, a.sandbox.cpus),
         rootfs_layer_bytes: image.as_ref().map(|(_, b)| *b),
         net_pool: a.net_pool,
         sgfs: 0,

@@ -123,16 +123,11 @@ impl<'rt> Sandbox<'rt> {
         };
         // On any error below, `sb` is dropped and torn down.
         sb.stage(Stage::Cgroup, |sb| {
-            let limits = Limits {
-                // The image region (agent + app payload + a pmem rootfs
-                // image, 2 MiB aligned) is guest memory too.
-                memory_bytes: sb.spec.memory_bytes
-                    + (sb.spec.app_size
-                        + sb.spec.rootfs.as_ref().map_or(0, |r| r.guest_bytes())
-                        + (4 << 20))
-                        .next_multiple_of(2 << 20),
-                cpus: sb.spec.cpus,
-            };
+            let limits = Limits::for_guest(
+                sb.spec.memory_bytes,
+                sb.spec.app_size + sb.spec.rootfs.as_ref().map_or(0, |r| r.guest_bytes()),
+                sb.spec.cpus,
+            );
             sb.cgroup = Some(sb.rt.cgroup_for(&sb.spec.id, limits)?);
             Ok(())
         })?;
