@@ -70,6 +70,26 @@ pub fn format_summary(groups: &[crate::stats::GroupStats]) -> String {
     out
 }
 
+/// CPU time (ns) all threads of process `pid` have run, from
+/// `/proc/PID/task/*/schedstat` (first field: time on a CPU, steal excluded).
+pub fn process_cpu_ns(pid: u32) -> std::io::Result<u64> {
+    let dir = std::path::PathBuf::from(format!("/proc/{pid}/task"));
+    let io = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display()));
+    let mut total = 0;
+    for task in std::fs::read_dir(&dir).map_err(io)? {
+        let path = task.map_err(io)?.path().join("schedstat");
+        // A thread that ended meanwhile is simply not counted.
+        if let Ok(s) = std::fs::read_to_string(&path) {
+            total += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

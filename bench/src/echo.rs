@@ -12,7 +12,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::dataplane::testpmd::process_cpu_ns;
+use crate::cpu::process_cpu_ns;
 use crate::{bad, Error};
 use runtime::variant::NetKind;
 use runtime::{burstvm_bin, cgroup, leaks, SandboxConfig, Variant};

@@ -11,7 +11,7 @@
 //! protocol's 8 regions.
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -269,25 +269,10 @@ impl Drop for Testpmd {
     }
 }
 
-/// CPU time (ns) all threads of process `pid` have run, from
-/// `/proc/PID/task/*/schedstat` (first field: time on a CPU, steal excluded).
+/// CPU time (ns) all threads of process `pid` have run (`crate::cpu`).
 pub fn process_cpu_ns(pid: u32) -> Result<u64, TestpmdError> {
-    let dir = PathBuf::from(format!("/proc/{pid}/task"));
-    let io = |what: &Path, source| TestpmdError::Io {
-        what: what.display().to_string(),
+    crate::cpu::process_cpu_ns(pid).map_err(|source| TestpmdError::Io {
+        what: format!("CPU time of process {pid}"),
         source,
-    };
-    let mut total = 0;
-    for task in std::fs::read_dir(&dir).map_err(|e| io(&dir, e))? {
-        let path = task.map_err(|e| io(&dir, e))?.path().join("schedstat");
-        // A thread that ended meanwhile is simply not counted.
-        if let Ok(s) = std::fs::read_to_string(&path) {
-            total += s
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    Ok(total)
+    })
 }
