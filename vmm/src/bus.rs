@@ -42,6 +42,10 @@ pub struct DeviceContext {
     pub vf_init: VfInit,
     /// How long a vhost-user device may try to reconnect to a vanished backend.
     pub vf_reconnect: std::time::Duration,
+    /// The device reaches only the DMA window (`--dma-window`), not guest
+    /// RAM: a VF offers VIRTIO_F_ACCESS_PLATFORM, so that the driver keeps
+    /// its rings and buffers there.
+    pub dma_window: bool,
 }
 
 /// A device as the bus holds it: shared between vCPU threads.

@@ -311,26 +311,25 @@ impl VmConfig {
         };
         let dma_window = a.dma_window;
         if dma_window > 0 {
-            if !matches!(boot, BootSource::Agent) {
-                return Err(invalid(
-                    "--dma-window",
-                    "only the built-in agent places its rings and buffers in a window \
-                     (a Linux guest needs VIRTIO_F_ACCESS_PLATFORM and a restricted swiotlb)",
-                ));
-            }
             if a.agent_mode.is_sg() {
                 return Err(invalid(
                     "--dma-window",
                     "the SG agent modes keep their rings in RAM (the window holds virtio-net's)",
                 ));
             }
-            // Pages, or hugepages when guest memory is hugetlb-backed.
-            let granule = if a.hugepages { layout::ALIGN_2M } else { 4096 };
+            // Pages, or hugepages when guest memory is hugetlb-backed; a
+            // Linux guest's swiotlb pool takes whole segments.
+            let granule = match (a.hugepages, &boot) {
+                (true, _) => layout::ALIGN_2M,
+                (false, BootSource::Linux { .. }) => layout::LINUX_DMA_WINDOW_GRANULE,
+                (false, BootSource::Agent) => 4096,
+            };
             if !dma_window.is_multiple_of(granule) || dma_window > layout::MAX_DMA_WINDOW {
                 return Err(invalid(
                     "--dma-window",
                     format!(
-                        "a multiple of 4 KiB (2 MiB with --hugepages) up to {} MiB",
+                        "a multiple of 4 KiB (256 KiB with --kernel, 2 MiB with --hugepages) \
+                         up to {} MiB",
                         layout::MAX_DMA_WINDOW >> 20
                     ),
                 ));

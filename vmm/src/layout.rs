@@ -27,6 +27,9 @@ pub const MAX_DMA_WINDOW: u64 = 16 << 20;
 /// The DMA window (`--dma-window`) starts here: above the image region,
 /// below the virtio-mmio window, inside the agent's identity map.
 pub const DMA_WINDOW_ADDR: u64 = MMIO_BASE - MAX_DMA_WINDOW;
+/// A Linux guest's window is its restricted swiotlb pool, made of whole
+/// segments (IO_TLB_SEGSIZE 128 slots of 2 KiB).
+pub const LINUX_DMA_WINDOW_GRANULE: u64 = 256 << 10;
 /// The image region must end below the DMA window.
 pub const MAX_IMAGE: u64 = DMA_WINDOW_ADDR - IMAGE_ADDR;
 pub const MAX_APP_SIZE: u64 = MAX_IMAGE - (16 << 20);

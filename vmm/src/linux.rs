@@ -48,6 +48,8 @@ pub struct LoadedKernel {
     initrd: Option<(u64, Vec<u8>)>,
     cmdline: Cmdline,
     ram_size: u64,
+    /// `(gpa, bytes)` of the DMA window: RAM in the memory map, above `ram_size`.
+    dma_window: Option<(u64, u64)>,
 }
 
 /// Claims guest range `(gpa, len)` on the instant-zero list (`what` names it in errors).
@@ -106,13 +108,22 @@ pub fn host_is_kvm_pvm() -> bool {
     Path::new("/sys/module/kvm_pvm").exists()
 }
 
-/// The command line: the user's (or a default), plus console, devices and
-/// what a kvm_pvm host needs. Words after ` -- ` in the user's line are
-/// init's arguments (the command burstvm's init runs): the kernel
-/// parameters added here go before them.
+/// The kernel parameter (guest/linux/patches/0004) that makes the DMA
+/// window `(gpa, bytes)` the restricted swiotlb pool of every virtio-mmio
+/// device that negotiates VIRTIO_F_ACCESS_PLATFORM: the device tree's
+/// restricted-dma-pool, which x86 has no device tree to give.
+pub fn dma_window_param((gpa, size): (u64, u64)) -> String {
+    format!("virtio_mmio.dma_window={}K@{gpa:#x}", size >> 10)
+}
+
+/// The command line: the user's (or a default), plus console, devices, the
+/// DMA window and what a kvm_pvm host needs. Words after ` -- ` in the
+/// user's line are init's arguments (the command burstvm's init runs): the
+/// kernel parameters added here go before them.
 pub fn build_cmdline(
     user: Option<&str>,
     devices: &[(u64, u32)],
+    dma_window: Option<(u64, u64)>,
 ) -> Result<Cmdline, linux_loader::cmdline::Error> {
     let mut c = Cmdline::try_from(user.unwrap_or(DEFAULT_CMDLINE), CMDLINE_MAX)?;
     let rendered = c.as_cstring()?.into_string().unwrap_or_default();
@@ -128,6 +139,9 @@ pub fn build_cmdline(
     for (base, gsi) in devices {
         c.insert_str(format!("virtio_mmio.device=4K@{base:#x}:{gsi}"))?;
     }
+    if let Some(w) = dma_window {
+        c.insert_str(dma_window_param(w))?;
+    }
     if host_is_kvm_pvm() {
         if !has(&|w| w.starts_with("clearcpuid=")) {
             c.insert_str(KVM_PVM_CMDLINE)?;
@@ -139,8 +153,13 @@ pub fn build_cmdline(
     Ok(c)
 }
 
-fn e820(ram_size: u64) -> [(u64, u64); 2] {
-    [(0, EBDA_START), (HIMEM_START, ram_size - HIMEM_START)]
+/// The RAM ranges of the memory map: conventional memory, RAM above 1 MiB,
+/// and the DMA window (RAM the kernel maps, which the parameter of
+/// `dma_window_param` reserves for the swiotlb pool).
+fn e820(ram_size: u64, dma_window: Option<(u64, u64)>) -> Vec<(u64, u64)> {
+    let mut m = vec![(0, EBDA_START), (HIMEM_START, ram_size - HIMEM_START)];
+    m.extend(dma_window);
+    m
 }
 
 fn elf_err(kernel: &Path, e: linux_loader::loader::elf::Error) -> Error {
@@ -215,6 +234,7 @@ pub fn probe(
     initrd: Option<&Path>,
     cmdline: &Cmdline,
     ram_size: u64,
+    dma_window: Option<(u64, u64)>,
 ) -> Result<LoadedKernel, Error> {
     let mut file = File::open(kernel).map_err(kstep(kernel, "cannot open"))?;
     let (start, end) = segment_span(kernel, &mut file)?;
@@ -252,6 +272,7 @@ pub fn probe(
         initrd,
         cmdline: cmdline.clone(),
         ram_size,
+        dma_window,
     })
 }
 
@@ -268,6 +289,7 @@ impl LoadedKernel {
     ) -> Result<KernelEntry, Error> {
         let kernel = self.path.as_path();
         let ram_size = self.ram_size;
+        let map = e820(ram_size, self.dma_window);
         prepare(self.span.0, self.span.1 - self.span.0, "kernel")?;
         let res = Elf::load(view, None, &mut self.file, Some(GuestAddress(HIMEM_START)))
             .map_err(kstep(kernel, "not a bootable vmlinux ELF"))?;
@@ -288,7 +310,7 @@ impl LoadedKernel {
             .unwrap_or(1);
         let (entry, pvh) = match res.pvh_boot_cap {
             PvhBootCapability::PvhEntryPresent(addr) => {
-                let memmap: Vec<hvm_memmap_table_entry> = e820(ram_size)
+                let memmap: Vec<hvm_memmap_table_entry> = map
                     .iter()
                     .map(|&(addr, size)| hvm_memmap_table_entry {
                         addr,
@@ -346,14 +368,14 @@ impl LoadedKernel {
                     bp.hdr.ramdisk_image = addr as u32;
                     bp.hdr.ramdisk_size = len as u32;
                 }
-                for (i, &(addr, size)) in e820(ram_size).iter().enumerate() {
+                for (i, &(addr, size)) in map.iter().enumerate() {
                     bp.e820_table[i] = boot_e820_entry {
                         addr,
                         size,
                         r#type: E820_RAM,
                     };
                 }
-                bp.e820_entries = 2;
+                bp.e820_entries = map.len() as u8;
                 LinuxBootConfigurator::write_bootparams::<GuestMemoryMmap>(
                     &BootParams::new(&bp, GuestAddress(BOOT_INFO_ADDR)),
                     view,
@@ -380,12 +402,12 @@ mod tests {
 
     #[test]
     fn cmdline_gets_console_and_devices() {
-        let c = build_cmdline(Some("quiet"), &[(0xd000_0000, 5), (0xd000_1000, 6)]).unwrap();
+        let c = build_cmdline(Some("quiet"), &[(0xd000_0000, 5), (0xd000_1000, 6)], None).unwrap();
         let s = c.as_cstring().unwrap().into_string().unwrap();
         assert!(s.starts_with("quiet console=ttyS0"), "{s}");
         assert!(s.contains("virtio_mmio.device=4K@0xd0000000:5"), "{s}");
         assert!(s.contains("virtio_mmio.device=4K@0xd0001000:6"), "{s}");
-        let c = build_cmdline(Some("console=hvc0"), &[]).unwrap();
+        let c = build_cmdline(Some("console=hvc0"), &[], None).unwrap();
         assert!(!c.as_cstring().unwrap().to_str().unwrap().contains("ttyS0"));
     }
 
@@ -394,6 +416,7 @@ mod tests {
         let c = build_cmdline(
             Some("ro -- /bin/sh -c \"echo a -- b; exit 3\""),
             &[(0xd000_0000, 5)],
+            None,
         )
         .unwrap();
         let s = c.as_cstring().unwrap().into_string().unwrap();
@@ -403,14 +426,41 @@ mod tests {
         assert_eq!(init, "/bin/sh -c \"echo a -- b; exit 3\"", "{s}");
     }
 
+    /// The window is RAM in the memory map and named to the kernel, before
+    /// init's arguments.
+    #[test]
+    fn a_dma_window_is_ram_and_a_kernel_parameter() {
+        let w = (0xcf00_0000, 2 << 20);
+        let c = build_cmdline(Some("ro -- /bin/sh"), &[(0xd000_0000, 5)], Some(w)).unwrap();
+        let s = c.as_cstring().unwrap().into_string().unwrap();
+        let (boot, init) = s.split_once(" -- ").unwrap();
+        assert!(
+            boot.contains("virtio_mmio.dma_window=2048K@0xcf000000"),
+            "{s}"
+        );
+        assert_eq!(init, "/bin/sh");
+        assert_eq!(
+            e820(64 << 20, Some(w)),
+            [
+                (0, EBDA_START),
+                (HIMEM_START, (64 << 20) - HIMEM_START),
+                (0xcf00_0000, 2 << 20)
+            ]
+        );
+        assert_eq!(e820(64 << 20, None).len(), 2);
+    }
+
     #[test]
     fn non_elf_is_rejected_with_its_name() {
         let dir = std::env::temp_dir().join(format!("vmm-linux-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("notakernel");
         std::fs::write(&p, b"MZ this is not an elf file at all, just bytes........").unwrap();
-        let c = build_cmdline(None, &[]).unwrap();
-        let e = probe(&p, None, &c, 64 << 20).err().unwrap().to_string();
+        let c = build_cmdline(None, &[], None).unwrap();
+        let e = probe(&p, None, &c, 64 << 20, None)
+            .err()
+            .unwrap()
+            .to_string();
         assert!(
             e.contains("notakernel") && e.contains("not a bootable"),
             "{e}"

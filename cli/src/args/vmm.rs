@@ -358,19 +358,29 @@ mod tests {
     }
 
     #[test]
-    fn dma_window_is_the_agents_and_whole_pages() {
+    fn dma_window_is_whole_pages_or_swiotlb_segments() {
         let c = cfg(&["--dma-window", "2M", "--net", "vf:/vf.sock"]).unwrap();
         assert_eq!((c.dma_window, c.dma_ram), (2 << 20, false));
         let c = cfg(&["--dma-window", "128K", "--net", "vf:/vf.sock"]).unwrap();
         assert_eq!(c.dma_window, 128 << 10);
-        const GRANULE: &str = "a multiple of 4 KiB (2 MiB with --hugepages) up to 16 MiB";
+        let linux = [
+            "--dma-window",
+            "768K",
+            "--kernel",
+            "/vmlinux",
+            "--net",
+            "vf:/vf.sock",
+        ];
+        assert_eq!(cfg(&linux).unwrap().dma_window, 768 << 10);
+        const GRANULE: &str =
+            "a multiple of 4 KiB (256 KiB with --kernel, 2 MiB with --hugepages) up to 16 MiB";
         for (args, want) in [
             (&["--dma-window", "6000"][..], GRANULE),
             (&["--dma-window", "128K", "--hugepages"][..], GRANULE),
             (&["--dma-window", "32M"][..], GRANULE),
             (
-                &["--dma-window", "2M", "--kernel", "/vmlinux"][..],
-                "a restricted swiotlb",
+                &["--dma-window", "128K", "--kernel", "/vmlinux"][..],
+                GRANULE,
             ),
             (
                 &[

@@ -47,6 +47,9 @@
 #define VIRTIO_NET_F_MAC    (1ULL << 5)
 #define VIRTIO_NET_F_STATUS (1ULL << 16)
 #define VIRTIO_F_VERSION_1  (1ULL << 32)
+/* Offered when the device reaches only the DMA window (the agent's window
+ * mode keeps its rings and buffers there). */
+#define VIRTIO_F_ACCESS_PLATFORM (1ULL << 33)
 #define VIRTIO_BLK_F_RO     (1ULL << 5)
 #define VIRTIO_BLK_F_FLUSH  (1ULL << 9)
 

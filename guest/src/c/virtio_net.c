@@ -6,7 +6,7 @@
 void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx) {
   memset(n, 0, sizeof *n);
   n->base = d->mmio_base;
-  n->features = virtio_start(n->base, VIRTIO_ID_NET, VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS);
+  n->features = virtio_start(n->base, VIRTIO_ID_NET, VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS | VIRTIO_F_ACCESS_PLATFORM);
   virtq_setup(n->base, &n->rx, 0);
   virtq_setup(n->base, &n->tx, 1);
 

@@ -37,7 +37,8 @@ impl Sandbox<'_> {
         vm.dma_image = policy.dma_image;
         vm.hugepages = self.spec.hugepages;
         if policy.dma_window {
-            vm.dma_window = crate::variant::dma_window_bytes(self.spec.hugepages);
+            vm.dma_window =
+                crate::variant::dma_window_bytes(self.spec.hugepages, self.spec.kernel.is_some());
         }
         vm.timeout = self.spec.timeout_secs;
         vm.trace = Some(self.rt.trace_path().to_path_buf());

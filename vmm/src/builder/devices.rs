@@ -122,6 +122,7 @@ fn device_context(
         trace: trace.clone(),
         vf_init: cfg.vf_init,
         vf_reconnect: cfg.vf_reconnect,
+        dma_window: cfg.dma_window > 0,
     }
 }
 

@@ -195,13 +195,15 @@ fn read_inputs(cfg: &VmConfig, devs: &[DevEntry]) -> Result<Inputs, Error> {
                 )),
                 (None, c) => c.clone(),
             };
-            let cl = crate::linux::build_cmdline(cmdline.as_deref(), &slots)
+            let window = (cfg.dma_window > 0).then_some((DMA_WINDOW_ADDR, cfg.dma_window));
+            let cl = crate::linux::build_cmdline(cmdline.as_deref(), &slots, window)
                 .map_err(|source| Error::Cmdline { source })?;
             Some(crate::linux::probe(
                 kernel,
                 initrd.as_deref(),
                 &cl,
                 cfg.ram_size,
+                window,
             )?)
         }
         BootSource::Agent => None,
@@ -429,7 +431,7 @@ mod tests {
         assert_eq!(types, [VIRTIO_ID_NET, VIRTIO_ID_BLOCK, 19]);
         assert_eq!((devs[2].mmio_base, devs[2].gsi), (0xd000_2000, 7));
         let slots: Vec<(u64, u32)> = devs.iter().map(|d| (d.mmio_base, d.gsi)).collect();
-        let cl = crate::linux::build_cmdline(None, &slots).unwrap();
+        let cl = crate::linux::build_cmdline(None, &slots, None).unwrap();
         let s = cl.as_cstring().unwrap().into_string().unwrap();
         assert!(s.contains("virtio_mmio.device=4K@0xd0002000:7"), "{s}");
         // Templates carry no devices: a vsock device is refused there too.

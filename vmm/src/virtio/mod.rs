@@ -405,6 +405,7 @@ pub(crate) mod tests {
             trace: Arc::new(trace::TraceWriter::new("virtio-test", None).unwrap()),
             vf_init: VfInit::Sync,
             vf_reconnect: std::time::Duration::from_secs(1),
+            dma_window: false,
         }
     }
 

@@ -47,7 +47,7 @@ use std::time::Duration;
 use trace::TraceWriter;
 use vhost::vhost_user::Frontend;
 use vhost::VhostUserMemoryRegionInfo;
-use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_config::{VIRTIO_F_ACCESS_PLATFORM, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
@@ -125,6 +125,9 @@ struct Conn {
 /// Everything about one VF device; shared with the monitor thread.
 struct Vf {
     kind: VuKind,
+    /// Features the VMM offers on its own, never sent to the backend:
+    /// VIRTIO_F_ACCESS_PLATFORM when the NIC maps only the DMA window.
+    platform_features: u64,
     socket: PathBuf,
     sandbox: String,
     regions: Vec<VhostUserMemoryRegionInfo>,
@@ -260,8 +263,17 @@ impl VhostUserNet {
             .map_err(|e| vu_err(socket, "dup irqfd", e))?;
         let mk = || EventFd::new(EFD_NONBLOCK).map_err(|e| vu_err(socket, "eventfd", e));
         let errs = kicks.iter().map(|_| mk()).collect::<Result<Vec<_>, _>>()?;
+        // The window is the only memory the device reaches: the driver must
+        // use platform DMA (a Linux guest's restricted swiotlb pool in the
+        // window). The NIC still sees guest-physical addresses there.
+        let platform_features = if ctx.dma_window && kind == VuKind::Net {
+            1 << VIRTIO_F_ACCESS_PLATFORM
+        } else {
+            0
+        };
         let vf = Arc::new(Vf {
             kind,
+            platform_features,
             socket: socket.to_path_buf(),
             sandbox: ctx.trace.sandbox().to_string(),
             regions,
@@ -307,7 +319,7 @@ impl VirtioDevice for VhostUserNet {
         self.vf.kind.device_type()
     }
     fn features(&self) -> u64 {
-        self.vf.kind.features()
+        self.vf.kind.features() | self.vf.platform_features
     }
     fn queue_max_sizes(&self) -> &[u16] {
         &[QUEUE_MAX_SIZE, QUEUE_MAX_SIZE]
