@@ -98,6 +98,8 @@ struct Session {
     protocol: bool,
     /// VHOST_USER_PROTOCOL_F_RESET_DEVICE negotiated: a guest reset is a VF reset.
     reset_device: bool,
+    /// VHOST_USER_PROTOCOL_F_REPLY_ACK negotiated: set-up messages are acked.
+    reply_ack: bool,
 }
 
 /// What the guest driver set up at DRIVER_OK (until its reset).

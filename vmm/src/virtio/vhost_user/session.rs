@@ -67,6 +67,7 @@ impl Vf {
             .set_features(early)
             .map_err(|e| self.err("SET_FEATURES", e))?;
         let mut reset_device = false;
+        let mut reply_ack = false;
         if protocol {
             let theirs = frontend
                 .get_protocol_features()
@@ -82,7 +83,8 @@ impl Vf {
                 &mut frontend,
                 ours.contains(VhostUserProtocolFeatures::CONFIG),
             )?;
-            if ours.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+            reply_ack = ours.contains(VhostUserProtocolFeatures::REPLY_ACK);
+            if reply_ack {
                 frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
             }
             reset_device = ours.contains(VhostUserProtocolFeatures::RESET_DEVICE);
@@ -102,6 +104,7 @@ impl Vf {
             backend_features,
             protocol,
             reset_device,
+            reply_ack,
         })
     }
 
@@ -208,10 +211,37 @@ impl Vf {
         bases: &[u16],
     ) -> Result<(), VirtioError> {
         let f = &mut s.frontend;
-        let mut acked = d.features & s.backend_features;
-        acked |= s.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        // One ack for the whole hand-over, as QEMU asks for few: a backend
+        // handles messages in order, and ours ends the session at the first
+        // it refuses, so the last one's ack (or the closed socket) answers
+        // for all. An ack per message cost two context switches each on
+        // the DRIVER_OK path.
+        if s.reply_ack {
+            f.set_hdr_flags(VhostUserHeaderFlag::empty());
+        }
+        let res = self.hand_over(f, d, bases, s.backend_features, s.protocol, s.reply_ack);
+        if s.reply_ack {
+            f.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
+        res
+    }
+
+    /// The messages of `start`; with `ack_last` (REPLY_ACK negotiated, so
+    /// `protocol` too) only the last SET_VRING_ENABLE asks for a reply.
+    fn hand_over(
+        &self,
+        f: &mut Frontend,
+        d: &DriverState,
+        bases: &[u16],
+        backend_features: u64,
+        protocol: bool,
+        ack_last: bool,
+    ) -> Result<(), VirtioError> {
+        let mut acked = d.features & backend_features;
+        acked |= backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
         f.set_features(acked)
             .map_err(|e| self.err("SET_FEATURES", e))?;
+        let last = d.queues.len().saturating_sub(1);
         for (i, q) in d.queues.iter().enumerate() {
             let cfg = self.ring_config(q)?;
             f.set_vring_num(i, q.size())
@@ -226,9 +256,14 @@ impl Vf {
                 .map_err(|e| self.err("SET_VRING_ERR", e))?;
             f.set_vring_kick(i, &self.kicks[i])
                 .map_err(|e| self.err("SET_VRING_KICK", e))?;
-            if s.protocol {
-                f.set_vring_enable(i, true)
-                    .map_err(|e| self.err("SET_VRING_ENABLE", e))?;
+            if protocol {
+                let step = if ack_last && i == last {
+                    f.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+                    "SET_FEATURES..SET_VRING_ENABLE (acked at the last)"
+                } else {
+                    "SET_VRING_ENABLE"
+                };
+                f.set_vring_enable(i, true).map_err(|e| self.err(step, e))?;
             }
         }
         Ok(())
