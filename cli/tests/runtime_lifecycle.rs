@@ -214,6 +214,12 @@ fn pooled_network_is_claimed_used_refilled_and_released() {
         assert_eq!(g["ready"], 2, "{g}");
         assert_eq!(g["answered"], 2, "the echo server answered: {g}");
     }
+    // The pool's netns and CNI ADD cost CPU too, reported apart from the
+    // pooled starts (the unpooled ones pay theirs in the CNI column).
+    let refill = |g: &Value| g["cpu"]["pool_refill_ms"].as_f64().unwrap();
+    assert_eq!(refill(&groups[0]), 0.0, "{}", groups[0]);
+    assert!(refill(&groups[1]) > 0.0, "{}", groups[1]);
+    assert!(all.contains("pool refill"), "{all}");
     let trace = read_trace(&out.join("trace.jsonl"));
     assert_eq!(trace.by_sandbox.len(), 4);
     let mut pooled = 0;

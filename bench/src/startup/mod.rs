@@ -289,6 +289,8 @@ pub fn run(
             measured.push((r, label, evs));
         }
     }
+    // What the pool's attachments cost, counted apart from the starts.
+    let refill = rt.net_pool_refill_cpu();
     // The pool's attachments are DELed before the caller's final leak check.
     if let Err(e) = rt.stop_net_pool() {
         log(&format!("  {e}"));
@@ -305,6 +307,11 @@ pub fn run(
         g.answered = r.answered;
         g.rootfs = r.rootfs.map(|m| stats::rootfs_stats(m, &r.rootfs_costs));
         g.cpu = r.cpu.clone();
+        if let (Some(c), Some((made @ 1.., ns)), true) =
+            (g.cpu.as_mut(), refill, label.ends_with("+pool"))
+        {
+            c.pool_refill_ms = ns as f64 / made as f64 / 1e6;
+        }
         g.prezero = r.prezero.clone();
         groups.push(g);
         failures.extend(r.failures.iter().cloned());

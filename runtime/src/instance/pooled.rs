@@ -57,6 +57,13 @@ impl Runtime {
         Some((ready, p.target(), err))
     }
 
+    /// Attachments the network pool made and their host CPU in ns (None:
+    /// no pool).
+    pub fn net_pool_refill_cpu(&self) -> Option<(u64, u64)> {
+        let pool = self.net_pool();
+        pool.as_ref().map(|p| p.refill_cpu())
+    }
+
     /// Names the network pool holds (not leaks while the runtime lives).
     pub fn net_pool_owned(&self) -> std::collections::HashSet<String> {
         let pool = self.net_pool();
