@@ -21,6 +21,7 @@ use netutil::NamedNetns;
 use crate::cni_exec::{CniError, CniNetwork};
 use crate::failures::Failures;
 use crate::guestnet::{GuestLink, GuestNetError};
+use crate::server_netns::{NeighborTable, ServerNetError};
 // Stopping the pool retries a DEL answered "try again later" as a teardown does.
 use crate::sandbox::{DEL_PATIENCE, IFNAME};
 
@@ -54,6 +55,12 @@ pub enum PoolError {
         #[source]
         source: GuestNetError,
     },
+    #[error("pooled attachment {id}: {source}")]
+    Neighbor {
+        id: String,
+        #[source]
+        source: ServerNetError,
+    },
     /// A failed make and what its undo could not remove.
     #[error("{cause}; undo: {undo}")]
     Undone {
@@ -64,7 +71,9 @@ pub enum PoolError {
 }
 
 /// A ready attachment: its netns (with the placeholder link `IFNAME`), the
-/// CNI container id it was added under, and the link the guest gets.
+/// CNI container id it was added under, and the link the guest gets, whose
+/// neighbour entry on the server is in place (the claiming sandbox's
+/// teardown removes it with the rest).
 #[derive(Debug)]
 pub struct Pooled {
     pub id: String,
@@ -112,14 +121,20 @@ impl Shared {
 pub struct NetPool {
     shared: Arc<Shared>,
     cni: CniNetwork,
+    neigh: Arc<NeighborTable>,
     thread: Option<JoinHandle<()>>,
     stopped: bool,
 }
 
 impl NetPool {
     /// Starts the refill thread: `target` attachments of `cni`, named
-    /// `<prefix>pool<n>`.
-    pub fn start(cni: CniNetwork, prefix: String, target: usize) -> std::io::Result<NetPool> {
+    /// `<prefix>pool<n>`, each with its entry in `neigh` (the server's).
+    pub fn start(
+        cni: CniNetwork,
+        neigh: Arc<NeighborTable>,
+        prefix: String,
+        target: usize,
+    ) -> std::io::Result<NetPool> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
@@ -127,14 +142,15 @@ impl NetPool {
             target,
         });
         let thread = {
-            let (shared, cni) = (shared.clone(), cni.clone());
+            let (shared, cni, neigh) = (shared.clone(), cni.clone(), neigh.clone());
             std::thread::Builder::new()
                 .name("net-pool".into())
-                .spawn(move || refill(&shared, &cni, &prefix))?
+                .spawn(move || refill(&shared, &cni, &neigh, &prefix))?
         };
         Ok(NetPool {
             shared,
             cni,
+            neigh,
             thread: Some(thread),
             stopped: false,
         })
@@ -213,6 +229,12 @@ impl NetPool {
         let left: Vec<Pooled> = self.shared.lock().ready.drain(..).collect();
         let mut errs = Vec::new();
         for mut p in left {
+            if let Err(source) = self.neigh.del(p.link.ip) {
+                errs.push(PoolError::Neighbor {
+                    id: p.id.clone(),
+                    source,
+                });
+            }
             errs.extend(release(&self.cni, &p.id, &mut p.netns));
         }
         self.shared.lock().owned.clear();
@@ -244,7 +266,7 @@ impl Drop for NetPool {
 
 /// The refill thread: keeps `target` attachments ready, one ADD at a time,
 /// at the lowest CPU priority (its CNI plugins inherit it).
-fn refill(shared: &Shared, cni: &CniNetwork, prefix: &str) {
+fn refill(shared: &Shared, cni: &CniNetwork, neigh: &NeighborTable, prefix: &str) {
     // SAFETY: setpriority on this thread (a tid is a PRIO_PROCESS id on Linux).
     unsafe {
         libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
@@ -273,7 +295,7 @@ fn refill(shared: &Shared, cni: &CniNetwork, prefix: &str) {
         st.owned.insert(id.clone());
         drop(st);
         let cpu0 = crate::cpuacct::thread_ns() + crate::cpuacct::thread_children_ns();
-        let made = make(cni, &id);
+        let made = make(cni, neigh, &id);
         let cpu = crate::cpuacct::thread_ns() + crate::cpuacct::thread_children_ns() - cpu0;
         st = shared.lock();
         match made {
@@ -299,9 +321,12 @@ fn refill(shared: &Shared, cni: &CniNetwork, prefix: &str) {
     }
 }
 
-/// One attachment: a netns, CNI ADD in it, the placeholder read back. A
-/// failure undoes what was done (DEL is idempotent).
-fn make(cni: &CniNetwork, id: &str) -> Result<Pooled, PoolError> {
+/// One attachment: a netns, CNI ADD in it, the placeholder read back, the
+/// server's neighbour entry (off the start path: at 200 starts at once the
+/// entries, one rtnetlink request each under the kernel's rtnl lock, made
+/// `net-claim` take 150-400 ms). A failure undoes what was done (DEL is
+/// idempotent).
+fn make(cni: &CniNetwork, neigh: &NeighborTable, id: &str) -> Result<Pooled, PoolError> {
     let mut netns = NamedNetns::create(id).map_err(|source| PoolError::Netns {
         id: id.into(),
         source,
@@ -316,6 +341,15 @@ fn make(cni: &CniNetwork, id: &str) -> Result<Pooled, PoolError> {
             crate::guestnet::read_link(netns.path(), IFNAME, &att)
                 .map(|link| (link, att.vf_socket))
                 .map_err(|source| PoolError::Link {
+                    id: id.into(),
+                    source,
+                })
+        })
+        .and_then(|(link, vf_socket)| {
+            neigh
+                .add(link.ip, link.mac)
+                .map(|()| (link, vf_socket))
+                .map_err(|source| PoolError::Neighbor {
                     id: id.into(),
                     source,
                 })

@@ -75,8 +75,9 @@ pub struct ServerNet {
     addr: Addressing,
     echo: Option<EchoServer>,
     files: Option<crate::fileserver::FileServer>,
-    /// rtnetlink of the server netns (the socket stays bound to it).
-    neigh: NeighborTable,
+    /// rtnetlink of the server netns (the socket stays bound to it); shared
+    /// with the network pool, which adds its attachments' entries.
+    neigh: Arc<NeighborTable>,
 }
 
 /// Permanent neighbour entries on the server bridge, through an rtnetlink
@@ -202,10 +203,10 @@ impl ServerNet {
             addr,
             echo: None,
             files: None,
-            neigh: NeighborTable {
+            neigh: Arc::new(NeighborTable {
                 nl: Mutex::new(nl),
                 bridge_index,
-            },
+            }),
         };
         net.echo = Some(EchoServer::start(sock)?);
         net.files = Some(
@@ -257,6 +258,11 @@ impl ServerNet {
 
     pub fn del_neighbor(&self, ip: Ipv4Addr) -> Result<(), ServerNetError> {
         self.neigh.del(ip)
+    }
+
+    /// The neighbour table, for the network pool.
+    pub fn neighbors(&self) -> Arc<NeighborTable> {
+        self.neigh.clone()
     }
 
     /// Requests the echo server answered, per source address.

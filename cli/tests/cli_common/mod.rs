@@ -37,6 +37,11 @@ pub fn networked_runtime(sgfs: usize) -> runtime::Runtime {
 
 /// `networked_runtime` with `vfs` VFs.
 pub fn networked_runtime_vfs(vfs: usize, sgfs: usize) -> runtime::Runtime {
+    networked_runtime_pooled(vfs, sgfs, 0)
+}
+
+/// As `networked_runtime_vfs`, with a network pool of `net_pool` attachments.
+pub fn networked_runtime_pooled(vfs: usize, sgfs: usize, net_pool: usize) -> runtime::Runtime {
     let cni_dir = Path::new(CNI_BIN).parent().unwrap();
     std::env::set_var("CNI_PATH", format!("{}:/opt/cni/bin", cni_dir.display()));
     runtime::Runtime::new(runtime::RuntimeConfig {
@@ -50,7 +55,7 @@ pub fn networked_runtime_vfs(vfs: usize, sgfs: usize) -> runtime::Runtime {
             cpus: 1.0,
         },
         rootfs_layer_bytes: None,
-        net_pool: 0,
+        net_pool,
         sgfs,
     })
     .expect("runtime")

@@ -26,8 +26,13 @@ impl Runtime {
         };
         cni.require_vf("the network pool (--net-pool)")?;
         *pool = Some(
-            NetPool::start(cni, self.sandbox_prefix(), self.cfg.net_pool)
-                .map_err(state_err(&self.state_dir))?,
+            NetPool::start(
+                cni,
+                self.server().neighbors(),
+                self.sandbox_prefix(),
+                self.cfg.net_pool,
+            )
+            .map_err(state_err(&self.state_dir))?,
         );
         Ok(())
     }

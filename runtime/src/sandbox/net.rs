@@ -2,8 +2,9 @@
 //! engine's netns (the shim), a pooled attachment (`net-claim`), its own CNI
 //! ADD on the VF or SG network, or the `tap` software CNI. Every VF and tap
 //! path ends in `attach_link`: the guest's address is recorded and its
-//! neighbour entry added on the server, and `neighbor` is set only once the
-//! entry exists, so teardown deletes exactly what was added. `cni_added` /
+//! neighbour entry added on the server (a pooled attachment's is there
+//! already), and `neighbor` is set only once the entry exists, so teardown
+//! deletes exactly what was added. `cni_added` /
 //! `tap_added` are set before the ADD runs: a half-done ADD is undone by DEL.
 
 use std::net::SocketAddrV4;
@@ -64,6 +65,8 @@ impl<'rt> Sandbox<'rt> {
         self.netns = Some(p.netns);
         self.pooled_id = Some(p.id);
         self.cni_added = true;
+        // The pool added the server's neighbour entry; the teardown removes it.
+        self.neighbor = Some(p.link.ip);
         self.attach_vf(p.vf_socket, &p.link, vm)
     }
 
@@ -132,8 +135,10 @@ impl<'rt> Sandbox<'rt> {
         vm: &mut VmParams,
     ) -> Result<(), StageError> {
         self.guest_ip = Some(link.ip);
-        self.rt.add_neighbor(link.ip, link.mac)?;
-        self.neighbor = Some(link.ip);
+        if self.neighbor != Some(link.ip) {
+            self.rt.add_neighbor(link.ip, link.mac)?;
+            self.neighbor = Some(link.ip);
+        }
         let a = self.rt.addressing();
         vm.net.push(backend);
         vm.mac = Some(link.mac);
