@@ -210,35 +210,33 @@ impl Vf {
         d: &DriverState,
         bases: &[u16],
     ) -> Result<(), VirtioError> {
-        let f = &mut s.frontend;
         // One ack for the whole hand-over, as QEMU asks for few: a backend
         // handles messages in order, and ours ends the session at the first
         // it refuses, so the last one's ack (or the closed socket) answers
         // for all. An ack per message cost two context switches each on
         // the DRIVER_OK path.
         if s.reply_ack {
-            f.set_hdr_flags(VhostUserHeaderFlag::empty());
+            s.frontend.set_hdr_flags(VhostUserHeaderFlag::empty());
         }
-        let res = self.hand_over(f, d, bases, s.backend_features, s.protocol, s.reply_ack);
+        let res = self.hand_over(s, d, bases);
         if s.reply_ack {
-            f.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+            s.frontend.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
         }
         res
     }
 
-    /// The messages of `start`; with `ack_last` (REPLY_ACK negotiated, so
-    /// `protocol` too) only the last SET_VRING_ENABLE asks for a reply.
+    /// The messages of `start`; with REPLY_ACK (so protocol features too)
+    /// only the last SET_VRING_ENABLE asks for a reply.
     fn hand_over(
         &self,
-        f: &mut Frontend,
+        s: &mut Session,
         d: &DriverState,
         bases: &[u16],
-        backend_features: u64,
-        protocol: bool,
-        ack_last: bool,
     ) -> Result<(), VirtioError> {
-        let mut acked = d.features & backend_features;
-        acked |= backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        let (protocol, ack_last) = (s.protocol, s.reply_ack);
+        let mut acked = d.features & s.backend_features;
+        acked |= s.backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        let f = &mut s.frontend;
         f.set_features(acked)
             .map_err(|e| self.err("SET_FEATURES", e))?;
         let last = d.queues.len().saturating_sub(1);
