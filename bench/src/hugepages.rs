@@ -56,17 +56,16 @@ impl Hugepages {
         let want = before + pages;
         write_nr(want)?;
         let mut got = read_nr()?;
-        for (file, value) in [
-            ("/proc/sys/vm/compact_memory", "1"),
-            ("/proc/sys/vm/drop_caches", "1"),
-        ] {
+        for knobs in [&["compact_memory"][..], &["drop_caches", "compact_memory"]] {
             if got >= want {
                 break;
             }
-            if let Err(e) = std::fs::write(file, value) {
-                tracing::warn!("{file} := {value}: {e}");
+            for knob in knobs {
+                let file = format!("/proc/sys/vm/{knob}");
+                if let Err(e) = std::fs::write(&file, "1") {
+                    tracing::warn!("{file} := 1: {e}");
+                }
             }
-            let _ = std::fs::write("/proc/sys/vm/compact_memory", "1");
             write_nr(want)?;
             got = read_nr()?;
         }
