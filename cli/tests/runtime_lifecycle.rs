@@ -202,8 +202,7 @@ fn pooled_network_is_claimed_used_refilled_and_released() {
         3,
         "{all}"
     );
-    let summary: Value =
-        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let summary = read_summary(&out);
     let groups = summary["groups"].as_array().unwrap();
     let names: Vec<&str> = groups
         .iter()

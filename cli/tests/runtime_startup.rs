@@ -6,8 +6,6 @@
 //! They need root, /dev/kvm, iproute2 and host-local (in /opt/cni/bin).
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
 
-use serde_json::Value;
-
 mod cli_common;
 mod startup_common;
 use cli_common::{burstvm, text, BIN};
@@ -40,8 +38,7 @@ fn every_variant_reaches_ready_with_its_stages() {
         "{}",
         text(&o)
     );
-    let summary: Value =
-        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let summary = read_summary(&out);
     let groups = summary["groups"].as_array().unwrap();
     assert_eq!(groups.len(), 12);
     for g in groups {
@@ -122,8 +119,7 @@ fn twenty_concurrent_fastiov_sandboxes_leave_nothing() {
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let summary: Value =
-        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let summary = read_summary(&out);
     let g = &summary["groups"][0];
     assert_eq!(g["ready"], 20, "{g}");
     assert_eq!(g["failed"], 0, "{g}");
@@ -252,8 +248,7 @@ fn hugepage_backed_vf_sandboxes_reach_ready_and_the_pages_go_back() {
         out.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    let summary: Value =
-        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let summary = read_summary(&out);
     assert_eq!(summary["hugepages"], true, "{summary}");
     for g in summary["groups"].as_array().unwrap() {
         assert_eq!(

@@ -23,6 +23,11 @@ pub fn tempdir(name: &str) -> PathBuf {
     d
 }
 
+/// The `summary.json` a `bench startup --out OUT` wrote.
+pub fn read_summary(out: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap()
+}
+
 /// What runtimes create (names starting with `bv`, cgroups also `pool-`):
 /// netns, cpu cgroups, and `burstvm vmm --sandbox bv…` processes. Other
 /// tests on the host use other names.
