@@ -24,6 +24,34 @@ pub struct MemoryBenchConfig {
     pub concurrency: usize,
     /// Repetitions per policy (the median over all sandboxes and runs is reported).
     pub runs: usize,
+    /// With the pool's pinning (see `guestmem::pool::Pool::set_pinning`), without, or both.
+    pub pool_pinning: PoolPinning,
+}
+
+/// Which pool-pinning setting pool policies run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolPinning {
+    /// The pool keeps its memory pinned (the default everywhere).
+    On,
+    /// Off: each DMA mapping pins its pages itself.
+    Off,
+    /// Both, side by side: pool policies also run as `<policy> unpinned`.
+    Compare,
+}
+
+impl std::str::FromStr for PoolPinning {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "on" => Ok(PoolPinning::On),
+            "off" => Ok(PoolPinning::Off),
+            "compare" => Ok(PoolPinning::Compare),
+            _ => Err(Error::BadArg {
+                arg: "--pool-pinning".into(),
+                reason: format!("{s:?}: expected on, off or compare"),
+            }),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -151,8 +179,29 @@ pub fn run(a: &MemoryBenchConfig) -> Result<Vec<PolicyResult>, Error> {
     // No idle pre-zeroer: pre-zeroing is done explicitly (untimed) before each pre run.
     let server = PoolServer::start_with(&socket, pool.clone(), false)?;
 
+    // Every pool policy with the pool's pinning (as the runtime runs) and/or without.
+    let pin_runs: &[bool] = match a.pool_pinning {
+        PoolPinning::On => &[true],
+        PoolPinning::Off => &[false],
+        PoolPinning::Compare => &[true, false],
+    };
+    let runs: Vec<(MemoryPolicy, bool)> = pin_runs
+        .iter()
+        .flat_map(|&pin| {
+            policies
+                .iter()
+                .filter(move |p| pin || **p != MemoryPolicy::Vanilla || pin_runs.len() == 1)
+                .map(move |&p| (p, pin))
+        })
+        .collect();
     let mut results = Vec::new();
-    for policy in policies {
+    for (policy, pin) in runs {
+        // Untimed: (un)pinning the cached memfds is the pool's, not a sandbox's, work.
+        pool.set_pinning(pin);
+        let name = match (pin, policy) {
+            (false, p) if p != MemoryPolicy::Vanilla => format!("{p} unpinned"),
+            (_, p) => p.to_string(),
+        };
         let mut dma = Vec::new();
         let mut touch = Vec::new();
         let mut faults = Vec::new();
@@ -198,7 +247,7 @@ pub fn run(a: &MemoryBenchConfig) -> Result<Vec<PolicyResult>, Error> {
             }
         }
         results.push(PolicyResult {
-            policy: policy.to_string(),
+            policy: name,
             samples: dma.len(),
             dma_ready: median(&mut dma),
             first_touch: median(&mut touch),
@@ -229,7 +278,7 @@ pub fn format_table(a: &MemoryBenchConfig, results: &[PolicyResult]) -> String {
         a.concurrency * a.runs
     );
     out += &format!(
-        "{:<8} {:>14} {:>8} {:>16} {:>8} {:>10} {:>8} {:>12}\n",
+        "{:<16} {:>14} {:>8} {:>16} {:>8} {:>10} {:>8} {:>12}\n",
         "policy",
         "dma-ready ms",
         "ratio",
@@ -242,7 +291,7 @@ pub fn format_table(a: &MemoryBenchConfig, results: &[PolicyResult]) -> String {
     for r in results {
         let total = r.dma_ready + r.first_touch;
         out += &format!(
-            "{:<8} {:>14.1} {:>8} {:>16.1} {:>8} {:>10.1} {:>8} {:>12}\n",
+            "{:<16} {:>14.1} {:>8} {:>16.1} {:>8} {:>10.1} {:>8} {:>12}\n",
             r.policy,
             ms(r.dma_ready),
             ratio(r.dma_ready, base.map(|b| b.dma_ready)),

@@ -1,6 +1,6 @@
 //! `burstvm bench memory`'s arguments; the benchmark is `bench::memory`.
 
-use bench::memory::MemoryBenchConfig;
+use bench::memory::{MemoryBenchConfig, PoolPinning};
 use guestmem::MemoryPolicy;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -25,6 +25,11 @@ pub struct MemoryBenchArgs {
     /// Repetitions per policy (the median over all sandboxes and runs is reported).
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
+    /// Pool policies with the pool keeping its memory pinned (`on`), each DMA mapping
+    /// pinning its own pages (`off`), or both side by side (`compare`: rows `<policy>
+    /// unpinned`).
+    #[arg(long, default_value = "compare")]
+    pub pool_pinning: PoolPinning,
 }
 
 fn parse_size(s: &str) -> Result<u64, guestmem::Error> {
@@ -43,6 +48,7 @@ impl MemoryBenchArgs {
             hugepages: self.hugepages,
             concurrency: self.concurrency,
             runs: self.runs,
+            pool_pinning: self.pool_pinning,
         }
     }
 }

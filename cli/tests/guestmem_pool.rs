@@ -169,16 +169,36 @@ fn bench_memory_prints_a_row_per_policy() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for p in ["vanilla", "pre10", "pre50", "pre100", "lazy"] {
-        assert!(
-            stdout.lines().any(|l| l.starts_with(p)),
-            "no row for {p}:\n{stdout}"
+    // Side by side: every pool policy with the pool's pinning and without (vanilla never
+    // takes pool memory: one row).
+    let labels: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.split("  ").next())
+        .collect();
+    for p in [
+        "vanilla",
+        "pre10",
+        "pre50",
+        "pre100",
+        "lazy",
+        "pre10 unpinned",
+        "pre50 unpinned",
+        "pre100 unpinned",
+        "lazy unpinned",
+    ] {
+        assert_eq!(
+            labels.iter().filter(|l| **l == p).count(),
+            1,
+            "one row for {p:?}:\n{stdout}"
         );
     }
-    let out = Command::new(BIN)
-        .args(["bench", "memory", "--policy", "fast"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--policy"));
+    assert!(!stdout.contains("vanilla unpinned"), "{stdout}");
+    for (flag, value) in [("--policy", "fast"), ("--pool-pinning", "sometimes")] {
+        let out = Command::new(BIN)
+            .args(["bench", "memory", flag, value])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains(flag));
+    }
 }

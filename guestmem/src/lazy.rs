@@ -383,6 +383,7 @@ fn handle_fault(s: &Shared, addr: usize) -> Result<(), LazyError> {
         region: r.name.clone(),
         source,
     };
+    r.table.prefault_dirty(first, end);
     // The faulting page first: a racing device or vCPU waits on it soonest.
     for p in std::iter::once(page).chain((first..end).filter(|p| *p != page)) {
         if r.table.ensure_zeroed(p).map_err(zero_err)? {
@@ -461,6 +462,7 @@ fn zeroer_loop(s: &Shared, idle: bool) {
                 let _ = sys::set_thread_sched(false);
             }
             let mut err = None;
+            r.table.prefault_dirty(start, end);
             for p in start..end {
                 match r.table.ensure_zeroed(p) {
                     Ok(true) => {

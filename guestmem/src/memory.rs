@@ -171,12 +171,11 @@ impl GuestMemory {
                     } else {
                         crate::pool::PageUse::HostOnly
                     };
-                    let (fd, recycled) =
-                        client.take_memfd_as(spec.size, hugepages, policy, page_use)?;
-                    if !recycled && !hugepages {
+                    let t = client.take_memfd_as(spec.size, hugepages, policy, page_use)?;
+                    if !t.recycled && !hugepages {
                         miss_bytes += spec.size;
                     }
-                    Some(fd)
+                    Some((t.memfd, t.pinned))
                 }
                 _ => None,
             });
@@ -201,14 +200,14 @@ impl GuestMemory {
         let mut regions = Vec::with_capacity(specs.len());
         for (spec, fd) in specs.iter().zip(taken) {
             let region = match fd {
-                Some(fd) => {
+                Some((fd, pinned)) => {
                     // Pre-zeroing: the guest must not see the pages before dma_map zeroed
                     // them; lazy: the uffd handler guards the guest view.
                     let prot = match policy {
                         MemoryPolicy::Pre(_) => libc::PROT_NONE,
                         _ => libc::PROT_READ | libc::PROT_WRITE,
                     };
-                    Region::from_pool(spec, fd, hugepages, prot)?
+                    Region::from_pool(spec, fd, pinned, hugepages, prot)?
                 }
                 _ => Region::fresh(spec, hugepages)?,
             };
@@ -314,19 +313,23 @@ impl GuestMemory {
         if let (MemoryPolicy::Pre(_), true) = (self.policy, r.pooled()) {
             // The share not zeroed ahead of time is zeroed now, synchronously.
             let t = r.table();
+            t.prefault_dirty(0, t.npages());
             for p in 0..t.npages() {
                 t.ensure_zeroed(p)?;
             }
         }
         // Fresh memory: the kernel allocates and zeroes every page here. Pool memory is
         // resident already: locking it only pins it (and populates any page a pool miss
-        // left sparse, which the kernel zeroes).
+        // left sparse, which the kernel zeroes). Memory the pool keeps pinned needs
+        // neither: its pages stay resident and locked for as long as the lease lives.
         if !r.pooled() {
             dev.populate_write(0, size)
                 .map_err(|e| Error::io(format!("MADV_POPULATE_WRITE region {region:?}"), e))?;
         }
-        dev.lock(0, size)
-            .map_err(|e| Error::io(format!("mlock region {region:?}"), e))?;
+        if !r.pool_pinned() {
+            dev.lock(0, size)
+                .map_err(|e| Error::io(format!("mlock region {region:?}"), e))?;
+        }
         if let (MemoryPolicy::Pre(_), true) = (self.policy, r.pooled()) {
             r.guest_mapping()
                 .protect(libc::PROT_READ | libc::PROT_WRITE)

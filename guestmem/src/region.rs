@@ -16,6 +16,8 @@ pub struct Region {
     page_size: u64,
     hugepages: bool,
     pooled: bool,
+    /// Pool memory whose pages the pool keeps resident and locked while it is lent.
+    pool_pinned: bool,
     /// A private copy-on-write mapping of a template file: guest and device
     /// view are one mapping, and `memfd` is the template file (read-only).
     private: bool,
@@ -44,10 +46,12 @@ impl Region {
         Ok(region)
     }
 
-    /// A memfd handed out by the pool (its table already says which pages are dirty).
+    /// A memfd handed out by the pool (its table already says which pages are dirty);
+    /// `pinned`: the pool keeps its pages resident and locked while it is lent.
     pub(crate) fn from_pool(
         spec: &RegionSpec,
         memfd: OwnedFd,
+        pinned: bool,
         hugepages: bool,
         guest_prot: i32,
     ) -> Result<Region, Error> {
@@ -61,7 +65,8 @@ impl Region {
                 reason: format!("length {got}, expected {expect}"),
             });
         }
-        let region = Region::map(spec, memfd, page_size, hugepages, true, guest_prot)?;
+        let mut region = Region::map(spec, memfd, page_size, hugepages, true, guest_prot)?;
+        region.pool_pinned = pinned;
         let tsize = table::table_size(spec.size, page_size);
         // SAFETY: the trailer is the last TRAILER_SIZE bytes of the device view.
         let trailer = unsafe {
@@ -121,6 +126,7 @@ impl Region {
             page_size,
             hugepages: false,
             pooled: false,
+            pool_pinned: false,
             private: true,
             guest,
             device,
@@ -166,6 +172,7 @@ impl Region {
             page_size,
             hugepages,
             pooled,
+            pool_pinned: false,
             private: false,
             guest,
             device,
@@ -237,6 +244,12 @@ impl Region {
     /// True if the memory came from the pool (recycled, possibly holding old bytes).
     pub fn pooled(&self) -> bool {
         self.pooled
+    }
+
+    /// True if the pool keeps this pool memory's pages resident and locked while it is
+    /// lent: `dma_map` has nothing to pin.
+    pub fn pool_pinned(&self) -> bool {
+        self.pool_pinned
     }
 
     /// True for a private copy-on-write mapping of a template: no other

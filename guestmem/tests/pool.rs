@@ -409,12 +409,14 @@ fn host_only_memory_returns_without_waiting_for_a_device_unmap() {
     let server = canary_pool("host-only", size, 2);
     let admin = client(&server);
     let vmm = client(&server);
-    let (ram, _) = vmm
+    let ram = vmm
         .take_memfd_as(size, false, MemoryPolicy::Lazy, pool::PageUse::HostOnly)
-        .unwrap();
-    let (window, _) = vmm
+        .unwrap()
+        .memfd;
+    let window = vmm
         .take_memfd_as(size, false, MemoryPolicy::Lazy, pool::PageUse::Device)
-        .unwrap();
+        .unwrap()
+        .memfd;
     let paths = [server.path().to_path_buf()];
     let e = pool::DeviceHold::register(&paths, &[ram.as_fd()]).unwrap_err();
     assert!(e.to_string().contains("host-only"), "{e}");

@@ -208,9 +208,13 @@ impl VfMemory {
             // Resident for the device, as a DMA mapping pins pages. The pages
             // are allocated (and zeroed, if fresh) through the file, which
             // does not hold this process's mmap lock, so opens of different
-            // VFs can really run in parallel; pool pages are already there.
-            allocate(&file, r.mmap_offset, r.memory_size)
-                .map_err(|e| err(RegionCause::Fallocate(e)))?;
+            // VFs can really run in parallel. Memory the pool keeps pinned is
+            // resident and locked already: walking it again would cost a
+            // page-cache lookup per page for nothing.
+            if !hold.as_ref().is_some_and(|h| h.pinned(index)) {
+                allocate(&file, r.mmap_offset, r.memory_size)
+                    .map_err(|e| err(RegionCause::Fallocate(e)))?;
+            }
             // Locked: a page stays in memory once the device has touched it.
             // SAFETY: the range is exactly guestmem's mapping, alive as long as `dev`.
             if unsafe {

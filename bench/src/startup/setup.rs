@@ -38,6 +38,9 @@ pub struct BenchStartupConfig {
     /// With `--net-pool`: run every VF variant without and with the pool
     /// (group `<variant>+pool`), side by side in one run.
     pub net_pool_compare: bool,
+    /// Switch the page pool's pinning off (`guestmem::pool::Pool::set_pinning`):
+    /// DMA mappings of pool memory pin every page themselves, at every start.
+    pub no_pool_pinning: bool,
     /// Take sandbox cgroups from a RunD-style rename pool instead of mkdir.
     pub cgroup_pool: bool,
     /// Seconds each guest may take to become ready.
@@ -185,6 +188,9 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
         net_pool: a.net_pool,
         sgfs: 0,
     })?;
+    if a.no_pool_pinning {
+        rt.pool().set_pinning(false);
+    }
     // Live sandboxes and the page pool's cache of the last pool round, each
     // at most max_n sandboxes of RAM, image region and window.
     let hugepages = a
@@ -238,12 +244,14 @@ pub fn bench_startup_cli(a: &BenchStartupConfig) -> Result<(), Error> {
         "page pool: {} memfds back without waiting for a device unmap (no device mapped them: \
          host-only regions, PiBooster's third page type), {} after the NIC's unmap (quarantined \
          {:.2} ms on average after their VMM exited, at most {:.2} ms); {} device maps of \
-         host-only memory refused",
+         host-only memory refused; {} memfds pinned by the pool (once each), {} cached pinned",
         ps.returns_without_unmap,
         ps.returns_after_unmap,
         ps.unmap_wait_ns_total as f64 / ps.returns_after_unmap.max(1) as f64 / 1e6,
         ps.unmap_wait_ns_max as f64 / 1e6,
-        ps.device_maps_refused
+        ps.device_maps_refused,
+        ps.pins_made,
+        ps.cached_pinned
     );
     drop(rt);
     if runtime::instance::sigint_received() {

@@ -310,6 +310,11 @@ pub struct BenchStartupArgs {
     /// (group `<variant>+pool`), side by side in one run.
     #[arg(long, requires = "net_pool")]
     pub net_pool_compare: bool,
+    /// Switch the page pool's pinning off: every DMA mapping of pool memory pins
+    /// its pages itself, at every start (FastIOV's way), instead of the pool
+    /// keeping its memory pinned once (docs/guestmem.md).
+    #[arg(long)]
+    pub no_pool_pinning: bool,
     /// Take sandbox cgroups from a RunD-style rename pool instead of mkdir.
     #[arg(long)]
     pub cgroup_pool: bool,
@@ -359,6 +364,7 @@ impl BenchStartupArgs {
             no_warmup: self.no_warmup,
             net_pool: self.net_pool,
             net_pool_compare: self.net_pool_compare,
+            no_pool_pinning: self.no_pool_pinning,
             cgroup_pool: self.cgroup_pool,
             timeout: self.timeout,
             burstvm_bin: self.burstvm_bin,

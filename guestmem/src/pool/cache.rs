@@ -8,6 +8,7 @@ use std::sync::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::{Error, SizeClass};
+use crate::sys::Mapping;
 use crate::table::DIRTY;
 use crate::MemoryPolicy;
 
@@ -17,6 +18,9 @@ pub(super) struct Entry {
     pub(super) class: SizeClass,
     /// Pages `[0, zeroed_ahead)` were zeroed while idle (pre-zeroing baseline).
     pub(super) zeroed_ahead: u64,
+    /// The pool's own locked mapping of the guest bytes, once they were all resident: the
+    /// pages stay pinned from then on, through every lease, until the memfd leaves the pool.
+    pub(super) pin: Option<Mapping>,
 }
 
 /// Per size class numbers in `PoolStats`.
@@ -75,6 +79,13 @@ pub struct PoolStats {
     pub unmap_wait_ns_total: u64,
     #[serde(default)]
     pub unmap_wait_ns_max: u64,
+    /// Cached memfds whose pages the pool keeps pinned (locked), so that a taker's DMA
+    /// mapping need not pin them again.
+    #[serde(default)]
+    pub cached_pinned: u64,
+    /// Memfds the pool pinned (once each: at `fill`, or when a fully resident one came back).
+    #[serde(default)]
+    pub pins_made: u64,
     pub classes: Vec<ClassStats>,
 }
 
@@ -98,6 +109,9 @@ pub(super) struct Inner {
     device_maps_refused: u64,
     unmap_wait_ns_total: u64,
     unmap_wait_ns_max: u64,
+    pins_made: u64,
+    /// Whether the pool pins its resident memfds (on unless switched off).
+    no_pinning: bool,
 }
 
 impl Inner {
@@ -155,9 +169,20 @@ impl Lent {
     pub fn class(&self) -> SizeClass {
         self.entry.class
     }
+
+    /// The pool keeps its guest bytes resident and locked while it is lent.
+    pub fn pinned(&self) -> bool {
+        self.entry.pin.is_some()
+    }
 }
 
 /// The cache itself (in-process). Thread-safe; one per host.
+///
+/// Pinning: a DMA mapping keeps pages resident and locked (FastIOV's "page pinning",
+/// fastiov.txt §3.2), per page, at every start. The pool keeps the pages of its resident
+/// memfds locked instead, once per memfd, through every lease: a taker told `pinned` has
+/// nothing left to pin. Pages a device may see still get zeroed before it does (the page
+/// table), whoever pinned them.
 #[derive(Debug, Default)]
 pub struct Pool {
     inner: Mutex<Inner>,
@@ -220,13 +245,16 @@ impl Pool {
                 memfd,
                 class,
                 zeroed_ahead: 0,
+                pin: None,
             },
             recycled: false,
         })
     }
 
     /// Puts a memfd back, still holding its tenant's bytes: every page is marked DIRTY
-    /// (nothing is zeroed). Shrinks automatically above the threshold.
+    /// (nothing is zeroed). One that came back fully resident and was not pinned yet is
+    /// pinned now, once (its taker's DMA mapping made it resident). Shrinks automatically
+    /// above the threshold.
     pub fn give_back(&self, lent: Lent) {
         let mut entry = lent.entry;
         // The lease ends before the pages are marked: a device still attached under it
@@ -235,6 +263,12 @@ impl Pool {
             t.set_lease(0);
             t.set_all(DIRTY)
         });
+        let pinned_now = if !self.pinning() {
+            entry.pin = None;
+            false
+        } else {
+            marked.is_ok() && entry.pin.is_none() && self.pin_resident(&mut entry)
+        };
         let mut inner = self.lock();
         inner.lent_memfds -= 1;
         inner.lent_bytes -= entry.class.memfd_size();
@@ -245,12 +279,32 @@ impl Pool {
             return;
         }
         inner.returned += 1;
+        inner.pins_made += pinned_now as u64;
         entry.zeroed_ahead = 0;
         inner.push(entry);
         if let Some(max) = inner.max_bytes {
             inner.shrink_to(max);
         }
         self.idle_wake.notify_all();
+    }
+
+    /// Pins `entry` if every guest page of it is resident (a memfd with holes stays unpinned:
+    /// pinning would allocate them, and its next taker's DMA mapping does that). True if
+    /// pinned; a failure (e.g. RLIMIT_MEMLOCK) only leaves it unpinned.
+    fn pin_resident(&self, entry: &mut Entry) -> bool {
+        if !entry.class.resident(&entry.memfd) {
+            return false;
+        }
+        match entry.class.pin(&entry.memfd) {
+            Ok(m) => {
+                entry.pin = Some(m);
+                true
+            }
+            Err(e) => {
+                tracing::warn!("pool: memfd left unpinned: {e}");
+                false
+            }
+        }
     }
 
     /// Counts a lease's return: after a device's unmap, or without one;
@@ -299,7 +353,13 @@ impl Pool {
         class.validate()?;
         for _ in 0..count {
             let memfd = class.create(Some(pattern))?;
+            // Resident now: pinned here, off any sandbox's start.
+            let pin = match self.pinning() {
+                true => Some(class.pin(&memfd)?),
+                false => None,
+            };
             let mut inner = self.lock();
+            inner.pins_made += pin.is_some() as u64;
             inner.push(Entry {
                 memfd,
                 class,
@@ -308,6 +368,7 @@ impl Pool {
                 } else {
                     class.size / class.page_size()
                 },
+                pin,
             });
             if let Some(max) = inner.max_bytes {
                 inner.shrink_to(max);
@@ -353,6 +414,43 @@ impl Pool {
         self.idle_wake.notify_all();
     }
 
+    fn pinning(&self) -> bool {
+        !self.lock().no_pinning
+    }
+
+    /// Switches the pool's pinning on or off (on by default). Off: cached memfds are
+    /// unpinned now and none is pinned again, so takers' DMA mappings pin every page
+    /// themselves (FastIOV's per-start pinning, for side-by-side measurements). On: the
+    /// cached memfds that are fully resident are pinned now.
+    pub fn set_pinning(&self, on: bool) {
+        // Take the entries out, (un)pin them outside the lock, put them back.
+        let entries: Vec<Entry> = {
+            let mut inner = self.lock();
+            inner.no_pinning = !on;
+            let all: Vec<SizeClass> = inner.free.keys().copied().collect();
+            all.iter()
+                .flat_map(|c| std::iter::from_fn(|| inner.pop(c)).collect::<Vec<_>>())
+                .collect()
+        };
+        let mut made = 0;
+        let entries: Vec<Entry> = entries
+            .into_iter()
+            .map(|mut e| {
+                if !on {
+                    e.pin = None;
+                } else if e.pin.is_none() && self.pin_resident(&mut e) {
+                    made += 1;
+                }
+                e
+            })
+            .collect();
+        let mut inner = self.lock();
+        inner.pins_made += made;
+        for e in entries {
+            inner.push(e);
+        }
+    }
+
     pub fn stats(&self) -> PoolStats {
         let inner = self.lock();
         let mut classes: Vec<ClassStats> = inner
@@ -385,6 +483,13 @@ impl Pool {
             device_maps_refused: inner.device_maps_refused,
             unmap_wait_ns_total: inner.unmap_wait_ns_total,
             unmap_wait_ns_max: inner.unmap_wait_ns_max,
+            cached_pinned: inner
+                .free
+                .values()
+                .flatten()
+                .filter(|e| e.pin.is_some())
+                .count() as u64,
+            pins_made: inner.pins_made,
             classes,
         }
     }

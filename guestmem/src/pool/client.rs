@@ -18,6 +18,17 @@ use crate::MemoryPolicy;
 /// many resident memfds is the slowest request).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A memfd taken from the pool.
+#[derive(Debug)]
+pub struct Taken {
+    pub memfd: OwnedFd,
+    /// Recycled (resident, dirty) rather than newly created (sparse).
+    pub recycled: bool,
+    /// The pool keeps its guest pages resident and locked for as long as it is lent: a DMA
+    /// mapping of it has nothing left to pin.
+    pub pinned: bool,
+}
+
 /// A connection to a pool server. Memfds taken through it go back to the pool when it is
 /// dropped (or the process dies), so keep it until the memory is unmapped.
 #[derive(Debug)]
@@ -112,16 +123,18 @@ impl PoolClient {
         policy: MemoryPolicy,
     ) -> Result<(OwnedFd, bool), Error> {
         self.take_memfd_as(size, hugepages, policy, PageUse::Device)
+            .map(|t| (t.memfd, t.recycled))
     }
 
-    /// As `take_memfd`, for `page_use`: a `HostOnly` memfd no device may ever map.
+    /// As `take_memfd`, for `page_use` (a `HostOnly` memfd no device may ever map), with
+    /// everything the server says about the memfd.
     pub fn take_memfd_as(
         &self,
         size: u64,
         hugepages: bool,
         policy: MemoryPolicy,
         page_use: PageUse,
-    ) -> Result<(OwnedFd, bool), Error> {
+    ) -> Result<Taken, Error> {
         if policy == MemoryPolicy::Vanilla {
             return Err(Error::VanillaFromPool);
         }
@@ -142,7 +155,11 @@ impl PoolClient {
                 ),
             });
         }
-        Ok((fds.remove(0), resp.recycled.unwrap_or(false)))
+        Ok(Taken {
+            memfd: fds.remove(0),
+            recycled: resp.recycled.unwrap_or(false),
+            pinned: resp.pinned.unwrap_or(false),
+        })
     }
 
     pub fn stats(&self) -> Result<PoolStats, Error> {
@@ -203,14 +220,15 @@ impl PoolClient {
 }
 
 impl PoolClient {
-    /// Registers a device mapping of the memory lent under `key` (see `DeviceHold`).
-    pub fn register(&self, key: &LeaseKey) -> Result<(), Error> {
+    /// Registers a device mapping of the memory lent under `key` (see `DeviceHold`);
+    /// returns whether the pool keeps that memory pinned.
+    pub fn register(&self, key: &LeaseKey) -> Result<bool, Error> {
         self.call(&Request::Register {
             dev: key.dev,
             ino: key.ino,
             lease: key.lease,
         })
-        .map(|_| ())
+        .map(|(resp, _)| resp.pinned.unwrap_or(false))
     }
 }
 
@@ -222,6 +240,8 @@ impl PoolClient {
 pub struct DeviceHold {
     client: PoolClient,
     keys: Vec<LeaseKey>,
+    /// Per fd given to `register`: pool memory the pool keeps pinned.
+    fd_pinned: Vec<bool>,
 }
 
 impl DeviceHold {
@@ -233,12 +253,15 @@ impl DeviceHold {
         fds: &[BorrowedFd<'_>],
     ) -> Result<Option<DeviceHold>, Error> {
         let mut keys = Vec::new();
+        let mut fd_keys = Vec::with_capacity(fds.len());
         for fd in fds {
-            if let Some(k) = lease_of(*fd)? {
+            let k = lease_of(*fd)?;
+            if let Some(k) = k {
                 if !keys.contains(&k) {
                     keys.push(k);
                 }
             }
+            fd_keys.push(k);
         }
         let Some(first) = keys.first().copied() else {
             return Ok(None);
@@ -246,11 +269,26 @@ impl DeviceHold {
         let mut tried = Vec::new();
         for path in sockets {
             let attempt = PoolClient::connect(path).and_then(|client| {
-                keys.iter().try_for_each(|k| client.register(k))?;
-                Ok(client)
+                let pinned = keys
+                    .iter()
+                    .map(|k| client.register(k))
+                    .collect::<Result<Vec<bool>, Error>>()?;
+                Ok((client, pinned))
             });
             match attempt {
-                Ok(client) => return Ok(Some(DeviceHold { client, keys })),
+                Ok((client, pinned)) => {
+                    let is_pinned =
+                        |k: &LeaseKey| keys.iter().zip(&pinned).any(|(x, p)| x == k && *p);
+                    let fd_pinned = fd_keys
+                        .iter()
+                        .map(|k| k.as_ref().is_some_and(is_pinned))
+                        .collect();
+                    return Ok(Some(DeviceHold {
+                        client,
+                        keys,
+                        fd_pinned,
+                    }));
+                }
                 Err(e) => tried.push(format!("{}: {e}", path.display())),
             }
         }
@@ -266,6 +304,12 @@ impl DeviceHold {
 
     pub fn keys(&self) -> &[LeaseKey] {
         &self.keys
+    }
+
+    /// Whether the `i`-th fd given to `register` is pool memory the pool keeps pinned
+    /// (resident and locked while lent): the device need not allocate or pin it.
+    pub fn pinned(&self, i: usize) -> bool {
+        self.fd_pinned.get(i).copied().unwrap_or(false)
     }
 
     pub fn pool_path(&self) -> &Path {

@@ -173,7 +173,8 @@ impl Leases {
     /// Connection `conn` (a device process) maps the memory lent under `key`: it stays out of
     /// the cache until `conn` closes. Refused unless the lease is live (its taker connected),
     /// and always for host-only memory (counted in `PoolStats::device_maps_refused`).
-    pub fn register(&self, conn: u64, key: LeaseKey) -> Result<(), Error> {
+    /// Returns whether the pool keeps the memory pinned (the device need not pin it).
+    pub fn register(&self, conn: u64, key: LeaseKey) -> Result<bool, Error> {
         let mut t = self.lock();
         match t.leases.get_mut(&key.lease) {
             Some(l) if l.key == (key.dev, key.ino) && l.holder.is_some() => {
@@ -184,7 +185,7 @@ impl Leases {
                 }
                 *l.devices.entry(conn).or_default() += 1;
                 l.was_mapped = true;
-                Ok(())
+                Ok(l.lent.pinned())
             }
             _ => Err(Error::NotLive { key }),
         }

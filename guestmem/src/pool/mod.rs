@@ -19,7 +19,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use serde::{Deserialize, Serialize};
 
 pub use cache::{ClassStats, Lent, Pool, PoolStats};
-pub use client::{DeviceHold, PoolClient};
+pub use client::{DeviceHold, PoolClient, Taken};
 pub use lease::{lease_of, LeaseKey};
 pub use server::PoolServer;
 
@@ -177,6 +177,25 @@ impl SizeClass {
             )
         };
         Ok((m, t))
+    }
+
+    /// Whether every page of `memfd` is resident: the file's allocated blocks cover all of
+    /// it (shmem and hugetlbfs both count allocated pages in `st_blocks`; the table is
+    /// always resident, so this is about the guest bytes). O(1), no page touched.
+    pub(super) fn resident(&self, memfd: &OwnedFd) -> bool {
+        use std::os::fd::AsRawFd;
+        matches!(nix::sys::stat::fstat(memfd.as_raw_fd()),
+            Ok(st) if st.st_blocks as u64 * 512 >= self.memfd_size())
+    }
+
+    /// The pool's pin of `memfd`'s guest bytes: a read-only mapping of them, locked (which
+    /// allocates any page not resident yet). Kept for as long as the memfd is the pool's.
+    pub(super) fn pin(&self, memfd: &OwnedFd) -> Result<Mapping, Error> {
+        let m = Mapping::new(memfd.as_fd(), 0, self.size, libc::PROT_READ)
+            .map_err(self.mem_err("mmap pool memfd to pin it"))?;
+        m.lock(0, self.size as usize)
+            .map_err(self.mem_err("mlock pool memfd"))?;
+        Ok(m)
     }
 
     /// A new memfd with a formatted table. `fill`: make it resident, writing `pattern`

@@ -86,6 +86,10 @@ pub(super) struct Response {
     pub(super) memfd_size: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) recycled: Option<bool>,
+    /// Take and register: the pool keeps the memfd's pages pinned (absent from older
+    /// servers: not pinned).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) pinned: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) released: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -342,6 +342,7 @@ fn handle(leases: &Leases, conn: u64, req: Request) -> Result<(Response, Option<
             let resp = Response {
                 memfd_size: Some(lent.class().memfd_size()),
                 recycled: Some(lent.recycled),
+                pinned: Some(lent.pinned()),
                 ..ok
             };
             Ok((resp, Some(leases.lend(conn, lent, page_use)?)))
@@ -397,8 +398,14 @@ fn handle(leases: &Leases, conn: u64, req: Request) -> Result<(Response, Option<
             Ok((ok, None))
         }
         Request::Register { dev, ino, lease } => {
-            leases.register(conn, LeaseKey { dev, ino, lease })?;
-            Ok((ok, None))
+            let pinned = leases.register(conn, LeaseKey { dev, ino, lease })?;
+            Ok((
+                Response {
+                    pinned: Some(pinned),
+                    ..ok
+                },
+                None,
+            ))
         }
     }
 }

@@ -39,6 +39,7 @@ impl Pool {
         let ps = e.class.page_size();
         let (_m, t) = e.class.map(&e.memfd)?;
         let end = target.min(e.zeroed_ahead + (max_bytes / ps).max(1));
+        t.prefault_dirty(e.zeroed_ahead, end);
         for p in e.zeroed_ahead..end {
             t.ensure_zeroed(p).map_err(|err| Error::Table {
                 size: e.class.size,
