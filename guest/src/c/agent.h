@@ -60,6 +60,7 @@ static inline void report_data(uint8_t ev, uint32_t data) { outl(PORT_DATA, data
 /* Memory-mapped register access: volatile so the compiler never merges/elides. */
 static inline uint32_t mmio_read32(uint64_t a) { return *(volatile uint32_t *)a; }
 static inline void mmio_write32(uint64_t a, uint32_t v) { *(volatile uint32_t *)a = v; }
+static inline uint16_t mmio_read16(uint64_t a) { return *(volatile uint16_t *)a; }
 static inline uint8_t mmio_read8(uint64_t a) { return *(volatile uint8_t *)a; }
 
 static inline void barrier(void) { __asm__ volatile("" ::: "memory"); }

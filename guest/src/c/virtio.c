@@ -75,8 +75,12 @@ void virtq_setup(uint64_t base, struct virtq *q, uint16_t index) {
   wr(base, VIRTIO_MMIO_QUEUE_READY, 1);
 }
 
+/* After virtio_start the status is exactly ACKNOWLEDGE | DRIVER |
+ * FEATURES_OK (it checked FEATURES_OK; NEEDS_RESET is caught below), so it
+ * is not read back first. */
 void virtio_driver_ok(uint64_t base) {
-  set_status(base, rd(base, VIRTIO_MMIO_STATUS), VIRTIO_STATUS_DRIVER_OK);
+  set_status(base, VIRTIO_STATUS_ACKNOWLEDGE | VIRTIO_STATUS_DRIVER | VIRTIO_STATUS_FEATURES_OK,
+             VIRTIO_STATUS_DRIVER_OK);
   if (rd(base, VIRTIO_MMIO_STATUS) & VIRTIO_STATUS_NEEDS_RESET) fail(ERR_DEVICE_FAILED);
 }
 
@@ -88,8 +92,14 @@ void virtq_post(struct virtq *q, uint16_t id) {
   q->avail->idx = ++q->avail_idx;
 }
 
+/* Not while the device says it needs no notification (a polling NIC sets
+ * VIRTQ_USED_F_NO_NOTIFY; virtio 1.2 §2.7.10): each notify is an exit. The
+ * avail index store must be visible before the flags load (as Linux's
+ * virtqueue_kick_prepare orders them), or a device that just cleared the
+ * flag and looked at the ring would miss both the buffer and the notify. */
 void virtq_notify(uint64_t base, struct virtq *q) {
-  barrier();
+  __asm__ volatile("mfence" ::: "memory");
+  if (q->used->flags & VIRTQ_USED_F_NO_NOTIFY) return;
   wr(base, VIRTIO_MMIO_QUEUE_NOTIFY, q->index);
 }
 

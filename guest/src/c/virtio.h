@@ -77,6 +77,8 @@ struct virtio_blk_req { uint32_t type, reserved; uint64_t sector; };
 /* Split virtqueue (virtio 1.2 §2.7). */
 #define VIRTQ_DESC_F_NEXT  1
 #define VIRTQ_DESC_F_WRITE 2
+#define VIRTQ_AVAIL_F_NO_INTERRUPT 1 /* driver: no used-buffer notification wanted */
+#define VIRTQ_USED_F_NO_NOTIFY     1 /* device: no available-buffer notification wanted */
 struct virtq_desc { uint64_t addr; uint32_t len; uint16_t flags, next; };
 struct virtq_avail { uint16_t flags, idx, ring[]; };
 struct virtq_used_elem { uint32_t id, len; };
@@ -100,7 +102,7 @@ struct vnet {
   uint64_t base;          /* MMIO base */
   uint64_t features;      /* negotiated */
   struct virtq rx, tx;
-  uint8_t *rx_buf[VQ_SIZE];
+  uint8_t *rx_bufs;       /* RX buffer i is rx_bufs + i * RX_BUF_SIZE, in descriptor i */
   uint8_t *tx_buf;
   uint16_t rx_cur;        /* descriptor of the frame handed out by vnet_rx */
 };
