@@ -179,7 +179,7 @@ impl Lent {
 /// The cache itself (in-process). Thread-safe; one per host.
 ///
 /// Pinning: a DMA mapping keeps pages resident and locked (FastIOV's "page pinning",
-/// fastiov.txt §3.2), per page, at every start. The pool keeps the pages of its resident
+/// fastiov.txt §3.2.3), per page, at every start. The pool keeps the pages of its resident
 /// memfds locked instead, once per memfd, through every lease: a taker told `pinned` has
 /// nothing left to pin. Pages a device may see still get zeroed before it does (the page
 /// table), whoever pinned them.
