@@ -77,6 +77,83 @@ pub fn format_summary(groups: &[crate::stats::GroupStats]) -> String {
     out
 }
 
+/// The average over several rounds of one group, each weighted by its sandboxes that
+/// reached READY (`bench startup --repeat`).
+pub fn weighted_mean(rounds: &[(CpuPerSandbox, usize)]) -> Option<CpuPerSandbox> {
+    let n: usize = rounds.iter().map(|(_, k)| k).sum();
+    if n == 0 {
+        return None;
+    }
+    let avg = |f: fn(&CpuPerSandbox) -> f64| {
+        rounds.iter().map(|(c, k)| f(c) * *k as f64).sum::<f64>() / n as f64
+    };
+    Some(CpuPerSandbox {
+        runtime_ms: avg(|c| c.runtime_ms),
+        cni_ms: avg(|c| c.cni_ms),
+        nicd_ms: avg(|c| c.nicd_ms),
+        vmm_ms: avg(|c| c.vmm_ms),
+        total_ms: avg(|c| c.total_ms),
+        after_ready_ms: avg(|c| c.after_ready_ms),
+        pool_refill_ms: avg(|c| c.pool_refill_ms),
+    })
+}
+
+/// With `--repeat`: each group's CPU per start against `no-net`'s of the same
+/// repetition and concurrency, round by round, and the median of those ratios
+/// (the host drifts between rounds; a ratio within one repetition does not).
+pub fn format_repeats(groups: &[crate::stats::GroupStats]) -> String {
+    let reps = groups
+        .iter()
+        .map(|g| g.cpu_total_per_round.len())
+        .max()
+        .unwrap_or(0);
+    if reps < 2 {
+        return String::new();
+    }
+    let mut out = format!(
+        "\n== host CPU per start x no-net, each of the {reps} repetitions, and their median\n{:<16} {:>4}",
+        "variant", "n"
+    );
+    for r in 1..=reps {
+        out.push_str(&format!(" {:>6}", format!("rep{r}")));
+    }
+    out.push_str("  median\n");
+    for g in groups.iter().filter(|g| g.variant != "no-net") {
+        let Some(base) = groups
+            .iter()
+            .find(|b| b.variant == "no-net" && b.concurrency == g.concurrency)
+        else {
+            continue;
+        };
+        let mut ratios: Vec<f64> = g
+            .cpu_total_per_round
+            .iter()
+            .zip(&base.cpu_total_per_round)
+            .filter(|(_, b)| **b > 0.0)
+            .map(|(v, b)| v / b)
+            .collect();
+        if ratios.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("{:<16} {:>4}", g.variant, g.concurrency));
+        for r in &ratios {
+            out.push_str(&format!(" {r:>6.2}"));
+        }
+        for _ in ratios.len()..reps {
+            out.push_str(&format!(" {:>6}", "-"));
+        }
+        ratios.sort_by(f64::total_cmp);
+        let m = ratios.len();
+        let median = if m % 2 == 1 {
+            ratios[m / 2]
+        } else {
+            (ratios[m / 2 - 1] + ratios[m / 2]) / 2.0
+        };
+        out.push_str(&format!("  {median:>6.2}\n"));
+    }
+    out
+}
+
 /// CPU time (ns) all threads of process `pid` have run, from
 /// `/proc/PID/task/*/schedstat` (first field: time on a CPU, steal excluded).
 pub fn process_cpu_ns(pid: u32) -> std::io::Result<u64> {
@@ -100,6 +177,39 @@ pub fn process_cpu_ns(pid: u32) -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repetitions_average_by_ready_sandboxes_and_give_median_ratios() {
+        let c = |total| CpuPerSandbox {
+            total_ms: total,
+            vmm_ms: total / 2.0,
+            ..Default::default()
+        };
+        let m = weighted_mean(&[(c(10.0), 3), (c(20.0), 1)]).unwrap();
+        assert!((m.total_ms - 12.5).abs() < 1e-9 && (m.vmm_ms - 6.25).abs() < 1e-9);
+        assert_eq!(weighted_mean(&[(c(10.0), 0)]), None);
+
+        let g = |name: &str, per_round: &[f64]| {
+            let mut g = crate::stats::group_stats(name, 50, &[], 0);
+            g.cpu_total_per_round = per_round.to_vec();
+            g
+        };
+        let groups = [
+            g("no-net", &[5.0, 10.0, 4.0]),
+            g("window+pool", &[6.0, 11.0, 8.0]),
+        ];
+        let t = format_repeats(&groups);
+        let row = t.lines().find(|l| l.starts_with("window+pool")).unwrap();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        // 1.20, 1.10, 2.00 per repetition; median 1.20.
+        assert_eq!(cols[2..], ["1.20", "1.10", "2.00", "1.20"], "{t}");
+        assert!(!t.lines().any(|l| l.starts_with("no-net ")), "{t}");
+        // One round each: no table.
+        assert_eq!(
+            format_repeats(&[g("no-net", &[5.0]), g("fastiov", &[9.0])]),
+            ""
+        );
+    }
 
     #[test]
     fn averages_per_owner() {

@@ -136,6 +136,70 @@ fn twenty_concurrent_fastiov_sandboxes_leave_nothing() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
+/// `--repeat 2`: each variant's measured round runs twice, interleaved; its
+/// group pools both rounds' sandboxes (their trace too) and keeps each
+/// round's CPU per start, and the CPU table gains the per-repetition ratios
+/// to no-net with their median. One warm-up per variant. Nothing leaks.
+#[test]
+fn repeated_rounds_pool_their_sandboxes_and_give_per_repetition_ratios() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let before = host_state();
+    let out = tempdir("repeat");
+    let o = burstvm(&[
+        "bench",
+        "startup",
+        "--concurrency",
+        "2",
+        "--variants",
+        "no-net,fastiov",
+        "--memory",
+        "32M",
+        "--repeat",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let all = text(&o);
+    assert!(o.status.success(), "{all}");
+    let summary = read_summary(&out);
+    for g in summary["groups"].as_array().unwrap() {
+        assert_eq!(
+            (g["rounds"].as_u64(), g["ready"].as_u64()),
+            (Some(2), Some(4)),
+            "{g}"
+        );
+        assert_eq!(
+            g["cpu_total_per_round"].as_array().map(|v| v.len()),
+            Some(2),
+            "{g}"
+        );
+    }
+    assert_eq!(summary["groups"][1]["answered"], 4);
+    // Interleaved: no-net's second round after fastiov's first.
+    let order: Vec<&str> = all
+        .lines()
+        .filter(|l| l.contains("measured round"))
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    assert_eq!(order, ["no-net", "fastiov", "no-net", "fastiov"], "{all}");
+    assert_eq!(all.matches("warm-up round").count(), 2, "{all}");
+    let table = all
+        .split("each of the 2 repetitions")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no repetition table: {all}"));
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("fastiov"))
+        .expect("fastiov row");
+    assert_eq!(row.split_whitespace().count(), 5, "{row}"); // variant, n, rep1, rep2, median
+    assert_eq!(read_trace(&out.join("trace.jsonl")).by_sandbox.len(), 8);
+    for lc in summary["leak_checks"].as_array().unwrap() {
+        assert_eq!(lc["clean"], true, "{lc}");
+    }
+    assert_nothing_new(&before);
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
 /// A VMM killed during boot: the sandbox is reported with its stage and torn
 /// down (VF released, CNI DEL, netns and cgroup removed).
 #[test]
@@ -217,6 +281,14 @@ fn bad_arguments_name_the_flag() {
     ]);
     assert!(!o.status.success());
     assert!(text(&o).contains("--concurrency"), "{}", text(&o));
+    for args in [
+        &["--repeat", "0"][..],
+        &["--repeat", "2", "--via", "cri"][..],
+    ] {
+        let o = burstvm(&[&["bench", "startup"][..], args].concat());
+        assert!(!o.status.success());
+        assert!(text(&o).contains("--repeat"), "{}", text(&o));
+    }
     let o = burstvm(&["run", "--memory", "12Q"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("--memory"), "{}", text(&o));

@@ -80,6 +80,9 @@ pub struct BenchPlan {
     pub net_pool: NetPoolRuns,
     /// `--hugepages`: the 2 MiB pages reserved for the run, given back on drop.
     pub hugepages: Option<crate::hugepages::Hugepages>,
+    /// Measured rounds per group (`--repeat`), interleaved: every group's first,
+    /// then every group's second, ... so that the host's drift reaches all alike.
+    pub repeat: usize,
 }
 
 /// `--net-pool` / `--net-pool-compare`.
@@ -219,8 +222,11 @@ pub fn run(
         .flat_map(|(v, m)| starts.iter().map(move |&t| (v, m, t)))
         .flat_map(|(v, m, t)| pooled(v).iter().map(move |&p| (v, m, t, p)))
         .collect();
+    let repeat = plan.repeat.max(1);
     'levels: for &n in &plan.levels {
-        for &(v, mode, template, net_pool) in &runs {
+        for (rep, &(v, mode, template, net_pool)) in
+            (0..repeat).flat_map(|rep| runs.iter().map(move |r| (rep, r)))
+        {
             if rt.interrupted() {
                 break 'levels;
             }
@@ -249,11 +255,14 @@ pub fn run(
             if net_pool {
                 tag.push('p');
             }
-            if plan.warmup {
+            if plan.warmup && rep == 0 {
                 if net_pool {
                     wait_net_pool(rt, log);
                 }
                 clean &= warm_up(rt, v, n, &label, &tag, &round_spec, log);
+            }
+            if repeat > 1 {
+                tag.push_str(&format!("r{rep}"));
             }
             let prezero = idle_prezero(rt, v);
             if let Some(w) = &prezero {
@@ -266,7 +275,14 @@ pub fn run(
             if rt.interrupted() {
                 break 'levels;
             }
-            log(&format!("{label} x{n}: measured round"));
+            if repeat > 1 {
+                log(&format!(
+                    "{label} x{n}: measured round {} of {repeat}",
+                    rep + 1
+                ));
+            } else {
+                log(&format!("{label} x{n}: measured round"));
+            }
             let mut r = run_round(rt, v, n, &format!("m{n}{tag}"), &round_spec);
             r.prezero = prezero;
             for f in &r.failures {
@@ -300,25 +316,52 @@ pub fn run(
     let mut groups = Vec::new();
     let mut failures = Vec::new();
     let mut trace_out = String::new();
-    for (r, label, evs) in &measured {
-        let ok = ready_events(r, evs);
-        let times = stats::per_sandbox(&ok, Some(r.issue_ns));
-        let mut g = stats::group_stats(label, r.concurrency, &times, r.failures.len());
-        g.answered = r.answered;
-        g.rootfs = r.rootfs.map(|m| stats::rootfs_stats(m, &r.rootfs_costs));
-        g.cpu = r.cpu.clone();
+    // One group per (label, concurrency): its repetitions' sandboxes together.
+    let mut keys: Vec<(&str, usize)> = Vec::new();
+    for (r, label, _) in &measured {
+        if !keys.contains(&(label.as_str(), r.concurrency)) {
+            keys.push((label.as_str(), r.concurrency));
+        }
+    }
+    for (label, n) in keys {
+        let rounds: Vec<_> = measured
+            .iter()
+            .filter(|(r, l, _)| l == label && r.concurrency == n)
+            .collect();
+        let (mut times, mut failed, mut answered) = (Vec::new(), 0, None::<usize>);
+        let (mut costs, mut cpus) = (Vec::new(), Vec::new());
+        for (r, _, evs) in &rounds {
+            let ok = ready_events(r, evs);
+            let t = stats::per_sandbox(&ok, Some(r.issue_ns));
+            if let Some(c) = &r.cpu {
+                cpus.push((c.clone(), t.len()));
+            }
+            times.extend(t);
+            failed += r.failures.len();
+            if let Some(a) = r.answered {
+                answered = Some(answered.unwrap_or(0) + a);
+            }
+            costs.extend(r.rootfs_costs.iter().copied());
+            failures.extend(r.failures.iter().cloned());
+            for e in evs {
+                trace_out.push_str(&serde_json::to_string(e).expect("event serializes"));
+                trace_out.push('\n');
+            }
+        }
+        let first = &rounds[0].0;
+        let mut g = stats::group_stats(label, n, &times, failed);
+        g.answered = answered;
+        g.rootfs = first.rootfs.map(|m| stats::rootfs_stats(m, &costs));
+        g.cpu = crate::cpu::weighted_mean(&cpus);
+        g.rounds = rounds.len();
+        g.cpu_total_per_round = cpus.iter().map(|(c, _)| c.total_ms).collect();
         if let (Some(c), Some((made @ 1.., ns)), true) =
             (g.cpu.as_mut(), refill, label.ends_with("+pool"))
         {
             c.pool_refill_ms = ns as f64 / made as f64 / 1e6;
         }
-        g.prezero = r.prezero.clone();
+        g.prezero = first.prezero.clone();
         groups.push(g);
-        failures.extend(r.failures.iter().cloned());
-        for e in evs {
-            trace_out.push_str(&serde_json::to_string(e).expect("event serializes"));
-            trace_out.push('\n');
-        }
     }
     stats::add_reductions(&mut groups);
     write(&plan.out.join("trace.jsonl"), trace_out.as_bytes())?;
@@ -331,7 +374,8 @@ pub fn run(
     let table = stats::format_table(&main)
         + &stats::rootfs_comparison(&main)
         + &crate::overhead::format_summary(&groups)
-        + &crate::cpu::format_summary(&groups);
+        + &crate::cpu::format_summary(&groups)
+        + &crate::cpu::format_repeats(&groups);
     let mut sweep_table = String::new();
     if plan.levels.len() > 1 {
         sweep_table.push_str("\n== sweep: end-to-end ms (avg / p99) against concurrency\n");
@@ -378,7 +422,13 @@ fn draw(
     let mut out = Vec::new();
     let mib = plan.spec.memory_bytes >> 20;
     let mut cdf_series = Vec::new();
+    let mut drawn: Vec<&str> = Vec::new();
     for (r, label, evs) in measured.iter().filter(|(r, _, _)| r.concurrency == top) {
+        // With --repeat: the first repetition's timeline and distribution.
+        if drawn.contains(&label.as_str()) {
+            continue;
+        }
+        drawn.push(label);
         let ok = ready_events(r, evs);
         if ok.is_empty() {
             continue;

@@ -38,6 +38,8 @@ pub struct BenchStartupConfig {
     /// With `--net-pool`: run every VF variant without and with the pool
     /// (group `<variant>+pool`), side by side in one run.
     pub net_pool_compare: bool,
+    /// Measured rounds per group, interleaved across the groups (`BenchPlan::repeat`).
+    pub repeat: usize,
     /// Switch the page pool's pinning off (`guestmem::pool::Pool::set_pinning`):
     /// DMA mappings of pool memory pin every page themselves, at every start.
     pub no_pool_pinning: bool,
@@ -115,6 +117,12 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
     }
     if a.variants.is_empty() {
         return Err(bad("--variants", "at least one variant"));
+    }
+    if a.repeat > 1 && a.via == Via::Cri {
+        return Err(bad(
+            "--repeat",
+            "repeats the direct path's rounds only; give it without --via cri",
+        ));
     }
     let image = a.rootfs.image(false)?;
     let rootfs = image
@@ -215,6 +223,7 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
             (_, true) => NetPoolRuns::Compare,
         },
         hugepages,
+        repeat: a.repeat,
     };
     Ok((rt, plan))
 }

@@ -176,6 +176,12 @@ pub struct GroupStats {
     /// `pre*`: what the idle zeroer did ahead of the round.
     #[serde(default)]
     pub prezero: Option<crate::startup::PrezeroWait>,
+    /// Measured rounds merged into this group (`bench startup --repeat`).
+    #[serde(default)]
+    pub rounds: usize,
+    /// Host CPU ms per start (`cpu.total_ms`) of each of those rounds, in order.
+    #[serde(default)]
+    pub cpu_total_per_round: Vec<f64>,
 }
 
 /// What making the writable layers cost, per sandbox (RunD §4.2).
@@ -285,6 +291,8 @@ pub fn group_stats(
         net_overhead: None,
         cpu: None,
         prezero: None,
+        rounds: 1,
+        cpu_total_per_round: Vec::new(),
     }
 }
 

@@ -315,6 +315,12 @@ pub struct BenchStartupArgs {
     /// keeping its memory pinned once (docs/guestmem.md).
     #[arg(long)]
     pub no_pool_pinning: bool,
+    /// Measured rounds per variant, interleaved (every variant's first, then
+    /// every variant's second, ...; one warm-up each). The tables pool their
+    /// sandboxes; the CPU table gains each repetition's ratio to no-net and
+    /// their median, since the host drifts between rounds.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub repeat: u64,
     /// Take sandbox cgroups from a RunD-style rename pool instead of mkdir.
     #[arg(long)]
     pub cgroup_pool: bool,
@@ -365,6 +371,7 @@ impl BenchStartupArgs {
             net_pool: self.net_pool,
             net_pool_compare: self.net_pool_compare,
             no_pool_pinning: self.no_pool_pinning,
+            repeat: self.repeat as usize,
             cgroup_pool: self.cgroup_pool,
             timeout: self.timeout,
             burstvm_bin: self.burstvm_bin,
