@@ -115,15 +115,16 @@ fn prepare_variant(
     n: usize,
     spec: &RoundSpec,
     log: &mut dyn FnMut(&str),
-) -> Result<(), crate::Error> {
+) -> Result<u64, crate::Error> {
     rt.prepare_variant(v)?;
+    let mut released = 0;
     if !v.policy().uses_pool() {
-        let released = fit_pool_for_fresh_round(rt, n, spec);
+        released = fit_pool_for_fresh_round(rt, n, spec);
         if released > 0 {
             log(&format!("pool: released {released} cached memfds so that {n} fresh sandboxes fit in host memory"));
         }
     }
-    Ok(())
+    Ok(released)
 }
 
 /// Says when the NIC daemon died during a round and was restarted (or
@@ -223,6 +224,7 @@ pub fn run(
         .flat_map(|(v, m, t)| pooled(v).iter().map(move |&p| (v, m, t, p)))
         .collect();
     let repeat = plan.repeat.max(1);
+    let mut pool_shrunk = false;
     'levels: for &n in &plan.levels {
         for (rep, &(v, mode, template, net_pool)) in
             (0..repeat).flat_map(|rep| runs.iter().map(move |r| (rep, r)))
@@ -247,7 +249,15 @@ pub fn run(
             if net_pool {
                 label.push_str("+pool");
             }
-            prepare_variant(rt, v, n, &plan.spec, log)?;
+            // A fresh round that shrank the pool leaves the next pool round a cold
+            // pool: with --repeat that round gets its warm-up again.
+            if prepare_variant(rt, v, n, &plan.spec, log)? > 0 {
+                pool_shrunk = true;
+            }
+            let warm = rep == 0 || (pool_shrunk && v.policy().uses_pool());
+            if warm && v.policy().uses_pool() {
+                pool_shrunk = false;
+            }
             let mut tag = mode.map_or(String::new(), |m| m.name()[..1].to_string());
             if template.is_some() {
                 tag.push('t');
@@ -255,7 +265,7 @@ pub fn run(
             if net_pool {
                 tag.push('p');
             }
-            if plan.warmup && rep == 0 {
+            if plan.warmup && warm {
                 if net_pool {
                     wait_net_pool(rt, log);
                 }
