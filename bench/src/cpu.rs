@@ -100,7 +100,7 @@ pub fn weighted_mean(rounds: &[(CpuPerSandbox, usize)]) -> Option<CpuPerSandbox>
 
 /// With `--repeat`: each group's CPU per start against `no-net`'s of the same
 /// repetition and concurrency, round by round, and the median of those ratios
-/// (the host drifts between rounds; a ratio within one repetition does not).
+/// (`stats::median`; the host drifts between rounds; a ratio within one repetition does not).
 pub fn format_repeats(groups: &[crate::stats::GroupStats]) -> String {
     let reps = groups
         .iter()
@@ -142,13 +142,7 @@ pub fn format_repeats(groups: &[crate::stats::GroupStats]) -> String {
         for _ in ratios.len()..reps {
             out.push_str(&format!(" {:>6}", "-"));
         }
-        ratios.sort_by(f64::total_cmp);
-        let m = ratios.len();
-        let median = if m % 2 == 1 {
-            ratios[m / 2]
-        } else {
-            (ratios[m / 2 - 1] + ratios[m / 2]) / 2.0
-        };
+        let median = crate::stats::median(&mut ratios);
         out.push_str(&format!("  {median:>6.2}\n"));
     }
     out
