@@ -142,20 +142,9 @@ impl Mapping {
     }
 
     /// Allocates (kernel-zeroes) every page of `[off, off+len)` that is not resident yet.
-    /// (nix has no MADV_POPULATE_WRITE.)
     pub fn populate_write(&self, off: usize, len: usize) -> io::Result<()> {
         // SAFETY: the range lies inside our own mapping.
-        let r = unsafe {
-            libc::madvise(
-                self.ptr().add(off) as *mut libc::c_void,
-                len,
-                libc::MADV_POPULATE_WRITE,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        unsafe { populate_write(self.ptr().add(off), len) }
     }
 
     pub fn lock(&self, off: usize, len: usize) -> io::Result<()> {
@@ -164,6 +153,20 @@ impl Mapping {
         // SAFETY: locking pages of our own mapping.
         Ok(unsafe { mman::mlock(p.cast(), len) }?)
     }
+}
+
+/// MADV_POPULATE_WRITE over `[ptr, ptr+len)`: maps every page writable in one call,
+/// allocating (kernel-zeroing) any not resident yet. (nix has no MADV_POPULATE_WRITE.)
+///
+/// # Safety
+/// The range must lie inside a shared or private mapping of this process; populating
+/// changes no byte of it.
+pub unsafe fn populate_write(ptr: *mut u8, len: usize) -> io::Result<()> {
+    // SAFETY: the caller's range is mapped.
+    if unsafe { libc::madvise(ptr.cast(), len, libc::MADV_POPULATE_WRITE) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Drop for Mapping {

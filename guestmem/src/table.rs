@@ -198,8 +198,6 @@ impl PageTable {
             .is_ok()
     }
 
-    /// Makes sure `page` holds no previous tenant's bytes. Returns true if this call zeroed
-    /// it. Waits while another party zeroes it.
     /// Before zeroing pages `[first, end)` through this table's data mapping: maps the
     /// DIRTY ones' span in one MADV_POPULATE_WRITE, so that zeroing them takes no page
     /// fault each (pool memory the pool pins is resident but not mapped here). Only a
@@ -210,16 +208,17 @@ impl PageTable {
             return;
         };
         let hi = (lo..end).rfind(|&p| self.state(p) == DIRTY).unwrap_or(lo) + 1;
-        // SAFETY: [lo, hi) pages lie inside the data mapping; populating changes no byte.
-        unsafe {
-            libc::madvise(
-                self.data.add((lo * self.page_size) as usize).cast(),
+        // SAFETY: [lo, hi) pages lie inside the data mapping.
+        let _ = unsafe {
+            crate::sys::populate_write(
+                self.data.add((lo * self.page_size) as usize),
                 ((hi - lo) * self.page_size) as usize,
-                libc::MADV_POPULATE_WRITE,
-            );
-        }
+            )
+        };
     }
 
+    /// Makes sure `page` holds no previous tenant's bytes. Returns true if this call zeroed
+    /// it. Waits while another party zeroes it.
     pub fn ensure_zeroed(&self, page: u64) -> Result<bool, Error> {
         self.ensure_zeroed_for(page, None)
     }

@@ -354,10 +354,7 @@ impl Pool {
         for _ in 0..count {
             let memfd = class.create(Some(pattern))?;
             // Resident now: pinned here, off any sandbox's start.
-            let pin = match self.pinning() {
-                true => Some(class.pin(&memfd)?),
-                false => None,
-            };
+            let pin = self.pinning().then(|| class.pin(&memfd)).transpose()?;
             let mut inner = self.lock();
             inner.pins_made += pin.is_some() as u64;
             inner.push(Entry {
@@ -427,9 +424,11 @@ impl Pool {
         let entries: Vec<Entry> = {
             let mut inner = self.lock();
             inner.no_pinning = !on;
-            let all: Vec<SizeClass> = inner.free.keys().copied().collect();
-            all.iter()
-                .flat_map(|c| std::iter::from_fn(|| inner.pop(c)).collect::<Vec<_>>())
+            inner.cached_memfds = 0;
+            inner.cached_bytes = 0;
+            std::mem::take(&mut inner.free)
+                .into_values()
+                .flatten()
                 .collect()
         };
         let mut made = 0;
