@@ -61,9 +61,10 @@ static inline void report_data(uint8_t ev, uint32_t data) { outl(PORT_DATA, data
 static inline uint32_t mmio_read32(uint64_t a) { return *(volatile uint32_t *)a; }
 static inline void mmio_write32(uint64_t a, uint32_t v) { *(volatile uint32_t *)a = v; }
 static inline uint16_t mmio_read16(uint64_t a) { return *(volatile uint16_t *)a; }
-static inline uint8_t mmio_read8(uint64_t a) { return *(volatile uint8_t *)a; }
 
 static inline void barrier(void) { __asm__ volatile("" ::: "memory"); }
+/* A full fence: a store made visible before a later load (x86 reorders those). */
+static inline void mfence(void) { __asm__ volatile("mfence" ::: "memory"); }
 
 __attribute__((noreturn)) void fail(uint32_t code);
 

@@ -5,8 +5,6 @@
 #include "agent.h"
 #include "sg.h"
 
-static void mfence(void) { __asm__ volatile("mfence" ::: "memory"); }
-
 /* ---- Cross-FIFO ----------------------------------------------------------- */
 
 static uint64_t sig_word(uint32_t type, uint16_t ring, uint32_t ptr) {

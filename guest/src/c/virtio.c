@@ -98,7 +98,7 @@ void virtq_post(struct virtq *q, uint16_t id) {
  * virtqueue_kick_prepare orders them), or a device that just cleared the
  * flag and looked at the ring would miss both the buffer and the notify. */
 void virtq_notify(uint64_t base, struct virtq *q) {
-  __asm__ volatile("mfence" ::: "memory");
+  mfence();
   if (q->used->flags & VIRTQ_USED_F_NO_NOTIFY) return;
   wr(base, VIRTIO_MMIO_QUEUE_NOTIFY, q->index);
 }

@@ -31,12 +31,9 @@ void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx) {
   }
   barrier();
   n->rx.avail->idx = n->rx.avail_idx = n->rx.num;
-  /* TX: a single buffer in descriptor 0, reused for every frame. Its
-   * completions interrupt no one: only vnet_tx_idle waits for one, and it
-   * asks for the interrupt first. */
+  /* TX: a single buffer in descriptor 0, reused for every frame. */
   n->tx_buf = alloc_dma_pages(1);
   n->tx.desc[0].addr = (uint64_t)n->tx_buf;
-  n->tx.avail->flags = VIRTQ_AVAIL_F_NO_INTERRUPT;
 
   virtio_driver_ok(n->base);
   virtq_notify(n->base, &n->rx);
@@ -81,7 +78,7 @@ int vnet_tx_idle(void *arg) {
   struct vnet *n = arg;
   if (n->tx.used->idx == n->tx.avail_idx) return 1;
   n->tx.avail->flags = 0;
-  __asm__ volatile("mfence" ::: "memory");
+  mfence();
   return n->tx.used->idx == n->tx.avail_idx;
 }
 
@@ -91,6 +88,8 @@ void vnet_send(struct vnet *n, uint32_t frame_len) {
   memset(n->tx_buf, 0, VNET_HDR_LEN); /* no offloads */
   n->tx.desc[0].len = VNET_HDR_LEN + frame_len;
   n->tx.desc[0].flags = 0;
+  /* Its completion interrupts no one: only vnet_tx_idle waits for one, and
+   * it asks for the interrupt first. */
   n->tx.avail->flags = VIRTQ_AVAIL_F_NO_INTERRUPT;
   virtq_post(&n->tx, 0);
   virtq_notify(n->base, &n->tx);
