@@ -185,12 +185,13 @@ pub fn run(a: &MemoryBenchConfig) -> Result<Vec<PolicyResult>, Error> {
         PoolPinning::Off => &[false],
         PoolPinning::Compare => &[true, false],
     };
+    // Vanilla takes nothing from the pool: one row, with the first setting.
     let runs: Vec<(MemoryPolicy, bool)> = pin_runs
         .iter()
         .flat_map(|&pin| {
             policies
                 .iter()
-                .filter(move |p| pin || **p != MemoryPolicy::Vanilla || pin_runs.len() == 1)
+                .filter(move |p| **p != MemoryPolicy::Vanilla || pin == pin_runs[0])
                 .map(move |&p| (p, pin))
         })
         .collect();
