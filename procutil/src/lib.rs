@@ -10,9 +10,12 @@
 //! (`runtime::child::spawn_kept`, which uses [`pdeathsig_kill`] too).
 //!
 //! Beside it, the one home of the directory lock every daemon and runtime
-//! holds on what it owns ([`DirLock`], `dirlock.rs`).
+//! holds on what it owns ([`DirLock`], `dirlock.rs`), and of spawning without
+//! a fork ([`spawn`]: clone with CLONE_VM | CLONE_VFORK, as posix_spawn does,
+//! for children that need pre-exec steps).
 
 mod dirlock;
+pub mod spawn;
 
 pub use dirlock::{DirLock, LockError};
 

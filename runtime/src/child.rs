@@ -9,8 +9,11 @@
 //! it: a child lives while its owner keeps it, and dies with the process.
 //! The pre-exec steps the runtime's children share are here too (also for
 //! the CNI plugins it executes in a netns); they are async-signal-safe only.
+//! Children are spawned without a fork (`procutil::spawn`: clone with
+//! CLONE_VM | CLONE_VFORK), so a burst of starts copies nothing of the
+//! runtime's memory.
 
-use std::process::{Child, Command};
+use procutil::spawn::{Child, Command, Process};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -89,10 +92,10 @@ pub fn enter_netns(ns_fd: std::os::fd::RawFd) -> std::io::Result<()> {
 
 /// SIGTERM (the VMM closes its devices and exits), SIGKILL after `grace`.
 /// Also for the other children of burstvm's tools (containerd, services).
-pub fn stop_child(mut c: Child, grace: Duration) {
+pub fn stop_child(mut c: impl Process, grace: Duration) {
     if c.try_wait().ok().flatten().is_none() {
         // SAFETY: kill(2) on our own, not yet reaped child.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        unsafe { libc::kill(c.pid() as i32, libc::SIGTERM) };
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = c.try_wait() {
@@ -109,13 +112,13 @@ pub fn stop_child(mut c: Child, grace: Duration) {
 mod tests {
     use super::*;
     use std::io::BufRead;
-    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    use std::os::unix::process::ExitStatusExt;
 
     /// The helper process of `a_kept_child_dies_with_the_process` sets this.
     const ROLE: &str = "BURSTVM_CHILD_TEST_ROLE";
 
     fn sleeper(secs: u32) -> Command {
-        let mut cmd = Command::new("sleep");
+        let mut cmd = Command::new("/bin/sleep");
         cmd.arg(secs.to_string());
         // SAFETY: the closure only makes async-signal-safe system calls.
         unsafe { cmd.pre_exec(own_group_dying_with_parent) };
@@ -185,7 +188,7 @@ mod tests {
 
     #[test]
     fn a_kept_child_dies_with_the_process() {
-        let mut helper = Command::new(std::env::current_exe().unwrap())
+        let mut helper = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["child::tests::kept_child_helper_process", "--exact"])
             .args(["--nocapture", "--test-threads=1"])
             .env(ROLE, "runtime")

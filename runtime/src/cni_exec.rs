@@ -4,8 +4,9 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use procutil::spawn::{Command, Stdio};
 
 use netutil::cni::CniResult;
 use serde::Deserialize;
@@ -220,7 +221,6 @@ impl CniNetwork {
         };
         if let Some(f) = &host_ns {
             use std::os::fd::AsRawFd;
-            use std::os::unix::process::CommandExt;
             let fd = f.as_raw_fd();
             // SAFETY: setns(2) is async-signal-safe; `fd` stays open until
             // spawn returns (it is dropped after).
@@ -234,9 +234,9 @@ impl CniNetwork {
             .env("CNI_NETNS", netns)
             .env("CNI_IFNAME", ifname)
             .env("CNI_PATH", cni_path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stdin(Stdio::Piped)
+            .stdout(Stdio::Piped)
+            .stderr(Stdio::Piped)
             .spawn()
             .map_err(|source| CniError::Exec {
                 plugin: self.plugin.clone(),

@@ -14,8 +14,9 @@
 use std::cell::Cell;
 use std::io::{self, Read};
 use std::os::fd::AsFd;
-use std::os::unix::process::ExitStatusExt;
-use std::process::{Child, ExitStatus};
+use std::process::ExitStatus;
+
+use procutil::spawn::Child;
 
 /// What one sandbox start cost, measured by the sandbox's own thread.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -101,24 +102,10 @@ pub fn wait_output(mut child: Child) -> io::Result<(ExitStatus, Vec<u8>, Vec<u8>
             }
         }
     }
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: rusage is written by wait4.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: waits for our own child, which std has not reaped.
-        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-        if r == pid {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
+    let (status, ru) = child.wait_rusage()?;
     let ns = tv_ns(ru.ru_utime) + tv_ns(ru.ru_stime);
     CHILD_CPU_NS.with(|c| c.set(c.get() + ns));
-    Ok((ExitStatus::from_raw(status), out, err))
+    Ok((status, out, err))
 }
 
 /// Reads what a ready pipe holds; true at end of file.
@@ -140,19 +127,19 @@ fn drain<R: Read>(pipe: &mut Option<R>, buf: &mut [u8], dst: &mut Vec<u8>) -> io
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::{Command, Stdio};
+    use procutil::spawn::{Command, Stdio};
 
     #[test]
     fn child_cpu_is_booked_to_the_waiting_thread() {
         let before = thread_children_ns();
         // A child that burns some CPU and writes to both pipes.
-        let child = Command::new("sh")
+        let child = Command::new("/bin/sh")
             .args([
                 "-c",
                 "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo out; echo err >&2; exit 3",
             ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stdout(Stdio::Piped)
+            .stderr(Stdio::Piped)
             .spawn()
             .unwrap();
         let (st, out, err) = wait_output(child).unwrap();

@@ -2,7 +2,7 @@
 //! own process group that dies with the runtime: forked on a keeper thread
 //! the `NicDaemon` owns, `crate::child`), one per devset lock policy.
 
-use std::process::{Child, Command, Stdio};
+use procutil::spawn::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::child::Keeper;
@@ -63,12 +63,11 @@ impl NicDaemon {
                     .into_iter()
                     .flatten(),
             )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdin(Stdio::Null)
+            .stdout(Stdio::Null)
             .stderr(log);
         // SAFETY: the closure only makes async-signal-safe system calls.
         unsafe {
-            use std::os::unix::process::CommandExt;
             cmd.pre_exec(crate::child::own_group_dying_with_parent);
         }
         // Not on the caller's thread: the daemon lives as long as its handle.

@@ -5,8 +5,9 @@
 //! to the `burstvm` binary; otherwise `burstvm vmm` (same arguments).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Once;
+
+use procutil::spawn::Command;
 
 /// The file name of the VMM-only executable.
 pub const EXE: &str = "burstvm-vmm";
@@ -35,7 +36,9 @@ pub fn program(bin: &Path) -> (PathBuf, Option<&'static str>) {
 pub fn command(bin: &Path) -> Command {
     let (prog, sub) = program(bin);
     let mut cmd = Command::new(prog);
-    cmd.args(sub);
+    if let Some(sub) = sub {
+        cmd.arg(sub);
+    }
     cmd
 }
 

@@ -26,9 +26,9 @@ pub use net::IFNAME;
 pub use spec::{pod_slot, Attach, RootfsCost, SandboxSpec, SgSpec};
 pub(crate) use teardown::DEL_PATIENCE;
 
+use procutil::spawn::Child;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::process::Child;
 
 use trace::{Stage, TraceWriter};
 

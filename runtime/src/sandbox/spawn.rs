@@ -8,9 +8,9 @@
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Stdio;
+
+use procutil::spawn::Stdio;
 
 use super::error::file_err;
 use super::{Sandbox, StageError, VmmSpawnError};
@@ -36,6 +36,7 @@ impl Sandbox<'_> {
         vm.dma_ram = policy.dma_ram;
         vm.dma_image = policy.dma_image;
         vm.hugepages = self.spec.hugepages;
+        vm.agent_cpl0 = self.spec.agent_cpl0;
         if policy.dma_window {
             vm.dma_window =
                 crate::variant::dma_window_bytes(self.spec.hugepages, self.spec.kernel.is_some());
@@ -89,7 +90,7 @@ impl Sandbox<'_> {
                 vm.probe = self.spec.probe.clone();
                 Stdio::from(File::create(p).map_err(file_err(p))?)
             }
-            (None, None) => Stdio::null(),
+            (None, None) => Stdio::Null,
         };
         if self.sg {
             let sg = self.spec.sg.unwrap_or_default();
@@ -109,7 +110,7 @@ impl Sandbox<'_> {
             .env("NO_COLOR", "1")
             .env("RUST_LIB_BACKTRACE", "0")
             .env("BURSTVM_SPAWN_NS", trace::monotonic_ns().to_string())
-            .stdin(Stdio::null())
+            .stdin(Stdio::Null)
             .stdout(stdout)
             .stderr(stderr);
         let ns_fd = ns_file.as_raw_fd();

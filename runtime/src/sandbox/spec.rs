@@ -53,6 +53,9 @@ pub struct SandboxSpec {
     /// Every guest memory region in 2 MiB hugetlb pages (`burstvm vmm
     /// --hugepages`; FastIOV's setting), which the caller has reserved.
     pub hugepages: bool,
+    /// The built-in agent does all its work at CPL0 (`burstvm vmm --agent-cpl0`: the
+    /// A/B of its switch to CPL3, docs/guest.md).
+    pub agent_cpl0: bool,
 }
 
 /// The id (virtio serial) of a pod sandbox's empty disk slot `i`.
@@ -102,6 +105,7 @@ impl SandboxSpec {
             net_pool: false,
             sg: None,
             hugepages: false,
+            agent_cpl0: false,
         }
     }
 }
