@@ -29,6 +29,7 @@ fn spec() -> RoundSpec {
         template: None,
         net_pool: false,
         hugepages: false,
+        agent_cpl0: false,
     }
 }
 

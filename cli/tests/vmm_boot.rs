@@ -196,3 +196,42 @@ fn probe_mode_reports_guest_memory_as_values() {
         ]
     );
 }
+
+/// The agent does its work at CPL3 (docs/guest.md, "The agent at CPL3") and names the ring of
+/// a fault: a probe beyond its 4 GiB identity map is a page fault in user mode (CS 0x23), or
+/// in kernel mode (CS 0x08) with `--agent-cpl0`. Both modes checksum the app payload alike.
+#[test]
+fn the_agent_works_in_user_mode_and_reports_a_faults_ring() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    for (extra, cs) in [
+        (&[][..], "0x00000023"),
+        (&["--agent-cpl0"][..], "0x00000008"),
+    ] {
+        let out = run(burstvm()
+            .args(["--sandbox", &unique("vmmring"), "--probe", "0x100000000"])
+            .args(extra));
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(!out.status.success(), "{extra:?}: {stdout}");
+        assert!(stderr.contains("ERR_EXCEPTION"), "{extra:?}: {stderr}");
+        let values: Vec<String> = stdout
+            .lines()
+            .filter(|l| l.starts_with("value "))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(values.len(), 5, "{extra:?}: {stdout}");
+        assert_eq!(values[0], "value 0 0x0000000e", "{extra:?}: #PF expected");
+        assert_eq!(
+            values[2..],
+            [
+                "value 2 0x00000000".to_string(),
+                "value 3 0x00000001".to_string(),
+                format!("value 4 {cs}")
+            ],
+            "{extra:?}: CR2 = 4 GiB and the ring"
+        );
+        let out = run(burstvm()
+            .args(["--sandbox", &unique("vmmring"), "--app-size", "64K"])
+            .args(extra));
+        assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
+    }
+}

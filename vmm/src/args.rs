@@ -86,6 +86,10 @@ pub struct VmParams {
     /// requests after READY (echo), reset and re-initialise its device once before READY
     /// (reset), or first make its VF fail with a bad descriptor, then reset (fault).
     pub agent_mode: AgentMode,
+    /// The built-in agent does all its work at CPL0 instead of switching to CPL3 after
+    /// its boot report (an A/B of the switch: on kvm_pvm CPL0 code is emulated;
+    /// docs/guest.md, "The agent at CPL3").
+    pub agent_cpl0: bool,
     /// `--agent-mode sg|sg-echo`: warp pipes (echo sockets) the agent opens, 1..4096.
     pub sg_pipes: u32,
     /// `--agent-mode sg|sg-echo`: bytes the agent sends through each pipe, a multiple of 8

@@ -26,6 +26,9 @@ pub const BI_SG: u32 = 128;
 /// receiver LISTENs on it, checks what arrives and echoes it back.
 pub const BI_SG_SEND: u32 = 256;
 pub const BI_SG_RECV: u32 = 512;
+/// The agent does all its work at CPL0 (`--agent-cpl0`); without it, it switches to CPL3
+/// after its boot report (docs/guest.md, "The agent at CPL3").
+pub const BI_KERNEL_MODE: u32 = 1024;
 pub const VIRTIO_ID_NET: u32 = 1;
 pub const VIRTIO_ID_BLOCK: u32 = 2;
 /// Bytes of `rootfs_file`, NUL included.
@@ -219,6 +222,9 @@ impl BootInfo {
             AgentMode::SgSend => BI_SG | BI_SG_SEND,
             AgentMode::SgRecv => BI_SG | BI_SG_RECV,
         };
+        if cfg.agent_cpl0 {
+            bi.flags |= BI_KERNEL_MODE;
+        }
         if cfg.agent_mode.is_sg() {
             bi.sg_pipes = cfg.sg_pipes;
             bi.sg_bytes = cfg.sg_bytes;

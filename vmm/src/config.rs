@@ -69,6 +69,8 @@ pub struct VmConfig {
     pub vf_init: VfInit,
     pub vf_reconnect: std::time::Duration,
     pub agent_mode: AgentMode,
+    /// The built-in agent stays at CPL0 (`--agent-cpl0`).
+    pub agent_cpl0: bool,
     /// Warp pipes and bytes per pipe of the SG agent modes.
     pub sg_pipes: u32,
     pub sg_bytes: u32,
@@ -408,6 +410,7 @@ impl VmConfig {
             vf_init: a.vf_init,
             vf_reconnect: std::time::Duration::from_secs(a.vf_reconnect),
             agent_mode: a.agent_mode,
+            agent_cpl0: a.agent_cpl0,
             sg_pipes: a.sg_pipes,
             sg_bytes: a.sg_bytes,
             sg_port: a.sg_port,

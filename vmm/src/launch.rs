@@ -43,6 +43,7 @@ impl VmParams {
             vf_init: VfInit::Sync,
             vf_reconnect: 30,
             agent_mode: AgentMode::Once,
+            agent_cpl0: false,
             sg_pipes: 64,
             sg_bytes: 1024,
             sg_port: 0,
@@ -133,6 +134,7 @@ impl VmParams {
         if self.agent_mode != d.agent_mode {
             a.val("--agent-mode", self.agent_mode.name());
         }
+        a.flag("--agent-cpl0", self.agent_cpl0);
         if self.sg_pipes != d.sg_pipes {
             a.val("--sg-pipes", self.sg_pipes);
         }

@@ -69,16 +69,24 @@ pub fn gdt_bytes(gdt: &[u64]) -> Vec<u8> {
     gdt.iter().flat_map(|e| e.to_le_bytes()).collect()
 }
 
+/// Page-table entry bits.
+const PTE_PRESENT_RW: u64 = 0x3;
+/// User-accessible: the built-in agent runs its work at CPL3 (docs/guest.md, "The agent at
+/// CPL3"), where kvm_pvm runs guest code natively instead of emulating it.
+const PTE_USER: u64 = 0x4;
+const PTE_HUGE: u64 = 0x80;
+
 /// PML4 + PDPT + 4 PDs identity-mapping 0–4 GiB with 2 MiB pages, as one
-/// blob starting at PML4_ADDR (the tables are contiguous).
-pub fn page_tables() -> Vec<u8> {
+/// blob starting at PML4_ADDR (the tables are contiguous). `user` makes every
+/// page reachable from CPL3 too (the built-in agent; a Linux kernel builds its own).
+pub fn page_tables(user: bool) -> Vec<u8> {
+    let flags = PTE_PRESENT_RW | if user { PTE_USER } else { 0 };
     let mut t = vec![0u64; 6 * 512];
-    t[0] = PDPT_ADDR | 0x3; // present | writable
+    t[0] = PDPT_ADDR | flags;
     for i in 0..4u64 {
-        t[512 + i as usize] = (PD_ADDR + i * 0x1000) | 0x3;
+        t[512 + i as usize] = (PD_ADDR + i * 0x1000) | flags;
         for j in 0..512u64 {
-            // present | writable | page size (2 MiB)
-            t[1024 + (i * 512 + j) as usize] = ((i * 512 + j) << 21) | 0x83;
+            t[1024 + (i * 512 + j) as usize] = ((i * 512 + j) << 21) | flags | PTE_HUGE;
         }
     }
     debug_assert_eq!(PDPT_ADDR, PML4_ADDR + 0x1000);
@@ -266,7 +274,7 @@ mod tests {
 
     #[test]
     fn page_tables_identity_map_4g() {
-        let t = page_tables();
+        let t = page_tables(false);
         let q = |i: usize| u64::from_le_bytes(t[i * 8..i * 8 + 8].try_into().unwrap());
         assert_eq!(q(0), PDPT_ADDR | 3);
         assert_eq!(q(512 + 3), (PD_ADDR + 0x3000) | 3);
@@ -274,5 +282,16 @@ mod tests {
         let idx = (0xC000_0000u64 >> 21) as usize;
         assert_eq!(q(1024 + idx), 0xC000_0000 | 0x83);
         assert_eq!(t.len(), 6 * 4096);
+    }
+
+    #[test]
+    fn user_page_tables_reach_every_level_from_cpl3() {
+        let t = page_tables(true);
+        let q = |i: usize| u64::from_le_bytes(t[i * 8..i * 8 + 8].try_into().unwrap());
+        assert_eq!(q(0), PDPT_ADDR | 7);
+        assert_eq!(q(512), PD_ADDR | 7);
+        // The LAPIC's page too: the agent programs it from CPL3.
+        let lapic = (0xfee0_0000u64 >> 21) as usize;
+        assert_eq!(q(1024 + lapic), 0xfee0_0000 | 0x87);
     }
 }

@@ -533,6 +533,7 @@ mod tests {
             template: None,
             net_pool: false,
             hugepages: false,
+            agent_cpl0: false,
         };
         assert_eq!(sandbox_bytes(&spec), (64 << 20) + (2 << 20));
         let spec = RoundSpec {

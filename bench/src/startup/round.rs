@@ -53,6 +53,8 @@ pub struct RoundSpec {
     pub net_pool: bool,
     /// Guest memory in 2 MiB hugetlb pages (`--hugepages`).
     pub hugepages: bool,
+    /// The built-in agent stays at CPL0 (`--agent-cpl0`).
+    pub agent_cpl0: bool,
 }
 
 /// Starts `n` sandboxes at once (a barrier), waits until every one is ready
@@ -101,6 +103,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                     template: spec.template.clone(),
                     net_pool: spec.net_pool,
                     hugepages: spec.hugepages,
+                    agent_cpl0: spec.agent_cpl0,
                     ..SandboxSpec::new(id.clone(), variant, spec.memory_bytes, spec.timeout_secs)
                 };
                 std::thread::Builder::new()

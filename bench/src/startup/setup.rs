@@ -43,6 +43,9 @@ pub struct BenchStartupConfig {
     /// Switch the page pool's pinning off (`guestmem::pool::Pool::set_pinning`):
     /// DMA mappings of pool memory pin every page themselves, at every start.
     pub no_pool_pinning: bool,
+    /// The built-in agent does all its work at CPL0 (`burstvm vmm --agent-cpl0`), as
+    /// before its switch to CPL3: on kvm_pvm every instruction of it is then emulated.
+    pub agent_cpl0: bool,
     /// Take sandbox cgroups from a RunD-style rename pool instead of mkdir.
     pub cgroup_pool: bool,
     /// Seconds each guest may take to become ready.
@@ -146,6 +149,7 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
         template: None,
         net_pool: false,
         hugepages: a.hugepages,
+        agent_cpl0: a.agent_cpl0,
     };
     if a.hugepages && (a.template.resolve()?.is_some() || a.via == Via::Cri) {
         return Err(bad(

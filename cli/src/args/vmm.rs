@@ -133,6 +133,10 @@ pub struct VmmArgs {
     /// (reset), or first make its VF fail with a bad descriptor, then reset (fault).
     #[arg(long, value_parser = choice::<AgentMode>(AgentMode::ALL.map(AgentMode::name)), default_value_t = AgentMode::Once)]
     pub agent_mode: AgentMode,
+    /// The built-in agent does all its work at CPL0 instead of CPL3 (on kvm_pvm every
+    /// CPL0 instruction is emulated: an A/B of the switch, docs/guest.md).
+    #[arg(long, conflicts_with = "kernel")]
+    pub agent_cpl0: bool,
     /// `--agent-mode sg|sg-echo`: warp pipes (echo sockets) the agent opens, 1..4096.
     #[arg(long, default_value_t = 64)]
     pub sg_pipes: u32,
@@ -225,6 +229,7 @@ impl VmmArgs {
             vf_init: self.vf_init,
             vf_reconnect: self.vf_reconnect,
             agent_mode: self.agent_mode,
+            agent_cpl0: self.agent_cpl0,
             sg_pipes: self.sg_pipes,
             sg_bytes: self.sg_bytes,
             sg_port: self.sg_port,
@@ -566,6 +571,7 @@ mod tests {
             app_size: 4 << 20,
             keep_running: true,
             template_probe: true,
+            agent_cpl0: true,
             memory_policy: MemoryPolicy::Lazy,
             ..VmParams::new("sb-builtin")
         };

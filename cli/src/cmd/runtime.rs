@@ -315,6 +315,10 @@ pub struct BenchStartupArgs {
     /// keeping its memory pinned once (docs/guestmem.md).
     #[arg(long)]
     pub no_pool_pinning: bool,
+    /// The built-in agent does all its work at CPL0, as before its switch to CPL3
+    /// (kvm_pvm then emulates every instruction of it): the A/B of the switch.
+    #[arg(long)]
+    pub agent_cpl0: bool,
     /// Measured rounds per variant, interleaved (every variant's first, then
     /// every variant's second, ...; one warm-up each). The tables pool their
     /// sandboxes; the CPU table gains each repetition's ratio to no-net and
@@ -371,6 +375,7 @@ impl BenchStartupArgs {
             net_pool: self.net_pool,
             net_pool_compare: self.net_pool_compare,
             no_pool_pinning: self.no_pool_pinning,
+            agent_cpl0: self.agent_cpl0,
             repeat: self.repeat as usize,
             cgroup_pool: self.cgroup_pool,
             timeout: self.timeout,

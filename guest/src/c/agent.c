@@ -2,8 +2,9 @@
  *
  * boot → (virtio-net driver init) → app launch (rootfs file + marker, app
  * payload) → (link up, UDP request, reply) → READY → EXIT, each step
- * reported on the agent port. Guest code
- * runs ~1000x slower than native here, so every loop is short and every wait
+ * reported on the agent port. Everything after the boot report runs at CPL3
+ * (entry.S, docs/guest.md "The agent at CPL3"): on kvm_pvm CPL0 code is
+ * emulated at ~1 µs an instruction and CPL3 code runs natively. Every wait
  * sleeps in `hlt` until an interrupt (device or LAPIC timer) arrives. */
 #include "agent.h"
 #include "bootinfo.h"
@@ -38,9 +39,22 @@ void *memcpy(void *d, const void *s, size_t n) {
 
 /* ---- ending --------------------------------------------------------------- */
 
+uint64_t k_report(void *ev_data) {
+  uint64_t v = (uint64_t)ev_data;
+  if (v & REPORT_DATA) outl(PORT_DATA, (uint32_t)(v >> 32));
+  outb(PORT_EVENT, (uint8_t)v);
+  return 0;
+}
+
+__attribute__((noreturn)) static uint64_t k_halt(void *arg) {
+  (void)arg;
+  for (;;) __asm__ volatile("cli; hlt");
+}
+
 __attribute__((noreturn)) static void agent_exit(uint32_t status) {
   report_data(EV_EXIT, status);
-  for (;;) __asm__ volatile("cli; hlt");
+  kcall(k_halt, 0); /* the VMM ends the VM at EXIT */
+  __builtin_unreachable();
 }
 
 __attribute__((noreturn)) void fail(uint32_t code) {
@@ -48,11 +62,13 @@ __attribute__((noreturn)) void fail(uint32_t code) {
   agent_exit(1);
 }
 
-__attribute__((noreturn)) void exception_handler(uint64_t vector, uint64_t rip, uint64_t cr2) {
+__attribute__((noreturn)) void exception_handler(uint64_t vector, uint64_t rip, uint64_t cr2,
+                                                  uint64_t cs) {
   report_data(EV_VALUE, (uint32_t)vector);
   report_data(EV_VALUE, (uint32_t)rip);
   report_data(EV_VALUE, (uint32_t)cr2);
   report_data(EV_VALUE, (uint32_t)(cr2 >> 32));
+  report_data(EV_VALUE, (uint32_t)cs);
   fail(ERR_EXCEPTION);
 }
 
@@ -116,7 +132,7 @@ static void heap_init(const struct boot_info *bi) {
 #define MAX_WAKEUPS 100000
 #define RESEND_TICKS 4        /* resend the request every second until answered */
 
-extern char exc_stubs[], irq_stub[], timer_stub[], spurious_stub[];
+extern char exc_stubs[], ud_stub[], irq_stub[], timer_stub[], spurious_stub[];
 volatile uint64_t timer_ticks;
 
 struct idt_gate { uint16_t off0, sel; uint8_t ist, type; uint16_t off1; uint32_t off2, zero; };
@@ -136,19 +152,31 @@ static void ioapic_route(uint32_t gsi, uint8_t vector) {
   mmio_write32(IOAPIC + 0x10, vector); /* unmasked */
 }
 
-/* Exceptions report ERROR instead of triple-faulting; vectors 0x20+ are
- * the timer, the devices and the spurious vector. */
+/* Exceptions report ERROR instead of triple-faulting (#UD is also the
+ * kernel call); vectors 0x20+ are the timer, the devices and the spurious
+ * vector. Plain stores into the table _start loaded (lidt is a CPL0
+ * instruction, the stores are not): no interrupt or exception comes before
+ * this. */
 static void idt_setup(void) {
   struct idt_gate *idt = (struct idt_gate *)IDT_GPA;
   for (int v = 0; v < 32; v++) set_gate(idt, v, exc_stubs + 16 * v);
+  set_gate(idt, 6, ud_stub);
   for (int v = 32; v < IDT_GATES; v++) set_gate(idt, v, irq_stub);
   set_gate(idt, VEC_TIMER, timer_stub);
   set_gate(idt, VEC_SPURIOUS, spurious_stub);
-  struct __attribute__((packed)) { uint16_t limit; uint64_t base; } idtr = {IDT_GATES * 16 - 1, IDT_GPA};
-  __asm__ volatile("lidt %0" ::"m"(idtr));
 }
 
-static void irq_setup(const struct boot_info *bi) {
+/* The user-mode frame of the kernel call running now (entry.S): every entry
+ * from CPL3 starts at the top of the TSS stack, and kernel calls run with
+ * interrupts off, so nothing else is below it. */
+struct kframe { uint64_t rip, cs, rflags, rsp, ss; };
+extern struct kframe user_frame;
+
+/* A kernel call: a dozen register writes in a row; then interrupts on for
+ * user mode (its kcall returns with IF set), the PICs masked. At CPL0 all
+ * along (BI_KERNEL_MODE) interrupts stay off outside k_sleep's hlt. */
+static uint64_t k_irq_setup(void *arg) {
+  const struct boot_info *bi = arg;
   outb(0x21, 0xff); /* mask the legacy PICs: all interrupts come via the IOAPIC */
   outb(0xa1, 0xff);
   lapic_write(LAPIC_LVT_LINT0, 1u << 16); /* masked: no ExtINT from the PIC */
@@ -159,20 +187,34 @@ static void irq_setup(const struct boot_info *bi) {
   lapic_write(LAPIC_TIMER_DIV, TIMER_DIV_128);
   lapic_write(LAPIC_LVT_TIMER, VEC_TIMER | TIMER_PERIODIC);
   lapic_write(LAPIC_TIMER_INIT, TIMER_COUNT);
+  if ((user_frame.cs & 3) == 3) user_frame.rflags |= 0x200;
+  return 0;
 }
 
 static const struct boot_info *boot;
 
-/* Sleep until cond(arg) holds. Interrupts stay off while cond is checked;
- * `sti; hlt` is atomic (sti's one-instruction shadow), so an interrupt that
- * arrives after the check still wakes the hlt. Every device's interrupt is
- * acknowledged on each wakeup (there are at most four). */
+/* A kernel call: acknowledge every device's interrupt (there are at most
+ * four), then sleep until an interrupt unless one came since irq_count read
+ * *seen. Interrupts are off here and `sti; hlt` is atomic (sti's
+ * one-instruction shadow); at CPL3 they are on, so one that came between the
+ * caller's look and this call has counted already. The ack comes first: a
+ * device signals an event after it only once its status is acknowledged. */
+static uint64_t k_sleep(void *seen) {
+  for (uint32_t i = 0; i < boot->n_dev && i < 4; i++) virtio_ack_irq(boot->dev[i].mmio_base);
+  if (irq_count == *(uint64_t *)seen) __asm__ volatile("sti; hlt; cli" ::: "memory");
+  return 0;
+}
+
+/* Sleep until cond(arg) holds. The interrupt count is read before cond is
+ * checked, so an interrupt that arrives after the check still ends the
+ * sleep. */
 void wait_until(int (*cond)(void *), void *arg, uint32_t err) {
   uint64_t start = timer_ticks;
-  for (uint32_t wakeups = 0; !cond(arg); wakeups++) {
+  for (uint32_t wakeups = 0;; wakeups++) {
+    uint64_t seen = irq_count;
+    if (cond(arg)) return;
     if (timer_ticks - start >= WAIT_TICKS || wakeups >= MAX_WAKEUPS) fail(err);
-    __asm__ volatile("sti; hlt; cli" ::: "memory");
-    for (uint32_t i = 0; i < boot->n_dev && i < 4; i++) virtio_ack_irq(boot->dev[i].mmio_base);
+    kcall(k_sleep, &seen);
   }
 }
 
@@ -494,15 +536,25 @@ static void template_checkpoint(void) {
   __asm__ volatile("outb %0, %1" ::"a"((uint8_t)EV_TEMPLATE), "Nd"(PORT_EVENT) : "memory");
 }
 
+__attribute__((noreturn)) static void agent_run(struct boot_info *bi);
+
+/* At CPL0, from _start: the boot report and the template checkpoint (a
+ * template holds the VM as it was before the switch), then the rest at CPL3
+ * (or here, with BI_KERNEL_MODE). */
 void agent_main(struct boot_info *bi) {
   if (bi->magic != BOOTINFO_MAGIC || bi->version < 1) fail(ERR_BAD_MAGIC);
-  boot = bi;
   report(EV_BOOT);
-  idt_setup();
   if (bi->flags & BI_TEMPLATE) template_checkpoint();
   if (bi->magic != BOOTINFO_MAGIC || bi->version < 1) fail(ERR_BAD_MAGIC);
+  if (bi->flags & BI_KERNEL_MODE) agent_run(bi);
+  enter_user(agent_run, bi);
+}
+
+__attribute__((noreturn)) static void agent_run(struct boot_info *bi) {
+  boot = bi;
+  idt_setup();
   heap_init(bi);
-  if (bi->n_dev) irq_setup(bi);
+  if (bi->n_dev) kcall(k_irq_setup, bi);
 
   const struct boot_dev *dev = find_net(bi);
   if (!dev) { /* no network: the app launch (and the warp pipes) is all there is */

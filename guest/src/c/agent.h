@@ -54,9 +54,6 @@ enum agent_error {
 static inline void outb(uint16_t port, uint8_t v) { __asm__ volatile("outb %0, %1" ::"a"(v), "Nd"(port)); }
 static inline void outl(uint16_t port, uint32_t v) { __asm__ volatile("outl %0, %1" ::"a"(v), "Nd"(port)); }
 
-static inline void report(uint8_t ev) { outb(PORT_EVENT, ev); }
-static inline void report_data(uint8_t ev, uint32_t data) { outl(PORT_DATA, data); outb(PORT_EVENT, ev); }
-
 /* Memory-mapped register access: volatile so the compiler never merges/elides. */
 static inline uint32_t mmio_read32(uint64_t a) { return *(volatile uint32_t *)a; }
 static inline void mmio_write32(uint64_t a, uint32_t v) { *(volatile uint32_t *)a = v; }
@@ -67,6 +64,46 @@ static inline void barrier(void) { __asm__ volatile("" ::: "memory"); }
 static inline void mfence(void) { __asm__ volatile("mfence" ::: "memory"); }
 
 __attribute__((noreturn)) void fail(uint32_t code);
+
+struct boot_info;
+/* entry.S: continue in fn(bi) at CPL3 (IOPL 3, interrupts off until the
+ * interrupt set-up); never returns. */
+__attribute__((noreturn)) void enter_user(void (*fn)(struct boot_info *), struct boot_info *bi);
+/* entry.S: interrupts taken so far (the device and timer stubs count them). */
+extern volatile uint64_t irq_count;
+
+/* 1 at CPL3 (the agent's work), 0 at CPL0 (boot, exception handlers, kernel
+ * calls, or all of it with BI_KERNEL_MODE). */
+static inline int at_cpl3(void) {
+  uint16_t cs;
+  __asm__ volatile("mov %%cs, %0" : "=r"(cs));
+  return cs & 3;
+}
+
+/* fn(arg) at CPL0, interrupts off (entry.S, ud_stub): for code that touches
+ * device registers in a row, each access a third of its cost at CPL3 on
+ * kvm_pvm. Called directly when already at CPL0. fn may fail() (the agent
+ * then ends at CPL0). */
+typedef uint64_t (*kfn)(void *);
+static inline uint64_t kcall(kfn fn, void *arg) {
+  if (!at_cpl3()) return fn(arg);
+  uint64_t r = (uint64_t)fn;
+  __asm__ volatile("ud2"
+                   : "+a"(r), "+D"(arg)
+                   :
+                   : "rcx", "rdx", "rsi", "r8", "r9", "r10", "r11", "cc", "memory");
+  return r;
+}
+
+/* Agent-port reports, from either ring (at CPL3 a kernel call: one trip for
+ * both port writes). The argument packs the event, whether DATA is written,
+ * and DATA. */
+#define REPORT_DATA (1ULL << 8)
+uint64_t k_report(void *ev_data);
+static inline void report_data(uint8_t ev, uint32_t data) {
+  kcall(k_report, (void *)((uint64_t)data << 32 | REPORT_DATA | ev));
+}
+static inline void report(uint8_t ev) { kcall(k_report, (void *)(uint64_t)ev); }
 
 /* Freestanding libc subset (agent.c); gcc may emit calls to these. */
 void *memset(void *d, int c, size_t n);

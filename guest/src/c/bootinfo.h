@@ -20,6 +20,7 @@
 #define BI_SG 128           /* warp pipes on the SG function (docs/sgiov.md); with BI_ECHO keep going */
 #define BI_SG_SEND 256      /* with BI_SG: CONNECT to sg_port of another sandbox, send, check its echo */
 #define BI_SG_RECV 512      /* with BI_SG: LISTEN on sg_port, accept, check, echo back */
+#define BI_KERNEL_MODE 1024 /* do all the work at CPL0 (the agent's old way: an A/B of the CPL3 switch) */
 
 struct boot_mem   { uint64_t base, size; };
 struct boot_dev   { uint64_t mmio_base; uint32_t irq; uint32_t virtio_type; }; /* 1 net, 2 blk */

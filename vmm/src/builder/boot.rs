@@ -39,7 +39,7 @@ pub(super) fn load_guest(
     let entry = match linux {
         None => {
             write(GDT_ADDR, &x86::gdt_bytes(&x86::GDT_64), "GDT")?;
-            write(PML4_ADDR, &x86::page_tables(), "page tables")?;
+            write(PML4_ADDR, &x86::page_tables(true), "page tables")?;
             write(guest::LOAD_ADDR, guest::AGENT_IMAGE, "agent image")?;
             app_checksum = write_sandbox_info(cfg, mem, devs, image)?;
             EntryMode::Long64 {
@@ -57,7 +57,7 @@ pub(super) fn load_guest(
             let k = k.write(view, &prepare, &write)?;
             let gdt: &[u64] = if k.pvh { &x86::GDT_32 } else { &x86::GDT_64 };
             write(GDT_ADDR, &x86::gdt_bytes(gdt), "GDT")?;
-            write(PML4_ADDR, &x86::page_tables(), "page tables")?;
+            write(PML4_ADDR, &x86::page_tables(false), "page tables")?;
             // CPU count and IOAPIC routing for the kernel.
             write(
                 crate::mptable::MPTABLE_ADDR,
