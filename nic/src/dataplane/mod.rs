@@ -1,7 +1,8 @@
 //! The dataplane of one PF, in the style of ixy: a thread with its mempool and
 //! a loop that reads every port it serves in batches, switches each frame, and
 //! writes it out (several threads per PF: `shard`). When whole rounds find nothing to do for `SPIN_ROUNDS` rounds or
-//! `SPIN_TIME`, whichever comes first, it
+//! the spin window (`spin`: adapted to how soon work follows, as KVM's halt
+//! polling), whichever comes first, it
 //! sleeps in poll(2) on the queues' kick eventfds, the uplink fd and a wake
 //! eventfd, so idle VFs cost no CPU. Interrupts go to the guest through the
 //! call eventfd (see `virtio`).
@@ -11,6 +12,7 @@ mod forward;
 pub mod mempool;
 pub mod park;
 pub mod shard;
+pub mod spin;
 pub mod switch;
 pub mod uplink;
 pub mod virtio;
@@ -37,10 +39,6 @@ pub(crate) const BACKLOG_MAX: usize = 256;
 /// Pool buffers for the frames being switched, whatever the backlogs hold.
 const WORKING_SET: usize = 4096;
 const SPIN_ROUNDS: u32 = 1000;
-/// The idle spin also ends after this long: a round's cost grows with the
-/// PF's VFs (a startup burst has hundreds, mostly idle), and a spin of 1000
-/// rounds over them cost milliseconds of CPU per wake-up.
-const SPIN_TIME: std::time::Duration = std::time::Duration::from_micros(50);
 /// Idle rounds between looks at the clock.
 const SPIN_CLOCK_EVERY: u32 = 32;
 /// Upper bound of a sleep. Not the wake-up mechanism: every source of work
@@ -89,6 +87,8 @@ pub struct Dataplane {
     scratch: virtio::Scratch,
     /// Idle transmit queues: not polled, woken by their kicks (`park`).
     park: park::Parking,
+    /// How long an idle thread polls before it sleeps (`spin`).
+    spin: spin::SpinWindow,
     sleep_cap: std::time::Duration,
     /// ixy-style accounting: time spent in busy periods, and frames moved.
     busy_ns: u128,
@@ -170,6 +170,7 @@ impl Dataplane {
             spoof_warned: vec![false; n],
             scratch: virtio::Scratch::default(),
             park: park::Parking::new(n)?,
+            spin: spin::SpinWindow::new(),
             sleep_cap: SAFETY_SLEEP,
             busy_ns: 0,
             frames: 0,
@@ -190,7 +191,9 @@ impl Dataplane {
 
     pub fn run(mut self, stop: &AtomicBool) {
         let mut idle = 0u32;
-        let mut idle_since = std::time::Instant::now();
+        // Since when the thread has found no work (None while it finds some): the idle period
+        // the spin window adapts to ends at the next work, found by polling or after a sleep.
+        let mut idle_since: Option<std::time::Instant> = None;
         let mut rx = Vec::with_capacity(self.batch);
         let mut out = Vec::with_capacity(self.ports.len() + 1);
         // The clock is read when a busy period starts and when it ends, not per round.
@@ -299,18 +302,23 @@ impl Dataplane {
             self.peers.flush(&mut self.pool);
             if work > 0 {
                 idle = 0;
+                if let Some(t) = idle_since.take() {
+                    let now = std::time::Instant::now();
+                    self.spin.idle_ended(now.duration_since(t));
+                    busy_since = Some(now);
+                }
                 busy_since.get_or_insert_with(std::time::Instant::now);
                 self.frames += work as u64;
             } else {
+                let since = *idle_since.get_or_insert_with(std::time::Instant::now);
                 if let Some(t) = busy_since.take() {
-                    self.busy_ns += t.elapsed().as_nanos();
+                    self.busy_ns += since.duration_since(t).as_nanos();
                 }
                 idle += 1;
-                if idle == 1 {
-                    idle_since = std::time::Instant::now();
-                }
+                let window = self.spin.window();
                 let spun = idle >= SPIN_ROUNDS
-                    || (idle.is_multiple_of(SPIN_CLOCK_EVERY) && idle_since.elapsed() >= SPIN_TIME);
+                    || window.is_zero()
+                    || (idle.is_multiple_of(SPIN_CLOCK_EVERY) && since.elapsed() >= window);
                 // A VF waiting to be taken back (`pending`) does not keep the
                 // thread up: its session-side user wakes it when done
                 // (`RuntimeGuard`'s drop notifies), and in a burst of session
