@@ -43,6 +43,13 @@ fn main() {
     power_off();
 }
 
+/// Whether the kernel runs under kvm_pvm: burstvm's VMM then adds the word `burstvm_kvm_pvm`
+/// to its command line (vmm::linux::KVM_PVM_PARAM).
+fn kvm_pvm() -> bool {
+    std::fs::read_to_string("/proc/cmdline")
+        .is_ok_and(|c| c.split_whitespace().any(|w| w == "burstvm_kvm_pvm"))
+}
+
 /// Ends the VM. burstvm's VMM offers no ACPI, so a power-off would only
 /// halt the guest: the restart (`reboot=k`: an i8042 reset) is what ends a
 /// burstvm VM, as Firecracker's guests end (docs/design.md, agent port).
@@ -106,6 +113,7 @@ fn run(port: &AgentPort) -> Result<i32, Failed> {
         pod: cfg.pod,
         containers,
         drop_ioperm: port.enabled(),
+        no_avx: kvm_pvm(),
         port: *port,
         ..AgentConfig::default()
     });

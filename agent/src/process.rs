@@ -380,15 +380,57 @@ impl Spawn {
     }
 }
 
+/// What the agent adds to every process it spawns.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Extras {
+    /// Drop the agent port's I/O permission.
+    pub drop_ioperm: bool,
+    /// Keep glibc off AVX (`with_no_avx`).
+    pub no_avx: bool,
+}
+
+/// glibc's tunable that keeps its string and memory functions (and its other ifuncs) off
+/// AVX, AVX2 and AVX-512. Under kvm_pvm user code runs natively with the host's XCR0, so
+/// CPUID and XGETBV say AVX-512 is usable, while the guest kernel can save only the
+/// x87/SSE state between tasks (it cannot use XSAVE there): two processes using AVX
+/// corrupt each other's upper vector and mask registers. glibc in every process does
+/// (`cat f | cat` crashed in glibc's startup 3 to 6 times in 10; docs/guest.md).
+pub const NO_AVX_TUNABLES: &str = "glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,-AVX512DQ,-AVX512BW,\
+-AVX512CD,-AVX512VL,-AVX512_IFMA,-AVX512_VBMI,-AVX512_VBMI2,-AVX512_VNNI,-AVX512_BITALG,\
+-AVX512_VPOPCNTDQ,-AVX512_BF16,-AVX_VNNI,-FMA,-F16C,-XSAVE,-XSAVEC";
+
+/// `env` with [`NO_AVX_TUNABLES`]: added as GLIBC_TUNABLES when there is none, appended
+/// to one that sets no `glibc.cpu.hwcaps`, and a process's own hwcaps left as they are.
+pub fn with_no_avx(env: &[String]) -> Vec<String> {
+    const KEY: &str = "GLIBC_TUNABLES=";
+    let mut out = env.to_vec();
+    match out.iter_mut().find(|e| e.starts_with(KEY)) {
+        None => out.push(format!("{KEY}{NO_AVX_TUNABLES}")),
+        Some(e)
+            if !e[KEY.len()..]
+                .split(':')
+                .any(|t| t.starts_with("glibc.cpu.hwcaps=")) =>
+        {
+            if e.len() > KEY.len() {
+                e.push(':');
+            }
+            e.push_str(NO_AVX_TUNABLES);
+        }
+        Some(_) => {}
+    }
+    out
+}
+
 /// The spawn of a validated `p`: its program, argv (argv[0] as given),
-/// exactly its environment, its stdio, and [`ChildSteps`].
+/// its environment (with `extras`), its stdio, and [`ChildSteps`].
 pub fn command(
     id: &str,
     p: &Process,
     root: Option<&Path>,
     stdio: Stdio3,
-    drop_ioperm: bool,
+    extras: Extras,
 ) -> Result<Spawn, AgentError> {
+    let drop_ioperm = extras.drop_ioperm;
     let program = resolve_program(id, p, root)?;
     let cwd_outside = under(root, Path::new(&p.cwd));
     if !cwd_outside.is_dir() {
@@ -431,9 +473,13 @@ pub fn command(
         .iter()
         .map(|a| cstr(a.as_bytes()))
         .collect::<Result<_, _>>()?;
-    // Exactly the process's environment, KEY=VALUE entries only.
-    let envp: Vec<CString> = p
-        .env
+    // The process's environment, KEY=VALUE entries only.
+    let env = if extras.no_avx {
+        with_no_avx(&p.env)
+    } else {
+        p.env.clone()
+    };
+    let envp: Vec<CString> = env
         .iter()
         .filter(|e| e.contains('='))
         .map(|e| cstr(e.as_bytes()))
@@ -458,6 +504,24 @@ pub fn command(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_avx_tunables_are_added_appended_or_left_to_the_process() {
+        let env = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let ours = format!("GLIBC_TUNABLES={NO_AVX_TUNABLES}");
+        assert_eq!(with_no_avx(&env(&["A=1"])), env(&["A=1", &ours]));
+        assert_eq!(
+            with_no_avx(&env(&["GLIBC_TUNABLES=glibc.malloc.arena_max=2"])),
+            env(&[&format!(
+                "GLIBC_TUNABLES=glibc.malloc.arena_max=2:{NO_AVX_TUNABLES}"
+            )])
+        );
+        assert_eq!(with_no_avx(&env(&["GLIBC_TUNABLES="])), env(&[&ours]));
+        let own = env(&["GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX2"]);
+        assert_eq!(with_no_avx(&own), own, "a process's own hwcaps stay");
+        assert!(NO_AVX_TUNABLES.starts_with("glibc.cpu.hwcaps=-AVX,-AVX2,-AVX512F,"));
+        assert!(!NO_AVX_TUNABLES.contains(' ') && !NO_AVX_TUNABLES.contains('\n'));
+    }
     use agent_proto::Rlimit;
 
     #[test]

@@ -74,6 +74,9 @@ pub struct AgentConfig {
     pub exit_grace: Duration,
     /// Drop the agent port's I/O permission in every child.
     pub drop_ioperm: bool,
+    /// Keep glibc off AVX in every process (`process::NO_AVX_TUNABLES`): the guest kernel
+    /// cannot save the AVX state its processes would use (kvm_pvm, docs/guest.md).
+    pub no_avx: bool,
     /// Timeout for a stdio connection's hello frame.
     pub hello_timeout: Duration,
     /// Where the main process's exec is reported (`app-launch`).
@@ -91,6 +94,7 @@ impl Default for AgentConfig {
             stream_wait: agent_proto::client::STREAM_WAIT,
             exit_grace: Duration::from_secs(10),
             drop_ioperm: false,
+            no_avx: false,
             hello_timeout: Duration::from_secs(10),
             port: crate::port::AgentPort::disabled(),
             containers: None,
@@ -659,7 +663,10 @@ impl Agent {
             &req.process,
             root.as_deref(),
             stdio,
-            self.cfg.drop_ioperm,
+            process::Extras {
+                drop_ioperm: self.cfg.drop_ioperm,
+                no_avx: self.cfg.no_avx,
+            },
         )?;
         let agent: Weak<Agent> = Arc::downgrade(self);
         let pid_id = id.clone();

@@ -250,6 +250,19 @@ fn exec_runs_a_second_process_beside_the_sleeping_main_one() {
         .stdin(Stdio::null())
         .output()
         .unwrap();
+    // Pipelines of two glibc programs (busybox), each process context-switched against the
+    // other: under kvm_pvm the guest kernel saves no AVX state, so they run off AVX
+    // (GLIBC_TUNABLES from the agent); with it they crashed in glibc's startup.
+    let pipes = Command::new(env!("CARGO_BIN_EXE_burstvm"))
+        .args(["exec", &sandbox, "--", "sh", "-c"])
+        .arg(
+            "n=0; for i in 1 2 3 4 5 6; do \
+             cat /etc/passwd | cat > /dev/null && ps -o comm | grep -q sleep && n=$((n+1)); \
+             done; echo $n; echo \"$GLIBC_TUNABLES\"",
+        )
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
     // A terminal (-t) from a terminal of ours: script(1) gives one.
     let exec_t = format!(
         "{} exec -t {sandbox} -- sh -c 'tty; echo tty-done'",
@@ -275,6 +288,20 @@ fn exec_runs_a_second_process_beside_the_sleeping_main_one() {
         "from exec in /tmp\n1\n",
         "exec: {}",
         describe(&exec)
+    );
+    let pipes_out = String::from_utf8_lossy(&pipes.stdout);
+    let mut lines = pipes_out.lines();
+    assert_eq!(lines.next(), Some("6"), "pipelines: {}", describe(&pipes));
+    assert!(
+        !String::from_utf8_lossy(&pipes.stderr).contains("Segmentation"),
+        "pipelines: {}",
+        describe(&pipes)
+    );
+    let tunables = lines.next().unwrap_or_default();
+    assert_eq!(
+        vmm::host_is_kvm_pvm(),
+        tunables.starts_with("glibc.cpu.hwcaps=-AVX,"),
+        "GLIBC_TUNABLES {tunables:?}"
     );
     let tty_out = String::from_utf8_lossy(&tty.stdout);
     assert!(

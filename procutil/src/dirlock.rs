@@ -211,6 +211,7 @@ impl Drop for DirLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
 
     fn dir(name: &str) -> PathBuf {
@@ -246,29 +247,27 @@ mod tests {
     fn a_killed_owner_leaves_a_free_lock_naming_it() {
         let d = dir("killed");
         let path = d.join("x.lock");
-        // A shell that takes the lock with flock(1) on its fd 9 and becomes
-        // `sleep` (same pid, fd 9 kept): an owner we can SIGKILL. The pid is
-        // ours to write.
+        // A shell that takes the lock with flock(1) on its fd 9, says so, and
+        // becomes `sleep` (same pid, fd 9 kept): an owner we can SIGKILL. The
+        // pid is ours to write. Not polled with take_over: a take-over that
+        // won the race would remove the file the shell is about to lock.
         let mut child = Command::new("sh")
             .arg("-c")
-            .arg(r#"exec 9>"$0" && flock -x 9 && exec sleep 30"#)
+            .arg(r#"exec 9>"$0" && flock -x 9 && echo locked && exec sleep 30"#)
             .arg(&path)
             .stdin(Stdio::null())
+            .stdout(Stdio::piped())
             .spawn()
             .expect("sh");
-        let t0 = Instant::now();
-        loop {
-            match DirLock::take_over(&d, "x.lock") {
-                Err(LockError::Held { .. }) => break,
-                Ok(_) => {}
-                Err(e) => panic!("{e}"),
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(10),
-                "flock never held it"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "locked\n", "flock never held it");
+        assert!(matches!(
+            DirLock::take_over(&d, "x.lock"),
+            Err(LockError::Held { .. })
+        ));
         std::fs::write(&path, format!("{}\n", child.id())).unwrap();
         let e = DirLock::acquire(&d, "x.lock").unwrap_err();
         assert_eq!(e.holder_pid(), Some(child.id()), "{e}");

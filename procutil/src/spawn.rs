@@ -623,6 +623,9 @@ mod tests {
         let e = c.spawn().unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
         assert_eq!(ran.load(Ordering::Relaxed), 1);
+        // Reaped by the spawn: this thread has no child, not even a zombie.
+        let children = std::fs::read_to_string("/proc/thread-self/children").unwrap();
+        assert_eq!(children.trim(), "", "children left: {children}");
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub use devspec::{DiskSpec, NetBackend, VfInit, VsockSpec};
 pub use error::{Error, GuestFailure};
 /// Where `--dma-window` places the window (the built-in agent's device pages).
 pub use layout::DMA_WINDOW_ADDR;
+/// Whether this host's KVM is kvm_pvm (guests get its kernel parameters).
+pub use linux::host_is_kvm_pvm;
 
 use events::VmEvent;
 
