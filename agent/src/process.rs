@@ -3,17 +3,18 @@
 //! its creation and exec.
 //!
 //! Processes are made with `clone(CLONE_VM | CLONE_VFORK)`, as
-//! `posix_spawn` does, not with `fork`: a fork copies the agent's page
-//! tables, which under kvm_pvm (the guest kernel emulated instruction by
-//! instruction) took seconds per process; a child that shares the agent's
-//! memory until its exec copies nothing. Such a child must not allocate,
-//! take a lock or call a libc function that touches process-wide state
-//! (glibc's `setuid` signals every thread of the agent): it makes raw
-//! system calls on data prepared before the clone.
+//! `posix_spawn` does, not with `fork` (`procutil::spawn`, which the runtime
+//! uses for its children too): a fork copies the agent's page tables, which
+//! under kvm_pvm (the guest kernel emulated instruction by instruction) took
+//! seconds per process; a child that shares the agent's memory until its exec
+//! copies nothing. Such a child must not allocate, take a lock or call a libc
+//! function that touches process-wide state (glibc's `setuid` signals every
+//! thread of the agent): its steps are raw system calls on data prepared
+//! before the clone.
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -146,7 +147,7 @@ pub struct Stdio3 {
 
 /// What the child does between its creation and exec, all prepared
 /// beforehand: raw system calls only (see the module's header).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct ChildSteps {
     root: Option<CString>,
     cwd: CString,
@@ -233,150 +234,37 @@ impl ChildSteps {
 /// gid, uid, no_new_privs, in that order), every byte prepared.
 #[derive(Debug)]
 pub struct Spawn {
-    program: CString,
-    _argv: Vec<CString>,
-    argv: Vec<*const libc::c_char>,
-    _envp: Vec<CString>,
-    envp: Vec<*const libc::c_char>,
+    program: PathBuf,
+    /// argv[0] as given, then the rest.
+    argv: Vec<String>,
+    /// KEY=VALUE entries: exactly the process's environment.
+    env: Vec<(String, String)>,
     stdio: Stdio3,
     steps: ChildSteps,
 }
 
-// SAFETY: the raw pointers point into the CStrings the same value owns,
-// which never move (their heap buffers stay where they are).
-unsafe impl Send for Spawn {}
-
-/// What the child gets from its parent: one pointer, read-only.
-struct ChildCtx<'a> {
-    spawn: &'a Spawn,
-    /// Write end of the CLOEXEC pipe: an errno if the child fails before exec.
-    err_fd: libc::c_int,
-    mask: libc::sigset_t,
-}
-
-/// Stack of the child until its exec (it runs on no stack of the agent's).
-const CHILD_STACK: usize = 64 << 10;
-
-extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` is the ChildCtx the parent keeps alive until the exec
-    // (CLONE_VFORK suspends the parent until then).
-    let ctx = unsafe { &*(arg as *const ChildCtx<'_>) };
-    let errno = match child_exec(ctx) {
-        Err(e) => e,
-        Ok(()) => libc::EINVAL,
-    };
-    // SAFETY: report the errno on the pipe and leave without running any of
-    // the agent's exit code (the memory is the agent's).
-    unsafe {
-        libc::write(ctx.err_fd, (&errno as *const i32).cast(), 4);
-        libc::_exit(127)
-    }
-}
-
-/// The child's side: signals to their defaults, stdio, the steps, the
-/// signal mask back, exec. Returns only on failure.
-fn child_exec(ctx: &ChildCtx<'_>) -> Result<(), i32> {
-    let s = ctx.spawn;
-    // SAFETY: raw system calls on prepared data; the handler table is the
-    // child's own copy (no CLONE_SIGHAND), so resetting it leaves the
-    // agent's alone.
-    unsafe {
-        // A handler of the agent's must never run in the child's copy of
-        // its memory; execve keeps ignored signals ignored: reset all.
-        for sig in 1..libc::SIGRTMAX() {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
-        }
-        for (fd, target) in [
-            (s.stdio.stdin.as_raw_fd(), 0),
-            (s.stdio.stdout.as_raw_fd(), 1),
-            (s.stdio.stderr.as_raw_fd(), 2),
-        ] {
-            if fd == target {
-                // Already in place: only the close-on-exec flag goes.
-                check(libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, 0))?;
-            } else {
-                check(libc::syscall(libc::SYS_dup2, fd, target))?;
-            }
-        }
-        s.steps.run()?;
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            &ctx.mask as *const libc::sigset_t,
-            std::ptr::null_mut::<libc::sigset_t>(),
-            8,
-        );
-        libc::syscall(
-            libc::SYS_execve,
-            s.program.as_ptr(),
-            s.argv.as_ptr(),
-            s.envp.as_ptr(),
-        );
-    }
-    Err(io::Error::last_os_error()
-        .raw_os_error()
-        .unwrap_or(libc::EINVAL))
-}
-
 impl Spawn {
-    /// Creates the process; returns its pid once it has exec'd. A failure
-    /// before the exec (a step or the exec itself) is the child's errno; the
-    /// failed child is reaped here.
+    /// Creates the process (`procutil::spawn`: a clone sharing the agent's memory until
+    /// its exec); returns its pid once it has exec'd. A failure before the exec (a step or
+    /// the exec itself) is the child's errno; the failed child is reaped there.
     pub fn spawn(&self) -> io::Result<i32> {
-        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-        let mut stack = vec![0u8; CHILD_STACK];
-        // Every signal is blocked across the clone so that no handler runs
-        // in the child before it reset them.
-        // SAFETY: sigset_t is plain data; all-zero is a valid (empty) set.
-        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: both point to sigset_t values of ours.
+        let mut c = procutil::spawn::Command::new(&self.program);
+        if let Some((arg0, rest)) = self.argv.split_first() {
+            c.arg0(arg0).args(rest);
+        }
+        c.env_clear();
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c.stdin(self.stdio.stdin.try_clone()?)
+            .stdout(self.stdio.stdout.try_clone()?)
+            .stderr(self.stdio.stderr.try_clone()?);
+        let steps = self.steps.clone();
+        // SAFETY: ChildSteps::run makes raw system calls on data prepared before the spawn.
         unsafe {
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+            c.pre_exec(move || steps.run().map_err(io::Error::from_raw_os_error));
         }
-        let ctx = ChildCtx {
-            spawn: self,
-            err_fd: w.as_raw_fd(),
-            mask: old,
-        };
-        // SAFETY: the child runs child_main on its own stack (the top of
-        // `stack`, 16-byte aligned), sharing our memory; CLONE_VFORK keeps
-        // this thread (and so `ctx` and `stack`) waiting until the child
-        // exec'd or exited.
-        let pid = unsafe {
-            let top = stack.as_mut_ptr().add(CHILD_STACK) as usize & !15;
-            libc::clone(
-                child_main,
-                top as *mut libc::c_void,
-                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-                (&ctx as *const ChildCtx<'_>).cast_mut().cast(),
-            )
-        };
-        let clone_err = io::Error::last_os_error();
-        // SAFETY: restores our own mask.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-        drop(w);
-        drop(stack);
-        if pid < 0 {
-            return Err(clone_err);
-        }
-        let mut buf = [0u8; 4];
-        let mut f = std::fs::File::from(r);
-        match io::Read::read(&mut f, &mut buf) {
-            Ok(4) => {
-                let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-                Err(io::Error::from_raw_os_error(i32::from_ne_bytes(buf)))
-            }
-            // EOF: the exec closed the pipe.
-            _ => Ok(pid),
-        }
+        Ok(c.spawn()?.id() as i32)
     }
 }
 
@@ -468,34 +356,30 @@ pub fn command(
             || p.user.uid != Uid::effective().as_raw()
             || p.user.gid != Gid::effective().as_raw(),
     };
-    let argv: Vec<CString> = p
-        .args
-        .iter()
-        .map(|a| cstr(a.as_bytes()))
-        .collect::<Result<_, _>>()?;
+    if let Some(a) = p.args.iter().find(|a| a.contains('\0')) {
+        return Err(invalid(id, format!("a NUL byte in argument {a:?}")));
+    }
     // The process's environment, KEY=VALUE entries only.
     let env = if extras.no_avx {
         with_no_avx(&p.env)
     } else {
         p.env.clone()
     };
-    let envp: Vec<CString> = env
+    let env = env
         .iter()
-        .filter(|e| e.contains('='))
-        .map(|e| cstr(e.as_bytes()))
+        .filter_map(|e| e.split_once('='))
+        .map(|(k, v)| {
+            if k.contains('\0') || v.contains('\0') {
+                Err(invalid(id, "a NUL byte in the environment"))
+            } else {
+                Ok((k.to_string(), v.to_string()))
+            }
+        })
         .collect::<Result<_, _>>()?;
-    let ptrs = |v: &[CString]| -> Vec<*const libc::c_char> {
-        v.iter()
-            .map(|c| c.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect()
-    };
     Ok(Spawn {
-        program: cstr(program.as_os_str().as_bytes())?,
-        argv: ptrs(&argv),
-        _argv: argv,
-        envp: ptrs(&envp),
-        _envp: envp,
+        program,
+        argv: p.args.clone(),
+        env,
         stdio,
         steps,
     })

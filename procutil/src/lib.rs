@@ -14,6 +14,7 @@
 //! a fork ([`spawn`]: clone with CLONE_VM | CLONE_VFORK, as posix_spawn does,
 //! for children that need pre-exec steps).
 
+mod child;
 mod dirlock;
 pub mod spawn;
 

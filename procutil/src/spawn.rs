@@ -5,10 +5,12 @@
 //! (a TLB shootdown on every CPU running one of its threads) and makes every thread that writes
 //! memory before the child execs copy that page: milliseconds of CPU per child. The pre-exec
 //! steps the runtime needs (a network namespace, a process group, PR_SET_PDEATHSIG, cgroup
-//! membership) have no posix_spawn attribute, so the clone is done here, with glibc's rules:
-//! every signal blocked around it, the child's handlers reset to the default before anything
-//! else, the mask restored just before `execve`, and the child's error handed back through
-//! the memory it shares with its parent.
+//! membership) and the guest agent's (a session, a root, ids, rlimits) have no posix_spawn
+//! attribute, so the clone is done here, with glibc's rules: every signal blocked around it,
+//! the child's signals reset to their defaults before anything else, and the child's error
+//! handed back through the memory it shares with its parent. The program starts as std's
+//! `Command` starts one: no signal blocked, none ignored (std resets SIGPIPE, which Rust
+//! programs ignore; here every signal goes back to its default).
 //!
 //! The pre-exec step runs in a child that shares the parent's memory and whose parent thread
 //! is suspended: it may only make system calls (async-signal-safe, no allocation, no lock),
@@ -20,9 +22,9 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::ExitStatusExt;
-use std::process::ExitStatus;
 use std::sync::atomic::{AtomicI32, Ordering};
+
+pub use crate::child::{Child, Process};
 
 /// Where a child's standard stream goes.
 #[derive(Debug)]
@@ -54,9 +56,13 @@ type PreExec = Box<dyn FnMut() -> io::Result<()> + Send>;
 /// A program to spawn: the subset of std's `Command` the runtime uses.
 pub struct Command {
     program: OsString,
+    /// argv[0] when it is not the program's path.
+    arg0: Option<OsString>,
     args: Vec<OsString>,
-    /// Changes to the inherited environment (`None`: removed).
+    /// Changes to the environment (`None`: removed): the inherited one, or none
+    /// (`env_clear`).
     env: BTreeMap<OsString, Option<OsString>>,
+    clear_env: bool,
     stdio: [Stdio; 3],
     pre_exec: Option<PreExec>,
 }
@@ -75,8 +81,10 @@ impl Command {
     pub fn new(program: impl AsRef<OsStr>) -> Command {
         Command {
             program: program.as_ref().to_os_string(),
+            arg0: None,
             args: Vec::new(),
             env: BTreeMap::new(),
+            clear_env: false,
             stdio: [Stdio::Inherit, Stdio::Inherit, Stdio::Inherit],
             pre_exec: None,
         }
@@ -84,6 +92,19 @@ impl Command {
 
     pub fn get_program(&self) -> &OsStr {
         &self.program
+    }
+
+    /// argv[0] other than the program's path (std's `CommandExt::arg0`).
+    pub fn arg0(&mut self, a: impl AsRef<OsStr>) -> &mut Command {
+        self.arg0 = Some(a.as_ref().to_os_string());
+        self
+    }
+
+    /// Starts from an empty environment instead of the parent's.
+    pub fn env_clear(&mut self) -> &mut Command {
+        self.clear_env = true;
+        self.env.clear();
+        self
     }
 
     pub fn arg(&mut self, a: impl AsRef<OsStr>) -> &mut Command {
@@ -161,11 +182,18 @@ impl Command {
             ));
         }
         let path = cstr(&self.program)?;
-        let mut argv = vec![path.clone()];
+        let mut argv = vec![match &self.arg0 {
+            Some(a) => cstr(a)?,
+            None => path.clone(),
+        }];
         for a in &self.args {
             argv.push(cstr(a)?);
         }
-        let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
+        let mut env: BTreeMap<OsString, OsString> = if self.clear_env {
+            BTreeMap::new()
+        } else {
+            std::env::vars_os().collect()
+        };
         for (k, v) in &self.env {
             match v {
                 Some(v) => env.insert(k.clone(), v.clone()),
@@ -215,46 +243,28 @@ impl Command {
             envp: envp_p.as_ptr(),
             stdio: std::array::from_fn(|i| child_ends[i].as_ref().map_or(-1, |f| f.as_raw_fd())),
             pre_exec: self.pre_exec.as_mut(),
-            // SAFETY: an all-zero sigset_t is a valid (empty) set; filled below.
-            mask: unsafe { std::mem::zeroed() },
             err: AtomicI32::new(0),
         };
         let stack = ChildStack::new()?;
-        // SAFETY: sigset operations on local sets; the raw rt_sigprocmask blocks every signal
-        // of this thread (glibc's internal ones too, as its posix_spawn does) and keeps the
-        // old mask in ctx.mask for the child and for the restore below.
+        // Every signal of this thread blocked (glibc's internal ones too, as its posix_spawn
+        // does): no handler of ours runs in the child before it reset them.
+        let old = set_mask(&full_set());
+        // SAFETY: CLONE_VFORK suspends this thread until the child execs or exits, so ctx,
+        // the argv/envp arrays and the stack outlive every use the child makes of them;
+        // child_main only makes system calls.
         let pid = unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::syscall(
-                libc::SYS_rt_sigprocmask,
-                libc::SIG_SETMASK,
-                &all as *const libc::sigset_t,
-                &mut ctx.mask as *mut libc::sigset_t,
-                8usize,
-            );
-            // SAFETY: CLONE_VFORK suspends this thread until the child execs or exits, so
-            // ctx, the argv/envp arrays and the stack outlive every use the child makes of
-            // them; child_main only makes system calls.
-            let pid = libc::clone(
+            libc::clone(
                 child_main,
                 stack.top(),
                 libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
                 (&mut ctx as *mut ChildCtx<'_>).cast(),
-            );
-            let clone_err = io::Error::last_os_error();
-            libc::syscall(
-                libc::SYS_rt_sigprocmask,
-                libc::SIG_SETMASK,
-                &ctx.mask as *const libc::sigset_t,
-                std::ptr::null_mut::<libc::sigset_t>(),
-                8usize,
-            );
-            if pid < 0 {
-                return Err(clone_err);
-            }
-            pid
+            )
         };
+        let clone_err = io::Error::last_os_error();
+        set_mask(&old);
+        if pid < 0 {
+            return Err(clone_err);
+        }
         drop(stack);
         let err = ctx.err.load(Ordering::Acquire);
         if err != 0 {
@@ -264,13 +274,38 @@ impl Command {
             return Err(io::Error::from_raw_os_error(err));
         }
         let [stdin, stdout, stderr] = parent_ends;
-        Ok(Child {
+        Ok(Child::new(
             pid,
-            stdin: stdin.map(File::from),
-            stdout: stdout.map(File::from),
-            stderr: stderr.map(File::from),
-            status: None,
-        })
+            stdin.map(File::from),
+            stdout.map(File::from),
+            stderr.map(File::from),
+        ))
+    }
+}
+
+fn full_set() -> libc::sigset_t {
+    // SAFETY: sigfillset initializes the set.
+    unsafe {
+        let mut s: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut s);
+        s
+    }
+}
+
+/// The calling thread's signal mask becomes `set` (the raw system call: glibc's wrapper keeps
+/// its own signals unblocked); returns the old one. Async-signal-safe.
+fn set_mask(set: &libc::sigset_t) -> libc::sigset_t {
+    // SAFETY: both point to sigset_t values; the kernel reads and writes 8 bytes of each.
+    unsafe {
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            set as *const libc::sigset_t,
+            &mut old as *mut libc::sigset_t,
+            8usize,
+        );
+        old
     }
 }
 
@@ -302,8 +337,6 @@ struct ChildCtx<'a> {
     /// Descriptors to become 0, 1, 2 (-1: inherit).
     stdio: [RawFd; 3],
     pre_exec: Option<&'a mut PreExec>,
-    /// The parent thread's signal mask, the child's after its set-up.
-    mask: libc::sigset_t,
     /// errno of the step that failed (0: the child exec'd).
     err: AtomicI32,
 }
@@ -373,21 +406,21 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
 
 fn child_setup(ctx: &mut ChildCtx<'_>) -> io::Result<()> {
     // SAFETY: system calls only. A handler of the parent's must never run here, on shared
-    // memory: every caught signal goes back to its default (the sighand table is the
-    // child's own copy without CLONE_SIGHAND); ignored ones stay ignored, as over an exec.
+    // memory, and the program starts with every signal at its default: all go back to
+    // SIG_DFL (the sighand table is the child's own copy without CLONE_SIGHAND).
     unsafe {
+        // The kernel's struct sigaction (handler, flags, restorer, mask), through the raw
+        // system call: glibc's wrapper refuses its own two signals (32, 33).
+        let dfl: [u64; 4] = [libc::SIG_DFL as u64, 0, 0, 0];
         for sig in 1..=64 {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
-                && old.sa_sigaction != libc::SIG_DFL
-                && old.sa_sigaction != libc::SIG_IGN
-            {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    dfl.as_ptr(),
+                    std::ptr::null_mut::<u64>(),
+                    8usize,
+                );
             }
         }
         for (target, &fd) in ctx.stdio.iter().enumerate() {
@@ -399,154 +432,17 @@ fn child_setup(ctx: &mut ChildCtx<'_>) -> io::Result<()> {
     if let Some(f) = ctx.pre_exec.as_mut() {
         f()?;
     }
-    // SAFETY: restores the parent thread's mask for the program (exec keeps it).
-    unsafe {
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            &ctx.mask as *const libc::sigset_t,
-            std::ptr::null_mut::<libc::sigset_t>(),
-            8usize,
-        );
-    }
+    // The program's mask (exec keeps it): nothing blocked.
+    // SAFETY: an all-zero sigset_t is the empty set.
+    set_mask(&unsafe { std::mem::zeroed() });
     Ok(())
-}
-
-/// A spawned child: std's `Child` for [`Command`]. Dropping it neither kills nor reaps it.
-#[derive(Debug)]
-pub struct Child {
-    pid: libc::pid_t,
-    pub stdin: Option<File>,
-    pub stdout: Option<File>,
-    pub stderr: Option<File>,
-    status: Option<ExitStatus>,
-}
-
-impl Child {
-    pub fn id(&self) -> u32 {
-        self.pid as u32
-    }
-
-    /// Reaps the child if it has exited.
-    pub fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        self.wait_flags(libc::WNOHANG)
-    }
-
-    /// Waits for the child to exit (closing its stdin first, as std does).
-    pub fn wait(&mut self) -> io::Result<ExitStatus> {
-        drop(self.stdin.take());
-        loop {
-            if let Some(s) = self.wait_flags(0)? {
-                return Ok(s);
-            }
-        }
-    }
-
-    /// The child's exit status and CPU use (`wait4`), waiting for it.
-    pub fn wait_rusage(&mut self) -> io::Result<(ExitStatus, libc::rusage)> {
-        drop(self.stdin.take());
-        if self.status.is_some() {
-            return Err(io::Error::other(format!(
-                "child {}: already reaped, its rusage is gone",
-                self.pid
-            )));
-        }
-        let mut st = 0;
-        // SAFETY: rusage is written by wait4.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        loop {
-            // SAFETY: waits for our own, not yet reaped child.
-            let r = unsafe { libc::wait4(self.pid, &mut st, 0, &mut ru) };
-            if r == self.pid {
-                let s = ExitStatus::from_raw(st);
-                self.status = Some(s);
-                return Ok((s, ru));
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-    }
-
-    /// SIGKILL, unless it has been reaped already.
-    pub fn kill(&mut self) -> io::Result<()> {
-        if self.status.is_some() {
-            return Ok(());
-        }
-        // SAFETY: kill(2) on our own child, not yet reaped (so its pid is not reused).
-        if unsafe { libc::kill(self.pid, libc::SIGKILL) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    fn wait_flags(&mut self, flags: libc::c_int) -> io::Result<Option<ExitStatus>> {
-        if let Some(s) = self.status {
-            return Ok(Some(s));
-        }
-        let mut st = 0;
-        loop {
-            // SAFETY: waits for our own child.
-            let r = unsafe { libc::waitpid(self.pid, &mut st, flags) };
-            if r == self.pid {
-                let s = ExitStatus::from_raw(st);
-                self.status = Some(s);
-                return Ok(Some(s));
-            }
-            if r == 0 {
-                return Ok(None);
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-    }
-}
-
-/// What stopping a child needs, for std's `Child` and this one alike.
-pub trait Process {
-    fn pid(&self) -> u32;
-    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>>;
-    fn kill(&mut self) -> io::Result<()>;
-    fn wait(&mut self) -> io::Result<ExitStatus>;
-}
-
-impl Process for Child {
-    fn pid(&self) -> u32 {
-        self.id()
-    }
-    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        Child::try_wait(self)
-    }
-    fn kill(&mut self) -> io::Result<()> {
-        Child::kill(self)
-    }
-    fn wait(&mut self) -> io::Result<ExitStatus> {
-        Child::wait(self)
-    }
-}
-
-impl Process for std::process::Child {
-    fn pid(&self) -> u32 {
-        self.id()
-    }
-    fn try_wait(&mut self) -> io::Result<Option<ExitStatus>> {
-        std::process::Child::try_wait(self)
-    }
-    fn kill(&mut self) -> io::Result<()> {
-        std::process::Child::kill(self)
-    }
-    fn wait(&mut self) -> io::Result<ExitStatus> {
-        std::process::Child::wait(self)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::os::unix::process::ExitStatusExt;
     use std::sync::atomic::AtomicU32;
     use std::sync::Arc;
 
@@ -659,6 +555,44 @@ mod tests {
         File::from(r).read_to_string(&mut out).unwrap();
         assert_eq!(out, "given\n");
         assert!(ch.wait().unwrap().success());
+    }
+
+    /// As std starts one: nothing blocked, nothing ignored, whatever the parent does (Rust
+    /// ignores SIGPIPE; this thread blocks SIGUSR2 for the spawn).
+    #[test]
+    fn the_program_starts_with_no_signal_blocked_or_ignored() {
+        // SAFETY: sigset operations on a local set; the mask is this thread's, restored below.
+        let old = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGUSR2);
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            old
+        };
+        let mut c = Command::new("/bin/cat");
+        c.arg("/proc/self/status").stdout(Stdio::Piped);
+        let mut ch = c.spawn().unwrap();
+        // SAFETY: restores this thread's mask.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+        let mut status = String::new();
+        ch.stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut status)
+            .unwrap();
+        assert!(ch.wait().unwrap().success());
+        for field in ["SigBlk:", "SigIgn:"] {
+            let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+            assert!(
+                line.split_whitespace()
+                    .nth(1)
+                    .unwrap()
+                    .chars()
+                    .all(|c| c == '0'),
+                "{line}"
+            );
+        }
     }
 
     #[test]
