@@ -267,6 +267,9 @@ impl SgLoop {
             } else {
                 tracing::info!("SGF {}: detached", slot.port.id);
             }
+            // A session can begin and end between two periodic copies: the
+            // control API must not show it as never having run.
+            self.publish();
         }
     }
 
