@@ -151,9 +151,11 @@ fn two_microvms_exchange_encrypted_data_through_a_linked_chain() {
     for sgf in [&a, &b] {
         // Detached as of after the chains: the counters before the first
         // session look detached too.
-        let v = nic.wait_vf(sgf, "detached after the VMM's exit, 4 chains counted", |v| {
-            detached(v) && v.sg.is_some_and(|c| c.pf_chains > 0)
-        });
+        let v = nic.wait_vf(
+            sgf,
+            "detached after the VMM's exit, 4 chains counted",
+            |v| detached(v) && v.sg.is_some_and(|c| c.pf_chains > 0),
+        );
         let c = v.sg.unwrap();
         assert_eq!(c.pf_key_slots + c.pf_staging_bytes, 0, "{c:?}");
         // The 4 connections crossed from A's SGF to B's and encrypted.

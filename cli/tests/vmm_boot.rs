@@ -235,3 +235,54 @@ fn the_agent_works_in_user_mode_and_reports_a_faults_ring() {
         assert!(out.status.success(), "{extra:?}: {}", text(&out.stderr));
     }
 }
+
+#[test]
+fn a_supported_cpuid_file_replaces_the_kvm_query() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let dir = tempdir();
+    let file = dir.path().join("supported-cpuid.json");
+    vmm::supported_cpuid::write_from_dev_kvm(&file).unwrap();
+    let boot = |f: &std::path::Path| {
+        run(burstvm()
+            .args(["--sandbox", &unique("vmmcpuid"), "--vcpus", "2"])
+            .arg("--supported-cpuid")
+            .arg(f))
+    };
+    let out = boot(&file);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // The VMM takes the file's leaves, not KVM's: KVM_SET_CPUID2 refuses 40
+    // virtual-address bits in leaf 0x80000008 (only 48 and 57 exist).
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    // kvm-bindings serializes an entry as its 40 bytes: function at 0..4, eax at 12..16.
+    let mut found = false;
+    for e in json["entries"].as_array_mut().unwrap() {
+        let b: Vec<u64> = e
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        if b[..4] == [8, 0, 0, 0x80] {
+            e[13] = 40.into(); // eax[15:8], the linear-address width
+            found = true;
+        }
+    }
+    assert!(found, "no leaf 0x80000008 in {json}");
+    let bad = dir.path().join("bad-cpuid.json");
+    std::fs::write(&bad, serde_json::to_vec(&json).unwrap()).unwrap();
+    let out = boot(&bad);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("KVM_SET_CPUID2"),
+        "booted with 40-bit virtual addresses: {err}"
+    );
+    // A file that is not one is named.
+    std::fs::write(&bad, b"{").unwrap();
+    let out = boot(&bad);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("bad-cpuid.json"),
+        "{err}"
+    );
+}

@@ -75,6 +75,11 @@ pub trait SandboxHost: Sync {
     fn net_pool_busy(&self) -> Option<crate::netpool::Busy> {
         None
     }
+    /// KVM's supported CPUID, asked once for every VMM of this host (None:
+    /// each VMM asks KVM itself).
+    fn supported_cpuid(&self) -> Option<&Path> {
+        None
+    }
 }
 
 impl SandboxHost for Runtime {
@@ -98,6 +103,9 @@ impl SandboxHost for Runtime {
     }
     fn pool_socket(&self) -> Option<&Path> {
         Runtime::pool_socket(self)
+    }
+    fn supported_cpuid(&self) -> Option<&Path> {
+        Runtime::supported_cpuid(self)
     }
     fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, HostCallError> {
         Runtime::vf_socket(self, vf_id)

@@ -121,6 +121,9 @@ pub struct VmParams {
     pub timeout: u64,
     /// KVM device node.
     pub kvm_device: PathBuf,
+    /// KVM's supported CPUID as written by `supported_cpuid::write` (a runtime asks
+    /// once for all of its VMMs); without it the VMM asks KVM itself.
+    pub supported_cpuid: Option<PathBuf>,
     /// Boot the built-in agent to its template checkpoint, save the VM
     /// (vCPU, LAPIC, irqchip, PIT, clock state and guest memory) as a
     /// template in this new directory, and exit (docs/templates.md).

@@ -88,6 +88,7 @@ pub struct VmConfig {
     pub until_exit: bool,
     pub timeout_secs: u64,
     pub kvm_device: PathBuf,
+    pub supported_cpuid: Option<PathBuf>,
     pub template: Option<TemplateMode>,
 }
 
@@ -425,6 +426,7 @@ impl VmConfig {
             until_exit: a.until_exit,
             timeout_secs: a.timeout,
             kvm_device: a.kvm_device.clone(),
+            supported_cpuid: a.supported_cpuid.clone(),
             template: None,
         }
         .with_template(a)

@@ -186,6 +186,12 @@ pub enum Error {
         #[source]
         source: kvm_ioctls::Error,
     },
+    #[error("sandbox {sandbox}: {source}")]
+    SupportedCpuid {
+        sandbox: String,
+        #[source]
+        source: crate::supported_cpuid::SupportedCpuidError,
+    },
     #[error("KVM device {path}: not a usable KVM device (KVM_GET_API_VERSION returned {version}, need 12)")]
     KvmApi { path: PathBuf, version: i32 },
     #[error("sandbox {sandbox}: {what}: {source}")]

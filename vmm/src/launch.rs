@@ -58,6 +58,7 @@ impl VmParams {
             until_exit: false,
             timeout: 30,
             kvm_device: PathBuf::from("/dev/kvm"),
+            supported_cpuid: None,
             template_save: None,
             template_probe: false,
             template: None,
@@ -168,6 +169,7 @@ impl VmParams {
         if self.kvm_device != d.kvm_device {
             a.path("--kvm-device", &Some(self.kvm_device.clone()));
         }
+        a.path("--supported-cpuid", &self.supported_cpuid);
         a.path("--template-save", &self.template_save);
         a.flag("--template-probe", self.template_probe);
         a.path("--template", &self.template);

@@ -21,6 +21,7 @@ mod layout;
 mod linux;
 mod mptable;
 mod snapshot;
+pub mod supported_cpuid;
 pub mod tiny_guest;
 mod vcpu;
 pub mod virtio;

@@ -182,6 +182,10 @@ pub struct VmmArgs {
     /// KVM device node.
     #[arg(long, default_value = "/dev/kvm")]
     pub kvm_device: PathBuf,
+    /// KVM's supported CPUID from this file (written once by the runtime for all of
+    /// its VMMs) instead of asking KVM: on a nested host each CPUID leaf is an exit.
+    #[arg(long)]
+    pub supported_cpuid: Option<PathBuf>,
     /// Boot the built-in agent to its template checkpoint, save the VM
     /// (vCPU, LAPIC, irqchip, PIT, clock state and guest memory) as a
     /// template in this new directory, and exit (docs/templates.md).
@@ -244,6 +248,7 @@ impl VmmArgs {
             until_exit: self.until_exit,
             timeout: self.timeout,
             kvm_device: self.kvm_device,
+            supported_cpuid: self.supported_cpuid,
             template_save: self.template_save,
             template_probe: self.template_probe,
             template: self.template,
@@ -563,6 +568,7 @@ mod tests {
             until_exit: true,
             timeout: 300,
             kvm_device: "/dev/kvm2".into(),
+            supported_cpuid: Some("/run/cpuid.json".into()),
             ..VmParams::new("sb-linux")
         };
         let builtin = VmParams {

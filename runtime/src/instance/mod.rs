@@ -166,6 +166,9 @@ pub struct Runtime {
     /// Locks of other directories this runtime owns while it lives (the
     /// services directory it exported, `host::export`).
     dir_locks: Mutex<Vec<procutil::DirLock>>,
+    /// KVM's supported CPUID in the state directory, asked at the first VMM
+    /// start for all of them (None: KVM could not answer; each VMM asks).
+    supported_cpuid: std::sync::OnceLock<Option<PathBuf>>,
     /// `RUNTIME_LOCK` in the state directory: this runtime is alive (the
     /// reapers of later runtimes look at it, `stale`). Dropped last.
     _lock: procutil::DirLock,
@@ -200,6 +203,7 @@ impl Runtime {
             state_dir,
             cfg,
             dir_locks: Mutex::new(Vec::new()),
+            supported_cpuid: std::sync::OnceLock::new(),
             _lock: lock,
         };
         // From here on, a failure drops `rt`, which removes what was made.
@@ -290,6 +294,26 @@ impl Runtime {
 
     pub fn state_dir(&self) -> &Path {
         &self.state_dir
+    }
+
+    /// KVM's supported CPUID for the VMMs this runtime starts
+    /// (`vmm::supported_cpuid`): one KVM_GET_SUPPORTED_CPUID for a burst instead
+    /// of one per VMM, each of whose CPUID leaves exits to the outer hypervisor on
+    /// a nested host. None if KVM cannot answer here: each VMM then asks itself
+    /// and reports the error with its sandbox's name.
+    pub fn supported_cpuid(&self) -> Option<&Path> {
+        self.supported_cpuid
+            .get_or_init(|| {
+                let path = self.state_dir.join("supported-cpuid.json");
+                match vmm::supported_cpuid::write_from_dev_kvm(&path) {
+                    Ok(()) => Some(path),
+                    Err(e) => {
+                        tracing::debug!("each VMM asks KVM for its CPUID: {e}");
+                        None
+                    }
+                }
+            })
+            .as_deref()
     }
 
     pub fn trace_path(&self) -> &Path {

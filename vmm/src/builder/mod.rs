@@ -255,9 +255,17 @@ fn create_vcpus(
     entry: EntryMode,
 ) -> Result<Vec<VcpuFd>, Error> {
     let sb = cfg.sandbox.as_str();
-    let base_cpuid = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .map_err(kvm_err(sb, "KVM_GET_SUPPORTED_CPUID"))?;
+    let base_cpuid = match &cfg.supported_cpuid {
+        Some(path) => {
+            crate::supported_cpuid::read(path).map_err(|source| Error::SupportedCpuid {
+                sandbox: sb.to_string(),
+                source,
+            })?
+        }
+        None => kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_err(sb, "KVM_GET_SUPPORTED_CPUID"))?,
+    };
     let mut vcpus = Vec::new();
     for id in 0..cfg.vcpus {
         let fd = vm
