@@ -9,6 +9,7 @@ pub mod args;
 mod bootinfo;
 mod builder;
 pub mod bus;
+mod coalesced;
 mod config;
 mod devices;
 pub mod devspec;
@@ -108,6 +109,18 @@ pub fn run_cli(args: &VmParams) -> Result<u8, Error> {
 
 fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<u8, Error> {
     let sb = cfg.sandbox.clone();
+    // Devices registered their coalesced zones on the same capability
+    // (virtio::KvmWiring): the ring must then be drained, so no ring, no VM.
+    let coalesced = match (coalesced::page_offset(vm.vm_fd()), vm.vcpus.first()) {
+        (Some(off), Some(fd)) => Some(std::sync::Arc::new(std::sync::Mutex::new(
+            coalesced::Ring::map(fd, off).map_err(|e| Error::Os {
+                sandbox: sb.clone(),
+                what: "mapping the coalesced MMIO ring",
+                source: std::io::Error::from_raw_os_error(e.errno()),
+            })?,
+        ))),
+        _ => None,
+    };
     let mut threads = vcpu::VcpuThreads::new();
     for (id, fd) in vm.vcpus.drain(..).enumerate() {
         let v = vcpu::Vcpu {
@@ -115,6 +128,7 @@ fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<u8, E
             fd,
             pio: vm.pio.clone(),
             mmio: vm.mmio.clone(),
+            coalesced: coalesced.clone(),
             sink: vm.sink.clone(),
             stop: vm.stop.clone(),
             start_ns: vm.vcpu_start.clone(),

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use crate::bus::Bus;
+use crate::coalesced::Ring;
 use crate::error::GuestFailure;
 use crate::events::{EventSink, VmEvent};
 
@@ -54,6 +55,8 @@ pub struct Vcpu {
     pub fd: VcpuFd,
     pub pio: Arc<Bus>,
     pub mmio: Arc<Bus>,
+    /// The VM's coalesced-MMIO ring (one for all vCPUs), when KVM has one.
+    pub coalesced: Option<Arc<Mutex<Ring>>>,
     pub sink: Arc<EventSink>,
     pub stop: Arc<AtomicBool>,
     /// vCPU 0 stores its first KVM_RUN time here (start of `boot`).
@@ -108,18 +111,24 @@ impl Vcpu {
 
     fn step(&mut self) -> Step {
         let id = self.id;
+        let ring = self.coalesced.as_deref();
         match self.fd.run() {
+            // Writes KVM batched are applied before the access that exited
+            // (crate::coalesced): the guest sees them in program order.
             Ok(VcpuExit::IoIn(port, data)) => {
+                drain(ring, &self.mmio);
                 if !self.pio.read(port as u64, data) {
                     data.fill(0xff); // floating bus
                 }
                 Step::Continue
             }
             Ok(VcpuExit::IoOut(port, data)) => {
+                drain(ring, &self.mmio);
                 self.pio.write(port as u64, data);
                 Step::Continue
             }
             Ok(VcpuExit::MmioRead(addr, data)) => {
+                drain(ring, &self.mmio);
                 if !self.mmio.read(addr, data) {
                     tracing::debug!("vcpu{id}: MMIO read of unmapped {addr:#x}");
                     data.fill(0);
@@ -127,6 +136,7 @@ impl Vcpu {
                 Step::Continue
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
+                drain(ring, &self.mmio);
                 if !self.mmio.write(addr, data) {
                     tracing::debug!("vcpu{id}: MMIO write to unmapped {addr:#x}");
                 }
@@ -253,6 +263,17 @@ impl Vcpu {
                 }
             }
         }
+    }
+}
+
+/// Applies the writes in the coalesced-MMIO ring to the MMIO bus.
+fn drain(ring: Option<&Mutex<Ring>>, mmio: &Bus) {
+    if let Some(r) = ring {
+        r.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(|addr, data| {
+                mmio.write(addr, data);
+            });
     }
 }
 

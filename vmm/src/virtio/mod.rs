@@ -187,6 +187,8 @@ struct KvmWiring {
     gsi: u32,
     queue_evts: Vec<EventFd>,
     irqfd: EventFd,
+    /// Zones registered for coalesced MMIO (`mmio::COALESCED_ZONES`).
+    coalesced: Vec<(u64, u32)>,
 }
 
 impl KvmWiring {
@@ -199,6 +201,7 @@ impl KvmWiring {
             gsi,
             queue_evts: Vec::new(),
             irqfd,
+            coalesced: Vec::new(),
         };
         w.vm.register_irqfd(&w.irqfd, gsi)
             .map_err(|source| VirtioError::Kvm {
@@ -219,6 +222,20 @@ impl KvmWiring {
                 source,
             })?;
             w.queue_evts.push(evt);
+        }
+        // Every vCPU drains the ring when KVM has one (crate::coalesced; the
+        // same capability check decides both).
+        if crate::coalesced::page_offset(&w.vm).is_some() {
+            for (off, len) in mmio::COALESCED_ZONES {
+                let addr = base + off;
+                w.vm.register_coalesced_mmio(IoEventAddress::Mmio(addr), len)
+                    .map_err(|source| VirtioError::Kvm {
+                        base,
+                        what: "register coalesced MMIO",
+                        source,
+                    })?;
+                w.coalesced.push((addr, len));
+            }
         }
         Ok(w)
     }
@@ -245,6 +262,11 @@ impl Drop for KvmWiring {
             let _ = self.vm.unregister_ioevent(evt, &addr, q as u32);
         }
         let _ = self.vm.unregister_irqfd(&self.irqfd, self.gsi);
+        for &(addr, len) in &self.coalesced {
+            let _ = self
+                .vm
+                .unregister_coalesced_mmio(IoEventAddress::Mmio(addr), len);
+        }
     }
 }
 

@@ -49,6 +49,23 @@ pub const CONFIG: u64 = mmio::VIRTIO_MMIO_CONFIG as u64;
 /// QueueReset (virtio 1.2); not offered (no VIRTIO_F_RING_RESET), reads 0.
 pub const QUEUE_RESET: u64 = 0x0c0;
 
+/// Registers whose writes only store a value (offset, bytes): KVM may batch
+/// them in the coalesced-MMIO ring (`crate::coalesced`), since the transport
+/// acts on none of them until a later access that exits (a read, QueueReady,
+/// Status). Feature selectors and the driver's features; queue selector and
+/// size; the three ring addresses (0x080..0x0a8, reserved words included:
+/// writes there are ignored either way).
+pub const COALESCED_ZONES: [(u64, u32); 5] = [
+    (DEVICE_FEATURES_SEL, 4),
+    (DRIVER_FEATURES, 8), // + DRIVER_FEATURES_SEL
+    (QUEUE_SEL, 4),
+    (QUEUE_NUM, 4),
+    (
+        QUEUE_DESC_LOW,
+        (QUEUE_DEVICE_HIGH + 4 - QUEUE_DESC_LOW) as u32,
+    ),
+];
+
 const MMIO_MAGIC: u32 = 0x7472_6976; // "virt"
 const MMIO_VERSION: u32 = 2;
 const VENDOR: u32 = 0x4d56_5542; // "BUVM"
