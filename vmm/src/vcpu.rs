@@ -111,24 +111,22 @@ impl Vcpu {
 
     fn step(&mut self) -> Step {
         let id = self.id;
-        let ring = self.coalesced.as_deref();
-        match self.fd.run() {
-            // Writes KVM batched are applied before the access that exited
-            // (crate::coalesced): the guest sees them in program order.
+        let exit = self.fd.run();
+        // Writes KVM batched are applied before the exit is served
+        // (crate::coalesced): the guest sees them in program order.
+        drain(self.coalesced.as_deref(), &self.mmio);
+        match exit {
             Ok(VcpuExit::IoIn(port, data)) => {
-                drain(ring, &self.mmio);
                 if !self.pio.read(port as u64, data) {
                     data.fill(0xff); // floating bus
                 }
                 Step::Continue
             }
             Ok(VcpuExit::IoOut(port, data)) => {
-                drain(ring, &self.mmio);
                 self.pio.write(port as u64, data);
                 Step::Continue
             }
             Ok(VcpuExit::MmioRead(addr, data)) => {
-                drain(ring, &self.mmio);
                 if !self.mmio.read(addr, data) {
                     tracing::debug!("vcpu{id}: MMIO read of unmapped {addr:#x}");
                     data.fill(0);
@@ -136,7 +134,6 @@ impl Vcpu {
                 Step::Continue
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
-                drain(ring, &self.mmio);
                 if !self.mmio.write(addr, data) {
                     tracing::debug!("vcpu{id}: MMIO write to unmapped {addr:#x}");
                 }
