@@ -218,6 +218,30 @@ void wait_until(int (*cond)(void *), void *arg, uint32_t err) {
   }
 }
 
+/* Sleep until cond(arg) holds, where cond reads device registers: all of it
+ * in one kernel call, cond run at CPL0 (a register read from CPL3 costs
+ * several times one from CPL0 on kvm_pvm, more than the kernel call around
+ * the loop), then `report` reported there too (0: none). */
+struct kwait { int (*cond)(void *); void *arg; uint32_t err; uint8_t report; };
+
+static uint64_t k_wait(void *p) {
+  const struct kwait *w = p;
+  uint64_t start = timer_ticks;
+  for (uint32_t wakeups = 0;; wakeups++) {
+    uint64_t seen = irq_count;
+    if (w->cond(w->arg)) break;
+    if (timer_ticks - start >= WAIT_TICKS || wakeups >= MAX_WAKEUPS) fail(w->err);
+    k_sleep(&seen);
+  }
+  if (w->report) k_report((void *)(uint64_t)w->report);
+  return 0;
+}
+
+void wait_until_dev(int (*cond)(void *), void *arg, uint32_t err, uint8_t report) {
+  struct kwait w = {cond, arg, err, report};
+  kcall(k_wait, &w);
+}
+
 /* ---- the application ------------------------------------------------------ */
 
 /* The app loads from its rootfs (rootfs.c), then checksums its payload
@@ -575,17 +599,12 @@ __attribute__((noreturn)) static void agent_run(struct boot_info *bi) {
   /* FastIOV §4.2.2: the sync driver waits for the VF before the app starts;
    * the async one lets the app launch overlap the VF becoming ready, and
    * waits for the link only before its first packet. */
-  report(EV_VF_DRIVER_START);
-  vnet_init(&net, dev, bi->flags & BI_TOUCH_RX);
-  if (!async) wait_until(vnet_link_up, &net, ERR_LINK_TIMEOUT);
-  report(EV_VF_DRIVER_END);
+  vnet_init(&net, dev, bi->flags & BI_TOUCH_RX, EV_VF_DRIVER_START, async ? EV_VF_DRIVER_END : 0);
+  if (!async) wait_until_dev(vnet_link_up, &net, ERR_LINK_TIMEOUT, EV_VF_DRIVER_END);
 
   app_launch(bi);
   if (bi->flags & BI_PROBE_MODE) probe(bi);
-  if (async) {
-    wait_until(vnet_link_up, &net, ERR_LINK_TIMEOUT);
-    report(EV_VF_LINK_UP);
-  }
+  if (async) wait_until_dev(vnet_link_up, &net, ERR_LINK_TIMEOUT, EV_VF_LINK_UP);
 
   req_bi = bi;
   memcpy(req_mac, bi->mac, 6);
@@ -599,11 +618,11 @@ __attribute__((noreturn)) static void agent_run(struct boot_info *bi) {
   if (bi->flags & (BI_RESET_ONCE | BI_FAULT_ONCE)) {
     if (bi->flags & BI_FAULT_ONCE) {
       vnet_send_bad(&net);
-      wait_until(vnet_needs_reset, &net, ERR_NO_NEEDS_RESET);
+      wait_until_dev(vnet_needs_reset, &net, ERR_NO_NEEDS_RESET, 0);
     }
     report_data(EV_VALUE, reply_len);
-    vnet_init(&net, dev, bi->flags & BI_TOUCH_RX);
-    wait_until(vnet_link_up, &net, ERR_LINK_TIMEOUT);
+    vnet_init(&net, dev, bi->flags & BI_TOUCH_RX, 0, 0);
+    wait_until_dev(vnet_link_up, &net, ERR_LINK_TIMEOUT, 0);
     exchange(&net);
   }
   report_data(EV_READY, reply_len);

@@ -145,10 +145,11 @@ void sg_init(struct sgdev *d, const struct boot_dev *bd, uint32_t max_socks) {
   memset(d, 0, sizeof *d);
   if (max_socks > SG_MAX_SOCKS) fail(ERR_SG_DEVICE);
   d->base = bd->mmio_base;
-  virtio_start(d->base, SG_DEVICE_ID, 0);
-  virtq_setup(d->base, &d->setup, 0);
-  virtq_setup(d->base, &d->signal, 1);
-  virtio_driver_ok(d->base);
+  virtq_alloc(&d->setup, 0);
+  virtq_alloc(&d->signal, 1);
+  struct virtio_init v = {
+      .base = d->base, .device_id = SG_DEVICE_ID, .nq = 2, .q = {&d->setup, &d->signal}};
+  virtio_init(&v);
   uint32_t socks_len = max_socks * (uint32_t)sizeof(struct sg_sock);
   d->socks = alloc_pages((socks_len + 4095) / 4096);
   memset(d->socks, 0, socks_len); /* no ring memory yet: allocated on a slot's first use */

@@ -123,20 +123,40 @@ void *alloc_dma_pages(uint32_t n);
 /* Sleep until cond(arg) holds, acknowledging device interrupts (agent.c);
  * fail(err) after the agent's wait limit. */
 void wait_until(int (*cond)(void *), void *arg, uint32_t err);
+/* The same for a cond that reads device registers: cond runs at CPL0, the
+ * wait is one kernel call, `report` (if not 0) is reported when it ends. */
+void wait_until_dev(int (*cond)(void *), void *arg, uint32_t err, uint8_t report);
 
-/* Transport (virtio.c). virtio_start resets the device, checks its id and
- * negotiates `wanted` (plus VERSION_1); returns the negotiated features. */
-uint64_t virtio_start(uint64_t base, uint32_t device_id, uint64_t wanted);
-void virtq_setup(uint64_t base, struct virtq *q, uint16_t index);
-void virtio_driver_ok(uint64_t base);
+/* Transport (virtio.c). virtq_alloc gives a queue its page (size VQ_SIZE
+ * until the device says otherwise); the driver may then fill descriptors
+ * and post buffers (virtq_post's ring entries, avail_idx) before
+ * virtio_init. virtio_init reports `report` (if not 0), resets the device,
+ * checks its id, negotiates `wanted` (plus VERSION_1), sets up the nq
+ * queues q[i] (q[i]->index is the queue's index on the device), publishes
+ * what was posted, sets DRIVER_OK, notifies the queues with buffers and
+ * reports `report_after` (if not 0); returns the negotiated features. The
+ * reports ride on the same kernel call: agent events around the init. */
+struct virtio_init {
+  uint64_t base, wanted;
+  uint32_t device_id;
+  uint8_t report, report_after;
+  uint16_t nq;
+  struct virtq *q[2];
+  uint64_t features; /* out */
+};
+void virtq_alloc(struct virtq *q, uint16_t index);
+uint64_t virtio_init(struct virtio_init *v);
 void virtq_post(struct virtq *q, uint16_t id);
 void virtq_notify(uint64_t base, struct virtq *q);
 void virtio_ack_irq(uint64_t base);
 int virtio_needs_reset(uint64_t base);
-/* DEVICE_NEEDS_RESET of this device is awaited, not a failure, until its next virtio_start. */
+/* DEVICE_NEEDS_RESET of this device is awaited, not a failure, until its next virtio_init. */
 void virtio_await_reset(uint64_t base);
 
-void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx);
+/* `report`, `report_after`: agent events reported in the same kernel call,
+ * before and after the init (0: none). */
+void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx, uint8_t report,
+               uint8_t report_after);
 int vnet_link_up(void *n);
 int vnet_tx_idle(void *n);
 uint8_t *vnet_tx_frame(struct vnet *n);

@@ -6,9 +6,7 @@
 
 void vblk_init(struct vblk *b, const struct boot_dev *d) {
   b->base = d->mmio_base;
-  b->features = virtio_start(b->base, VIRTIO_ID_BLOCK, VIRTIO_BLK_F_RO | VIRTIO_BLK_F_FLUSH);
-  b->sectors = *(volatile uint64_t *)(b->base + VIRTIO_MMIO_CONFIG + VIRTIO_BLK_CFG_CAPACITY);
-  virtq_setup(b->base, &b->q, 0);
+  virtq_alloc(&b->q, 0);
   /* Header and status live in one page of their own. */
   uint8_t *page = alloc_pages(1);
   b->hdr = (struct virtio_blk_req *)page;
@@ -18,7 +16,15 @@ void vblk_init(struct vblk *b, const struct boot_dev *d) {
   b->q.desc[2].addr = (uint64_t)b->status;
   b->q.desc[2].len = 1;
   b->q.desc[2].flags = VIRTQ_DESC_F_WRITE;
-  virtio_driver_ok(b->base);
+  struct virtio_init v = {
+      .base = b->base,
+      .wanted = VIRTIO_BLK_F_RO | VIRTIO_BLK_F_FLUSH,
+      .device_id = VIRTIO_ID_BLOCK,
+      .nq = 1,
+      .q = {&b->q},
+  };
+  b->features = virtio_init(&v);
+  b->sectors = *(volatile uint64_t *)(b->base + VIRTIO_MMIO_CONFIG + VIRTIO_BLK_CFG_CAPACITY);
 }
 
 static int vblk_done(void *arg) {

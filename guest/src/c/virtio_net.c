@@ -2,41 +2,47 @@
 #include "agent.h"
 #include "virtio.h"
 
-/* Also a re-init after a reset: everything starts over in fresh pages. */
-void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx) {
+/* Also a re-init after a reset: everything starts over in fresh pages. The
+ * rings are filled before the one kernel call of virtio_init, at CPL3,
+ * where stores are native (at CPL0 kvm_pvm emulates each). */
+void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx, uint8_t report,
+               uint8_t report_after) {
   memset(n, 0, sizeof *n);
   n->base = d->mmio_base;
-  n->features = virtio_start(n->base, VIRTIO_ID_NET, VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS | VIRTIO_F_ACCESS_PLATFORM);
-  virtq_setup(n->base, &n->rx, 0);
-  virtq_setup(n->base, &n->tx, 1);
+  virtq_alloc(&n->rx, 0);
+  virtq_alloc(&n->tx, 1);
 
-  /* RX: one device-writable buffer per descriptor. With BI_TOUCH_RX we write
-   * each buffer page first, so that lazy zeroing happens now, on the guest's
-   * fault, and never after the device has written a packet there (FastIOV's
-   * proactive fault). */
-  uint32_t rx_pages = (n->rx.num * RX_BUF_SIZE + 4095) / 4096;
+  /* RX: one device-writable buffer per descriptor, all posted (virtio_init
+   * publishes them, as many as the queue size the device allows). With
+   * BI_TOUCH_RX we write each buffer page first, so that lazy zeroing
+   * happens now, on the guest's fault, and never after the device has
+   * written a packet there (FastIOV's proactive fault). */
+  uint32_t rx_pages = (VQ_SIZE * RX_BUF_SIZE + 4095) / 4096;
   uint8_t *rx = n->rx_bufs = alloc_dma_pages(rx_pages);
   if (touch_rx)
     for (uint32_t p = 0; p < rx_pages; p++) ((volatile uint8_t *)rx)[p * 4096] = 0;
-  /* All buffers made available at once, the index published last (one
-   * store instead of one per buffer: CPL0 code is emulated per instruction
-   * on kvm_pvm, so each descriptor is two stores, its second word the same
-   * for all). The device sees nothing before DRIVER_OK anyway. */
   const uint64_t len_flags = RX_BUF_SIZE | (uint64_t)VIRTQ_DESC_F_WRITE << 32;
   volatile uint64_t *desc = (volatile uint64_t *)n->rx.desc;
-  for (uint16_t i = 0; i < n->rx.num; i++, rx += RX_BUF_SIZE, desc += 2) {
+  for (uint16_t i = 0; i < VQ_SIZE; i++, rx += RX_BUF_SIZE, desc += 2) {
     desc[0] = (uint64_t)rx;
     desc[1] = len_flags;
     n->rx.avail->ring[i] = i;
   }
-  barrier();
-  n->rx.avail->idx = n->rx.avail_idx = n->rx.num;
+  n->rx.avail_idx = VQ_SIZE;
   /* TX: a single buffer in descriptor 0, reused for every frame. */
   n->tx_buf = alloc_dma_pages(1);
   n->tx.desc[0].addr = (uint64_t)n->tx_buf;
 
-  virtio_driver_ok(n->base);
-  virtq_notify(n->base, &n->rx);
+  struct virtio_init v = {
+      .base = n->base,
+      .wanted = VIRTIO_NET_F_MAC | VIRTIO_NET_F_STATUS | VIRTIO_F_ACCESS_PLATFORM,
+      .device_id = VIRTIO_ID_NET,
+      .report = report,
+      .report_after = report_after,
+      .nq = 2,
+      .q = {&n->rx, &n->tx},
+  };
+  n->features = virtio_init(&v);
 }
 
 int vnet_link_up(void *arg) {
