@@ -219,20 +219,15 @@ void wait_until(int (*cond)(void *), void *arg, uint32_t err) {
 }
 
 /* Sleep until cond(arg) holds, where cond reads device registers: all of it
- * in one kernel call, cond run at CPL0 (a register read from CPL3 costs
- * several times one from CPL0 on kvm_pvm, more than the kernel call around
- * the loop), then `report` reported there too (0: none). */
+ * in one kernel call, wait_until's loop run at CPL0 (its kcall of k_sleep is
+ * then a plain call; a register read from CPL3 costs several times one from
+ * CPL0 on kvm_pvm, more than the kernel call around the loop), then
+ * `report` reported there too (0: none). */
 struct kwait { int (*cond)(void *); void *arg; uint32_t err; uint8_t report; };
 
 static uint64_t k_wait(void *p) {
   const struct kwait *w = p;
-  uint64_t start = timer_ticks;
-  for (uint32_t wakeups = 0;; wakeups++) {
-    uint64_t seen = irq_count;
-    if (w->cond(w->arg)) break;
-    if (timer_ticks - start >= WAIT_TICKS || wakeups >= MAX_WAKEUPS) fail(w->err);
-    k_sleep(&seen);
-  }
+  wait_until(w->cond, w->arg, w->err);
   if (w->report) k_report((void *)(uint64_t)w->report);
   return 0;
 }
