@@ -104,7 +104,9 @@ fn a_container_prints_honours_its_image_config_and_exits_with_its_status() {
             "sh",
             "-c",
             "echo hello; echo image=$BURSTVM_IMAGE; pwd; id -u; \
-             echo written > /etc/newfile && cat /etc/newfile; exit 3",
+             echo written > /etc/newfile && cat /etc/newfile; \
+             echo rng=$(cat /sys/class/misc/hw_random/rng_current) \
+             entropy=$(cat /proc/sys/kernel/random/entropy_avail); exit 3",
         ],
         b"",
     );
@@ -112,6 +114,13 @@ fn a_container_prints_honours_its_image_config_and_exits_with_its_status() {
     assert_eq!(o.status.code(), Some(3), "{}", describe(&o));
     assert!(
         out.contains("hello\nimage=busybox\n/\n0\nwritten\n"),
+        "{}",
+        describe(&o)
+    );
+    // The entropy device seeded the guest: its CRNG is ready (a full pool)
+    // before the container's process runs (docs/vmm.md, "The entropy device").
+    assert!(
+        out.contains("rng=virtio_rng.0 entropy=256\n"),
         "{}",
         describe(&o)
     );

@@ -62,6 +62,28 @@ fn layers_err(dir: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
+/// mkfs.ext4's arguments for the template. A writable layer lives as long
+/// as its sandbox (the VMM unlinks its clone at open), so a journal would
+/// protect nothing the sandbox outlives, and checksums guard no medium that
+/// anyone but this one guest writes: both are off. 4 KiB blocks make 64 MiB
+/// one block group instead of mkfs's eight of 1 KiB. The inode tables are
+/// zeroed here, once per template, not by the guest's ext4lazyinit thread
+/// after every mount. Under kvm_pvm, which emulates the guest kernel, a
+/// container start executes 0.46 M fewer emulated instructions this way and
+/// its `rootfs-mount` stage fell from 1.8 to 1.5 s (docs/rootfs.md).
+pub const EXT4_ARGS: &[&str] = &[
+    "-q",
+    "-F",
+    "-L",
+    "burstvm-rw",
+    "-b",
+    "4096",
+    "-O",
+    "^has_journal,^metadata_csum",
+    "-E",
+    "lazy_itable_init=0",
+];
+
 impl WritableLayers {
     /// Creates the filesystem (mkfs.xfs with reflink), mounts it and makes
     /// the template (mkfs.ext4). On error, whatever was made is undone.
@@ -103,9 +125,7 @@ impl WritableLayers {
         drop(t);
         run_tool(
             "mkfs.ext4",
-            Command::new("mkfs.ext4")
-                .args(["-q", "-F", "-L", "burstvm-rw"])
-                .arg(&l.template),
+            Command::new("mkfs.ext4").args(EXT4_ARGS).arg(&l.template),
         )?;
         Ok(l)
     }
@@ -419,6 +439,25 @@ mod tests {
             "one sandbox's write is invisible to another"
         );
         assert_eq!(sha(l.template()), before, "the template is unchanged");
+        // The template is EXT4_ARGS's: no journal, no checksums, 4 KiB blocks.
+        let out = Command::new("dumpe2fs")
+            .arg("-h")
+            .arg(l.template())
+            .output()
+            .unwrap();
+        let h = String::from_utf8_lossy(&out.stdout);
+        let features = h
+            .lines()
+            .find(|l| l.starts_with("Filesystem features:"))
+            .unwrap();
+        assert!(features.contains("extent"), "{features}");
+        assert!(!features.contains("has_journal"), "{features}");
+        assert!(!features.contains("metadata_csum"), "{features}");
+        assert!(
+            h.lines()
+                .any(|l| l.starts_with("Block size:") && l.ends_with(" 4096")),
+            "{h}"
+        );
         assert!(l.clone_for("sb-a").is_err(), "one layer per sandbox");
         assert!(l.clone_for("../x").is_err());
 

@@ -46,6 +46,9 @@ pub struct VmParams {
     pub vsock: Option<PathBuf>,
     /// The guest's vsock CID (with `vsock`): 3..=2^32-2.
     pub vsock_cid: u64,
+    /// The entropy device (virtio-rng, Firecracker's `entropy`): the host's
+    /// getrandom bytes for a Linux guest's entropy pool.
+    pub entropy: bool,
     /// Control socket (Firecracker's drive update): insert a file into an
     /// empty disk slot, eject it (`vmm::api`).
     pub api: Option<PathBuf>,

@@ -52,6 +52,8 @@ pub struct VmConfig {
     pub disks: Vec<DiskSpec>,
     /// The virtio-vsock device (`--vsock`), in the slot after the disks.
     pub vsock: Option<VsockSpec>,
+    /// The entropy device (`--entropy`, Linux guests), in the last slot.
+    pub entropy: bool,
     /// The control socket (`--api`): media changes of empty disk slots.
     pub api: Option<PathBuf>,
     pub rootfs_pmem: Option<PathBuf>,
@@ -266,10 +268,20 @@ impl VmConfig {
         } else {
             layout::MAX_AGENT_DEVICES
         };
-        if a.net.len() + a.disk.len() + usize::from(vsock.is_some()) > max_devices {
+        if a.entropy && a.kernel.is_none() {
+            return Err(invalid(
+                "--entropy",
+                "only a Linux guest (--kernel) drives the entropy device",
+            ));
+        }
+        let devices =
+            a.net.len() + a.disk.len() + usize::from(vsock.is_some()) + usize::from(a.entropy);
+        if devices > max_devices {
             return Err(invalid(
                 "--disk",
-                format!("at most {max_devices} devices (--net, --disk and --vsock together)"),
+                format!(
+                    "at most {max_devices} devices (--net, --disk, --vsock and --entropy together)"
+                ),
             ));
         }
         if a.disk.iter().any(|d| d.empty) && a.api.is_none() {
@@ -390,6 +402,7 @@ impl VmConfig {
             net: a.net.clone(),
             disks: a.disk.clone(),
             vsock,
+            entropy: a.entropy,
             api: a.api.clone(),
             rootfs_pmem: a.rootfs_pmem.clone(),
             rootfs_check,

@@ -27,6 +27,7 @@ impl VmParams {
             rootfs_pmem: None,
             vsock: None,
             vsock_cid: crate::virtio::vsock::DEFAULT_GUEST_CID,
+            entropy: false,
             api: None,
             rootfs_check: None,
             mac: None,
@@ -93,6 +94,7 @@ impl VmParams {
         if self.vsock_cid != d.vsock_cid {
             a.val("--vsock-cid", self.vsock_cid);
         }
+        a.flag("--entropy", self.entropy);
         a.path("--api", &self.api);
         if let Some((path, sum)) = &self.rootfs_check {
             a.val("--rootfs-check", format!("{path}={sum:08x}"));

@@ -76,6 +76,11 @@ pub struct VmmArgs {
     /// The guest's vsock CID (with --vsock).
     #[arg(long, requires = "vsock", default_value_t = vmm::virtio::vsock::DEFAULT_GUEST_CID)]
     pub vsock_cid: u64,
+    /// Entropy device (virtio-rng, Firecracker's `entropy`): the guest's
+    /// buffers come back full of the host's getrandom(2) bytes, which a
+    /// Linux guest credits to its entropy pool (its CRNG is ready at boot).
+    #[arg(long, requires = "kernel")]
+    pub entropy: bool,
     /// Control socket (Firecracker's drive update): JSON lines
     /// `{"op":"insert_disk","slot":ID,"path":FILE}` and
     /// `{"op":"eject_disk","slot":ID}` for the `--disk empty,id=ID` slots.
@@ -217,6 +222,7 @@ impl VmmArgs {
             rootfs_pmem: self.rootfs_pmem,
             vsock: self.vsock,
             vsock_cid: self.vsock_cid,
+            entropy: self.entropy,
             api: self.api.clone(),
             rootfs_check: self.rootfs_check,
             mac: self.mac,
@@ -538,6 +544,7 @@ mod tests {
             ],
             vsock: Some("/run/sb.vsock".into()),
             vsock_cid: 7,
+            entropy: true,
             api: Some("/run/sb.api".into()),
             rootfs_check: Some(("/etc/os-release".into(), 0xdead_beef)),
             mac: Some("02:00:00:00:00:05".parse().unwrap()),

@@ -72,6 +72,7 @@ impl Sandbox<'_> {
                 None => vm.cmdline = Some(crate::sandbox::rootfs::linux_cmdline()),
             }
             vm.serial_log = Some(self.files.console.clone());
+            vm.entropy = true;
         }
         vm.template = self.spec.template.clone();
         vm.pool_socket = self.rt.pool_socket().map(Into::into);

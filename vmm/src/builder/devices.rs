@@ -2,7 +2,7 @@
 //! (IRQ 4 through an irqfd), the i8042 reset line and the agent port; MMIO:
 //! one virtio-net device per `--net` (for a sync VF, `vf-open` happens in
 //! here), then one virtio-blk device per `--disk`, then the virtio-vsock
-//! device of `--vsock`.
+//! device of `--vsock`, then the entropy device of `--entropy`.
 
 use std::io::Write;
 use std::sync::atomic::AtomicU64;
@@ -235,4 +235,34 @@ pub(super) fn attach_vsock(
     mmio.insert(&name, slot.mmio_base, MMIO_SIZE, dev)
         .map_err(bus_err(sb, &name))?;
     Ok(Some(guard))
+}
+
+/// The entropy device (`--entropy`), in the last slot.
+pub(super) fn attach_entropy(
+    cfg: &VmConfig,
+    vm: &Arc<VmFd>,
+    mem: &Arc<guestmem::GuestMemory>,
+    device_mem: &GuestMemoryMmap,
+    trace: &Arc<TraceWriter>,
+    devs: &[DevEntry],
+    mmio: &mut Bus,
+) -> Result<(), Error> {
+    if !cfg.entropy {
+        return Ok(());
+    }
+    let sb = cfg.sandbox.as_str();
+    let slot = devs
+        .last()
+        .expect("devices_of gave the entropy device a slot");
+    let ctx = device_context(cfg, vm, mem, device_mem, trace, slot);
+    let name = "entropy";
+    let dev = crate::virtio::create_rng_device(&ctx).map_err(|source| Error::Device {
+        sandbox: sb.to_string(),
+        device: name.to_string(),
+        source: Box::new(source),
+    })?;
+    let dev: SharedDevice = Arc::new(Mutex::new(dev));
+    mmio.insert(name, slot.mmio_base, MMIO_SIZE, dev)
+        .map_err(bus_err(sb, name))?;
+    Ok(())
 }

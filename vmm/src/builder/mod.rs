@@ -29,6 +29,7 @@ use crate::events::{EventSink, VmEvent};
 use crate::layout::*;
 use crate::linux::LoadedKernel;
 use crate::x86::{self, EntryMode};
+use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 
 /// A built VM, ready for its vCPUs to start.
 pub struct Vm {
@@ -117,7 +118,7 @@ pub fn open_kvm(cfg: &VmConfig) -> Result<Kvm, Error> {
 }
 
 /// The virtio-mmio devices in slot order: network devices, then disks,
-/// then the vsock device. The Linux command line gets one
+/// then the vsock device, then the entropy device. The Linux command line gets one
 /// `virtio_mmio.device=` per entry (`read_inputs`), the boot info lists them.
 fn devices_of(cfg: &VmConfig) -> Vec<DevEntry> {
     let types = cfg
@@ -132,7 +133,8 @@ fn devices_of(cfg: &VmConfig) -> Vec<DevEntry> {
             cfg.vsock
                 .iter()
                 .map(|_| crate::virtio::vsock::VIRTIO_ID_VSOCK),
-        );
+        )
+        .chain(cfg.entropy.then_some(VIRTIO_ID_RNG));
     types
         .enumerate()
         .map(|(i, virtio_type)| DevEntry {
@@ -393,6 +395,7 @@ fn finish(
     let mut mmio = devices::attach_net_devices(cfg, vm, &mem, device_mem, &trace, devs)?;
     let disk_slots = devices::attach_disks(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
     let vsock_socket = devices::attach_vsock(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
+    devices::attach_entropy(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
     let api_socket = devices::serve_api(cfg, disk_slots)?;
 
     let vcpus = make_vcpus()?;
@@ -450,5 +453,20 @@ mod tests {
         p.template_save = Some("/tmp/t".into());
         let e = VmConfig::from_params(&p).unwrap_err().to_string();
         assert!(e.contains("no devices"), "{e}");
+    }
+
+    /// The entropy device takes the last slot, after vsock; only a Linux
+    /// guest may have it.
+    #[test]
+    fn entropy_takes_the_last_slot_and_needs_a_kernel() {
+        let mut p = params();
+        p.entropy = true;
+        let devs = devices_of(&VmConfig::from_params(&p).unwrap());
+        let types: Vec<u32> = devs.iter().map(|d| d.virtio_type).collect();
+        assert_eq!(types, [VIRTIO_ID_NET, VIRTIO_ID_BLOCK, 19, VIRTIO_ID_RNG]);
+        assert_eq!((devs[3].mmio_base, devs[3].gsi), (0xd000_3000, 8));
+        p.kernel = None;
+        let e = VmConfig::from_params(&p).unwrap_err().to_string();
+        assert!(e.contains("--entropy"), "{e}");
     }
 }

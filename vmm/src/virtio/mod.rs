@@ -1,7 +1,8 @@
 //! Virtio devices of the VMM: the virtio-mmio (version 2) transport,
 //! virtio-net over a tap device, the vhost-user-net frontend (a VF of
 //! `burstvm nic`), virtio-blk over a file (the rootfs layers) and
-//! virtio-vsock (Firecracker's hybrid model: Unix sockets on the host).
+//! virtio-vsock (Firecracker's hybrid model: Unix sockets on the host) and
+//! virtio-rng (Firecracker's entropy device).
 //!
 //! Queue notifications from the guest arrive on ioeventfds (one per queue,
 //! registered at `mmio_base + 0x50` with the queue index as datamatch) and
@@ -12,6 +13,7 @@ pub mod blk;
 mod chain;
 pub(crate) mod mmio;
 pub(crate) mod net;
+pub mod rng;
 mod vhost_user;
 pub mod vsock;
 mod worker;
@@ -109,6 +111,11 @@ pub enum VirtioError {
     },
     #[error(transparent)]
     Vsock(#[from] vsock::VsockError),
+    #[error("entropy device: worker: {source}")]
+    RngWorker {
+        #[source]
+        source: WorkerError,
+    },
 }
 
 /// The interrupt line of one device: InterruptStatus bits plus the irqfd.
@@ -375,6 +382,16 @@ pub fn create_vsock_device(
         vsock::Limits::default(),
     );
     Ok((wire(dev, ctx, interrupt, wiring), guard))
+}
+
+/// Create the entropy device (virtio-rng), wired to KVM at
+/// `ctx.mmio_base` / `ctx.gsi`.
+pub fn create_rng_device(ctx: &DeviceContext) -> Result<Box<dyn BusDevice>, VirtioError> {
+    let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, 1)?;
+    let (mut evts, irqfd) = wiring.clone_evts()?;
+    let interrupt = Arc::new(Interrupt::new(irqfd));
+    let dev = rng::Rng::new(ctx, evts.remove(0), interrupt.clone());
+    Ok(wire(dev, ctx, interrupt, wiring))
 }
 
 /// Puts `dev` behind a virtio-mmio transport that keeps its KVM wiring alive.
