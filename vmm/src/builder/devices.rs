@@ -105,6 +105,19 @@ pub(super) fn attach_legacy_devices(
     })
 }
 
+/// A virtio-mmio device's window `base` on the MMIO bus, named `name`.
+fn insert_virtio(
+    mmio: &mut Bus,
+    sb: &str,
+    name: &str,
+    base: u64,
+    dev: Box<dyn crate::bus::BusDevice>,
+) -> Result<(), Error> {
+    let dev: SharedDevice = Arc::new(Mutex::new(dev));
+    mmio.insert(name, base, MMIO_SIZE, dev)
+        .map_err(bus_err(sb, name))
+}
+
 fn device_context(
     cfg: &VmConfig,
     vm: &Arc<VmFd>,
@@ -151,9 +164,7 @@ pub(super) fn attach_net_devices(
                 device: name.clone(),
                 source: Box::new(source),
             })?;
-        let dev: SharedDevice = Arc::new(Mutex::new(dev));
-        mmio.insert(&name, base, MMIO_SIZE, dev)
-            .map_err(bus_err(sb, &name))?;
+        insert_virtio(&mut mmio, sb, &name, base, dev)?;
     }
     Ok(mmio)
 }
@@ -184,9 +195,7 @@ pub(super) fn attach_disks(
                 source: Box::new(source),
             })?;
         media.extend(disk_slot);
-        let dev: SharedDevice = Arc::new(Mutex::new(dev));
-        mmio.insert(&name, slot.mmio_base, MMIO_SIZE, dev)
-            .map_err(bus_err(sb, &name))?;
+        insert_virtio(mmio, sb, &name, slot.mmio_base, dev)?;
     }
     Ok(media)
 }
@@ -231,9 +240,7 @@ pub(super) fn attach_vsock(
             source,
         })?;
     let name = format!("vsock:{}", spec.path.display());
-    let dev: SharedDevice = Arc::new(Mutex::new(dev));
-    mmio.insert(&name, slot.mmio_base, MMIO_SIZE, dev)
-        .map_err(bus_err(sb, &name))?;
+    insert_virtio(mmio, sb, &name, slot.mmio_base, dev)?;
     Ok(Some(guard))
 }
 
@@ -261,8 +268,6 @@ pub(super) fn attach_entropy(
         device: name.to_string(),
         source: Box::new(source),
     })?;
-    let dev: SharedDevice = Arc::new(Mutex::new(dev));
-    mmio.insert(name, slot.mmio_base, MMIO_SIZE, dev)
-        .map_err(bus_err(sb, name))?;
+    insert_virtio(mmio, sb, name, slot.mmio_base, dev)?;
     Ok(())
 }

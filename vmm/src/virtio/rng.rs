@@ -19,13 +19,12 @@ use std::sync::Arc;
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_INT_VRING;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::{GuestMemory, GuestMemoryMmap};
-use vmm_sys_util::epoll::{Epoll, EpollEvent};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::chain::{self, PrepareWrite, Split};
-use super::worker::{Worker, STOP_TOKEN};
+use super::worker::{serve_notifications, take_request_queue, Worker};
 use super::{Interrupt, VirtioError, QUEUE_MAX_SIZE};
 use crate::bus::DeviceContext;
 
@@ -33,6 +32,8 @@ use crate::bus::DeviceContext;
 /// (the used length says how much is valid, as the spec allows).
 pub const MAX_REQUEST: usize = 64 << 10;
 const TOKEN_QUEUE: u64 = 0;
+/// How errors and logs name the device.
+const DEVICE: &str = "entropy device";
 
 /// Per-device counters (tests and diagnostics).
 #[derive(Debug, Default)]
@@ -141,26 +142,7 @@ impl super::VirtioDevice for Rng {
         data.fill(0);
     }
     fn activate(&mut self, features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
-        let device = || "entropy device".to_string();
-        let Some(queue) = queues.into_iter().next().filter(|q| q.ready()) else {
-            return Err(VirtioError::QueuesNotReady {
-                device: device(),
-                need: "request queue",
-            });
-        };
-        (self.prepare)(queue.used_ring(), 6 + 8 * queue.size() as u64).map_err(|source| {
-            VirtioError::UsedRing {
-                device: device(),
-                source,
-            }
-        })?;
-        let evt = self
-            .queue_evt
-            .try_clone()
-            .map_err(|source| VirtioError::DupEventFd {
-                device: device(),
-                source,
-            })?;
+        let (queue, evt) = take_request_queue(DEVICE, queues, &*self.prepare, &self.queue_evt)?;
         let mut state = WorkerState {
             mem: self.mem.clone(),
             prepare: self.prepare.clone(),
@@ -173,7 +155,7 @@ impl super::VirtioDevice for Rng {
         };
         let fds = [(evt.as_raw_fd(), TOKEN_QUEUE)];
         let worker = Worker::spawn("virtio-rng".into(), &fds, move |epoll| {
-            state.run(epoll, evt)
+            serve_notifications(&epoll, &evt, DEVICE, || state.process())
         })
         .map_err(|source| VirtioError::RngWorker { source })?;
         self.worker = Some(worker);
@@ -197,29 +179,6 @@ struct WorkerState {
 }
 
 impl WorkerState {
-    fn run(&mut self, epoll: Epoll, evt: EventFd) {
-        let mut events = [EpollEvent::default(); 2];
-        // Buffers may have been posted before the worker started.
-        self.process();
-        loop {
-            let n = match epoll.wait(-1, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    tracing::error!("entropy device: epoll wait: {e}");
-                    return;
-                }
-            };
-            for ev in &events[..n] {
-                if ev.data() == STOP_TOKEN {
-                    return;
-                }
-                let _ = evt.read();
-                self.process();
-            }
-        }
-    }
-
     /// Serves every available request, returns them with one used-index
     /// store per burst, then interrupts the guest once if it asked.
     fn process(&mut self) {

@@ -6,8 +6,12 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::thread::JoinHandle;
 
+use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+use super::chain::PrepareWrite;
+use super::VirtioError;
 
 /// The epoll token of the stop eventfd; the body returns when it sees it.
 pub const STOP_TOKEN: u64 = u64::MAX;
@@ -65,6 +69,63 @@ impl Worker {
             stop,
             handle: Some(handle),
         })
+    }
+}
+
+/// What a device with one request queue (virtio-blk, virtio-rng) needs at
+/// DRIVER_OK: the queue, which must be ready, with its used ring prepared
+/// for the device's writes (lazy zeroing), and the worker's copy of the
+/// queue's eventfd. Errors name `device`.
+pub fn take_request_queue(
+    device: &str,
+    queues: Vec<Queue>,
+    prepare: &PrepareWrite,
+    queue_evt: &EventFd,
+) -> Result<(Queue, EventFd), VirtioError> {
+    let Some(queue) = queues.into_iter().next().filter(|q| q.ready()) else {
+        return Err(VirtioError::QueuesNotReady {
+            device: device.to_string(),
+            need: "request queue",
+        });
+    };
+    prepare(queue.used_ring(), 6 + 8 * u64::from(queue.size())).map_err(|source| {
+        VirtioError::UsedRing {
+            device: device.to_string(),
+            source,
+        }
+    })?;
+    let evt = queue_evt
+        .try_clone()
+        .map_err(|source| VirtioError::DupEventFd {
+            device: device.to_string(),
+            source,
+        })?;
+    Ok((queue, evt))
+}
+
+/// The body of a one-queue device's worker: `process` once (requests may
+/// have been queued before the worker started), then after every
+/// notification on `evt`, until the stop eventfd fires (or epoll fails,
+/// logged naming `device`).
+pub fn serve_notifications(epoll: &Epoll, evt: &EventFd, device: &str, mut process: impl FnMut()) {
+    let mut events = [EpollEvent::default(); 4];
+    process();
+    loop {
+        let n = match epoll.wait(-1, &mut events) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::error!("{device}: epoll wait: {e}");
+                return;
+            }
+        };
+        for ev in &events[..n] {
+            if ev.data() == STOP_TOKEN {
+                return;
+            }
+            let _ = evt.read();
+            process();
+        }
     }
 }
 

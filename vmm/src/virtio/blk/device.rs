@@ -7,16 +7,15 @@ use std::sync::Arc;
 
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_mmio::VIRTIO_MMIO_INT_VRING;
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
-use vmm_sys_util::epoll::{Epoll, EpollEvent};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{Blk, BlkCounters, Disk, Media, BOUNCE, TOKEN_QUEUE};
 use crate::bus::DeviceContext;
 use crate::virtio::chain::{self, PrepareWrite};
 use crate::virtio::net::read_config_bytes;
-use crate::virtio::worker::{Worker, STOP_TOKEN};
+use crate::virtio::worker::{serve_notifications, take_request_queue, Worker};
 use crate::virtio::{Interrupt, VirtioDevice, VirtioError, QUEUE_MAX_SIZE};
 
 impl Blk {
@@ -75,25 +74,12 @@ impl VirtioDevice for Blk {
     }
     fn activate(&mut self, features: u64, queues: Vec<Queue>) -> Result<(), VirtioError> {
         let name = self.media.get().name.clone();
-        let device = || format!("disk {name}");
-        let Some(queue) = queues.into_iter().next().filter(|q| q.ready()) else {
-            return Err(VirtioError::QueuesNotReady {
-                device: device(),
-                need: "request queue",
-            });
-        };
-        let len = 6 + 8 * queue.size() as u64;
-        (self.prepare)(queue.used_ring(), len).map_err(|source| VirtioError::UsedRing {
-            device: device(),
-            source,
-        })?;
-        let evt = self
-            .queue_evt
-            .try_clone()
-            .map_err(|source| VirtioError::DupEventFd {
-                device: device(),
-                source,
-            })?;
+        let (queue, evt) = take_request_queue(
+            &format!("disk {name}"),
+            queues,
+            &*self.prepare,
+            &self.queue_evt,
+        )?;
         let mut state = WorkerState {
             media: self.media.clone(),
             mem: self.mem.clone(),
@@ -107,8 +93,11 @@ impl VirtioDevice for Blk {
         };
         let fds = [(evt.as_raw_fd(), TOKEN_QUEUE)];
         let thread = format!("virtio-blk-{}", self.thread_tag());
-        let worker = Worker::spawn(thread, &fds, move |epoll| state.run(epoll, evt))
-            .map_err(|source| VirtioError::DiskWorker { path: name, source })?;
+        let worker = Worker::spawn(thread, &fds, move |epoll| {
+            let device = format!("disk {}", state.media.get().name);
+            serve_notifications(&epoll, &evt, &device, || state.process())
+        })
+        .map_err(|source| VirtioError::DiskWorker { path: name, source })?;
         self.worker = Some(worker);
         Ok(())
     }
@@ -147,31 +136,6 @@ struct WorkerState {
 }
 
 impl WorkerState {
-    fn run(&mut self, epoll: Epoll, evt: EventFd) {
-        let mut events = [EpollEvent::default(); 4];
-        // Requests may have been queued before the worker started.
-        self.process();
-        loop {
-            let n = match epoll.wait(-1, &mut events) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    tracing::error!("disk {}: epoll wait: {e}", self.media.get().name);
-                    return;
-                }
-            };
-            for ev in &events[..n] {
-                match ev.data() {
-                    STOP_TOKEN => return,
-                    _ => {
-                        let _ = evt.read();
-                        self.process();
-                    }
-                }
-            }
-        }
-    }
-
     /// Serves every available request, returns them with one used-index
     /// store per burst, then interrupts the guest once if it asked.
     fn process(&mut self) {
