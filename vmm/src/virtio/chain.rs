@@ -42,6 +42,43 @@ pub fn view<'v, 'm>(
         .ok()
 }
 
+/// Serves every available chain of `queue` in bursts (virtio-blk,
+/// virtio-rng): `serve` answers one head with its used length, and each
+/// burst's heads go back with one used-index store; a head outside the ring
+/// has no used slot to return. Returns whether the guest asked to be
+/// interrupted. `what` names the queue in logs.
+pub fn serve_available(
+    view: &View<'_, '_>,
+    queue: &mut virtio_queue::Queue,
+    used: &mut Vec<(u16, u32)>,
+    what: &dyn std::fmt::Display,
+    mut serve: impl FnMut(u16) -> u32,
+) -> bool {
+    let mut notify = false;
+    loop {
+        let heads = match view.avail_heads(queue, usize::MAX) {
+            Ok(h) if !h.is_empty() => h,
+            Ok(_) => break,
+            Err(e) => {
+                tracing::warn!("{what}: {e}");
+                break;
+            }
+        };
+        used.clear();
+        for head in heads {
+            let len = serve(head);
+            if head < view.size() {
+                used.push((head, len));
+            }
+        }
+        match view.complete_used(queue, used) {
+            Ok(n) => notify |= n,
+            Err(e) => tracing::warn!("{what}: used ring: {e}"),
+        }
+    }
+    notify
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use virtio_queue::{Queue, QueueT};

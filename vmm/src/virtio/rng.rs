@@ -183,48 +183,32 @@ impl WorkerState {
     /// store per burst, then interrupts the guest once if it asked.
     fn process(&mut self) {
         let gm = chain::Xlat::new(&self.mem);
-        let Some(view) = chain::view(&gm, &self.queue, self.features, &"entropy device") else {
+        let Some(view) = chain::view(&gm, &self.queue, self.features, &DEVICE) else {
             self.counters.bad_chains.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let mut notify = false;
-        loop {
-            let heads = match view.avail_heads(&mut self.queue, usize::MAX) {
-                Ok(h) if !h.is_empty() => h,
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!("entropy device: request queue: {e}");
-                    break;
-                }
-            };
-            self.used.clear();
-            for head in heads {
-                let served = view.split(head).map_err(|e| e.to_string()).and_then(|s| {
-                    serve(&gm, &*self.prepare, &s, &mut self.bounce).map_err(|e| e.to_string())
-                });
-                let len = match served {
+        let (prepare, bounce, counters) = (&*self.prepare, &mut self.bounce, &self.counters);
+        let notify =
+            chain::serve_available(&view, &mut self.queue, &mut self.used, &DEVICE, |head| {
+                let served = view
+                    .split(head)
+                    .map_err(|e| e.to_string())
+                    .and_then(|s| serve(&gm, prepare, &s, bounce).map_err(|e| e.to_string()));
+                match served {
                     Ok(n) => {
-                        self.counters.requests.fetch_add(1, Ordering::Relaxed);
-                        self.counters.bytes.fetch_add(n.into(), Ordering::Relaxed);
+                        counters.requests.fetch_add(1, Ordering::Relaxed);
+                        counters.bytes.fetch_add(n.into(), Ordering::Relaxed);
                         n
                     }
                     Err(e) => {
                         super::note(
-                            &self.counters.bad_chains,
-                            format_args!("entropy device: bad request chain: {e}"),
+                            &counters.bad_chains,
+                            format_args!("{DEVICE}: bad request chain: {e}"),
                         );
                         0
                     }
-                };
-                if head < view.size() {
-                    self.used.push((head, len));
                 }
-            }
-            match view.complete_used(&mut self.queue, &self.used) {
-                Ok(n) => notify |= n,
-                Err(e) => tracing::warn!("entropy device: used ring: {e}"),
-            }
-        }
+            });
         if notify {
             self.interrupt.signal(VIRTIO_MMIO_INT_VRING);
         }

@@ -158,42 +158,22 @@ impl WorkerState {
             counters.bad_chains.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let mut notify = false;
-        loop {
-            let heads = match view.avail_heads(queue, usize::MAX) {
-                Ok(h) if !h.is_empty() => h,
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!("disk {}: request queue: {e}", disk.name);
-                    break;
-                }
-            };
-            used.clear();
-            for head in heads {
-                // Copies go through the burst's translation cache, as the rings do.
-                let len = match view.split(head) {
-                    Ok(split) => disk
-                        .serve(&gm, &**prepare, &split, bounce, counters)
-                        .unwrap_or_else(|e| {
-                            tracing::warn!("disk {}: bad request chain: {e}", disk.name);
-                            0
-                        }),
-                    Err(e) => {
-                        counters.bad_chains.fetch_add(1, Ordering::Relaxed);
+        let notify = chain::serve_available(&view, queue, used, &what, |head| {
+            // Copies go through the burst's translation cache, as the rings do.
+            match view.split(head) {
+                Ok(split) => disk
+                    .serve(&gm, &**prepare, &split, bounce, counters)
+                    .unwrap_or_else(|e| {
                         tracing::warn!("disk {}: bad request chain: {e}", disk.name);
                         0
-                    }
-                };
-                // A head outside the ring has no used slot to return.
-                if head < view.size() {
-                    used.push((head, len));
+                    }),
+                Err(e) => {
+                    counters.bad_chains.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("disk {}: bad request chain: {e}", disk.name);
+                    0
                 }
             }
-            match view.complete_used(queue, used) {
-                Ok(n) => notify |= n,
-                Err(e) => tracing::warn!("disk {}: used ring: {e}", disk.name),
-            }
-        }
+        });
         if notify {
             interrupt.signal(VIRTIO_MMIO_INT_VRING);
         }
