@@ -118,40 +118,41 @@ fn insert_virtio(
         .map_err(bus_err(sb, name))
 }
 
-fn device_context(
-    cfg: &VmConfig,
-    vm: &Arc<VmFd>,
-    mem: &Arc<guestmem::GuestMemory>,
-    device_mem: &GuestMemoryMmap,
-    trace: &Arc<TraceWriter>,
-    slot: &DevEntry,
-) -> DeviceContext {
-    DeviceContext {
-        vm: vm.clone(),
-        mem: device_mem.clone(),
-        guestmem: mem.clone(),
-        mmio_base: slot.mmio_base,
-        gsi: slot.gsi,
-        trace: trace.clone(),
-        vf_init: cfg.vf_init,
-        vf_reconnect: cfg.vf_reconnect,
-        dma_window: cfg.dma_window > 0,
+/// What every virtio-mmio device's attachment needs: the configuration,
+/// the VM, its memory (the devices' view), the trace and the device slots.
+pub(super) struct MmioDevices<'a> {
+    pub cfg: &'a VmConfig,
+    pub vm: &'a Arc<VmFd>,
+    pub mem: &'a Arc<guestmem::GuestMemory>,
+    pub device_mem: &'a GuestMemoryMmap,
+    pub trace: &'a Arc<TraceWriter>,
+    pub devs: &'a [DevEntry],
+}
+
+impl MmioDevices<'_> {
+    fn context(&self, slot: &DevEntry) -> DeviceContext {
+        let cfg = self.cfg;
+        DeviceContext {
+            vm: self.vm.clone(),
+            mem: self.device_mem.clone(),
+            guestmem: self.mem.clone(),
+            mmio_base: slot.mmio_base,
+            gsi: slot.gsi,
+            trace: self.trace.clone(),
+            vf_init: cfg.vf_init,
+            vf_reconnect: cfg.vf_reconnect,
+            dma_window: cfg.dma_window > 0,
+        }
     }
 }
 
 /// The virtio-net devices in the first slots of `devs`, all sharing `device_mem`.
-pub(super) fn attach_net_devices(
-    cfg: &VmConfig,
-    vm: &Arc<VmFd>,
-    mem: &Arc<guestmem::GuestMemory>,
-    device_mem: &GuestMemoryMmap,
-    trace: &Arc<TraceWriter>,
-    devs: &[DevEntry],
-) -> Result<Bus, Error> {
+pub(super) fn attach_net_devices(d: &MmioDevices<'_>) -> Result<Bus, Error> {
+    let (cfg, devs) = (d.cfg, d.devs);
     let sb = cfg.sandbox.as_str();
     let mut mmio = Bus::new();
     for (backend, slot) in cfg.net.iter().zip(devs) {
-        let ctx = device_context(cfg, vm, mem, device_mem, trace, slot);
+        let ctx = d.context(slot);
         let base = slot.mmio_base;
         let name = match backend {
             NetBackend::Tap(n) => format!("tap:{n}"),
@@ -172,18 +173,14 @@ pub(super) fn attach_net_devices(
 /// The virtio-blk devices (the rootfs layers), in the slots after the
 /// network devices.
 pub(super) fn attach_disks(
-    cfg: &VmConfig,
-    vm: &Arc<VmFd>,
-    mem: &Arc<guestmem::GuestMemory>,
-    device_mem: &GuestMemoryMmap,
-    trace: &Arc<TraceWriter>,
-    devs: &[DevEntry],
+    d: &MmioDevices<'_>,
     mmio: &mut Bus,
 ) -> Result<Vec<crate::virtio::blk::DiskSlot>, Error> {
+    let (cfg, devs) = (d.cfg, d.devs);
     let sb = cfg.sandbox.as_str();
     let mut media = Vec::new();
     for (spec, slot) in cfg.disks.iter().zip(&devs[cfg.net.len()..]) {
-        let ctx = device_context(cfg, vm, mem, device_mem, trace, slot);
+        let ctx = d.context(slot);
         let name = match &spec.id {
             Some(id) if spec.empty => format!("disk:slot {id}"),
             _ => format!("disk:{}", spec.path.display()),
@@ -220,20 +217,16 @@ pub(super) fn serve_api(
 /// The virtio-vsock device (`--vsock`), in the slot after the disks.
 /// Returns the guard that removes its socket file.
 pub(super) fn attach_vsock(
-    cfg: &VmConfig,
-    vm: &Arc<VmFd>,
-    mem: &Arc<guestmem::GuestMemory>,
-    device_mem: &GuestMemoryMmap,
-    trace: &Arc<TraceWriter>,
-    devs: &[DevEntry],
+    d: &MmioDevices<'_>,
     mmio: &mut Bus,
 ) -> Result<Option<crate::virtio::vsock::SocketFile>, Error> {
+    let (cfg, devs) = (d.cfg, d.devs);
     let sb = cfg.sandbox.as_str();
     let Some(spec) = &cfg.vsock else {
         return Ok(None);
     };
     let slot = &devs[cfg.net.len() + cfg.disks.len()];
-    let ctx = device_context(cfg, vm, mem, device_mem, trace, slot);
+    let ctx = d.context(slot);
     let (dev, guard) =
         crate::virtio::create_vsock_device(spec, &ctx).map_err(|source| Error::Vsock {
             sandbox: sb.to_string(),
@@ -245,15 +238,8 @@ pub(super) fn attach_vsock(
 }
 
 /// The entropy device (`--entropy`), in the last slot.
-pub(super) fn attach_entropy(
-    cfg: &VmConfig,
-    vm: &Arc<VmFd>,
-    mem: &Arc<guestmem::GuestMemory>,
-    device_mem: &GuestMemoryMmap,
-    trace: &Arc<TraceWriter>,
-    devs: &[DevEntry],
-    mmio: &mut Bus,
-) -> Result<(), Error> {
+pub(super) fn attach_entropy(d: &MmioDevices<'_>, mmio: &mut Bus) -> Result<(), Error> {
+    let (cfg, devs) = (d.cfg, d.devs);
     if !cfg.entropy {
         return Ok(());
     }
@@ -261,7 +247,7 @@ pub(super) fn attach_entropy(
     let slot = devs
         .last()
         .expect("devices_of gave the entropy device a slot");
-    let ctx = device_context(cfg, vm, mem, device_mem, trace, slot);
+    let ctx = d.context(slot);
     let name = "entropy";
     let dev = crate::virtio::create_rng_device(&ctx).map_err(|source| Error::Device {
         sandbox: sb.to_string(),

@@ -392,10 +392,18 @@ fn finish(
         sg,
     };
     let legacy = devices::attach_legacy_devices(sb, vm, serial_out, expect, &trace, &sink)?;
-    let mut mmio = devices::attach_net_devices(cfg, vm, &mem, device_mem, &trace, devs)?;
-    let disk_slots = devices::attach_disks(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
-    let vsock_socket = devices::attach_vsock(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
-    devices::attach_entropy(cfg, vm, &mem, device_mem, &trace, devs, &mut mmio)?;
+    let d = devices::MmioDevices {
+        cfg,
+        vm,
+        mem: &mem,
+        device_mem,
+        trace: &trace,
+        devs,
+    };
+    let mut mmio = devices::attach_net_devices(&d)?;
+    let disk_slots = devices::attach_disks(&d, &mut mmio)?;
+    let vsock_socket = devices::attach_vsock(&d, &mut mmio)?;
+    devices::attach_entropy(&d, &mut mmio)?;
     let api_socket = devices::serve_api(cfg, disk_slots)?;
 
     let vcpus = make_vcpus()?;
