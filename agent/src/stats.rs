@@ -13,14 +13,7 @@ pub fn meminfo(text: &str) -> (u64, u64) {
     (field("MemTotal"), field("MemAvailable"))
 }
 
-/// utime and stime (clock ticks) of a /proc/PID/stat line: fields 14 and 15,
-/// counted after the `)` that ends the command name (which may hold spaces).
-pub fn stat_times(text: &str) -> Option<(u64, u64)> {
-    let rest = &text[text.rfind(')')? + 1..];
-    // After ")": state is field 3, so utime (14) is the 12th word.
-    let mut words = rest.split_whitespace().skip(11);
-    Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
-}
+pub use procutil::stat_times;
 
 /// Resident pages of a /proc/PID/statm line (its second field).
 pub fn statm_resident(text: &str) -> Option<u64> {

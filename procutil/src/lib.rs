@@ -20,6 +20,17 @@ pub mod spawn;
 
 pub use dirlock::{DirLock, LockError};
 
+/// utime and stime (clock ticks) of a /proc/PID/stat line: fields 14 and 15,
+/// counted after the `)` that ends the command name (which may hold spaces).
+/// The one parser of it (the agent's Stats, the runtime's CPU accounting,
+/// tests of thread CPU).
+pub fn stat_times(text: &str) -> Option<(u64, u64)> {
+    let rest = &text[text.rfind(')')? + 1..];
+    // After ")": state is field 3, so utime (14) is the 12th word.
+    let mut words = rest.split_whitespace().skip(11);
+    Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
+}
+
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 

@@ -56,10 +56,8 @@ pub fn thread_ns() -> u64 {
 /// `/proc/<pid>/stat`; None if it is gone.
 pub fn process_ns(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name; utime, stime are 14, 15.
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let (ut, st) = procutil::stat_times(&s)?;
+    let ticks = ut + st;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     Some(ticks * 1_000_000_000 / hz)

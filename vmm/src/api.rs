@@ -319,10 +319,8 @@ mod tests {
                 (comm.trim() == name).then(|| std::fs::read_to_string(t.join("stat")).ok())?
             })
             .map(|stat| {
-                // Fields after the parenthesised comm: utime and stime are 14 and 15.
-                let rest = &stat[stat.rfind(')').unwrap() + 2..];
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+                let (ut, st) = procutil::stat_times(&stat).unwrap();
+                ut + st
             })
             .sum()
     }
