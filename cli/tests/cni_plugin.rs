@@ -126,9 +126,19 @@ fn cni_older_versions_work_without_1_1_fields() {
 
 #[test]
 fn cni_fifty_parallel_adds_get_distinct_vfs_and_addresses() {
+    fifty_parallel_adds("host-local", "10.79.0.0/16");
+}
+
+/// The same with the IPAM burstvm-cni runs in its own process.
+#[test]
+fn cni_fifty_parallel_adds_with_burstvm_ipam() {
+    fifty_parallel_adds("burstvm-ipam", "10.80.0.0/16");
+}
+
+fn fifty_parallel_adds(ipam: &str, subnet: &str) {
     const N: usize = 50;
     let nic = NicDaemon::start(N);
-    let net = Network::new(&nic, "10.79.0.0/16", json!({}));
+    let net = Network::with_ipam(&nic, subnet, ipam, json!({}));
     let namespaces: Vec<Netns> = (0..N).map(|_| Netns::new()).collect();
 
     let results: Vec<Value> = std::thread::scope(|s| {

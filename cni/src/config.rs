@@ -84,22 +84,7 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
     let o = v
         .as_object()
         .ok_or_else(|| PluginError::decode("network config from stdin", "not a JSON object"))?;
-    let version = match o.get("cniVersion") {
-        None => {
-            return Err(PluginError::new(
-                code::INCOMPATIBLE_VERSION,
-                "network config has no cniVersion",
-                "cniVersion 0.1.0 is implied, burstvm-cni supports 0.3.0 and later",
-            ))
-        }
-        Some(Value::String(s)) => version::parse(s)?,
-        Some(other) => {
-            return Err(PluginError::decode(
-                "network config field \"cniVersion\"",
-                format!("{other} is not a string"),
-            ))
-        }
-    };
+    let version = version_of(o)?;
     let string = |field: &str| -> Result<Option<String>, PluginError> {
         match o.get(field) {
             None | Some(Value::Null) => Ok(None),
@@ -178,31 +163,7 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
             Some(CniResult::from_json(p).map_err(|e| PluginError::decode_json("prevResult", e))?)
         }
     };
-    let valid_attachments = match o.get("cni.dev/valid-attachments") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(list)) => list
-            .iter()
-            .map(|a| {
-                let s = |k: &str| a.get(k).and_then(Value::as_str).map(str::to_string);
-                match (s("containerID"), s("ifname")) {
-                    (Some(container_id), Some(ifname)) => Ok(Attachment {
-                        container_id,
-                        ifname,
-                    }),
-                    _ => Err(PluginError::invalid_config(
-                        "cni.dev/valid-attachments",
-                        format!("{a} lacks a string containerID or ifname"),
-                    )),
-                }
-            })
-            .collect::<Result<_, _>>()?,
-        Some(other) => {
-            return Err(PluginError::invalid_config(
-                "cni.dev/valid-attachments",
-                format!("{other} is not an array"),
-            ))
-        }
-    };
+    let valid_attachments = valid_attachments(o.get("cni.dev/valid-attachments"))?;
     let kind = match string("kind")? {
         None => DevKind::Vf,
         Some(k) => k
@@ -246,6 +207,51 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
         ipam,
         prev_result,
         valid_attachments,
+    })
+}
+
+/// The config's `cniVersion`: 1 when it is missing or unsupported.
+pub fn version_of(o: &serde_json::Map<String, Value>) -> Result<Version, PluginError> {
+    match o.get("cniVersion") {
+        None => Err(PluginError::new(
+            code::INCOMPATIBLE_VERSION,
+            "network config has no cniVersion",
+            "cniVersion 0.1.0 is implied, burstvm supports 0.3.0 and later",
+        )),
+        Some(Value::String(s)) => version::parse(s),
+        Some(other) => Err(PluginError::decode(
+            "network config field \"cniVersion\"",
+            format!("{other} is not a string"),
+        )),
+    }
+}
+
+/// `cni.dev/valid-attachments` of a GC request (absent: none).
+pub fn valid_attachments(v: Option<&Value>) -> Result<Vec<Attachment>, PluginError> {
+    Ok(match v {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(list)) => list
+            .iter()
+            .map(|a| {
+                let s = |k: &str| a.get(k).and_then(Value::as_str).map(str::to_string);
+                match (s("containerID"), s("ifname")) {
+                    (Some(container_id), Some(ifname)) => Ok(Attachment {
+                        container_id,
+                        ifname,
+                    }),
+                    _ => Err(PluginError::invalid_config(
+                        "cni.dev/valid-attachments",
+                        format!("{a} lacks a string containerID or ifname"),
+                    )),
+                }
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(PluginError::invalid_config(
+                "cni.dev/valid-attachments",
+                format!("{other} is not an array"),
+            ))
+        }
     })
 }
 

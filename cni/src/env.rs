@@ -35,6 +35,8 @@ pub struct Env {
     pub netns: Option<String>,
     pub ifname: Option<String>,
     pub path: Option<String>,
+    /// CNI_ARGS: `KEY=VALUE` pairs separated by `;` (IPAM reads `IP=`).
+    pub args: Option<String>,
 }
 
 impl Env {
@@ -46,6 +48,7 @@ impl Env {
             netns: get("CNI_NETNS"),
             ifname: get("CNI_IFNAME"),
             path: get("CNI_PATH"),
+            args: get("CNI_ARGS"),
         }
     }
 

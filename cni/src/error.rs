@@ -19,6 +19,10 @@ pub mod code {
     pub const CHECK_FAILED: u32 = 102;
     /// A delegated (IPAM) plugin failed without a CNI error result.
     pub const DELEGATE_FAILURE: u32 = 103;
+    /// burstvm-ipam has no address for the attachment: a range set is full,
+    /// a requested address is taken, the gateway or in no range, or the
+    /// attachment already holds one (one per range set).
+    pub const NO_ADDRESS: u32 = 104;
 }
 
 /// The typed cause of a `PluginError` (shared: the error is `Clone`).

@@ -31,6 +31,7 @@ pub fn fuzz_config(data: &[u8]) {
             "CNI_NETNS" => env.netns = v,
             "CNI_IFNAME" => env.ifname = v,
             "CNI_PATH" => env.path = v,
+            "CNI_ARGS" => env.args = v,
             _ => {}
         }
     }
@@ -65,6 +66,20 @@ pub fn fuzz_config(data: &[u8]) {
                         .expect("a result re-encodes to something it can read");
                     assert_eq!(back.interfaces.len(), r.interfaces.len());
                 }
+            }
+        }
+        Err(e) => assert!(e.code != 0, "{e}"),
+    }
+    // burstvm-ipam reads the same config: what it accepts is canonical.
+    match crate::ipam::parse(stdin, env.args.as_deref()) {
+        Ok(c) => {
+            assert!(!c.sets.is_empty() && !c.network.contains('/'));
+            for set in &c.sets {
+                assert!(set
+                    .0
+                    .iter()
+                    .all(|r| r.contains(r.start) && r.contains(r.end)));
+                assert!(set.0.iter().all(|r| r.start.is_ipv4() == set.is_ipv4()));
             }
         }
         Err(e) => assert!(e.code != 0, "{e}"),

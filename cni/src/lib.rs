@@ -13,6 +13,7 @@ mod env;
 mod error;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod ipam;
 pub mod placeholder;
 mod plugin;
 mod version;
@@ -29,4 +30,9 @@ pub use version::SUPPORTED as SUPPORTED_VERSIONS;
 /// exit status.
 pub fn plugin_main() -> i32 {
     plugin::main()
+}
+
+/// The `burstvm-ipam` executable's main (an IPAM plugin for other CNI plugins).
+pub fn ipam_main() -> i32 {
+    ipam::plugin_main()
 }

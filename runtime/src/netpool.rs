@@ -9,7 +9,7 @@
 //! claimed entry is DELed by its sandbox's teardown like any other, and a
 //! runtime that dies (SIGKILL) leaves netns carrying its tag, which the next
 //! runtime's `reap_stale` removes with the dead runtime's state directory
-//! (its host-local leases and NIC state; its NIC daemon died with it).
+//! (its IPAM leases and NIC state; its NIC daemon died with it).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};

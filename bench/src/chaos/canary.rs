@@ -140,7 +140,7 @@ fn payload(sandbox: &str) -> Vec<u8> {
     p
 }
 
-/// host-local's leases: address → container id (the file named by the
+/// The IPAM leases (host-local's format): address → container id (the file named by the
 /// address holds the id on its first line).
 fn leases(dir: &Path) -> Vec<(Ipv4Addr, String)> {
     let Ok(rd) = std::fs::read_dir(dir) else {

@@ -241,6 +241,11 @@ pub struct Network {
 impl Network {
     /// `extra` is merged into the plugin config (e.g. a different cniVersion).
     pub fn new(nic: &NicDaemon, subnet: &str, extra: Value) -> Network {
+        Self::with_ipam(nic, subnet, "host-local", extra)
+    }
+
+    /// A network whose `ipam.type` is `ipam` (host-local's config either way).
+    pub fn with_ipam(nic: &NicDaemon, subnet: &str, ipam: &str, extra: Value) -> Network {
         let name = unique("burstnet");
         let dir = tempfile::tempdir().unwrap();
         let cni_path = std::env::join_paths([
@@ -262,7 +267,7 @@ impl Network {
             "nicSocket": nic.socket,
             "pf": "pf0",
             "ipam": {
-                "type": "host-local",
+                "type": ipam,
                 "subnet": subnet,
                 "dataDir": net.data_dir(),
                 "routes": [{"dst": "0.0.0.0/0"}, {"dst": "198.51.100.0/24"}]
@@ -280,6 +285,10 @@ impl Network {
         net
     }
 
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     pub fn conf_dir(&self) -> PathBuf {
         self.dir.path().join("net.d")
     }
@@ -293,7 +302,7 @@ impl Network {
         serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap()
     }
 
-    /// host-local's lease files: one per allocated address.
+    /// The IPAM's lease files (host-local's format): one per allocated address.
     pub fn leases(&self) -> Vec<String> {
         match std::fs::read_dir(self.data_dir().join(&self.name)) {
             Err(_) => Vec::new(),

@@ -29,7 +29,7 @@ pub(super) fn add(env: &Env, conf: &NetConf) -> Result<Value, PluginError> {
     let cid = env.container_id()?;
     let netns_path = env.netns()?;
     let ifname = env.ifname()?;
-    let ipam = ipam_plugin(env, conf)?;
+    let ipam = ipam_of(env, conf)?;
     let ns =
         Netns::open(netns_path).map_err(|e| PluginError::invalid_env_caused("CNI_NETNS", e))?;
     if ns
@@ -59,13 +59,13 @@ pub(super) fn add(env: &Env, conf: &NetConf) -> Result<Value, PluginError> {
         }
     };
     let result = match conf.kind {
-        DevKind::Vf => add_with_vf(conf, &ns, ifname, &vf, ipam.as_deref()),
+        DevKind::Vf => add_with_vf(env, conf, &ns, ifname, &vf, ipam.as_ref()),
         DevKind::Sg => Ok(sg_result(conf, &ns, ifname, &vf)),
     };
     if result.is_err() {
         // Leave nothing behind: IPAM DEL (spec §4), then give the VF back.
-        if let Some(p) = &ipam {
-            if let Err(e) = delegate::exec(p, Command::Del, &conf.raw) {
+        if let Some(i) = &ipam {
+            if let Err(e) = i.call(env, conf, Command::Del) {
                 eprintln!("burstvm-cni ADD cleanup: {e}");
             }
         }
@@ -77,11 +77,12 @@ pub(super) fn add(env: &Env, conf: &NetConf) -> Result<Value, PluginError> {
 }
 
 fn add_with_vf(
+    env: &Env,
     conf: &NetConf,
     ns: &Netns,
     ifname: &str,
     vf: &Vf,
-    ipam: Option<&Path>,
+    ipam: Option<&Ipam>,
 ) -> Result<Value, PluginError> {
     let mac = vf.mac.ok_or_else(|| {
         PluginError::new(
@@ -92,17 +93,7 @@ fn add_with_vf(
     })?;
     let ipam_result = match ipam {
         None => CniResult::default(),
-        Some(p) => {
-            let out = delegate::exec(p, Command::Add, &conf.raw)?.ok_or_else(|| {
-                PluginError::decode(
-                    &format!("result of IPAM plugin {}", p.display()),
-                    "empty output",
-                )
-            })?;
-            CniResult::from_json(&out).map_err(|e| {
-                PluginError::decode_json(&format!("result of IPAM plugin {}", p.display()), e)
-            })?
-        }
+        Some(i) => i.add(env, conf)?,
     };
     let gateway = |v4: bool| {
         ipam_result
@@ -176,9 +167,9 @@ pub(super) fn del(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
     let cid = env.container_id()?;
     let ifname = env.ifname()?;
     let mut errors = Vec::new();
-    match ipam_plugin(env, conf) {
-        Ok(Some(p)) => {
-            if let Err(e) = delegate::exec(&p, Command::Del, &conf.raw) {
+    match ipam_of(env, conf) {
+        Ok(Some(i)) => {
+            if let Err(e) = i.call(env, conf, Command::Del) {
                 errors.push(e);
             }
         }

@@ -5,20 +5,11 @@
 use super::*;
 
 pub(super) fn check(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
-    if !conf.version.has_check() {
-        return Err(PluginError::new(
-            code::INCOMPATIBLE_VERSION,
-            "CHECK is not part of this CNI version",
-            format!(
-                "cniVersion {} has no CHECK (0.4.0 and later do)",
-                conf.version.as_str()
-            ),
-        ));
-    }
+    require(conf.version.has_check(), "CHECK", "0.4.0", conf.version)?;
     let cid = env.container_id()?;
     let netns = env.netns()?;
     let ifname = env.ifname()?;
-    let ipam = ipam_plugin(env, conf)?;
+    let ipam = ipam_of(env, conf)?;
     let prev = conf.prev_result.as_ref().ok_or_else(|| {
         PluginError::invalid_config("prevResult", "CHECK needs the result of ADD")
     })?;
@@ -34,8 +25,8 @@ pub(super) fn check(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
             ))
         })?;
 
-    if let Some(p) = &ipam {
-        delegate::exec(p, Command::Check, &conf.raw)?;
+    if let Some(i) = &ipam {
+        i.call(env, conf, Command::Check)?;
     }
 
     let vf = assigned_vf(&mut connect(conf)?, cid)
@@ -126,16 +117,12 @@ pub(super) fn check(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
 }
 
 pub(super) fn status(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
-    if !conf.version.has_status_and_gc() {
-        return Err(PluginError::new(
-            code::INCOMPATIBLE_VERSION,
-            "STATUS is not part of this CNI version",
-            format!(
-                "cniVersion {} has no STATUS (1.1.0 does)",
-                conf.version.as_str()
-            ),
-        ));
-    }
+    require(
+        conf.version.has_status_and_gc(),
+        "STATUS",
+        "1.1.0",
+        conf.version,
+    )?;
     const UNAVAILABLE: &str = "burstvm-cni cannot serve ADD";
     let unavailable = |details: String| PluginError::new(code::NOT_AVAILABLE, UNAVAILABLE, details);
     let vfs = Client::connect_with_timeout(&conf.nic_socket, conf.nic_timeout)
@@ -159,8 +146,8 @@ pub(super) fn status(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
             of_pf.len(),
         )));
     }
-    if let Some(p) = ipam_plugin(env, conf)? {
-        delegate::exec(&p, Command::Status, &conf.raw)?;
+    if let Some(i) = ipam_of(env, conf)? {
+        i.call(env, conf, Command::Status)?;
     }
     Ok(())
 }
@@ -168,17 +155,13 @@ pub(super) fn status(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
 /// Releases every VF of the network's PFs whose container is not in the valid
 /// attachments (a PF belongs to one network), then GCs the IPAM plugin.
 pub(super) fn gc(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
-    if !conf.version.has_status_and_gc() {
-        return Err(PluginError::new(
-            code::INCOMPATIBLE_VERSION,
-            "GC is not part of this CNI version",
-            format!(
-                "cniVersion {} has no GC (1.1.0 does)",
-                conf.version.as_str()
-            ),
-        ));
-    }
-    let ipam = ipam_plugin(env, conf)?;
+    require(
+        conf.version.has_status_and_gc(),
+        "GC",
+        "1.1.0",
+        conf.version,
+    )?;
+    let ipam = ipam_of(env, conf)?;
     let valid: HashSet<&str> = conf
         .valid_attachments
         .iter()
@@ -197,8 +180,8 @@ pub(super) fn gc(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
             }
         }
     }
-    if let Some(p) = &ipam {
-        if let Err(e) = delegate::exec(p, Command::Gc, &conf.raw) {
+    if let Some(i) = &ipam {
+        if let Err(e) = i.call(env, conf, Command::Gc) {
             errors.push(e);
         }
     }

@@ -20,6 +20,7 @@ use crate::config::{self, NetConf};
 use crate::delegate;
 use crate::env::{Command, Env};
 use crate::error::{code, PluginError};
+use crate::ipam;
 use crate::placeholder::{self, PlaceholderError};
 use crate::version::{Version, SUPPORTED};
 use netutil::cni::{CniResult, Interface};
@@ -57,6 +58,12 @@ pub fn read_stdin(input: impl Read) -> Result<Vec<u8>, PluginError> {
 /// Reads env and stdin, runs the command, prints its result or error
 /// result; returns the exit status.
 pub fn main() -> i32 {
+    serve("burstvm-cni", run)
+}
+
+/// A plugin executable's body (burstvm-cni, burstvm-ipam): env and stdin
+/// in, `run`'s result or error result out, the exit status returned.
+pub(crate) fn serve(name: &str, run: fn(&Env, &[u8]) -> Result<Option<Value>, PluginError>) -> i32 {
     let env = Env::from_process();
     let (stdin, result) = match read_stdin(std::io::stdin().lock()) {
         Ok(stdin) => {
@@ -76,10 +83,25 @@ pub fn main() -> i32 {
             let version =
                 config::peek_version(&stdin).unwrap_or_else(|| Version::V1_1_0.as_str().into());
             println!("{}", e.to_json(&version));
-            eprintln!("burstvm-cni {}: {e}", env.command.as_deref().unwrap_or("?"));
+            eprintln!("{name} {}: {e}", env.command.as_deref().unwrap_or("?"));
             1
         }
     }
+}
+
+/// INCOMPATIBLE_VERSION unless `ok`: `cmd` exists since version `since`.
+pub(crate) fn require(ok: bool, cmd: &str, since: &str, v: Version) -> Result<(), PluginError> {
+    if ok {
+        return Ok(());
+    }
+    Err(PluginError::new(
+        code::INCOMPATIBLE_VERSION,
+        format!("{cmd} is not part of this CNI version"),
+        format!(
+            "cniVersion {} has no {cmd} ({since} and later have it)",
+            v.as_str()
+        ),
+    ))
 }
 
 /// One invocation; `Ok(None)` means success without output (DEL, STATUS, GC).
@@ -99,7 +121,7 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<Value>, PluginError> {
     }
 }
 
-fn version(stdin: &[u8]) -> Result<Value, PluginError> {
+pub(crate) fn version(stdin: &[u8]) -> Result<Value, PluginError> {
     let asked = if stdin.iter().all(u8::is_ascii_whitespace) {
         Version::V1_1_0.as_str().to_string()
     } else {
@@ -183,12 +205,51 @@ fn parse_mac(s: &str) -> Option<MacAddr> {
     s.parse().ok()
 }
 
-/// The IPAM plugin's path, if the config has one (needs CNI_PATH).
-fn ipam_plugin(env: &Env, conf: &NetConf) -> Result<Option<PathBuf>, PluginError> {
-    conf.ipam
-        .as_deref()
-        .map(|t| delegate::find(t, &env.path()?))
-        .transpose()
+/// Where a network's addresses come from: `burstvm-ipam` in this process,
+/// or an IPAM plugin executed from CNI_PATH (spec §4: same stdin and env).
+enum Ipam {
+    Builtin(Box<ipam::IpamConf>),
+    Exec(PathBuf),
+}
+
+/// The network's IPAM, if its config has one (an executed plugin needs CNI_PATH).
+fn ipam_of(env: &Env, conf: &NetConf) -> Result<Option<Ipam>, PluginError> {
+    Ok(match conf.ipam.as_deref() {
+        None => None,
+        Some(ipam::TYPE) => Some(Ipam::Builtin(Box::new(ipam::parse(
+            &conf.raw,
+            env.args.as_deref(),
+        )?))),
+        Some(t) => Some(Ipam::Exec(delegate::find(t, &env.path()?)?)),
+    })
+}
+
+impl Ipam {
+    fn add(&self, env: &Env, conf: &NetConf) -> Result<CniResult, PluginError> {
+        let p = match self {
+            Ipam::Builtin(c) => return ipam::add(c, ipam::owner(env)?),
+            Ipam::Exec(p) => p,
+        };
+        let what = || format!("result of IPAM plugin {}", p.display());
+        let out = delegate::exec(p, Command::Add, &conf.raw)?
+            .ok_or_else(|| PluginError::decode(&what(), "empty output"))?;
+        CniResult::from_json(&out).map_err(|e| PluginError::decode_json(&what(), e))
+    }
+
+    /// DEL, CHECK, STATUS or GC: commands whose IPAM result is only success.
+    fn call(&self, env: &Env, conf: &NetConf, cmd: Command) -> Result<(), PluginError> {
+        let c = match self {
+            Ipam::Exec(p) => return delegate::exec(p, cmd, &conf.raw).map(|_| ()),
+            Ipam::Builtin(c) => c,
+        };
+        match cmd {
+            Command::Del => ipam::del(c, ipam::owner(env)?),
+            Command::Check => ipam::check(c, ipam::owner(env)?),
+            Command::Status => ipam::status(c),
+            Command::Gc => ipam::gc(c).map(|_| ()),
+            Command::Add | Command::Version => unreachable!("Ipam::call({cmd:?})"),
+        }
+    }
 }
 
 fn connect(conf: &NetConf) -> Result<Client, PluginError> {
@@ -206,6 +267,7 @@ mod tests {
             netns: Some("/run/netns/does-not-exist-here".into()),
             ifname: Some("eth0".into()),
             path: None,
+            args: None,
         }
     }
 

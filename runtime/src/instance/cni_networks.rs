@@ -2,8 +2,8 @@
 //! itself: `net.conf` (burstvm-cni, the VF network), `sg.conf` (burstvm-cni
 //! `"kind":"sg"`, when the NIC daemon serves SG functions) and `tap.conf`
 //! (the reference `bridge` plugin, run in the server netns). The VF and tap
-//! networks lease disjoint host-local ranges of the server's /16, so their
-//! guests never get the same address.
+//! networks lease disjoint ranges of the server's /16 (burstvm-ipam and
+//! host-local, one store format), so their guests never get the same address.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -29,18 +29,20 @@ pub fn pf_plan(vfs: usize) -> Vec<(String, usize)> {
         })
         .collect()
 }
-/// VF-variant guests get addresses from host-local in this part of the /16 …
+/// VF-variant guests get addresses from burstvm-ipam (in burstvm-cni's
+/// process: one exec per ADD, not two) in this part of the /16 …
 const VF_RANGE: (&str, &str) = ("10.77.1.1", "10.77.127.254");
 /// … and `tap` guests (the reference `bridge` plugin's host-local) in this part.
 const TAP_RANGE: (&str, &str) = ("10.77.128.1", "10.77.255.254");
 
 impl Runtime {
-    /// The server subnet as CIDR, and host-local ranges of it.
-    fn ipam(&self, range: (&str, &str)) -> serde_json::Value {
+    /// IPAM plugin `plugin` (host-local's config: burstvm-ipam reads the
+    /// same) over `range` of the server subnet.
+    fn ipam(&self, plugin: &str, range: (&str, &str)) -> serde_json::Value {
         let a = self.server().addressing();
         let mask = !((1u32 << (32 - a.prefix_len)) - 1);
         serde_json::json!({
-            "type": "host-local",
+            "type": plugin,
             "dataDir": self.ipam_dir(),
             "ranges": [[{
                 "subnet": format!("{}/{}", Ipv4Addr::from(u32::from(a.server_ip) & mask), a.prefix_len),
@@ -71,7 +73,7 @@ impl Runtime {
             "bridge": server_netns::SERVER_BRIDGE,
             "isGateway": false,
             "ipMasq": false,
-            "ipam": self.ipam(TAP_RANGE),
+            "ipam": self.ipam("host-local", TAP_RANGE),
         });
         let path = self.write_conf("tap.conf", &conf)?;
         let srv = self.server().netns_path();
@@ -90,7 +92,7 @@ impl Runtime {
             "type": "burstvm-cni",
             "nicSocket": self.nic_socket(),
             "pf": pf_plan(self.cfg.vfs).into_iter().map(|(pf, _)| pf).collect::<Vec<_>>(),
-            "ipam": self.ipam(VF_RANGE),
+            "ipam": self.ipam(cni::ipam::TYPE, VF_RANGE),
         });
         let path = self.write_conf("net.conf", &conf)?;
         let cni_path = cni_path(&self.cfg.bin);
@@ -117,12 +119,12 @@ impl Runtime {
         Ok(())
     }
 
-    /// host-local's data directory (leases of every network of this runtime).
+    /// The IPAM data directory (leases of every network of this runtime).
     fn ipam_dir(&self) -> PathBuf {
         self.state_dir.join("ipam")
     }
 
-    /// host-local's leases of this runtime's network: one file per address,
+    /// The leases of this runtime's VF network: one file per address,
     /// holding the container id.
     pub fn ipam_lease_dir(&self) -> PathBuf {
         self.ipam_dir().join(format!("burstvm-{}", self.tag))
