@@ -1,6 +1,10 @@
 //! The state file: which VF belongs to which sandbox, so that a restarted
-//! daemon keeps the assignments. Written whole to a temporary file, fsynced and
-//! renamed over the old one, so a crash leaves either the old or the new state.
+//! daemon keeps the assignments. Written whole to a temporary file and renamed
+//! over the old one, so a crash of the daemon leaves either the old or the new
+//! state. Not fsynced: the assignments are of sandboxes of this boot, which a
+//! power loss ends too, and an fsync on every alloc and release cost the
+//! control thread, which serves every request in turn, ~0.2 ms of wall time
+//! and 63 µs of CPU each where the state directory is on a disk (docs/nic.md).
 
 use std::fs;
 use std::io::Write;
@@ -67,7 +71,7 @@ pub fn save(path: &Path, state: &StateFile) -> Result<(), StateError> {
     let mut f = fs::File::create(&tmp).map_err(io)?;
     f.write_all(&serde_json::to_vec_pretty(state).expect("state serializes"))
         .map_err(io)?;
-    f.sync_all().map_err(io)?;
+    drop(f);
     fs::rename(&tmp, path).map_err(io)?;
     Ok(())
 }

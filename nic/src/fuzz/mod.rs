@@ -31,7 +31,7 @@ pub(super) fn memfd(name: &str, size: u64) -> File {
     f
 }
 
-/// A directory on tmpfs if there is one (state files are fsynced).
+/// A directory on tmpfs if there is one (every request rewrites the state file).
 pub(super) fn scratch_dir(tag: &str) -> PathBuf {
     static N: AtomicU64 = AtomicU64::new(0);
     let base = if std::path::Path::new("/dev/shm").is_dir() {
