@@ -63,6 +63,15 @@ fn burstvm_ipam_runs_in_the_plugins_process_and_shares_host_locals_store() {
     assert_eq!(r["routes"].as_array().unwrap().len(), 2);
     let p = cni::read_placeholder(Path::new(&ns.path()), "eth0").unwrap();
     assert_eq!(p.addresses[0].to_string(), "10.81.0.2/16");
+    // CHECK and STATUS reach the in-process IPAM too.
+    let mut check = conf.clone();
+    check["prevResult"] = r.clone();
+    let mut e = env("CHECK", "c1", &ns_path);
+    e.push(("CNI_PATH", empty.path().to_str().unwrap()));
+    let (st, out) = finish_plugin(start_plugin(&e, &check.to_string()));
+    assert_eq!(st, 0, "{out}");
+    let (ok, out, err) = net.cnitool("status", &ns_path);
+    assert!(ok, "cnitool status: {out} {err}");
 
     // host-local continues the round robin in the same store, and so does the executable.
     let (st, r) = ipam(&host_local, "ADD", "hl1", &conf);
@@ -77,6 +86,18 @@ fn burstvm_ipam_runs_in_the_plugins_process_and_shares_host_locals_store() {
     assert_eq!(ipam(&host_local, "DEL", "c1", &conf).0, 0);
     assert_eq!(ipam(Path::new(IPAM), "DEL", "hl1", &conf).0, 0);
     assert_eq!(net.leases(), ["10.81.0.4"]);
+    // The plugin's CHECK now fails in its IPAM: c1 holds no lease.
+    let mut e = env("CHECK", "c1", &ns_path);
+    e.push(("CNI_PATH", empty.path().to_str().unwrap()));
+    let (st, out) = finish_plugin(start_plugin(&e, &check.to_string()));
+    assert_eq!(error_code(st, &out), 102, "{out}");
+    assert!(
+        out["details"]
+            .as_str()
+            .unwrap()
+            .contains("holds no address"),
+        "{out}"
+    );
     let (st, r) = ipam(Path::new(IPAM), "CHECK", "bi1", &conf);
     assert_eq!(st, 0, "{r}");
     let (st, r) = ipam(Path::new(IPAM), "CHECK", "hl1", &conf);
