@@ -36,7 +36,8 @@ pub struct ContainerdConfig {
     pub shim_dir: PathBuf,
     /// The shim config (`ConfigPath` of the runtime options).
     pub shim_config: PathBuf,
-    /// CNI plugins (burstvm-cni, host-local, loopback) and the conf dir.
+    /// CNI plugins (burstvm-cni, whose IPAM runs in its process; loopback;
+    /// host-local for networks that name it) and the conf dir.
     pub cni_bin_dir: PathBuf,
     pub cni_conf_dir: PathBuf,
     /// The CRI plugin's pause image (imported locally, never pulled).
