@@ -434,31 +434,13 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<Value>, PluginError> {
         return crate::plugin::version(stdin).map(Some);
     }
     let conf = parse(stdin, env.args.as_deref())?;
+    crate::plugin::require(cmd, conf.version)?;
     match cmd {
         Command::Add => add(&conf, owner(env)?).map(|r| Some(r.to_json(conf.version))),
         Command::Del => del(&conf, owner(env)?).map(|()| None),
-        Command::Check => {
-            crate::plugin::require(conf.version.has_check(), "CHECK", "0.4.0", conf.version)?;
-            check(&conf, owner(env)?).map(|()| None)
-        }
-        Command::Status => {
-            crate::plugin::require(
-                conf.version.has_status_and_gc(),
-                "STATUS",
-                "1.1.0",
-                conf.version,
-            )?;
-            status(&conf).map(|()| None)
-        }
-        Command::Gc => {
-            crate::plugin::require(
-                conf.version.has_status_and_gc(),
-                "GC",
-                "1.1.0",
-                conf.version,
-            )?;
-            gc(&conf).map(|_| None)
-        }
+        Command::Check => check(&conf, owner(env)?).map(|()| None),
+        Command::Status => status(&conf).map(|()| None),
+        Command::Gc => gc(&conf).map(|_| None),
         Command::Version => unreachable!("handled above"),
     }
 }

@@ -5,7 +5,6 @@
 use super::*;
 
 pub(super) fn check(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
-    require(conf.version.has_check(), "CHECK", "0.4.0", conf.version)?;
     let cid = env.container_id()?;
     let netns = env.netns()?;
     let ifname = env.ifname()?;
@@ -117,12 +116,6 @@ pub(super) fn check(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
 }
 
 pub(super) fn status(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
-    require(
-        conf.version.has_status_and_gc(),
-        "STATUS",
-        "1.1.0",
-        conf.version,
-    )?;
     const UNAVAILABLE: &str = "burstvm-cni cannot serve ADD";
     let unavailable = |details: String| PluginError::new(code::NOT_AVAILABLE, UNAVAILABLE, details);
     let vfs = Client::connect_with_timeout(&conf.nic_socket, conf.nic_timeout)
@@ -155,12 +148,6 @@ pub(super) fn status(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
 /// Releases every VF of the network's PFs whose container is not in the valid
 /// attachments (a PF belongs to one network), then GCs the IPAM plugin.
 pub(super) fn gc(env: &Env, conf: &NetConf) -> Result<(), PluginError> {
-    require(
-        conf.version.has_status_and_gc(),
-        "GC",
-        "1.1.0",
-        conf.version,
-    )?;
     let ipam = ipam_of(env, conf)?;
     let valid: HashSet<&str> = conf
         .valid_attachments

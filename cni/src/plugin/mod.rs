@@ -89,11 +89,18 @@ pub(crate) fn serve(name: &str, run: fn(&Env, &[u8]) -> Result<Option<Value>, Pl
     }
 }
 
-/// INCOMPATIBLE_VERSION unless `ok`: `cmd` exists since version `since`.
-pub(crate) fn require(ok: bool, cmd: &str, since: &str, v: Version) -> Result<(), PluginError> {
+/// INCOMPATIBLE_VERSION unless version `v` has `cmd`: CHECK exists since
+/// 0.4.0, STATUS and GC since 1.1.0, the other commands in every version.
+pub(crate) fn require(cmd: Command, v: Version) -> Result<(), PluginError> {
+    let (ok, since) = match cmd {
+        Command::Check => (v.has_check(), "0.4.0"),
+        Command::Status | Command::Gc => (v.has_status_and_gc(), "1.1.0"),
+        Command::Add | Command::Del | Command::Version => return Ok(()),
+    };
     if ok {
         return Ok(());
     }
+    let cmd = cmd.as_str();
     Err(PluginError::new(
         code::INCOMPATIBLE_VERSION,
         format!("{cmd} is not part of this CNI version"),
@@ -111,6 +118,7 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<Option<Value>, PluginError> {
         return version(stdin).map(Some);
     }
     let conf = config::parse(stdin)?;
+    require(cmd, conf.version)?;
     match cmd {
         Command::Add => add(env, &conf).map(Some),
         Command::Del => del(env, &conf).map(|()| None),
