@@ -79,11 +79,7 @@ fn pf_list(v: Option<&Value>) -> Result<Vec<String>, PluginError> {
 /// Decodes and validates a network config: 6 if it is not JSON, 1 for an
 /// unsupported `cniVersion`, 7 for a missing or wrong field.
 pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
-    let v: Value = serde_json::from_slice(raw)
-        .map_err(|e| PluginError::decode_json("network config from stdin", e))?;
-    let o = v
-        .as_object()
-        .ok_or_else(|| PluginError::decode("network config from stdin", "not a JSON object"))?;
+    let o = &decode_object(raw)?;
     let version = version_of(o)?;
     let string = |field: &str| -> Result<Option<String>, PluginError> {
         match o.get(field) {
@@ -143,10 +139,7 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
             other => {
                 return Err(PluginError::invalid_config(
                     "ipam.type",
-                    format!(
-                        "{} is not a plugin name",
-                        other.map_or("missing".to_string(), |v| v.to_string())
-                    ),
+                    format!("{} is not a plugin name", shown(other)),
                 ))
             }
         },
@@ -208,6 +201,24 @@ pub fn parse(raw: &[u8]) -> Result<NetConf, PluginError> {
         prev_result,
         valid_attachments,
     })
+}
+
+/// The network config on stdin as a JSON object: 6 if it is not one.
+pub fn decode_object(raw: &[u8]) -> Result<serde_json::Map<String, Value>, PluginError> {
+    match serde_json::from_slice(raw)
+        .map_err(|e| PluginError::decode_json("network config from stdin", e))?
+    {
+        Value::Object(o) => Ok(o),
+        _ => Err(PluginError::decode(
+            "network config from stdin",
+            "not a JSON object",
+        )),
+    }
+}
+
+/// A field's value as an error message names it: its JSON, or "missing".
+pub fn shown(v: Option<&Value>) -> String {
+    v.map_or("missing".into(), Value::to_string)
 }
 
 /// The config's `cniVersion`: 1 when it is missing or unsupported.

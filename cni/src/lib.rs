@@ -31,8 +31,3 @@ pub use version::SUPPORTED as SUPPORTED_VERSIONS;
 pub fn plugin_main() -> i32 {
     plugin::main()
 }
-
-/// The `burstvm-ipam` executable's main (an IPAM plugin for other CNI plugins).
-pub fn ipam_main() -> i32 {
-    ipam::plugin_main()
-}

@@ -2,5 +2,5 @@
 //! /opt/cni/bin for plugins other than burstvm-cni (which runs it in-process).
 
 fn main() {
-    std::process::exit(cni::ipam_main());
+    std::process::exit(cni::ipam::plugin_main());
 }

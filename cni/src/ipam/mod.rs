@@ -101,11 +101,7 @@ fn set_list(v: Option<&Value>, field: &str) -> Result<Vec<RangeSet>, PluginError
 
 /// Decodes a network config as host-local does; `cni_args` is CNI_ARGS.
 pub fn parse(raw: &[u8], cni_args: Option<&str>) -> Result<IpamConf, PluginError> {
-    let v: Value = serde_json::from_slice(raw)
-        .map_err(|e| PluginError::decode_json("network config from stdin", e))?;
-    let o = v
-        .as_object()
-        .ok_or_else(|| PluginError::decode("network config from stdin", "not a JSON object"))?;
+    let o = &config::decode_object(raw)?;
     let version = config::version_of(o)?;
     let network = match o.get("name") {
         Some(Value::String(n)) if valid_network_name(n) => n.clone(),
@@ -114,7 +110,7 @@ pub fn parse(raw: &[u8], cni_args: Option<&str>) -> Result<IpamConf, PluginError
                 "name",
                 format!(
                     "{} is not a network name (a letter or digit, then letters, digits, '_', '.' or '-')",
-                    other.map_or("missing".into(), |v| v.to_string())
+                    config::shown(other)
                 ),
             ))
         }
@@ -124,10 +120,7 @@ pub fn parse(raw: &[u8], cni_args: Option<&str>) -> Result<IpamConf, PluginError
         other => {
             return Err(PluginError::invalid_config(
                 "ipam",
-                format!(
-                    "{} is not an object",
-                    other.map_or("missing".into(), |v| v.to_string())
-                ),
+                format!("{} is not an object", config::shown(other)),
             ))
         }
     };

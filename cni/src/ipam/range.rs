@@ -103,10 +103,7 @@ impl Range {
             other => {
                 return Err(PluginError::invalid_config(
                     &format!("{field}.subnet"),
-                    format!(
-                        "{} is not a CIDR string",
-                        other.map_or("missing".into(), |v| v.to_string())
-                    ),
+                    format!("{} is not a CIDR string", crate::config::shown(other)),
                 ))
             }
         };
