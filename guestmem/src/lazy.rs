@@ -9,6 +9,7 @@ use std::thread::JoinHandle;
 use userfaultfd::{Event, EventBuffer, FeatureFlags, RegisterMode, Uffd, UffdBuilder};
 
 use nix::poll::PollTimeout;
+use procutil::sched::{self, Policy};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::sys;
@@ -443,9 +444,9 @@ fn handle_fault(s: &Shared, addr: usize) -> Result<(), LazyError> {
 fn zeroer_loop(s: &Shared, idle: bool) {
     // Lowest priority between batches; normal priority while holding pages in ZEROING so a
     // fault waiting on one of them is not stuck behind an idle-class thread.
-    let can_switch = idle && sys::set_thread_sched(true).is_ok();
+    let can_switch = idle && sched::set_thread_policy(Policy::Idle).is_ok();
     if idle && !can_switch {
-        sys::set_thread_nice(19);
+        let _ = sched::set_thread_nice(19);
     }
     // Top down: guests allocate from low addresses, so the zeroer and the guest's first
     // touches meet once instead of contending page after page.
@@ -459,7 +460,7 @@ fn zeroer_loop(s: &Shared, idle: bool) {
             let start = end.saturating_sub(BATCH_PAGES);
             if can_switch {
                 std::thread::yield_now();
-                let _ = sys::set_thread_sched(false);
+                let _ = sched::set_thread_policy(Policy::Other);
             }
             let mut err = None;
             r.table.prefault_dirty(start, end);
@@ -479,7 +480,7 @@ fn zeroer_loop(s: &Shared, idle: bool) {
                 }
             }
             if can_switch {
-                let _ = sys::set_thread_sched(true);
+                let _ = sched::set_thread_policy(Policy::Idle);
             }
             if let Some(e) = err {
                 return s.errors.report(e);

@@ -228,29 +228,6 @@ fn has_cap_ipc_lock() -> bool {
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
-/// Sets the calling thread's scheduling policy (SCHED_IDLE or SCHED_OTHER); nix has no
-/// sched_setscheduler.
-pub fn set_thread_sched(idle: bool) -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
-    let policy = if idle {
-        libc::SCHED_IDLE
-    } else {
-        libc::SCHED_OTHER
-    };
-    // SAFETY: pid 0 = calling thread; param is valid.
-    if unsafe { libc::sched_setscheduler(0, policy, &param) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Lowest nice value for the calling thread (fallback when SCHED_IDLE is refused).
-pub fn set_thread_nice(nice: i32) {
-    let tid = nix::unistd::gettid().as_raw() as libc::id_t;
-    // SAFETY: setpriority on our own thread.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
-}
-
 /// A non-blocking eventfd used to wake a thread blocked in poll.
 pub fn wake_fd() -> io::Result<EventFd> {
     EventFd::new(EFD_NONBLOCK | libc::EFD_CLOEXEC)

@@ -564,6 +564,11 @@ pub fn serve(
     profile: &'static Profile,
 ) {
     let id = port.id.clone();
+    // The frontend sends its set-up as runs of messages: read each run in
+    // one go rather than preempting the sender per message (procutil::sched).
+    if let Err(e) = procutil::sched::set_thread_policy(procutil::sched::Policy::Batch) {
+        tracing::debug!("VF {id}: session thread stays SCHED_OTHER: {e}");
+    }
     match devset.open(index, |_| Ok::<(), ()>(())) {
         Ok(Ok(())) => {}
         Ok(Err(())) => return,

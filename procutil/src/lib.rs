@@ -12,10 +12,12 @@
 //! Beside it, the one home of the directory lock every daemon and runtime
 //! holds on what it owns ([`DirLock`], `dirlock.rs`), and of spawning without
 //! a fork ([`spawn`]: clone with CLONE_VM | CLONE_VFORK, as posix_spawn does,
-//! for children that need pre-exec steps).
+//! for children that need pre-exec steps), and of a thread's scheduling
+//! class ([`sched`]).
 
 mod child;
 mod dirlock;
+pub mod sched;
 pub mod spawn;
 
 pub use dirlock::{DirLock, LockError};

@@ -324,6 +324,45 @@ pub fn join_self(fds: &[RawFd]) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether joining a cgroup skips waiting for an RCU grace period: a
+/// cgroup2 mount with `favordynmods` (Linux >= 6.0) switches the kernel's
+/// cgroup migration lock to a mode where writers need none, at a small cost
+/// to fork and exit. One such mount is enough (the lock is global); without
+/// it every write to `cgroup.procs` ([`join_self`]) waits ~8 ms on this
+/// host. Some(false): there is a cgroup2 mount and none has it; None: no
+/// cgroup2 mount (nothing to remount) or /proc/self/mounts unreadable.
+pub fn favordynmods() -> Option<bool> {
+    favordynmods_in(&fs::read_to_string("/proc/self/mounts").ok()?)
+}
+
+fn favordynmods_in(mounts: &str) -> Option<bool> {
+    let mut cgroup2 = mounts.lines().filter_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(2) == Some(&"cgroup2")).then(|| f.get(3).copied().unwrap_or(""))
+    });
+    let first = cgroup2.next()?;
+    Some(
+        std::iter::once(first)
+            .chain(cgroup2)
+            .any(|opts| opts.split(',').any(|o| o == "favordynmods")),
+    )
+}
+
+/// One line for a log or a benchmark's header: whether VMMs join their
+/// cgroups without a grace period, and how to get there if not.
+pub fn favordynmods_note() -> String {
+    match favordynmods() {
+        Some(true) => {
+            "cgroup moves: a cgroup2 mount has favordynmods (no RCU grace period per move)".into()
+        }
+        Some(false) => "cgroup moves: no cgroup2 mount has favordynmods, so each VMM waits for an \
+             RCU grace period per cgroup it joins (~8 ms here); scripts/setup.sh remounts \
+             one with it (docs/runtime.md \"Joining the cgroups\")"
+            .into(),
+        None => "cgroup moves: no cgroup2 mount to set favordynmods on".into(),
+    }
+}
+
 /// What `reap` did: the processes it killed, the directories it removed.
 #[derive(Debug, Default)]
 pub(crate) struct Reaped {
@@ -479,6 +518,19 @@ impl Drop for CgroupPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn favordynmods_is_read_from_any_cgroup2_mount() {
+        let v1 = "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n";
+        let off = "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0\n";
+        let on = "cgroup2 /x cgroup2 rw,nosuid,favordynmods,memory_recursiveprot 0 0\n";
+        assert_eq!(favordynmods_in(v1), None);
+        assert_eq!(favordynmods_in(&format!("{v1}{off}")), Some(false));
+        assert_eq!(favordynmods_in(&format!("{v1}{off}{on}")), Some(true));
+        // An option that merely contains the word does not count.
+        let near = "cgroup2 /y cgroup2 rw,nofavordynmods2 0 0\n";
+        assert_eq!(favordynmods_in(near), Some(false));
+    }
 
     #[test]
     fn a_guest_is_charged_its_ram_and_its_2m_aligned_image_region() {

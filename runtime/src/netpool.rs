@@ -267,10 +267,7 @@ impl Drop for NetPool {
 /// The refill thread: keeps `target` attachments ready, one ADD at a time,
 /// at the lowest CPU priority (its CNI plugins inherit it).
 fn refill(shared: &Shared, cni: &CniNetwork, neigh: &NeighborTable, prefix: &str) {
-    // SAFETY: setpriority on this thread (a tid is a PRIO_PROCESS id on Linux).
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
-    }
+    let _ = procutil::sched::set_thread_nice(19);
     let mut seq = 0u64;
     let mut st = shared.lock();
     loop {

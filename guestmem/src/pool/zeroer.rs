@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::cache::Entry;
 use super::{Error, Pool};
-use crate::sys;
+use procutil::sched::{self, Policy};
 
 /// Bytes the idle pre-zeroer zeroes before giving the entry back to the free list.
 const PREZERO_CHUNK: u64 = 8 << 20;
@@ -66,8 +66,8 @@ impl Pool {
 
     /// Idle-priority loop that keeps cached memfds pre-zeroed to the configured share.
     pub(super) fn idle_prezero_loop(&self, stop: &AtomicBool) {
-        if sys::set_thread_sched(true).is_err() {
-            sys::set_thread_nice(19);
+        if sched::set_thread_policy(Policy::Idle).is_err() {
+            let _ = sched::set_thread_nice(19);
         }
         while !stop.load(Ordering::Acquire) {
             match self.take_underzeroed() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use kvm_ioctls::Kvm;
 use trace::{monotonic_ns, Stage, TraceWriter};
 
-use super::{create_vm, devices_of, finish, kvm_err, memory, read_inputs, Vm};
+use super::{create_irqchip, create_vm, devices_of, finish, kvm_err, memory, read_inputs, Vm};
 use crate::args::{TemplateMode, VmConfig};
 use crate::error::Error;
 use crate::snapshot::{state, Template};
@@ -64,6 +64,7 @@ pub fn build(
             source,
         })?;
     memory::register_slots(sb, &vm, &mem)?;
+    create_irqchip(sb, &vm)?;
     let device_mem = memory::device_view(sb, &mem)?;
     let app_checksum = super::boot::write_sandbox_info(cfg, &mem, &devs, &image)?;
     let state_err = |source| Error::SnapshotState {

@@ -52,14 +52,16 @@ pub const QUEUE_RESET: u64 = 0x0c0;
 /// Registers whose writes only store a value (offset, bytes): KVM may batch
 /// them in the coalesced-MMIO ring (`crate::coalesced`), since the transport
 /// acts on none of them until a later access that exits (a read, QueueReady,
-/// Status). Feature selectors and the driver's features; queue selector and
-/// size; the three ring addresses (0x080..0x0a8, reserved words included:
-/// writes there are ignored either way).
-pub const COALESCED_ZONES: [(u64, u32); 5] = [
-    (DEVICE_FEATURES_SEL, 4),
-    (DRIVER_FEATURES, 8), // + DRIVER_FEATURES_SEL
-    (QUEUE_SEL, 4),
-    (QUEUE_NUM, 4),
+/// Status). Two zones, each one KVM I/O-bus device: DeviceFeaturesSel up to
+/// QueueNum (0x014..0x03c: the selectors, the driver's features, the queue
+/// size, and the reserved words and QueueNumMax between them, where a write
+/// does nothing) and the three ring addresses (0x080..0x0a8, reserved words
+/// included). Reads in a zone still exit: the ring takes only writes.
+pub const COALESCED_ZONES: [(u64, u32); 2] = [
+    (
+        DEVICE_FEATURES_SEL,
+        (QUEUE_NUM + 4 - DEVICE_FEATURES_SEL) as u32,
+    ),
     (
         QUEUE_DESC_LOW,
         (QUEUE_DEVICE_HIGH + 4 - QUEUE_DESC_LOW) as u32,

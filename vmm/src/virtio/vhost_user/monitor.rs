@@ -39,6 +39,16 @@ impl Vf {
     /// The monitor thread: the async `vf-open`, async DRIVER_OK, the NIC's error reports,
     /// and reconnects when the backend goes away.
     pub(super) fn monitor(self: Arc<Self>) {
+        // The NIC's session thread reads each message as it arrives, which
+        // wakes this one (the socket's write space): a SCHED_BATCH thread is
+        // not switched to for such wake-ups until the NIC's thread blocks
+        // (procutil::sched; docs/vmm.md "The vhost-user session").
+        if let Err(e) = procutil::sched::set_thread_policy(procutil::sched::Policy::Batch) {
+            tracing::debug!(
+                "VF {}: monitor stays SCHED_OTHER: {e}",
+                self.socket.display()
+            );
+        }
         if self.mode == VfInit::Async {
             match self.open(true) {
                 Ok(s) => {
