@@ -336,22 +336,24 @@ pub fn favordynmods() -> Option<bool> {
 }
 
 fn favordynmods_in(mounts: &str) -> Option<bool> {
-    let mut cgroup2 = mounts.lines().filter_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.get(2) == Some(&"cgroup2")).then(|| f.get(3).copied().unwrap_or(""))
-    });
-    let first = cgroup2.next()?;
-    Some(
-        std::iter::once(first)
-            .chain(cgroup2)
-            .any(|opts| opts.split(',').any(|o| o == "favordynmods")),
-    )
+    let cgroup2: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&"cgroup2")).then(|| f.get(3).copied().unwrap_or(""))
+        })
+        .collect();
+    (!cgroup2.is_empty()).then(|| {
+        cgroup2
+            .iter()
+            .any(|opts| opts.split(',').any(|o| o == "favordynmods"))
+    })
 }
 
-/// One line for a log or a benchmark's header: whether VMMs join their
-/// cgroups without a grace period, and how to get there if not.
-pub fn favordynmods_note() -> String {
-    match favordynmods() {
+/// One line for a log or a benchmark's header on what [`favordynmods`]
+/// found, and how to get there if it is not set.
+pub fn favordynmods_note(state: Option<bool>) -> String {
+    match state {
         Some(true) => {
             "cgroup moves: a cgroup2 mount has favordynmods (no RCU grace period per move)".into()
         }

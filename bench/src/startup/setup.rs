@@ -235,7 +235,7 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
 pub fn bench_startup_cli(a: &BenchStartupConfig) -> Result<(), Error> {
     runtime::instance::install_sigint_handler();
     let (rt, plan) = bench_setup(a)?;
-    eprintln!("{}", cgroup::favordynmods_note());
+    eprintln!("{}", cgroup::favordynmods_note(cgroup::favordynmods()));
     let result = run(&rt, &plan, &mut |l| eprintln!("{l}"));
     // Also after an error or Ctrl-C: say whether anything was left.
     let final_check = leaks::check(&rt, Duration::from_secs(5));

@@ -178,8 +178,9 @@ impl Runtime {
     pub fn new(cfg: RuntimeConfig) -> Result<Runtime, RuntimeError> {
         let tag = stale::unique_tag();
         let layout = Layout::detect()?;
-        if crate::cgroup::favordynmods() == Some(false) {
-            tracing::warn!("{}", crate::cgroup::favordynmods_note());
+        let dynmods = crate::cgroup::favordynmods();
+        if dynmods == Some(false) {
+            tracing::warn!("{}", crate::cgroup::favordynmods_note(dynmods));
         }
         for r in reap_stale(&layout) {
             tracing::warn!("removed what a dead runtime left: {r}");
