@@ -40,18 +40,6 @@ pub fn set_thread_policy(policy: Policy) -> io::Result<()> {
     Ok(())
 }
 
-/// The calling thread's scheduling policy.
-pub fn thread_policy() -> io::Result<Policy> {
-    // SAFETY: pid 0 is the calling thread.
-    match unsafe { libc::sched_getscheduler(0) } {
-        libc::SCHED_OTHER => Ok(Policy::Other),
-        libc::SCHED_BATCH => Ok(Policy::Batch),
-        libc::SCHED_IDLE => Ok(Policy::Idle),
-        r if r < 0 => Err(io::Error::last_os_error()),
-        r => Err(io::Error::other(format!("scheduling policy {r}"))),
-    }
-}
-
 /// Sets the calling thread's nice value (a fallback where a policy change is
 /// refused).
 pub fn set_thread_nice(nice: i32) -> io::Result<()> {
@@ -67,6 +55,18 @@ pub fn set_thread_nice(nice: i32) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The calling thread's scheduling policy.
+    fn thread_policy() -> io::Result<Policy> {
+        // SAFETY: pid 0 is the calling thread.
+        match unsafe { libc::sched_getscheduler(0) } {
+            libc::SCHED_OTHER => Ok(Policy::Other),
+            libc::SCHED_BATCH => Ok(Policy::Batch),
+            libc::SCHED_IDLE => Ok(Policy::Idle),
+            r if r < 0 => Err(io::Error::last_os_error()),
+            r => Err(io::Error::other(format!("scheduling policy {r}"))),
+        }
+    }
 
     #[test]
     fn a_thread_changes_its_own_policy_only() {
