@@ -15,7 +15,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 reps=1
 [ "${1:-}" = "--reps" ] && reps=${2:?--reps N}
-bin=${BURSTVM_BIN:-$repo/target/release/burstvm}
+bin=${BURSTVM_BIN:-$repo/target/x86_64-unknown-linux-gnu/release/burstvm}
 [ -x "$bin" ] || { echo "bench-linux-user: $bin missing (cargo build --release)" >&2; exit 1; }
 kernel=$("$repo/scripts/build-guest-kernel.sh" --cached)
 work=$(mktemp -d)

@@ -18,17 +18,11 @@ while [ $# -gt 0 ]; do
 done
 
 target=x86_64-unknown-linux-gnu
-# With --target, RUSTFLAGS reaches only the target's crates (not build
-# scripts or proc-macros, which run on the host).
-export RUSTFLAGS="-C target-feature=+crt-static"
-export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
-# Small (it is read into guest memory at every boot): stripped,
-# size-optimised, one codegen unit, LTO (2.1 MB; 2.8 MB without). Panics
-# still unwind: a panicking connection thread must not take PID 1 (and the
-# kernel) down.
-export CARGO_PROFILE_RELEASE_OPT_LEVEL=s CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1
-cargo build --release -p agent --bin burstvm-agent --target "$target" >&2
-bin="${CARGO_TARGET_DIR:-$PWD/target}/$target/release/burstvm-agent"
+# Static like every burstvm executable (.cargo/config.toml); the `agent`
+# profile makes it small (Cargo.toml), since it is read into guest memory at
+# every boot.
+cargo build --profile agent -p agent --bin burstvm-agent --target "$target" >&2
+bin="${CARGO_TARGET_DIR:-$PWD/target}/$target/agent/burstvm-agent"
 
 # Static: no dynamic section asking for libraries or an interpreter.
 if readelf -lW "$bin" | grep -q 'INTERP' || readelf -dW "$bin" | grep -q '(NEEDED)'; then
@@ -41,7 +35,7 @@ if command -v file >/dev/null; then
 fi
 
 if [ -n "$initramfs" ]; then
-  # Same target and flags as the agent: its dependencies are built already.
+  # Same target and flags as the agent's release build.
   cargo run -q --release --target "$target" -p agent-proto --example write-initramfs -- "$bin" "$initramfs" >&2
 fi
 echo "$bin"

@@ -17,7 +17,7 @@ if [[ $# -gt 0 && $1 != -- ]]; then out=$1; shift; fi
 command -v perf >/dev/null || { echo "perf is missing: apt-get install linux-perf" >&2; exit 1; }
 kernel=$(scripts/build-guest-kernel.sh --cached)
 map=$(dirname "$kernel")/System.map
-bin=target/release/burstvm
+bin=target/x86_64-unknown-linux-gnu/release/burstvm
 [[ -x $bin ]] || cargo build --release
 if [[ $# -eq 0 ]]; then
   images=${IMAGES:-/tmp/images}

@@ -12,7 +12,7 @@ if [[ $# -gt 0 && $1 != -- ]]; then out=$1; shift; fi
 period=${PERIOD_NS:-250000} # one sample per 250 µs of CPU
 command -v perf >/dev/null || { echo "perf is missing: apt-get install linux-perf" >&2; exit 1; }
 mkdir -p "$out"
-bin=target/release/burstvm
+bin=target/x86_64-unknown-linux-gnu/release/burstvm
 [[ -x $bin ]] || cargo build --release
 # The bench's pid is its process tree's root; record it before the exec.
 perf record -q -e cpu-clock -c "$period" -a -k mono -o "$out/perf.data" -- \

@@ -21,8 +21,9 @@ pub const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The guest agent binary when none is named: `$BURSTVM_AGENT`, else where
 /// `scripts/build-agent.sh` leaves it beside this build of burstvm
-/// (`target/x86_64-unknown-linux-gnu/release/burstvm-agent` for
-/// `target/{debug,release}/burstvm`), else `burstvm-agent` beside the binary.
+/// (`target/x86_64-unknown-linux-gnu/agent/burstvm-agent` for
+/// `target/x86_64-unknown-linux-gnu/{debug,release}/burstvm`), else
+/// `burstvm-agent` beside the binary.
 pub fn default_agent() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("BURSTVM_AGENT") {
         return Some(PathBuf::from(p));
@@ -30,7 +31,7 @@ pub fn default_agent() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
     let candidates = [
-        dir.join("../x86_64-unknown-linux-gnu/release/burstvm-agent"),
+        dir.join("../agent/burstvm-agent"),
         dir.join("burstvm-agent"),
     ];
     candidates.into_iter().find(|p| p.is_file())

@@ -93,6 +93,9 @@ pub struct VmParams {
     /// its boot report (an A/B of the switch: on kvm_pvm CPL0 code is emulated;
     /// docs/guest.md, "The agent at CPL3").
     pub agent_cpl0: bool,
+    /// Every virtio register read exits to the VMM, as without a register
+    /// page (an A/B of the pages: docs/vmm.md, "The register page").
+    pub no_register_pages: bool,
     /// `--agent-mode sg|sg-echo`: warp pipes (echo sockets) the agent opens, 1..4096.
     pub sg_pipes: u32,
     /// `--agent-mode sg|sg-echo`: bytes the agent sends through each pipe, a multiple of 8

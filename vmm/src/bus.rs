@@ -46,6 +46,9 @@ pub struct DeviceContext {
     /// RAM: a VF offers VIRTIO_F_ACCESS_PLATFORM, so that the driver keeps
     /// its rings and buffers there.
     pub dma_window: bool,
+    /// The device's register page, mapped read-only over its window (None:
+    /// every register read exits).
+    pub register_page: Option<Arc<crate::virtio::RegisterPage>>,
 }
 
 /// A device as the bus holds it: shared between vCPU threads.

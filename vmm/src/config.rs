@@ -73,6 +73,8 @@ pub struct VmConfig {
     pub agent_mode: AgentMode,
     /// The built-in agent stays at CPL0 (`--agent-cpl0`).
     pub agent_cpl0: bool,
+    /// Virtio devices get register pages (unless `--no-register-pages`).
+    pub register_pages: bool,
     /// Warp pipes and bytes per pipe of the SG agent modes.
     pub sg_pipes: u32,
     pub sg_bytes: u32,
@@ -425,6 +427,7 @@ impl VmConfig {
             vf_reconnect: std::time::Duration::from_secs(a.vf_reconnect),
             agent_mode: a.agent_mode,
             agent_cpl0: a.agent_cpl0,
+            register_pages: !a.no_register_pages,
             sg_pipes: a.sg_pipes,
             sg_bytes: a.sg_bytes,
             sg_port: a.sg_port,

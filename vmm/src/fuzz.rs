@@ -17,7 +17,7 @@ use crate::virtio::mmio::{self, MmioTransport};
 use crate::virtio::net::{
     net_config, read_config_bytes, read_tx_chain, write_rx_chain, NET_FEATURES, VNET_HDR_LEN,
 };
-use crate::virtio::{Interrupt, VirtioDevice, VirtioError};
+use crate::virtio::{Interrupt, RegisterPage, VirtioDevice, VirtioError};
 
 /// Guest memory of the target, at GPA 0.
 pub const MEM: usize = 64 << 10;
@@ -107,14 +107,20 @@ pub fn fuzz_mmio(data: &[u8]) {
     let image = &data[ops_end..];
     mem.write_slice(&image[..image.len().min(MEM)], GuestAddress(0))
         .expect("image fits");
-    let irq = Arc::new(Interrupt::new(EventFd::new(EFD_NONBLOCK).expect("eventfd")));
+    // With a register page: after every access, the page must read as the
+    // exits would (what a guest that reads the page sees).
+    let page = Arc::new(RegisterPage::new().expect("register page"));
+    let irq = Arc::new(Interrupt::with_page(
+        EventFd::new(EFD_NONBLOCK).expect("eventfd"),
+        Some(page.clone()),
+    ));
     let dev = FuzzNet {
         config: net_config(&[2, 0, 0, 0, 0, 1], 1),
         mem: mem.clone(),
         queues: Vec::new(),
         features: 0,
     };
-    let mut t = MmioTransport::new(dev, mem, irq, 0xd000_0000);
+    let mut t = MmioTransport::new(dev, mem, irq, 0xd000_0000, Some(page));
     for op in ops.chunks(OP_LEN) {
         let mut op = op.to_vec();
         op.resize(OP_LEN, 0);
@@ -134,6 +140,7 @@ pub fn fuzz_mmio(data: &[u8]) {
             1 => t.write(offset, &value.to_le_bytes()[..size]),
             _ => t.device_mut().kick(),
         }
+        assert_eq!(t.page_mismatch(), None, "register page after {op:?}");
     }
 }
 

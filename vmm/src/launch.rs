@@ -45,6 +45,7 @@ impl VmParams {
             vf_reconnect: 30,
             agent_mode: AgentMode::Once,
             agent_cpl0: false,
+            no_register_pages: false,
             sg_pipes: 64,
             sg_bytes: 1024,
             sg_port: 0,
@@ -138,6 +139,7 @@ impl VmParams {
             a.val("--agent-mode", self.agent_mode.name());
         }
         a.flag("--agent-cpl0", self.agent_cpl0);
+        a.flag("--no-register-pages", self.no_register_pages);
         if self.sg_pipes != d.sg_pipes {
             a.val("--sg-pipes", self.sg_pipes);
         }

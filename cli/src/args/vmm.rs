@@ -142,6 +142,10 @@ pub struct VmmArgs {
     /// CPL0 instruction is emulated: an A/B of the switch, docs/guest.md).
     #[arg(long, conflicts_with = "kernel")]
     pub agent_cpl0: bool,
+    /// Every virtio register read exits to the VMM: no read-only register page over the
+    /// devices' windows (an A/B of the pages, docs/vmm.md "The register page").
+    #[arg(long)]
+    pub no_register_pages: bool,
     /// `--agent-mode sg|sg-echo`: warp pipes (echo sockets) the agent opens, 1..4096.
     #[arg(long, default_value_t = 64)]
     pub sg_pipes: u32,
@@ -240,6 +244,7 @@ impl VmmArgs {
             vf_reconnect: self.vf_reconnect,
             agent_mode: self.agent_mode,
             agent_cpl0: self.agent_cpl0,
+            no_register_pages: self.no_register_pages,
             sg_pipes: self.sg_pipes,
             sg_bytes: self.sg_bytes,
             sg_port: self.sg_port,

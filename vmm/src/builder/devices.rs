@@ -20,10 +20,11 @@ use crate::bus::{Bus, DeviceContext, SharedDevice};
 use crate::devices::agent_port::{AgentPort, RootfsExpect, SgExpect};
 use crate::devices::i8042::{I8042, I8042_LEN, I8042_PORT};
 use crate::devices::serial::SerialDevice;
-use crate::devspec::NetBackend;
+use crate::devspec::{NetBackend, VfInit};
 use crate::error::Error;
 use crate::events::EventSink;
 use crate::layout::*;
+use crate::virtio::RegisterPage;
 
 /// The port I/O bus and what its devices share with the VMM.
 pub(super) struct LegacyDevices {
@@ -105,6 +106,61 @@ pub(super) fn attach_legacy_devices(
     })
 }
 
+/// The register pages of the virtio devices `devs` (same order), each
+/// mapped read-only over its device's window as KVM slot `first_slot + i`
+/// (docs/vmm.md "The register page"). None, so that every read exits, for
+/// all devices under `--no-register-pages` or without KVM_CAP_READONLY_MEM,
+/// and for a VF whose MAC an asynchronous `vf-open` learns: the guest's read
+/// of it waits for the NIC, which a page cannot do.
+pub(super) fn register_pages(
+    cfg: &VmConfig,
+    vm: &VmFd,
+    devs: &[DevEntry],
+    first_slot: u32,
+) -> Result<Vec<Option<Arc<RegisterPage>>>, Error> {
+    let sb = cfg.sandbox.as_str();
+    let on = cfg.register_pages && vm.check_extension(kvm_ioctls::Cap::ReadonlyMem);
+    let mut pages = Vec::with_capacity(devs.len());
+    for (i, dev) in devs.iter().enumerate() {
+        let eligible = match cfg.net.get(i) {
+            Some(b @ NetBackend::VhostUser(_)) => {
+                cfg.device_mac(b).is_some() || cfg.vf_init == VfInit::Sync
+            }
+            _ => true,
+        };
+        if !(on && eligible) {
+            pages.push(None);
+            continue;
+        }
+        let page = RegisterPage::new().map_err(|source| Error::Device {
+            sandbox: sb.to_string(),
+            device: format!("virtio-mmio {:#x}", dev.mmio_base),
+            source: Box::new(crate::virtio::VirtioError::RegisterPage {
+                base: dev.mmio_base,
+                source,
+            }),
+        })?;
+        let region = kvm_bindings::kvm_userspace_memory_region {
+            slot: first_slot + i as u32,
+            flags: kvm_bindings::KVM_MEM_READONLY,
+            guest_phys_addr: dev.mmio_base,
+            memory_size: MMIO_SIZE,
+            userspace_addr: page.host_addr(),
+        };
+        // SAFETY: the page is mapped for as long as the device holds it, and
+        // the devices go before the VM (Vm's field order); KVM only reads it.
+        unsafe { vm.set_user_memory_region(region) }.map_err(kvm_err(
+            sb,
+            format!(
+                "KVM_SET_USER_MEMORY_REGION (read-only) for the register page at {:#x}",
+                dev.mmio_base
+            ),
+        ))?;
+        pages.push(Some(Arc::new(page)));
+    }
+    Ok(pages)
+}
+
 /// A virtio-mmio device's window `base` on the MMIO bus, named `name`.
 fn insert_virtio(
     mmio: &mut Bus,
@@ -127,11 +183,14 @@ pub(super) struct MmioDevices<'a> {
     pub device_mem: &'a GuestMemoryMmap,
     pub trace: &'a Arc<TraceWriter>,
     pub devs: &'a [DevEntry],
+    /// `register_pages`, per entry of `devs`.
+    pub pages: &'a [Option<Arc<RegisterPage>>],
 }
 
 impl MmioDevices<'_> {
     fn context(&self, slot: &DevEntry) -> DeviceContext {
         let cfg = self.cfg;
+        let index = self.devs.iter().position(|d| d.mmio_base == slot.mmio_base);
         DeviceContext {
             vm: self.vm.clone(),
             mem: self.device_mem.clone(),
@@ -142,6 +201,7 @@ impl MmioDevices<'_> {
             vf_init: cfg.vf_init,
             vf_reconnect: cfg.vf_reconnect,
             dma_window: cfg.dma_window > 0,
+            register_page: index.and_then(|i| self.pages.get(i)?.clone()),
         }
     }
 }

@@ -310,6 +310,7 @@ pub fn build(
     let image = memory::agent_image_layout(cfg, inputs.pmem.as_ref().map(|p| p.1));
     let vm = create_vm(sb, &kvm)?;
     let mut mem = memory::create_memory(cfg, &image, &vm, interrupted)?;
+    let pages = devices::register_pages(cfg, &vm, &devs, mem.regions().len() as u32)?;
     create_irqchip(sb, &vm)?;
     trace.record(Stage::VmmSpawn, spawn_start, monotonic_ns())?;
     memory::dma_map(cfg, &mut mem, &trace, interrupted)?;
@@ -341,6 +342,7 @@ pub fn build(
         guest.app_checksum,
         trace,
         &devs,
+        &pages,
         make_vcpus,
     )
 }
@@ -357,6 +359,7 @@ fn finish(
     app_checksum: u32,
     trace: Arc<TraceWriter>,
     devs: &[DevEntry],
+    pages: &[Option<Arc<crate::virtio::RegisterPage>>],
     make_vcpus: impl FnOnce() -> Result<Vec<VcpuFd>, Error>,
 ) -> Result<Vm, Error> {
     let sb = cfg.sandbox.as_str();
@@ -409,6 +412,7 @@ fn finish(
         device_mem,
         trace: &trace,
         devs,
+        pages,
     };
     let mut mmio = devices::attach_net_devices(&d)?;
     let disk_slots = devices::attach_disks(&d, &mut mmio)?;

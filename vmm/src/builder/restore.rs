@@ -64,6 +64,7 @@ pub fn build(
             source,
         })?;
     memory::register_slots(sb, &vm, &mem)?;
+    let pages = super::devices::register_pages(cfg, &vm, &devs, mem.regions().len() as u32)?;
     create_irqchip(sb, &vm)?;
     let device_mem = memory::device_view(sb, &mem)?;
     let app_checksum = super::boot::write_sandbox_info(cfg, &mem, &devs, &image)?;
@@ -89,6 +90,7 @@ pub fn build(
         app_checksum,
         trace,
         &devs,
+        &pages,
         || Ok(vec![fd]),
     )
 }

@@ -19,6 +19,7 @@ pub mod vsock;
 mod worker;
 pub use worker::WorkerError;
 
+pub use mmio::page::{DeviceView, RegisterPage};
 pub use mmio::MmioTransport;
 
 /// Counts one hostile or failed case of a guest and logs it: at warn on its
@@ -111,6 +112,12 @@ pub enum VirtioError {
     },
     #[error(transparent)]
     Vsock(#[from] vsock::VsockError),
+    #[error("virtio-mmio {base:#x}: {source}")]
+    RegisterPage {
+        base: u64,
+        #[source]
+        source: mmio::page::PageError,
+    },
     #[error("entropy device: worker: {source}")]
     RngWorker {
         #[source]
@@ -119,9 +126,14 @@ pub enum VirtioError {
 }
 
 /// The interrupt line of one device: InterruptStatus bits plus the irqfd.
+/// With a register page the bits live in the page (its InterruptStatus
+/// word), so that the guest reads them without an exit.
 #[derive(Debug)]
 pub struct Interrupt {
     status: AtomicU32,
+    /// Bits that read set whatever the driver acknowledges (`hold`).
+    held: AtomicU32,
+    page: Option<Arc<RegisterPage>>,
     irqfd: EventFd,
 }
 
@@ -131,26 +143,59 @@ pub const INT_CONFIG: u32 = 2;
 
 impl Interrupt {
     pub fn new(irqfd: EventFd) -> Self {
+        Self::with_page(irqfd, None)
+    }
+
+    /// An interrupt whose status bits are `page`'s InterruptStatus word.
+    pub fn with_page(irqfd: EventFd, page: Option<Arc<RegisterPage>>) -> Self {
         Interrupt {
             status: AtomicU32::new(0),
+            held: AtomicU32::new(0),
+            page,
             irqfd,
         }
     }
 
-    /// Raise the interrupt with `bits` set in InterruptStatus.
+    fn bits(&self) -> &AtomicU32 {
+        match &self.page {
+            Some(p) => p.word(mmio::INTERRUPT_STATUS),
+            None => &self.status,
+        }
+    }
+
+    /// Raise the interrupt with `bits` set in InterruptStatus. A config
+    /// change is published to the register page before the guest is told.
     pub fn signal(&self, bits: u32) {
-        self.status.fetch_or(bits, Ordering::SeqCst);
+        if let (true, Some(p)) = (bits & INT_CONFIG != 0, &self.page) {
+            p.publish_view();
+        }
+        self.bits().fetch_or(bits, Ordering::SeqCst);
         if let Err(e) = self.irqfd.write(1) {
             tracing::warn!("virtio: irqfd write failed: {e}");
         }
     }
 
     pub fn status(&self) -> u32 {
-        self.status.load(Ordering::SeqCst)
+        self.bits().load(Ordering::SeqCst)
     }
 
+    /// The driver acknowledged `bits` (held bits stay set).
     pub fn ack(&self, bits: u32) {
-        self.status.fetch_and(!bits, Ordering::SeqCst);
+        let held = self.held.load(Ordering::SeqCst);
+        self.bits().fetch_and(!(bits & !held), Ordering::SeqCst);
+    }
+
+    /// `bits` read set until `clear`: a used-ring interrupt that reaches the
+    /// guest without passing through the VMM sets no bit of its own.
+    pub fn hold(&self, bits: u32) {
+        self.held.fetch_or(bits, Ordering::SeqCst);
+        self.bits().fetch_or(bits, Ordering::SeqCst);
+    }
+
+    /// A device reset: nothing held, nothing pending.
+    pub fn clear(&self) {
+        self.held.store(0, Ordering::SeqCst);
+        self.bits().store(0, Ordering::SeqCst);
     }
 
     pub fn irqfd(&self) -> &EventFd {
@@ -173,6 +218,13 @@ pub trait VirtioDevice: Send {
     /// Set in the Status register when the device failed on its own.
     fn needs_reset(&self) -> bool {
         false
+    }
+    /// The state this device changes on its own (a config interrupt),
+    /// readable without blocking, for its register page. A device whose
+    /// config space and DEVICE_NEEDS_RESET change only through the
+    /// transport needs none.
+    fn view(&self) -> Option<Arc<dyn DeviceView>> {
+        None
     }
     /// True when used-ring interrupts reach the guest without passing
     /// through the VMM (vhost-user: the NIC writes the irqfd directly), so
@@ -199,7 +251,20 @@ struct KvmWiring {
 }
 
 impl KvmWiring {
-    fn new(vm: Arc<VmFd>, base: u64, gsi: u32, queues: usize) -> Result<Self, VirtioError> {
+    /// The wiring of the device at `ctx.mmio_base`, its queue eventfds, and
+    /// its interrupt (whose bits live in `ctx.register_page` when it has one).
+    fn new(
+        ctx: &DeviceContext,
+        queues: usize,
+    ) -> Result<(Self, Vec<EventFd>, Arc<Interrupt>), VirtioError> {
+        let w = Self::register(ctx, queues)?;
+        let (evts, irqfd) = w.clone_evts()?;
+        let interrupt = Interrupt::with_page(irqfd, ctx.register_page.clone());
+        Ok((w, evts, Arc::new(interrupt)))
+    }
+
+    fn register(ctx: &DeviceContext, queues: usize) -> Result<Self, VirtioError> {
+        let (vm, base, gsi) = (ctx.vm.clone(), ctx.mmio_base, ctx.gsi);
         let io = |what| move |source| VirtioError::Io { base, what, source };
         let irqfd = EventFd::new(EFD_NONBLOCK).map_err(io("irqfd eventfd"))?;
         let mut w = KvmWiring {
@@ -233,7 +298,7 @@ impl KvmWiring {
         // Every vCPU drains the ring when KVM has one (crate::coalesced; the
         // same capability check decides both).
         if crate::coalesced::page_offset(&w.vm).is_some() {
-            for (off, len) in mmio::COALESCED_ZONES {
+            for &(off, len) in mmio::coalesced_zones(ctx.register_page.is_some()) {
                 let addr = base + off;
                 w.vm.register_coalesced_mmio(IoEventAddress::Mmio(addr), len)
                     .map_err(|source| VirtioError::Kvm {
@@ -311,9 +376,7 @@ pub fn create_net_device(
         NetBackend::Tap(name) => Some(netutil::Tap::open_existing(name)?),
         NetBackend::VhostUser(_) | NetBackend::Sg(_) => None,
     };
-    let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, NET_QUEUES)?;
-    let (evts, irqfd) = wiring.clone_evts()?;
-    let interrupt = Arc::new(Interrupt::new(irqfd));
+    let (wiring, evts, interrupt) = KvmWiring::new(ctx, NET_QUEUES)?;
     Ok(match backend {
         NetBackend::Tap(_) => {
             let tap = tap.expect("opened above");
@@ -343,9 +406,7 @@ pub fn create_blk_device(
     ctx: &DeviceContext,
 ) -> Result<(Box<dyn BusDevice>, Option<blk::DiskSlot>), VirtioError> {
     let disk = blk::Disk::open(spec)?;
-    let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, 1)?;
-    let (mut evts, irqfd) = wiring.clone_evts()?;
-    let interrupt = Arc::new(Interrupt::new(irqfd));
+    let (wiring, mut evts, interrupt) = KvmWiring::new(ctx, 1)?;
     let dev = blk::Blk::new(disk, ctx, evts.remove(0), interrupt.clone());
     // Only a slot declared empty takes media later: the rootfs disks never change.
     let slot = spec
@@ -368,9 +429,7 @@ pub fn create_vsock_device(
 ) -> Result<(Box<dyn BusDevice>, vsock::SocketFile), VirtioError> {
     let (listener, file) = vsock::bind(&spec.path)?;
     let guard = file.clone();
-    let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, VSOCK_QUEUES)?;
-    let (evts, irqfd) = wiring.clone_evts()?;
-    let interrupt = Arc::new(Interrupt::new(irqfd));
+    let (wiring, evts, interrupt) = KvmWiring::new(ctx, VSOCK_QUEUES)?;
     let dev = vsock::Vsock::new(
         spec.cid,
         listener,
@@ -387,9 +446,7 @@ pub fn create_vsock_device(
 /// Create the entropy device (virtio-rng), wired to KVM at
 /// `ctx.mmio_base` / `ctx.gsi`.
 pub fn create_rng_device(ctx: &DeviceContext) -> Result<Box<dyn BusDevice>, VirtioError> {
-    let wiring = KvmWiring::new(ctx.vm.clone(), ctx.mmio_base, ctx.gsi, 1)?;
-    let (mut evts, irqfd) = wiring.clone_evts()?;
-    let interrupt = Arc::new(Interrupt::new(irqfd));
+    let (wiring, mut evts, interrupt) = KvmWiring::new(ctx, 1)?;
     let dev = rng::Rng::new(ctx, evts.remove(0), interrupt.clone());
     Ok(wire(dev, ctx, interrupt, wiring))
 }
@@ -402,7 +459,13 @@ fn wire<D: VirtioDevice + 'static>(
     wiring: KvmWiring,
 ) -> Box<dyn BusDevice> {
     Box::new(WiredDevice {
-        transport: MmioTransport::new(dev, ctx.mem.clone(), interrupt, ctx.mmio_base),
+        transport: MmioTransport::new(
+            dev,
+            ctx.mem.clone(),
+            interrupt,
+            ctx.mmio_base,
+            ctx.register_page.clone(),
+        ),
         _wiring: wiring,
         _memory: ctx.guestmem.clone(),
     })
@@ -445,6 +508,7 @@ pub(crate) mod tests {
             vf_init: VfInit::Sync,
             vf_reconnect: std::time::Duration::from_secs(1),
             dma_window: false,
+            register_page: None,
         }
     }
 

@@ -14,7 +14,6 @@ use vmm_sys_util::eventfd::EventFd;
 use super::{Blk, BlkCounters, Disk, Media, BOUNCE, TOKEN_QUEUE};
 use crate::bus::DeviceContext;
 use crate::virtio::chain::{self, PrepareWrite};
-use crate::virtio::net::read_config_bytes;
 use crate::virtio::worker::{serve_notifications, take_request_queue, Worker};
 use crate::virtio::{Interrupt, VirtioDevice, VirtioError, QUEUE_MAX_SIZE};
 
@@ -67,7 +66,10 @@ impl VirtioDevice for Blk {
         &[QUEUE_MAX_SIZE]
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        read_config_bytes(&self.media.get().config(), offset, data)
+        crate::virtio::DeviceView::read_config(&*self.media, offset, data)
+    }
+    fn view(&self) -> Option<Arc<dyn crate::virtio::DeviceView>> {
+        Some(self.media.clone())
     }
     fn config_generation(&self) -> u32 {
         self.media.generation()

@@ -42,6 +42,13 @@ impl Media {
     }
 }
 
+/// A media change is a config change (capacity) the device makes on its own.
+impl crate::virtio::DeviceView for Media {
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        crate::virtio::net::read_config_bytes(&self.get().config(), offset, data)
+    }
+}
+
 /// Why a media change was refused; each names the slot.
 #[derive(Debug, thiserror::Error)]
 pub enum MediaError {

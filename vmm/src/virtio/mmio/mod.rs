@@ -15,7 +15,10 @@ use virtio_bindings::virtio_mmio::{self as mmio, VIRTIO_MMIO_INT_VRING};
 use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
+pub mod page;
+
 use super::{Interrupt, VirtioDevice};
+use page::RegisterPage;
 
 // Register offsets (virtio 1.2 §4.2.2), from virtio-bindings.
 pub const MAGIC_VALUE: u64 = mmio::VIRTIO_MMIO_MAGIC_VALUE as u64;
@@ -68,6 +71,33 @@ pub const COALESCED_ZONES: [(u64, u32); 2] = [
     ),
 ];
 
+/// The zones of a device with a register page: its reads never exit, so a
+/// write that changes what a register reads must exit and be published
+/// before the next read. The two selectors (DeviceFeaturesSel picks what
+/// DeviceFeatures reads, QueueSel what QueueNumMax and QueueReady read)
+/// leave the ring; the driver's features, QueueNum and the ring addresses,
+/// which no register reads back, stay in it.
+pub const COALESCED_ZONES_WITH_PAGE: [(u64, u32); 3] = [
+    (
+        DRIVER_FEATURES,
+        (DRIVER_FEATURES_SEL + 4 - DRIVER_FEATURES) as u32,
+    ),
+    (QUEUE_NUM_MAX, (QUEUE_NUM + 4 - QUEUE_NUM_MAX) as u32),
+    (
+        QUEUE_DESC_LOW,
+        (QUEUE_DEVICE_HIGH + 4 - QUEUE_DESC_LOW) as u32,
+    ),
+];
+
+/// The coalesced zones of a device with (`page`) or without a register page.
+pub fn coalesced_zones(page: bool) -> &'static [(u64, u32)] {
+    if page {
+        &COALESCED_ZONES_WITH_PAGE
+    } else {
+        &COALESCED_ZONES
+    }
+}
+
 const MMIO_MAGIC: u32 = 0x7472_6976; // "virt"
 const MMIO_VERSION: u32 = 2;
 const VENDOR: u32 = 0x4d56_5542; // "BUVM"
@@ -88,16 +118,30 @@ pub struct MmioTransport<D: VirtioDevice> {
     /// Queue registers the guest wrote after DRIVER_OK (ignored: the device
     /// runs on the queues it was given; counted and logged as hostile).
     late_queue_writes: AtomicU64,
+    /// Mapped read-only over the device's window: the guest reads registers
+    /// there, and every write is published to it before the vCPU resumes.
+    page: Option<Arc<RegisterPage>>,
 }
 
 impl<D: VirtioDevice> MmioTransport<D> {
-    pub fn new(device: D, mem: GuestMemoryMmap, interrupt: Arc<Interrupt>, base: u64) -> Self {
+    /// `page`: the device's register page, when the guest reads its
+    /// registers from one; it must be the one `interrupt` keeps its status in.
+    pub fn new(
+        device: D,
+        mem: GuestMemoryMmap,
+        interrupt: Arc<Interrupt>,
+        base: u64,
+        page: Option<Arc<RegisterPage>>,
+    ) -> Self {
         let queues = device
             .queue_max_sizes()
             .iter()
             .map(|&max| Queue::new(max).expect("queue max size is a power of two"))
             .collect();
-        MmioTransport {
+        if let (Some(p), Some(view)) = (&page, device.view()) {
+            p.set_view(view);
+        }
+        let mut t = MmioTransport {
             device,
             mem,
             interrupt,
@@ -110,7 +154,51 @@ impl<D: VirtioDevice> MmioTransport<D> {
             queues,
             active: false,
             late_queue_writes: AtomicU64::new(0),
+            page,
+        };
+        t.publish();
+        t
+    }
+
+    /// The first place where the register page differs from what a read
+    /// through an exit returns (offset, page, exit), if any: for the fuzz
+    /// target and tests. ConfigGeneration is the page's own counter.
+    pub fn page_mismatch(&mut self) -> Option<(u64, u32, u32)> {
+        let page = self.page.clone()?;
+        let regs = (0..CONFIG).step_by(4).filter(|&o| o != CONFIG_GENERATION);
+        for offset in regs {
+            let (p, e) = (page.load(offset), self.read_reg(offset));
+            if p != e {
+                return Some((offset, p, e));
+            }
         }
+        let len = page::CONFIG_LEN as u64;
+        for offset in (CONFIG..CONFIG + len).step_by(4) {
+            let (mut p, mut e) = ([0u8; 4], [0u8; 4]);
+            page.read(offset, &mut p);
+            self.device.read_config(offset - CONFIG, &mut e);
+            if p != e {
+                return Some((offset, u32::from_le_bytes(p), u32::from_le_bytes(e)));
+            }
+        }
+        None
+    }
+
+    /// Copies every register the guest may read, and the config space, to
+    /// the register page. InterruptStatus is the interrupt's own word there;
+    /// ConfigGeneration moves with the config bytes (`RegisterPage::publish_config`).
+    fn publish(&mut self) {
+        let Some(page) = self.page.clone() else {
+            return;
+        };
+        for offset in (0..CONFIG).step_by(4) {
+            if !matches!(offset, INTERRUPT_STATUS | STATUS | CONFIG_GENERATION) {
+                page.word(offset)
+                    .store(self.read_reg(offset), Ordering::SeqCst);
+            }
+        }
+        page.publish_status(self.status, || self.device.needs_reset());
+        page.publish_config(|b| self.device.read_config(0, b));
     }
 
     /// Queue registers written after DRIVER_OK (a queue moved, resized or
@@ -164,10 +252,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
             },
             QUEUE_NUM_MAX => self.selected_queue().map_or(0, |q| q.max_size() as u32),
             QUEUE_READY => self.selected_queue().map_or(0, |q| q.ready() as u32),
-            INTERRUPT_STATUS => {
-                let bypass = self.active && self.device.used_irq_bypasses_status();
-                self.interrupt.status() | if bypass { VIRTIO_MMIO_INT_VRING } else { 0 }
-            }
+            INTERRUPT_STATUS => self.interrupt.status(),
             STATUS => self.status_reg(),
             // No shared memory regions: length all ones means "none".
             SHM_LEN_LOW | SHM_LEN_HIGH | SHM_BASE_LOW | SHM_BASE_HIGH => u32::MAX,
@@ -322,7 +407,14 @@ impl<D: VirtioDevice> MmioTransport<D> {
             );
         }
         match self.device.activate(self.driver_features, queues) {
-            Ok(()) => self.active = true,
+            Ok(()) => {
+                self.active = true;
+                // Used-ring interrupts that bypass us (irqfd from the
+                // backend) set no bit: it reads set while the device runs.
+                if self.device.used_irq_bypasses_status() {
+                    self.interrupt.hold(VIRTIO_MMIO_INT_VRING);
+                }
+            }
             Err(e) => {
                 tracing::error!("virtio-mmio {:#x}: activation failed: {e}", self.base);
                 self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;
@@ -341,7 +433,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
         self.driver_features = 0;
         self.queue_sel = 0;
         self.queues.iter_mut().for_each(|q| q.reset());
-        self.interrupt.ack(u32::MAX);
+        self.interrupt.clear();
     }
 
     pub fn read(&mut self, offset: u64, data: &mut [u8]) {
@@ -360,13 +452,12 @@ impl<D: VirtioDevice> MmioTransport<D> {
     pub fn write(&mut self, offset: u64, data: &[u8]) {
         if offset >= CONFIG {
             self.device.write_config(offset - CONFIG, data);
-            return;
+        } else if let Ok(word) = <[u8; 4]>::try_from(data) {
+            if offset.is_multiple_of(4) {
+                self.write_reg(offset, u32::from_le_bytes(word));
+            }
         }
-        if data.len() != 4 || !offset.is_multiple_of(4) {
-            return;
-        }
-        let word = data.try_into().expect("data.len() == 4, checked above");
-        self.write_reg(offset, u32::from_le_bytes(word));
+        self.publish();
     }
 }
 

@@ -205,6 +205,32 @@ impl MacSlot {
     }
 }
 
+impl Vf {
+    /// The config space with `mac` (none for an SG function).
+    fn config(&self, mac: [u8; 6], offset: u64, data: &mut [u8]) {
+        match self.kind {
+            VuKind::Sg => data.fill(0),
+            VuKind::Net => read_config_bytes(
+                &net_config(&mac, self.link.load(Ordering::SeqCst)),
+                offset,
+                data,
+            ),
+        }
+    }
+}
+
+/// What a register page republishes at a config interrupt (link, failure).
+/// The builder gives a VF a page only when its MAC is known from the start
+/// (`--mac`, or a sync `vf-open`), so the view never waits for it.
+impl crate::virtio::DeviceView for Vf {
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        self.config(self.mac.known().unwrap_or_default(), offset, data)
+    }
+    fn needs_reset(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+}
+
 fn vu_err(
     socket: &Path,
     what: &'static str,
@@ -327,21 +353,16 @@ impl VirtioDevice for VhostUserNet {
         &[QUEUE_MAX_SIZE, QUEUE_MAX_SIZE]
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        if self.vf.kind == VuKind::Sg {
-            data.fill(0);
-            return;
-        }
         // Only a read of the MAC bytes may have to wait for it.
-        let mac = if offset < 6 {
+        let mac = if offset < 6 && self.vf.kind == VuKind::Net {
             self.vf.mac.get(&self.vf.failed)
         } else {
             [0; 6]
         };
-        read_config_bytes(
-            &net_config(&mac, self.vf.link.load(Ordering::SeqCst)),
-            offset,
-            data,
-        )
+        self.vf.config(mac, offset, data)
+    }
+    fn view(&self) -> Option<Arc<dyn crate::virtio::DeviceView>> {
+        Some(self.vf.clone())
     }
     fn config_generation(&self) -> u32 {
         self.vf.generation.load(Ordering::SeqCst)

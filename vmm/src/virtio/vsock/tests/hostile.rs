@@ -354,7 +354,7 @@ fn device_life_cycle_through_the_transport() {
         limits(),
     );
     let counters = dev.counters().clone();
-    let mut t = MmioTransport::new(dev, g.mem.clone(), irq, 0xd000_0000);
+    let mut t = MmioTransport::new(dev, g.mem.clone(), irq, 0xd000_0000, None);
     let r = |t: &mut MmioTransport<Vsock>, off| {
         let mut b = [0u8; 4];
         t.read(off, &mut b);
