@@ -145,9 +145,11 @@ pub(crate) fn create(
     routes: &[RouteSpec],
 ) -> Result<(u32, u32), PlaceholderError> {
     let netns = ns.path();
-    ns.run(|| {
+    // The plugin's process is single-threaded and nothing attaches to the
+    // placeholder: no thread for the namespace, none for the tap's fd.
+    ns.run_here(|| {
         let mut nl = Rtnl::open().map_err(io_err(netns, ifname, "open rtnetlink"))?;
-        match Tap::create_persistent(ifname) {
+        match Tap::create_persistent_here(ifname) {
             Err(TapError::Busy { .. }) => {
                 return Err(PlaceholderError::Exists {
                     netns: netns.into(),
@@ -203,7 +205,7 @@ pub(crate) fn remove(netns: &Path, ifname: &str) -> Result<bool, PlaceholderErro
         Err(NetnsError::Gone { .. }) => return Ok(false),
         r => r?,
     };
-    ns.run(|| {
+    ns.run_here(|| {
         let mut nl = Rtnl::open().map_err(io_err(netns, ifname, "open rtnetlink"))?;
         match nl
             .link_by_name(ifname)

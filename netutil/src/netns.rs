@@ -148,6 +148,27 @@ impl Netns {
         })
     }
 
+    /// Runs `f` on the calling thread inside this namespace, then moves the
+    /// thread back to the namespace it was in, also when `f` panics. No
+    /// thread is started: for a short single-purpose process (a CNI plugin)
+    /// where starting one is a fair part of the work. Nothing else may run
+    /// on the thread meanwhile (no async executor on it).
+    pub fn run_here<T>(&self, f: impl FnOnce() -> T) -> Result<T, NetnsError> {
+        let home = File::open("/proc/thread-self/ns/net")
+            .map_err(io_err(&self.path, "open the calling thread's namespace"))?;
+        setns(&self.file, CloneFlags::CLONE_NEWNET).map_err(nix_err(&self.path, "setns"))?;
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        if let Err(e) = setns(&home, CloneFlags::CLONE_NEWNET) {
+            // The thread would go on in another sandbox's namespace.
+            eprintln!(
+                "network namespace {}: cannot return the thread to its own: {e}",
+                self.path.display()
+            );
+            std::process::abort();
+        }
+        r.map_err(|p| std::panic::resume_unwind(p))
+    }
+
     /// Starts a named thread that enters this namespace and runs `f` there.
     pub fn spawn(
         &self,

@@ -160,19 +160,27 @@ impl Tap {
                         source: e.into(),
                     }
                 })?;
-                let tap = Tap::open(
-                    name,
-                    TapOptions {
-                        exclusive: true,
-                        ..TapOptions::default()
-                    },
-                )?;
-                // Dropping `tap` on failure destroys the not yet persistent device.
-                tap.set_persistent(true)
+                Self::create_persistent_here(name)
             })
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p))
         })
+    }
+
+    /// `create_persistent` on the calling thread: a process forked by
+    /// another thread meanwhile keeps the queue attached until it execs.
+    /// For a tap nothing attaches to (a CNI plugin's placeholder), or a
+    /// single-threaded process.
+    pub fn create_persistent_here(name: &str) -> Result<(), TapError> {
+        let tap = Tap::open(
+            name,
+            TapOptions {
+                exclusive: true,
+                ..TapOptions::default()
+            },
+        )?;
+        // Dropping `tap` on failure destroys the not yet persistent device.
+        tap.set_persistent(true)
     }
 
     pub fn name(&self) -> &str {

@@ -45,6 +45,24 @@ fn named_netns_life_cycle() {
         .run(|| Rtnl::open().unwrap().link_by_name("lo").unwrap().unwrap())
         .unwrap();
     assert!(lo.up);
+    // On the calling thread: inside for `f`, back home after it, and after a
+    // panic in it.
+    let home = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
+    let here = a
+        .netns()
+        .run_here(|| std::fs::read_link("/proc/thread-self/ns/net").unwrap())
+        .unwrap();
+    assert_eq!(here, inside);
+    assert_eq!(
+        std::fs::read_link("/proc/thread-self/ns/net").unwrap(),
+        home
+    );
+    let panicked = std::panic::catch_unwind(|| a.netns().run_here(|| panic!("in the namespace")));
+    assert!(panicked.is_err());
+    assert_eq!(
+        std::fs::read_link("/proc/thread-self/ns/net").unwrap(),
+        home
+    );
     // A thread spawned into it stays there.
     let (tx, rx) = std::sync::mpsc::channel();
     a.netns()
