@@ -166,8 +166,9 @@ impl Interrupt {
     /// Raise the interrupt with `bits` set in InterruptStatus. A config
     /// change is published to the register page before the guest is told.
     pub fn signal(&self, bits: u32) {
-        if let (true, Some(p)) = (bits & INT_CONFIG != 0, &self.page) {
-            p.publish_view();
+        match &self.page {
+            Some(p) if bits & INT_CONFIG != 0 => p.publish_view(),
+            _ => {}
         }
         self.bits().fetch_or(bits, Ordering::SeqCst);
         if let Err(e) = self.irqfd.write(1) {

@@ -198,7 +198,7 @@ impl<D: VirtioDevice> MmioTransport<D> {
             }
         }
         page.publish_status(self.status, || self.device.needs_reset());
-        page.publish_config(|b| self.device.read_config(0, b));
+        page.publish_device_config(|b| self.device.read_config(0, b));
     }
 
     /// Queue registers written after DRIVER_OK (a queue moved, resized or

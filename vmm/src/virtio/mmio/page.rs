@@ -151,6 +151,16 @@ impl RegisterPage {
         gen.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// Publishes the config space from the device's view, or, for a device
+    /// without one (whose config changes only through the transport), as
+    /// `read` fills it. The view never waits (a VF's MAC not yet learned).
+    pub fn publish_device_config(&self, read: impl FnOnce(&mut [u8])) {
+        match self.view.get() {
+            Some(view) => self.publish_config(|b| view.read_config(0, b)),
+            None => self.publish_config(read),
+        }
+    }
+
     /// A config interrupt: the device changed on its own. Its config space
     /// and DEVICE_NEEDS_RESET are republished before the guest is told.
     pub fn publish_view(&self) {
