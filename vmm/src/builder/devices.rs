@@ -106,6 +106,9 @@ pub(super) fn attach_legacy_devices(
     })
 }
 
+// A register page covers a device's whole window.
+const _: () = assert!(MMIO_SIZE as usize == crate::virtio::mmio::page::PAGE_SIZE);
+
 /// The register pages of the virtio devices `devs` (same order), each
 /// mapped read-only over its device's window as KVM slot `first_slot + i`
 /// (docs/vmm.md "The register page"). None, so that every read exits, for
