@@ -340,6 +340,19 @@ fn notify_writes_that_reach_the_transport_are_harmless() {
     assert!(log.lock().unwrap().activated.is_empty());
 }
 
+/// A transport set up to `step` of a driver's start: 0 fresh, 1 with its
+/// features negotiated, 2 with queue 0 set up as well.
+fn set_up_to(step: u32) -> (MmioTransport<TestDev>, Arc<Mutex<Log>>) {
+    let (mut t, log, _) = transport();
+    if step >= 1 {
+        negotiate(&mut t, 1 << VIRTIO_F_VERSION_1);
+    }
+    if step >= 2 {
+        setup_queue(&mut t, 0, 16, 0x1000);
+    }
+    (t, log)
+}
+
 /// Every word KVM may batch in the coalesced ring only stores a value: a
 /// write to it changes no register a read returns until the driver's next
 /// exiting access, which is when the VMM applies the ring. Checked by
@@ -369,13 +382,7 @@ fn coalesced_zones_hold_only_store_only_words() {
     for off in words {
         for step in 0..3 {
             for value in [1, 0x5a5a_0001] {
-                let (mut t, log, _) = transport();
-                if step >= 1 {
-                    negotiate(&mut t, 1 << VIRTIO_F_VERSION_1);
-                }
-                if step >= 2 {
-                    setup_queue(&mut t, 0, 16, 0x1000);
-                }
+                let (mut t, log) = set_up_to(step);
                 let before = snapshot(&mut t);
                 let activated = log.lock().unwrap().activated.len();
                 w(&mut t, off, value);
@@ -413,13 +420,7 @@ fn coalesced_zones_with_a_page_change_no_byte_of_it() {
     for off in words {
         for step in 0..3 {
             for value in [1, 0x5a5a_0001] {
-                let (mut t, _, _) = transport();
-                if step >= 1 {
-                    negotiate(&mut t, 1 << VIRTIO_F_VERSION_1);
-                }
-                if step >= 2 {
-                    setup_queue(&mut t, 0, 16, 0x1000);
-                }
+                let (mut t, _) = set_up_to(step);
                 let before = page_bytes(&t);
                 w(&mut t, off, value);
                 assert!(
@@ -431,9 +432,7 @@ fn coalesced_zones_with_a_page_change_no_byte_of_it() {
     }
     // And the selectors do change it (why they exit).
     for sel in [QUEUE_SEL, DEVICE_FEATURES_SEL] {
-        let (mut t, _, _) = transport();
-        negotiate(&mut t, 1 << VIRTIO_F_VERSION_1);
-        setup_queue(&mut t, 0, 16, 0x1000);
+        let (mut t, _) = set_up_to(2);
         w(&mut t, sel, 0);
         let before = page_bytes(&t);
         w(&mut t, sel, 1);
