@@ -8,7 +8,6 @@ mod serve;
 pub use serve::{run, run_until, run_with, BackgroundServer, LOCK_FILE};
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +26,6 @@ use crate::dataplane::uplink::{Uplink, UplinkSpec};
 use crate::dataplane::Dataplane;
 use crate::devset::{Devset, LockPolicy};
 use crate::ids::{default_mac, vf_id};
-use crate::poll::{eventfd_fd, wait_readable};
 use crate::port::{Port, PortConfig, VfHw};
 use crate::session::Profile;
 use crate::sg::{SgConfig, SgPf};
