@@ -353,6 +353,17 @@ fn set_up_to(step: u32) -> (MmioTransport<TestDev>, Arc<Mutex<Log>>) {
     (t, log)
 }
 
+/// What the zone tests write: every word of `zones`, at each set-up step
+/// (`set_up_to`), with 1 and with a pattern.
+fn zone_writes(zones: &[(u64, u32)]) -> impl Iterator<Item = (u64, u32, u32)> + '_ {
+    let words = zones
+        .iter()
+        .flat_map(|&(base, len)| (base..base + len as u64).step_by(4));
+    words.flat_map(|off| {
+        (0..3).flat_map(move |step| [1, 0x5a5a_0001].map(|value| (off, step, value)))
+    })
+}
+
 /// Every word KVM may batch in the coalesced ring only stores a value: a
 /// write to it changes no register a read returns until the driver's next
 /// exiting access, which is when the VMM applies the ring. Checked by
@@ -376,34 +387,27 @@ fn coalesced_zones_hold_only_store_only_words() {
     let snapshot = |t: &mut MmioTransport<TestDev>| -> Vec<u32> {
         READABLE.iter().map(|&o| r(t, o)).collect()
     };
-    let words = COALESCED_ZONES
-        .iter()
-        .flat_map(|&(base, len)| (base..base + len as u64).step_by(4));
-    for off in words {
-        for step in 0..3 {
-            for value in [1, 0x5a5a_0001] {
-                let (mut t, log) = set_up_to(step);
-                let before = snapshot(&mut t);
-                let activated = log.lock().unwrap().activated.len();
-                w(&mut t, off, value);
-                let mut after = snapshot(&mut t);
-                // QueueReady follows QueueSel, which is itself in a zone: read
-                // it for the queue selected before the write.
-                if off == QUEUE_SEL {
-                    w(&mut t, QUEUE_SEL, 0);
-                    after = snapshot(&mut t);
-                }
-                assert_eq!(
-                    before, after,
-                    "step {step}: writing {value:#x} to {off:#x} changed a register"
-                );
-                assert_eq!(
-                    log.lock().unwrap().activated.len(),
-                    activated,
-                    "step {step}: writing {value:#x} to {off:#x} activated the device"
-                );
-            }
+    for (off, step, value) in zone_writes(&COALESCED_ZONES) {
+        let (mut t, log) = set_up_to(step);
+        let before = snapshot(&mut t);
+        let activated = log.lock().unwrap().activated.len();
+        w(&mut t, off, value);
+        let mut after = snapshot(&mut t);
+        // QueueReady follows QueueSel, which is itself in a zone: read
+        // it for the queue selected before the write.
+        if off == QUEUE_SEL {
+            w(&mut t, QUEUE_SEL, 0);
+            after = snapshot(&mut t);
         }
+        assert_eq!(
+            before, after,
+            "step {step}: writing {value:#x} to {off:#x} changed a register"
+        );
+        assert_eq!(
+            log.lock().unwrap().activated.len(),
+            activated,
+            "step {step}: writing {value:#x} to {off:#x} activated the device"
+        );
     }
 }
 
@@ -414,21 +418,14 @@ fn coalesced_zones_hold_only_store_only_words() {
 /// reads, so it must exit and be published before the next read.
 #[test]
 fn coalesced_zones_with_a_page_change_no_byte_of_it() {
-    let words = COALESCED_ZONES_WITH_PAGE
-        .iter()
-        .flat_map(|&(base, len)| (base..base + len as u64).step_by(4));
-    for off in words {
-        for step in 0..3 {
-            for value in [1, 0x5a5a_0001] {
-                let (mut t, _) = set_up_to(step);
-                let before = page_bytes(&t);
-                w(&mut t, off, value);
-                assert!(
-                    before == page_bytes(&t),
-                    "step {step}: writing {value:#x} to {off:#x} changed the page"
-                );
-            }
-        }
+    for (off, step, value) in zone_writes(&COALESCED_ZONES_WITH_PAGE) {
+        let (mut t, _) = set_up_to(step);
+        let before = page_bytes(&t);
+        w(&mut t, off, value);
+        assert!(
+            before == page_bytes(&t),
+            "step {step}: writing {value:#x} to {off:#x} changed the page"
+        );
     }
     // And the selectors do change it (why they exit).
     for sel in [QUEUE_SEL, DEVICE_FEATURES_SEL] {
