@@ -150,8 +150,9 @@ pub(super) fn register_pages(
             memory_size: MMIO_SIZE,
             userspace_addr: page.host_addr(),
         };
-        // SAFETY: the page is mapped for as long as the device holds it, and
-        // the devices go before the VM (Vm's field order); KVM only reads it.
+        // SAFETY: KVM only reads the page. The devices hold it, and run_vm
+        // stops the vCPUs before `Vm` drops them; should a vCPU not stop,
+        // KVM faults on the unmapped range (EFAULT), never the host.
         unsafe { vm.set_user_memory_region(region) }.map_err(kvm_err(
             sb,
             format!(
