@@ -65,11 +65,8 @@ fn sigterm_releases_the_tap() {
     open_tap(&name).expect("tap released after the VMM ended");
 }
 
-#[test]
-fn pool_memory_with_lazy_zeroing_boots_and_goes_back() {
-    assert!(kvm_available(), "/dev/kvm is required");
-    let dir = tempdir();
-    let sock = dir.path().join("pool.sock");
+/// A `burstvm pool` with one 32 MiB memfd at `sock`, once its socket is there.
+fn start_pool(sock: &Path) -> ChildGuard {
     let pool = Command::new(env!("CARGO_BIN_EXE_burstvm"))
         .args([
             "pool",
@@ -82,7 +79,7 @@ fn pool_memory_with_lazy_zeroing_boots_and_goes_back() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let _pool = ChildGuard(pool);
+    let pool = ChildGuard(pool);
     let t = Instant::now();
     while !sock.exists() {
         assert!(
@@ -91,6 +88,15 @@ fn pool_memory_with_lazy_zeroing_boots_and_goes_back() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    pool
+}
+
+#[test]
+fn pool_memory_with_lazy_zeroing_boots_and_goes_back() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let dir = tempdir();
+    let sock = dir.path().join("pool.sock");
+    let _pool = start_pool(&sock);
     let trace = dir.path().join("t.jsonl");
     // Twice: the second VMM gets the memory the first one gave back, still dirty.
     for round in 0..2 {
@@ -119,6 +125,57 @@ fn pool_memory_with_lazy_zeroing_boots_and_goes_back() {
             .collect();
         assert_eq!(st, ["vmm-spawn", "dma-ram", "boot", "app-launch", "ready"]);
     }
+}
+
+/// With `--idle-cgroup DIR` the background zeroer writes its own thread id to
+/// `DIR/tasks` when it starts (a cgroup-v1 move of that thread alone). A plain
+/// directory stands in for the cgroup here, so the write stays on record after the
+/// zeroer ends; `runtime`'s `the_idle_cgroup_takes_a_single_thread` moves a thread
+/// into the real one.
+#[test]
+fn the_background_zeroer_joins_the_idle_cgroup() {
+    assert!(kvm_available(), "/dev/kvm is required");
+    let dir = tempdir();
+    let sock = dir.path().join("pool.sock");
+    let _pool = start_pool(&sock);
+    let idle = dir.path().join("idle");
+    std::fs::create_dir(&idle).unwrap();
+    let child = burstvm()
+        .args(["--sandbox", &unique("vmmidle"), "--memory", "32M"])
+        .args(["--memory-policy", "lazy", "--dma-ram", "true"])
+        .args(["--pool-socket", sock.to_str().unwrap()])
+        .args(["--idle-cgroup", idle.to_str().unwrap(), "--keep-running"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut vmm = ChildGuard(child);
+    let pid = vmm.0.id();
+    let tasks = idle.join("tasks");
+    let t = Instant::now();
+    let tid = loop {
+        if let Some(tid) = std::fs::read_to_string(&tasks)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+        {
+            break tid;
+        }
+        assert!(vmm.0.try_wait().unwrap().is_none(), "VMM exited");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no thread joined {}",
+            tasks.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_ne!(tid, pid, "the VMM's main thread moved, not the zeroer");
+    let comm = Path::new(&format!("/proc/{pid}/task/{tid}/comm")).to_path_buf();
+    if let Ok(name) = std::fs::read_to_string(&comm) {
+        assert_eq!(name.trim(), guestmem::ZEROER_THREAD);
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    wait_exit(&mut vmm.0, Duration::from_secs(20));
 }
 
 /// Peak RSS (KiB) of a VMM that boots `elf` in 64 MiB to READY.

@@ -22,8 +22,11 @@ const UFFD_FEATURE_MINOR_SHMEM: u64 = 1 << 10;
 const BATCH_PAGES: u64 = 256;
 /// The background zeroer's thread name (a bench waits for it to end).
 pub const ZEROER_THREAD: &str = "bg-zeroer";
-/// Bytes the fault handler zeroes and maps per fault (one page at least).
-const FAULT_AROUND_BYTES: u64 = 256 << 10;
+/// Bytes the fault handler zeroes and maps per fault (one page at least): the kernel's
+/// default `fault_around_bytes`. The built-in agent touches ~21 pages in three clusters, so
+/// 64 KiB takes as few faults as 256 KiB did and zeroes a quarter of the bytes
+/// (docs/results.md "Startup CPU, round 13").
+const FAULT_AROUND_BYTES: u64 = 64 << 10;
 
 /// Counters of the lazy-zeroing machinery of one GuestMemory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -37,6 +40,10 @@ pub struct LazyStats {
     /// Pages the background zeroer mapped into the guest view ahead of the guest.
     pub background_mapped: u64,
 }
+
+/// Run first on the background zeroer's own thread (`GuestMemory::start_lazy_zeroing_with`):
+/// e.g. to move that thread into an idle cgroup.
+pub type ZeroerStartHook = Box<dyn FnOnce() + Send>;
 
 /// Told the first lazy-zeroing error, once (`GuestMemory::set_lazy_error_callback`).
 pub type LazyErrorCallback = Box<dyn Fn(&Arc<LazyError>) + Send + Sync>;
@@ -242,7 +249,11 @@ impl Lazy {
         })
     }
 
-    pub fn start_zeroer(&mut self, idle: bool) -> Result<(), Error> {
+    pub fn start_zeroer(
+        &mut self,
+        idle: bool,
+        on_start: Option<ZeroerStartHook>,
+    ) -> Result<(), Error> {
         if self.zeroer.is_some() {
             return Ok(());
         }
@@ -250,7 +261,12 @@ impl Lazy {
         self.zeroer = Some(
             std::thread::Builder::new()
                 .name(ZEROER_THREAD.into())
-                .spawn(move || zeroer_loop(&s, idle))
+                .spawn(move || {
+                    if let Some(f) = on_start {
+                        f();
+                    }
+                    zeroer_loop(&s, idle)
+                })
                 .map_err(|e| Error::io("spawn background zeroer thread", e))?,
         );
         Ok(())

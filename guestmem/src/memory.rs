@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
-use crate::lazy::{ErrorSlot, Lazy, LazyStats};
+use crate::lazy::{ErrorSlot, Lazy, LazyStats, ZeroerStartHook};
 use crate::pool::PoolClient;
 use crate::region::Region;
 use crate::sys;
@@ -353,8 +353,19 @@ impl GuestMemory {
     /// As `start_lazy_zeroing`; `idle = false` runs the background zeroer at normal
     /// priority instead of SCHED_IDLE (tests and experiments).
     pub fn start_lazy_zeroing_with_priority(&self, idle: bool) -> Result<(), Error> {
+        self.start_zeroer(idle, None)
+    }
+
+    /// As `start_lazy_zeroing_shared`, with `on_start` run first on the zeroer's thread
+    /// (the VMM moves that thread into an idle cgroup there). Not run when there is no
+    /// zeroer to start.
+    pub fn start_lazy_zeroing_with(&self, on_start: ZeroerStartHook) -> Result<(), Error> {
+        self.start_zeroer(true, Some(on_start))
+    }
+
+    fn start_zeroer(&self, idle: bool, on_start: Option<ZeroerStartHook>) -> Result<(), Error> {
         match &mut *self.lazy.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(l) => l.start_zeroer(idle),
+            Some(l) => l.start_zeroer(idle, on_start),
             None => Ok(()),
         }
     }

@@ -267,6 +267,49 @@ fn pre_policy_zeroes_only_what_was_not_zeroed_ahead() {
     assert_eq!(count_byte(r.guest_view_ptr(), SIZE, CANARY), 0);
 }
 
+/// A guest's first touch under `lazy` zeroes and maps the aligned 64 KiB block around
+/// it (the kernel's fault-around size), no more: a touch in the same block takes no
+/// second fault, a touch in the next block takes one, and the rest stays dirty.
+#[test]
+fn a_guest_touch_zeroes_and_maps_its_64_kib_block() {
+    const SIZE: u64 = 1 << 20;
+    const BLOCK: u64 = (64 << 10) / PAGE;
+    let server = canary_pool("faultaround", SIZE, 1);
+    let gm = pool_ram(&server, SIZE, MemoryPolicy::Lazy);
+    let r = &gm.regions()[0];
+    let total = SIZE / PAGE;
+    assert_eq!(r.page_stats().dirty, total);
+    // SAFETY: every offset read lies inside the guest view, mapped while `gm` lives.
+    let read = |page: u64| unsafe {
+        std::ptr::read_volatile(r.guest_view_ptr().add((page * PAGE + 100) as usize))
+    };
+
+    assert_eq!(read(BLOCK + 5), 0, "the canary reached the guest");
+    let s = gm.lazy_stats();
+    assert_eq!((s.faults, s.fault_zeroed), (1, BLOCK), "{s:?}");
+    // The handler wakes the guest before it marks the block MAPPED: ZERO or MAPPED.
+    let st = r.page_stats();
+    assert_eq!(
+        (st.zero + st.mapped, st.dirty),
+        (BLOCK, total - BLOCK),
+        "{st:?}"
+    );
+
+    assert_eq!(read(BLOCK), 0);
+    assert_eq!(read(2 * BLOCK - 1), 0);
+    assert_eq!(
+        gm.lazy_stats().faults,
+        1,
+        "a page of the mapped block faulted"
+    );
+
+    assert_eq!(read(2 * BLOCK), 0);
+    let s = gm.lazy_stats();
+    assert_eq!((s.faults, s.fault_zeroed), (2, 2 * BLOCK), "{s:?}");
+    assert_eq!(r.page_stats().dirty, total - 2 * BLOCK);
+    assert!(gm.lazy_error().is_none(), "{:?}", gm.lazy_error());
+}
+
 #[test]
 fn device_process_attaches_by_fd_and_prepares_pages() {
     const SIZE: u64 = 2 << 20;

@@ -14,6 +14,10 @@ use std::sync::Mutex;
 
 pub const V1_CONTROLLERS: [&str; 5] = ["cpu", "cpuacct", "cpuset", "memory", "blkio"];
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// The v1 cpu cgroup beside `burstvm` that holds host work done for sandboxes
+/// only while nothing else wants the CPU (a lazy VMM's background zeroer):
+/// `cpu.idle` = 1 makes the group's entity SCHED_IDLE against its siblings.
+pub const IDLE_CGROUP: &str = "burstvm-idle";
 const CFS_PERIOD_US: u64 = 100_000;
 /// Headroom above the guest memory for the VMM process itself (page tables,
 /// thread stacks, vhost-user rings, the binary).
@@ -73,6 +77,32 @@ impl Layout {
                 .collect(),
             Layout::V2(root) => vec![root.join("burstvm")],
         }
+    }
+
+    /// `<cpu>/burstvm-idle` with `cpu.idle` = 1, made if missing and shared by
+    /// every runtime (left in place, as the `burstvm` parents are). A thread
+    /// at SCHED_IDLE inside a sandbox's cgroup still makes that cgroup
+    /// runnable at its full weight against the runtime, the CNI plugins and
+    /// the NIC daemon; in this group it is idle against all of them. None
+    /// under cgroup2 (a thread cannot leave its process's cgroup outside a
+    /// threaded subtree) or without `cpu.idle` (Linux < 5.15).
+    pub fn ensure_idle_cgroup(&self) -> Result<Option<PathBuf>, CgroupError> {
+        let Layout::V1(root) = self else {
+            return Ok(None);
+        };
+        let cpu = root.join("cpu");
+        if !cpu.join("cpu.idle").exists() {
+            return Ok(None);
+        }
+        let dir = cpu.join(IDLE_CGROUP);
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err(&dir)(e)),
+        }
+        let idle = dir.join("cpu.idle");
+        fs::write(&idle, "1").map_err(io_err(&idle))?;
+        Ok(Some(dir))
     }
 
     /// Creates the `burstvm` parents (and, for cpuset, copies the parent's
@@ -551,6 +581,46 @@ mod tests {
         let l = Layout::detect().ok()?;
         l.ensure_parents().ok()?;
         Some(l)
+    }
+
+    /// The idle group exists with cpu.idle set, a thread of a process can join it
+    /// alone (v1), and a second call finds it as it is.
+    #[test]
+    fn the_idle_cgroup_takes_a_single_thread() {
+        let l = layout().expect("cgroup hierarchy (run as root)");
+        let Some(dir) = l.ensure_idle_cgroup().unwrap() else {
+            assert!(!matches!(&l, Layout::V1(r) if r.join("cpu/cpu.idle").exists()));
+            return;
+        };
+        assert_eq!(
+            fs::read_to_string(dir.join("cpu.idle")).unwrap().trim(),
+            "1"
+        );
+        assert_eq!(l.ensure_idle_cgroup().unwrap(), Some(dir.clone()));
+        let cpu_line = |text: &str| {
+            text.lines()
+                .find(|l| l.split(':').nth(1) == Some("cpu"))
+                .map(|l| l.rsplit(':').next().unwrap_or("").to_string())
+        };
+        let main_before = cpu_line(&fs::read_to_string("/proc/thread-self/cgroup").unwrap());
+        let (inside, home) = std::thread::spawn(move || {
+            // SAFETY: gettid has no arguments and cannot fail.
+            let tid = unsafe { libc::gettid() };
+            let before = cpu_line(&fs::read_to_string("/proc/thread-self/cgroup").unwrap());
+            fs::write(dir.join("tasks"), tid.to_string()).unwrap();
+            let inside = cpu_line(&fs::read_to_string("/proc/thread-self/cgroup").unwrap());
+            // Back where it came from, so the test process stays in one cgroup.
+            let root = Path::new(CGROUP_ROOT).join("cpu");
+            let home = root.join(before.as_deref().unwrap_or("/").trim_start_matches('/'));
+            fs::write(home.join("tasks"), tid.to_string()).unwrap();
+            (inside, before)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside.as_deref(), Some(format!("/{IDLE_CGROUP}").as_str()));
+        let main_after = cpu_line(&fs::read_to_string("/proc/thread-self/cgroup").unwrap());
+        assert_eq!(main_after, main_before, "the other threads stayed");
+        assert_eq!(home, main_before);
     }
 
     #[test]

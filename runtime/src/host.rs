@@ -80,6 +80,10 @@ pub trait SandboxHost: Sync {
     fn supported_cpuid(&self) -> Option<&Path> {
         None
     }
+    /// The idle cpu cgroup VMMs' background zeroers join (`--idle-cgroup`).
+    fn idle_cgroup(&self) -> Option<&Path> {
+        None
+    }
 }
 
 impl SandboxHost for Runtime {
@@ -106,6 +110,9 @@ impl SandboxHost for Runtime {
     }
     fn supported_cpuid(&self) -> Option<&Path> {
         Runtime::supported_cpuid(self)
+    }
+    fn idle_cgroup(&self) -> Option<&Path> {
+        Runtime::idle_cgroup(self)
     }
     fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, HostCallError> {
         Runtime::vf_socket(self, vf_id)
@@ -380,6 +387,7 @@ pub struct HostServices {
     trace_path: PathBuf,
     interrupted: AtomicBool,
     neighbors: std::sync::OnceLock<server_netns::NeighborTable>,
+    idle_cgroup: Option<PathBuf>,
 }
 
 impl HostServices {
@@ -391,8 +399,10 @@ impl HostServices {
     ) -> Result<HostServices, HostError> {
         let layout = Layout::detect()?;
         layout.ensure_parents()?;
+        let idle_cgroup = crate::instance::idle_cgroup_of(&layout);
         let cni = CniNetwork::load(&info.cni_config, info.cni_path.clone()).map_err(Box::new)?;
         Ok(HostServices {
+            idle_cgroup,
             info,
             layout,
             cni,
@@ -438,6 +448,9 @@ impl SandboxHost for HostServices {
     }
     fn pool_socket(&self) -> Option<&Path> {
         self.info.pool_socket.as_deref()
+    }
+    fn idle_cgroup(&self) -> Option<&Path> {
+        self.idle_cgroup.as_deref()
     }
     fn vf_socket(&self, vf_id: &str) -> Result<PathBuf, HostCallError> {
         Ok(nic_api::vf_socket(&self.info.nic_socket, vf_id)?)

@@ -78,6 +78,11 @@ pub struct VmParams {
     pub dma_window: u64,
     /// Take guest memory from the page-pool server at this socket.
     pub pool_socket: Option<PathBuf>,
+    /// A cgroup-v1 cpu cgroup with `cpu.idle` set: the lazy policy's
+    /// background zeroer moves its thread there when it starts, so that it
+    /// runs only when nothing else on the host wants the CPU (SCHED_IDLE
+    /// within the VMM's own cgroup would still compete at that cgroup's weight).
+    pub idle_cgroup: Option<PathBuf>,
     /// Back guest memory with 2 MiB hugetlb pages.
     pub hugepages: bool,
     /// VF driver init: sync or async.

@@ -67,6 +67,8 @@ pub struct VmConfig {
     /// with hugepages).
     pub dma_window: u64,
     pub pool_socket: Option<PathBuf>,
+    /// Where the background zeroer's thread goes (`VmParams::idle_cgroup`).
+    pub idle_cgroup: Option<PathBuf>,
     pub hugepages: bool,
     pub vf_init: VfInit,
     pub vf_reconnect: std::time::Duration,
@@ -422,6 +424,7 @@ impl VmConfig {
             dma_image: a.dma_image,
             dma_window,
             pool_socket: a.pool_socket.clone(),
+            idle_cgroup: a.idle_cgroup.clone(),
             hugepages: a.hugepages,
             vf_init: a.vf_init,
             vf_reconnect: std::time::Duration::from_secs(a.vf_reconnect),

@@ -40,6 +40,7 @@ impl VmParams {
             dma_image: false,
             dma_window: 0,
             pool_socket: None,
+            idle_cgroup: None,
             hugepages: false,
             vf_init: VfInit::Sync,
             vf_reconnect: 30,
@@ -174,6 +175,7 @@ impl VmParams {
             a.path("--kvm-device", &Some(self.kvm_device.clone()));
         }
         a.path("--supported-cpuid", &self.supported_cpuid);
+        a.path("--idle-cgroup", &self.idle_cgroup);
         a.path("--template-save", &self.template_save);
         a.flag("--template-probe", self.template_probe);
         a.path("--template", &self.template);

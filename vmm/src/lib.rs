@@ -231,7 +231,7 @@ fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<u32, Guest
             match ev {
                 VmEvent::Ready if !ready => {
                     ready = true;
-                    if let Err(e) = vm.start_background_zeroing() {
+                    if let Err(e) = vm.start_background_zeroing(cfg.idle_cgroup.as_deref()) {
                         return Err(GuestFailure::MemoryHandler(e.to_string()));
                     }
                     print!("{}", vm.trace.summary());

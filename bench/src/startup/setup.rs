@@ -236,6 +236,10 @@ pub fn bench_startup_cli(a: &BenchStartupConfig) -> Result<(), Error> {
     runtime::instance::install_sigint_handler();
     let (rt, plan) = bench_setup(a)?;
     eprintln!("{}", cgroup::favordynmods_note(cgroup::favordynmods()));
+    eprintln!(
+        "{}",
+        runtime::instance::state_root_note(runtime::instance::state_root_fs())
+    );
     let result = run(&rt, &plan, &mut |l| eprintln!("{l}"));
     // Also after an error or Ctrl-C: say whether anything was left.
     let final_check = leaks::check(&rt, Duration::from_secs(5));

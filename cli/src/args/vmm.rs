@@ -123,6 +123,11 @@ pub struct VmmArgs {
     /// Take guest memory from the page-pool server at this socket.
     #[arg(long)]
     pub pool_socket: Option<PathBuf>,
+    /// A cgroup-v1 cpu cgroup with cpu.idle set (the runtime's
+    /// `burstvm-idle`): the lazy policy's background zeroer moves its
+    /// thread there, so it runs only while nothing else wants the CPU.
+    #[arg(long)]
+    pub idle_cgroup: Option<PathBuf>,
     /// Back guest memory with 2 MiB hugetlb pages.
     #[arg(long)]
     pub hugepages: bool,
@@ -239,6 +244,7 @@ impl VmmArgs {
             dma_image: self.dma_image,
             dma_window: self.dma_window,
             pool_socket: self.pool_socket,
+            idle_cgroup: self.idle_cgroup,
             hugepages: self.hugepages,
             vf_init: self.vf_init,
             vf_reconnect: self.vf_reconnect,
@@ -565,6 +571,7 @@ mod tests {
             dma_image: true,
             dma_window: 2 << 20,
             pool_socket: Some("/run/pool.sock".into()),
+            idle_cgroup: Some("/sys/fs/cgroup/cpu/burstvm-idle".into()),
             vf_init: VfInit::Async,
             vf_reconnect: 5,
             agent_mode: AgentMode::SgSend,

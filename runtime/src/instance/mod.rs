@@ -21,8 +21,8 @@ pub use nic::{NicRestarts, NIC_WATCH_PERIOD};
 pub use signals::{install_sigint_handler, sigint_received};
 pub use stages::{expected_stages, expected_stages_with};
 pub use stale::{
-    cgroup_pool_of, reap_stale, sandbox_prefix_of, server_netns_of, state_dir_of, RUNTIME_LOCK,
-    STATE_ROOT,
+    cgroup_pool_of, reap_stale, sandbox_prefix_of, server_netns_of, state_dir_of, state_root_fs,
+    state_root_note, RUNTIME_LOCK, STATE_ROOT,
 };
 
 use std::path::{Path, PathBuf};
@@ -169,9 +169,20 @@ pub struct Runtime {
     /// KVM's supported CPUID in the state directory, asked at the first VMM
     /// start for all of them (None: KVM could not answer; each VMM asks).
     supported_cpuid: std::sync::OnceLock<Option<PathBuf>>,
+    /// The idle cpu cgroup of VMMs' background zeroers (`Layout::ensure_idle_cgroup`).
+    idle_cgroup: Option<PathBuf>,
     /// `RUNTIME_LOCK` in the state directory: this runtime is alive (the
     /// reapers of later runtimes look at it, `stale`). Dropped last.
     _lock: procutil::DirLock,
+}
+
+/// `Layout::ensure_idle_cgroup`, or None with a warning: without it a
+/// zeroer stays at SCHED_IDLE in its VMM's cgroup, which works, more slowly.
+pub(crate) fn idle_cgroup_of(layout: &Layout) -> Option<PathBuf> {
+    layout.ensure_idle_cgroup().unwrap_or_else(|e| {
+        tracing::warn!("no idle cgroup for background zeroing: {e}");
+        None
+    })
 }
 
 impl Runtime {
@@ -186,6 +197,10 @@ impl Runtime {
             tracing::warn!("removed what a dead runtime left: {r}");
         }
         let (state_dir, lock) = stale::claim_state_dir(&tag)?;
+        let root_fs = state_root_fs();
+        if root_fs != Some(nix::sys::statfs::TMPFS_MAGIC) {
+            tracing::warn!("{}", state_root_note(root_fs));
+        }
         let trace_path = cfg
             .trace_path
             .clone()
@@ -208,10 +223,12 @@ impl Runtime {
             cfg,
             dir_locks: Mutex::new(Vec::new()),
             supported_cpuid: std::sync::OnceLock::new(),
+            idle_cgroup: None,
             _lock: lock,
         };
         // From here on, a failure drops `rt`, which removes what was made.
         rt.layout.ensure_parents()?;
+        rt.idle_cgroup = idle_cgroup_of(&rt.layout);
         if rt.cfg.cgroup_pool > 0 {
             rt.cgroup_pool = Some(CgroupPool::new(
                 &layout,
@@ -305,6 +322,11 @@ impl Runtime {
     /// of one per VMM, each of whose CPUID leaves exits to the outer hypervisor on
     /// a nested host. None if KVM cannot answer here: each VMM then asks itself
     /// and reports the error with its sandbox's name.
+    /// The idle cpu cgroup the VMMs' background zeroers join (None: none here).
+    pub fn idle_cgroup(&self) -> Option<&Path> {
+        self.idle_cgroup.as_deref()
+    }
+
     pub fn supported_cpuid(&self) -> Option<&Path> {
         self.supported_cpuid
             .get_or_init(|| {

@@ -22,6 +22,34 @@ pub const RUNTIME_LOCK: &str = "runtime.lock";
 /// Every runtime's state directory is `rt-<tag>` under this.
 pub const STATE_ROOT: &str = "/run/burstvm";
 
+/// The filesystem type `STATE_ROOT` is on (`statfs`'s `f_type`; None if it
+/// cannot be read, e.g. before the first runtime made it).
+pub fn state_root_fs() -> Option<nix::sys::statfs::FsType> {
+    nix::sys::statfs::statfs(STATE_ROOT)
+        .ok()
+        .map(|s| s.filesystem_type())
+}
+
+/// One line for a log or a benchmark's header on whether `STATE_ROOT` is on
+/// tmpfs. Every start makes and removes files there (a netns-free sandbox its
+/// log, a networked one its IPAM lease, the NIC's state file, a VF socket); on
+/// a disk filesystem each new inode costs allocation work that tmpfs does not
+/// have: 2 ms of host CPU per networked start on this kind of host
+/// (docs/runtime.md "The state directory").
+pub fn state_root_note(fs: Option<nix::sys::statfs::FsType>) -> String {
+    use nix::sys::statfs::TMPFS_MAGIC;
+    match fs {
+        Some(t) if t == TMPFS_MAGIC => format!("state directory: {STATE_ROOT} is on tmpfs"),
+        Some(t) => format!(
+            "state directory: {STATE_ROOT} is not on tmpfs (f_type {:#x}), so every file a start \
+             makes costs a disk filesystem's inode work (~2 ms of CPU per networked start \
+             here); scripts/setup.sh mounts a tmpfs there (docs/runtime.md \"The state directory\")",
+            t.0
+        ),
+        None => format!("state directory: cannot statfs {STATE_ROOT}"),
+    }
+}
+
 /// The state directory of the runtime with `tag`.
 pub fn state_dir_of(tag: &str) -> PathBuf {
     Path::new(STATE_ROOT).join(format!("rt-{tag}"))
@@ -159,6 +187,17 @@ fn tag_of(pid: u32, k: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_state_root_note_tells_tmpfs_from_a_disk_filesystem() {
+        use nix::sys::statfs::{EXT4_SUPER_MAGIC, TMPFS_MAGIC};
+        let tmpfs = state_root_note(Some(TMPFS_MAGIC));
+        assert_eq!(tmpfs, "state directory: /run/burstvm is on tmpfs");
+        let disk = state_root_note(Some(EXT4_SUPER_MAGIC));
+        assert!(disk.contains("is not on tmpfs (f_type 0xef53)"), "{disk}");
+        assert!(disk.contains("scripts/setup.sh mounts a tmpfs"), "{disk}");
+        assert!(state_root_note(None).contains("cannot statfs /run/burstvm"));
+    }
 
     #[test]
     fn tags_are_unique_and_name_their_pid() {

@@ -77,6 +77,7 @@ impl Sandbox<'_> {
         vm.template = self.spec.template.clone();
         vm.pool_socket = self.rt.pool_socket().map(Into::into);
         vm.supported_cpuid = self.rt.supported_cpuid().map(Into::into);
+        vm.idle_cgroup = self.rt.idle_cgroup().map(Into::into);
         match &self.attach.app_file {
             Some(app) => vm.app_file = Some(app.clone()),
             None => vm.app_size = self.spec.app_size,

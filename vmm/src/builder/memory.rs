@@ -178,3 +178,27 @@ pub(super) fn device_view(sb: &str, mem: &guestmem::GuestMemory) -> Result<Guest
     }
     GuestMemoryMmap::from_regions(out).map_err(|e| view_err("regions".into())(e.into()))
 }
+
+/// Starts the lazy policy's background zeroer (a no-op for other policies or
+/// when it already runs); with `idle_cgroup`, its thread first moves itself
+/// into that cgroup (`VmParams::idle_cgroup`). A refused move leaves it where
+/// it is, at SCHED_IDLE in the VMM's cgroup, with a warning.
+pub(crate) fn start_background_zeroing(
+    mem: &guestmem::GuestMemory,
+    idle_cgroup: Option<&std::path::Path>,
+) -> Result<(), guestmem::Error> {
+    let Some(dir) = idle_cgroup else {
+        return mem.start_lazy_zeroing_shared();
+    };
+    let tasks = dir.join("tasks");
+    mem.start_lazy_zeroing_with(Box::new(move || {
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        if let Err(e) = std::fs::write(&tasks, tid.to_string()) {
+            tracing::warn!(
+                "background zeroer: cannot join the idle cgroup {}: {e}; it stays in the VMM's",
+                tasks.display()
+            );
+        }
+    }))
+}

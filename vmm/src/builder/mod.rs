@@ -68,8 +68,11 @@ impl Vm {
 
     /// Starts the lazy policy's background zeroer (a no-op for other
     /// policies or when it already runs): at READY for built-in agent guests.
-    pub fn start_background_zeroing(&self) -> Result<(), guestmem::Error> {
-        self._memory.start_lazy_zeroing_shared()
+    pub fn start_background_zeroing(
+        &self,
+        idle_cgroup: Option<&std::path::Path>,
+    ) -> Result<(), guestmem::Error> {
+        memory::start_background_zeroing(&self._memory, idle_cgroup)
     }
 }
 
@@ -327,7 +330,8 @@ pub fn build(
     // or a device touches is zeroed (on fault, before device access), so a
     // start's CPU is the start's own and the rest of RAM is zeroed after it.
     if !matches!(cfg.boot, BootSource::Agent) {
-        mem.start_lazy_zeroing().map_err(memory::mem_err(sb))?;
+        memory::start_background_zeroing(&mem, cfg.idle_cgroup.as_deref())
+            .map_err(memory::mem_err(sb))?;
     }
     let make_vcpus = || {
         interrupted()?;
