@@ -91,12 +91,18 @@ fn start_pool(sock: &Path) -> ChildGuard {
     pool
 }
 
-#[test]
-fn pool_memory_with_lazy_zeroing_boots_and_goes_back() {
+/// A temporary directory with a pool at `pool.sock` in it (KVM checked first).
+fn pool_in_tempdir() -> (tempfile::TempDir, std::path::PathBuf, ChildGuard) {
     assert!(kvm_available(), "/dev/kvm is required");
     let dir = tempdir();
     let sock = dir.path().join("pool.sock");
-    let _pool = start_pool(&sock);
+    let pool = start_pool(&sock);
+    (dir, sock, pool)
+}
+
+#[test]
+fn pool_memory_with_lazy_zeroing_boots_and_goes_back() {
+    let (dir, sock, _pool) = pool_in_tempdir();
     let trace = dir.path().join("t.jsonl");
     // Twice: the second VMM gets the memory the first one gave back, still dirty.
     for round in 0..2 {
@@ -134,10 +140,7 @@ fn pool_memory_with_lazy_zeroing_boots_and_goes_back() {
 /// into the real one.
 #[test]
 fn the_background_zeroer_joins_the_idle_cgroup() {
-    assert!(kvm_available(), "/dev/kvm is required");
-    let dir = tempdir();
-    let sock = dir.path().join("pool.sock");
-    let _pool = start_pool(&sock);
+    let (dir, sock, _pool) = pool_in_tempdir();
     let idle = dir.path().join("idle");
     std::fs::create_dir(&idle).unwrap();
     let child = burstvm()
