@@ -54,7 +54,7 @@ mkdir -p /run/burstvm
 # The runtime's state lives for one boot (sockets, logs, IPAM leases, the NIC's
 # state file), so it belongs on tmpfs, as /run is on systemd hosts. Where /run
 # is on the root disk, every file a sandbox start makes costs the disk
-# filesystem's inode work: ~2 ms of host CPU per networked start here
+# filesystem's inode work: 0.5-1.5 ms of host CPU per networked start here
 # (docs/runtime.md "The state directory"). Mounted only while nothing is in it.
 if [ "$(stat -f -c %T /run/burstvm)" != tmpfs ]; then
   if [ -z "$(ls -A /run/burstvm)" ]; then

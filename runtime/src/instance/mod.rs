@@ -317,16 +317,16 @@ impl Runtime {
         &self.state_dir
     }
 
-    /// KVM's supported CPUID for the VMMs this runtime starts
-    /// (`vmm::supported_cpuid`): one KVM_GET_SUPPORTED_CPUID for a burst instead
-    /// of one per VMM, each of whose CPUID leaves exits to the outer hypervisor on
-    /// a nested host. None if KVM cannot answer here: each VMM then asks itself
-    /// and reports the error with its sandbox's name.
     /// The idle cpu cgroup the VMMs' background zeroers join (None: none here).
     pub fn idle_cgroup(&self) -> Option<&Path> {
         self.idle_cgroup.as_deref()
     }
 
+    /// KVM's supported CPUID for the VMMs this runtime starts
+    /// (`vmm::supported_cpuid`): one KVM_GET_SUPPORTED_CPUID for a burst instead
+    /// of one per VMM, each of whose CPUID leaves exits to the outer hypervisor on
+    /// a nested host. None if KVM cannot answer here: each VMM then asks itself
+    /// and reports the error with its sandbox's name.
     pub fn supported_cpuid(&self) -> Option<&Path> {
         self.supported_cpuid
             .get_or_init(|| {

@@ -31,10 +31,10 @@ pub fn state_root_fs() -> Option<nix::sys::statfs::FsType> {
 }
 
 /// One line for a log or a benchmark's header on whether `STATE_ROOT` is on
-/// tmpfs. Every start makes and removes files there (a netns-free sandbox its
-/// log, a networked one its IPAM lease, the NIC's state file, a VF socket); on
-/// a disk filesystem each new inode costs allocation work that tmpfs does not
-/// have: 2 ms of host CPU per networked start on this kind of host
+/// tmpfs. Every start makes and removes files there (its VMM's stderr file;
+/// with a network also an IPAM lease, the NIC's state file, a VF socket); on a
+/// disk filesystem each new inode costs allocation work that tmpfs does not
+/// have: 0.5–1.5 ms of host CPU per networked start on this kind of host
 /// (docs/runtime.md "The state directory").
 pub fn state_root_note(fs: Option<nix::sys::statfs::FsType>) -> String {
     use nix::sys::statfs::TMPFS_MAGIC;
@@ -42,8 +42,8 @@ pub fn state_root_note(fs: Option<nix::sys::statfs::FsType>) -> String {
         Some(t) if t == TMPFS_MAGIC => format!("state directory: {STATE_ROOT} is on tmpfs"),
         Some(t) => format!(
             "state directory: {STATE_ROOT} is not on tmpfs (f_type {:#x}), so every file a start \
-             makes costs a disk filesystem's inode work (~2 ms of CPU per networked start \
-             here); scripts/setup.sh mounts a tmpfs there (docs/runtime.md \"The state directory\")",
+             makes costs a disk filesystem's inode work (0.5-1.5 ms of CPU per networked \
+             start here); scripts/setup.sh mounts a tmpfs there (docs/runtime.md \"The state directory\")",
             t.0
         ),
         None => format!("state directory: cannot statfs {STATE_ROOT}"),
