@@ -172,8 +172,7 @@ fn the_background_zeroer_joins_the_idle_cgroup() {
         std::thread::sleep(Duration::from_millis(10));
     };
     assert_ne!(tid, pid, "the VMM's main thread moved, not the zeroer");
-    let comm = Path::new(&format!("/proc/{pid}/task/{tid}/comm")).to_path_buf();
-    if let Ok(name) = std::fs::read_to_string(&comm) {
+    if let Ok(name) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
         assert_eq!(name.trim(), guestmem::ZEROER_THREAD);
     }
     // SAFETY: signalling our own child.

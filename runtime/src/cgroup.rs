@@ -105,6 +105,15 @@ impl Layout {
         Ok(Some(dir))
     }
 
+    /// `ensure_idle_cgroup`, or None with a warning: without it a zeroer
+    /// stays at SCHED_IDLE in its VMM's cgroup, which works, more slowly.
+    pub fn idle_cgroup_or_warn(&self) -> Option<PathBuf> {
+        self.ensure_idle_cgroup().unwrap_or_else(|e| {
+            tracing::warn!("no idle cgroup for background zeroing: {e}");
+            None
+        })
+    }
+
     /// Creates the `burstvm` parents (and, for cpuset, copies the parent's
     /// cpus and mems, which v1 requires before any task can join).
     pub fn ensure_parents(&self) -> Result<(), CgroupError> {
@@ -597,18 +606,21 @@ mod tests {
             "1"
         );
         assert_eq!(l.ensure_idle_cgroup().unwrap(), Some(dir.clone()));
-        let cpu_line = |text: &str| {
-            text.lines()
+        // The calling thread's cpu cgroup, as /proc/thread-self/cgroup names it.
+        let cpu_cgroup = || {
+            fs::read_to_string("/proc/thread-self/cgroup")
+                .unwrap()
+                .lines()
                 .find(|l| l.split(':').nth(1) == Some("cpu"))
                 .map(|l| l.rsplit(':').next().unwrap_or("").to_string())
         };
-        let main_before = cpu_line(&fs::read_to_string("/proc/thread-self/cgroup").unwrap());
+        let main_before = cpu_cgroup();
         let (inside, home) = std::thread::spawn(move || {
             // SAFETY: gettid has no arguments and cannot fail.
             let tid = unsafe { libc::gettid() };
-            let before = cpu_line(&fs::read_to_string("/proc/thread-self/cgroup").unwrap());
+            let before = cpu_cgroup();
             fs::write(dir.join("tasks"), tid.to_string()).unwrap();
-            let inside = cpu_line(&fs::read_to_string("/proc/thread-self/cgroup").unwrap());
+            let inside = cpu_cgroup();
             // Back where it came from, so the test process stays in one cgroup.
             let root = Path::new(CGROUP_ROOT).join("cpu");
             let home = root.join(before.as_deref().unwrap_or("/").trim_start_matches('/'));
@@ -618,7 +630,7 @@ mod tests {
         .join()
         .unwrap();
         assert_eq!(inside.as_deref(), Some(format!("/{IDLE_CGROUP}").as_str()));
-        let main_after = cpu_line(&fs::read_to_string("/proc/thread-self/cgroup").unwrap());
+        let main_after = cpu_cgroup();
         assert_eq!(main_after, main_before, "the other threads stayed");
         assert_eq!(home, main_before);
     }

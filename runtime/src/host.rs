@@ -399,7 +399,7 @@ impl HostServices {
     ) -> Result<HostServices, HostError> {
         let layout = Layout::detect()?;
         layout.ensure_parents()?;
-        let idle_cgroup = crate::instance::idle_cgroup_of(&layout);
+        let idle_cgroup = layout.idle_cgroup_or_warn();
         let cni = CniNetwork::load(&info.cni_config, info.cni_path.clone()).map_err(Box::new)?;
         Ok(HostServices {
             idle_cgroup,

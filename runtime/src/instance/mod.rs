@@ -176,15 +176,6 @@ pub struct Runtime {
     _lock: procutil::DirLock,
 }
 
-/// `Layout::ensure_idle_cgroup`, or None with a warning: without it a
-/// zeroer stays at SCHED_IDLE in its VMM's cgroup, which works, more slowly.
-pub(crate) fn idle_cgroup_of(layout: &Layout) -> Option<PathBuf> {
-    layout.ensure_idle_cgroup().unwrap_or_else(|e| {
-        tracing::warn!("no idle cgroup for background zeroing: {e}");
-        None
-    })
-}
-
 impl Runtime {
     pub fn new(cfg: RuntimeConfig) -> Result<Runtime, RuntimeError> {
         let tag = stale::unique_tag();
@@ -228,7 +219,7 @@ impl Runtime {
         };
         // From here on, a failure drops `rt`, which removes what was made.
         rt.layout.ensure_parents()?;
-        rt.idle_cgroup = idle_cgroup_of(&rt.layout);
+        rt.idle_cgroup = rt.layout.idle_cgroup_or_warn();
         if rt.cfg.cgroup_pool > 0 {
             rt.cgroup_pool = Some(CgroupPool::new(
                 &layout,
