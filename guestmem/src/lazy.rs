@@ -39,6 +39,10 @@ pub struct LazyStats {
     pub background_zeroed: u64,
     /// Pages the background zeroer mapped into the guest view ahead of the guest.
     pub background_mapped: u64,
+    /// Blocks mapped ahead of the guest because the VMM wrote into them (`write_instant`).
+    pub instant_mapped: u64,
+    /// Pages of those blocks zeroed with them (beyond the pages written).
+    pub instant_zeroed: u64,
 }
 
 /// Run first on the background zeroer's own thread (`GuestMemory::start_lazy_zeroing_with`):
@@ -168,6 +172,8 @@ struct Shared {
     fault_zeroed: AtomicU64,
     background_zeroed: AtomicU64,
     background_mapped: AtomicU64,
+    instant_mapped: AtomicU64,
+    instant_zeroed: AtomicU64,
 }
 
 /// The uffd, its handler thread and (once started) the background zeroer.
@@ -236,6 +242,8 @@ impl Lazy {
             fault_zeroed: AtomicU64::new(0),
             background_zeroed: AtomicU64::new(0),
             background_mapped: AtomicU64::new(0),
+            instant_mapped: AtomicU64::new(0),
+            instant_zeroed: AtomicU64::new(0),
         });
         let s = shared.clone();
         let handler = std::thread::Builder::new()
@@ -279,7 +287,35 @@ impl Lazy {
             fault_zeroed: s.fault_zeroed.load(Ordering::Relaxed),
             background_zeroed: s.background_zeroed.load(Ordering::Relaxed),
             background_mapped: s.background_mapped.load(Ordering::Relaxed),
+            instant_mapped: s.instant_mapped.load(Ordering::Relaxed),
+            instant_zeroed: s.instant_zeroed.load(Ordering::Relaxed),
         }
+    }
+
+    /// Maps the fault-around blocks that `[guest_addr, guest_addr+len)` of a guest view
+    /// touches into that view now, zeroing what is still dirty: pages the VMM wrote before
+    /// the guest runs (FastIOV's instant-zeroing list, which lazy zeroing does not manage)
+    /// then cost the guest no fault. Addresses outside every lazy region are left alone.
+    pub fn map_ahead(&self, guest_addr: usize, len: u64) -> Result<(), LazyError> {
+        let s = &self.shared;
+        let Some(r) = s.region_of(guest_addr) else {
+            return Ok(());
+        };
+        let ps = r.table.page_size();
+        let first = (guest_addr - r.guest) as u64 / ps;
+        let last = ((guest_addr - r.guest) as u64 + len.max(1) - 1) / ps;
+        let block = (FAULT_AROUND_BYTES / ps).max(1);
+        let last = last.min(r.table.npages().saturating_sub(1));
+        let mut start = first / block * block;
+        while start <= last {
+            let end = (start + block).min(r.table.npages());
+            if (start..end).any(|p| r.table.state(p) != MAPPED) {
+                map_block(s, r, first.max(start), &s.instant_zeroed)?;
+                s.instant_mapped.fetch_add(1, Ordering::Relaxed);
+            }
+            start = end;
+        }
+        Ok(())
     }
 
     /// Stops and joins both threads. The uffd stays open until `self` is dropped, which
@@ -389,10 +425,16 @@ enum Continued {
 fn handle_fault(s: &Shared, addr: usize) -> Result<(), LazyError> {
     s.faults.fetch_add(1, Ordering::Relaxed);
     let r = s.region_of(addr).ok_or(LazyError::Outside(addr))?;
+    let page = (addr - r.guest) as u64 / r.table.page_size();
+    map_block(s, r, page, &s.fault_zeroed)
+}
+
+/// Zeroes and maps into the guest view the aligned fault-around block of `page` (as the
+/// kernel does for file mappings, so a guest walking its memory takes one fault per
+/// block), counting the pages it zeroed in `zeroed`. `page` goes first: a racing device or
+/// vCPU waits on it soonest.
+fn map_block(s: &Shared, r: &LazyRegion, page: u64, zeroed: &AtomicU64) -> Result<(), LazyError> {
     let ps = r.table.page_size();
-    let page = (addr - r.guest) as u64 / ps;
-    // Fault-around (as the kernel does for file mappings): zero and map the aligned block
-    // around the faulting page, so a guest walking its memory takes one fault per block.
     let block = (FAULT_AROUND_BYTES / ps).max(1);
     let first = page / block * block;
     let end = (first + block).min(r.table.npages());
@@ -401,10 +443,9 @@ fn handle_fault(s: &Shared, addr: usize) -> Result<(), LazyError> {
         source,
     };
     r.table.prefault_dirty(first, end);
-    // The faulting page first: a racing device or vCPU waits on it soonest.
     for p in std::iter::once(page).chain((first..end).filter(|p| *p != page)) {
         if r.table.ensure_zeroed(p).map_err(zero_err)? {
-            s.fault_zeroed.fetch_add(1, Ordering::Relaxed);
+            zeroed.fetch_add(1, Ordering::Relaxed);
         }
     }
     let cont_err = |page: u64, source| LazyError::ContinuePage {
@@ -434,7 +475,7 @@ fn handle_fault(s: &Shared, addr: usize) -> Result<(), LazyError> {
             Continued::Mapped => {}
             Continued::Exists => {
                 if p == page {
-                    // Mapped by someone else meanwhile: make sure the faulter wakes.
+                    // Mapped by someone else meanwhile: make sure a faulter wakes.
                     s.uffd
                         .wake(a as *mut libc::c_void, ps as usize)
                         .map_err(|source| LazyError::Wake {

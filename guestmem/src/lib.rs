@@ -139,6 +139,13 @@ pub enum Error {
          (vhost-user backend) can share its pages"
     )]
     PrivateRegion(String),
+    #[error("mapping guest pages {gpa:#x}+{len:#x} ahead of the guest: {source}")]
+    MapAhead {
+        gpa: u64,
+        len: u64,
+        #[source]
+        source: Box<LazyError>,
+    },
     #[error("lazy-zeroing handler stopped: {0}")]
     LazyHandler(#[source] std::sync::Arc<LazyError>),
     #[error(transparent)]

@@ -275,7 +275,10 @@ impl GuestMemory {
 
     /// Instant-zero list (FastIOV §4.3.2): zeroes the pages `[gpa, gpa+len)` touches (if
     /// still dirty), writes `data` through the device view and leaves them marked done, so
-    /// neither the fault handler nor the background zeroer ever wipes them.
+    /// neither the fault handler nor the background zeroer ever wipes them. Under `lazy`
+    /// their fault-around blocks are mapped into the guest view too: pages on the list are
+    /// not lazy zeroing's to manage, and the guest's first touch of them (its code, page
+    /// tables, boot info) then takes no userfault.
     pub fn write_instant(&self, gpa: u64, data: &[u8]) -> Result<(), Error> {
         let len = data.len() as u64;
         let r = self.region_for(gpa, len)?;
@@ -289,6 +292,26 @@ impl GuestMemory {
                 r.device_view_ptr().add(off as usize),
                 data.len(),
             );
+        }
+        self.map_ahead(gpa, len)
+    }
+
+    /// Under `lazy`, zeroes (where still dirty) and maps into the guest view now the
+    /// fault-around blocks `[gpa, gpa+len)` touches, so the guest's first touch of them
+    /// takes no userfault; a no-op under the other policies and outside lazy regions.
+    /// For what the guest is known to touch first: what the VMM wrote (`write_instant`),
+    /// the start of the built-in agent's allocator.
+    pub fn map_ahead(&self, gpa: u64, len: u64) -> Result<(), Error> {
+        let r = self.region_for(gpa, len)?;
+        if let Some(l) = &*self.lazy.lock().unwrap_or_else(|p| p.into_inner()) {
+            // SAFETY: [gpa, gpa+len) lies inside the region (region_for), so inside its
+            // guest view.
+            let guest = unsafe { r.guest_view_ptr().add((gpa - r.gpa()) as usize) } as usize;
+            l.map_ahead(guest, len).map_err(|source| Error::MapAhead {
+                gpa,
+                len,
+                source: Box::new(source),
+            })?;
         }
         Ok(())
     }

@@ -9,18 +9,19 @@ use guestmem::MemoryPolicy;
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit};
 
-/// 16-bit real-mode guest at 0x1000: counts canary bytes in [0x2000, 0xF000) and sends the
-/// count to port 0x10, then the bytes at 0x5000 (VMM instant write) and 0x9001 (device
-/// write) to port 0x11, then `hlt`.
-const GUEST: [u8; 32] = [
+/// 16-bit real-mode guest at 0x1000: counts canary bytes in ES:[0x2000, 0xF000) (ES at
+/// 0x10000: the 64 KiB block after the one the instant writes map ahead, so KVM's reads
+/// there fault) and sends the count to port 0x10, then the bytes at 0x5000 (VMM instant
+/// write) and 0x9001 (device write) to port 0x11, then `hlt`.
+const GUEST: [u8; 33] = [
     0xbe, 0x00, 0x20, // mov $0x2000, %si
     0x31, 0xc9, // xor %cx, %cx
-    0xac, // l: lodsb
+    0x26, 0xac, // l: lodsb %es:(%si)
     0x3c, 0xa5, // cmp $0xA5, %al
     0x75, 0x01, // jne skip
     0x41, // inc %cx
     0x81, 0xfe, 0x00, 0xf0, // skip: cmp $0xF000, %si
-    0x72, 0xf4, // jb l
+    0x72, 0xf3, // jb l
     0x89, 0xc8, // mov %cx, %ax
     0xe7, 0x10, // out %ax, $0x10
     0xa0, 0x00, 0x50, // mov (0x5000), %al
@@ -57,10 +58,12 @@ fn run_guest(policy: MemoryPolicy) -> (u16, Vec<u8>) {
     }
     let mut vcpu = vm.create_vcpu(0).unwrap();
     let mut sregs = vcpu.get_sregs().unwrap();
-    for seg in [&mut sregs.cs, &mut sregs.ds, &mut sregs.es, &mut sregs.ss] {
+    for seg in [&mut sregs.cs, &mut sregs.ds, &mut sregs.ss] {
         seg.base = 0;
         seg.selector = 0;
     }
+    sregs.es.base = 0x10000;
+    sregs.es.selector = 0x1000;
     vcpu.set_sregs(&sregs).unwrap();
     let mut regs = vcpu.get_regs().unwrap();
     regs.rip = 0x1000;

@@ -231,6 +231,18 @@ fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<u32, Guest
             match ev {
                 VmEvent::Ready if !ready => {
                     ready = true;
+                    let lazy = vm.lazy_stats();
+                    if lazy != guestmem::LazyStats::default() {
+                        tracing::info!(
+                            "sandbox {}: lazy zeroing at READY: {} userfaults ({} pages \
+                             zeroed), {} blocks mapped ahead ({} pages zeroed)",
+                            cfg.sandbox,
+                            lazy.faults,
+                            lazy.fault_zeroed,
+                            lazy.instant_mapped,
+                            lazy.instant_zeroed
+                        );
+                    }
                     if let Err(e) = vm.start_background_zeroing(cfg.idle_cgroup.as_deref()) {
                         return Err(GuestFailure::MemoryHandler(e.to_string()));
                     }

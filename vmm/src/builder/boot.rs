@@ -42,6 +42,12 @@ pub(super) fn load_guest(
             write(PML4_ADDR, &x86::page_tables(true), "page tables")?;
             write(guest::LOAD_ADDR, guest::AGENT_IMAGE, "agent image")?;
             app_checksum = write_sandbox_info(cfg, mem, devs, image)?;
+            // The agent's allocator starts at mem[0]'s base: its rings and first buffers
+            // are the only pages it touches that we did not write. Under lazy zeroing
+            // that fault-around block is mapped ahead too, so the agent's boot takes no
+            // userfault at all (each costs its vCPU a sleep and the handler a wake-up).
+            mem.map_ahead(RAM_FREE_START, 1)
+                .map_err(guest_write_err(sb, RAM_FREE_START, "agent heap"))?;
             EntryMode::Long64 {
                 rip: guest::ENTRY_ADDR,
                 rsp: 0x8ff0,

@@ -66,6 +66,11 @@ impl Vm {
         &self._vm
     }
 
+    /// The lazy policy's counters (all zero under the other policies).
+    pub fn lazy_stats(&self) -> guestmem::LazyStats {
+        self._memory.lazy_stats()
+    }
+
     /// Starts the lazy policy's background zeroer (a no-op for other
     /// policies or when it already runs): at READY for built-in agent guests.
     pub fn start_background_zeroing(
