@@ -332,9 +332,17 @@ fn instant_writes_map_their_blocks_ahead_of_the_guest() {
     gm.write_instant(at, b"boot").unwrap();
     // The two written pages were zeroed before the write; the blocks' other pages now.
     let s = gm.lazy_stats();
-    assert_eq!((s.instant_mapped, s.instant_zeroed), (2, 2 * BLOCK - 2), "{s:?}");
+    assert_eq!(
+        (s.instant_mapped, s.instant_zeroed),
+        (2, 2 * BLOCK - 2),
+        "{s:?}"
+    );
     let st = r.page_stats();
-    assert_eq!((st.mapped, st.dirty), (2 * BLOCK, total - 2 * BLOCK), "{st:?}");
+    assert_eq!(
+        (st.mapped, st.dirty),
+        (2 * BLOCK, total - 2 * BLOCK),
+        "{st:?}"
+    );
 
     assert_eq!([read(at), read(at + 3)], [b'b', b't']);
     assert_eq!(read(BLOCK * PAGE + 100), 0, "the canary reached the guest");

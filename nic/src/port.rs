@@ -241,6 +241,11 @@ pub struct Port {
     returned: Condvar,
     /// Session-side users holding or waiting for the runtime.
     want: AtomicU32,
+    /// The dataplane came for the runtime while a session-side user had it (or
+    /// wanted it): the last user to let go wakes the dataplane. Without it a
+    /// release wakes nobody, so the set-up messages of a VF whose rings carry no
+    /// frames yet (the runtime stays on the session side) cost no wake-up apiece.
+    refused: AtomicBool,
     /// Bumped on every open, close, reset and config change: the dataplane
     /// looks at the port again.
     generation: AtomicU64,
@@ -281,6 +286,7 @@ impl Port {
             runtime: Mutex::new(Some(Box::new(Runtime::new()))),
             returned: Condvar::new(),
             want: AtomicU32::new(0),
+            refused: AtomicBool::new(false),
             generation: AtomicU64::new(1),
             session: AtomicU64::new(1),
             wake: Mutex::new((wake, Arc::default())),
@@ -341,7 +347,11 @@ impl Port {
     /// Dataplane: takes the runtime if no session-side user holds or wants it
     /// (never blocks).
     pub fn take_runtime(&self) -> Option<Box<Runtime>> {
-        if self.wanted() {
+        // Before `want` is read (both SeqCst, as the user's side in
+        // `RuntimeGuard::drop`): either this sees the last user gone, or that
+        // user sees the refusal and wakes us.
+        self.refused.store(true, Ordering::SeqCst);
+        if self.want.load(Ordering::SeqCst) != 0 {
             return None;
         }
         let mut g = match self.runtime.try_lock() {
@@ -354,6 +364,7 @@ impl Port {
         if self.want.load(Ordering::SeqCst) != 0 {
             return None;
         }
+        self.refused.store(false, Ordering::Relaxed);
         g.take()
     }
     /// Dataplane: hands the runtime back and wakes the users waiting for it.
@@ -425,8 +436,9 @@ impl Drop for RuntimeGuard<'_> {
             // It became the dataplane's business in this hold: a new
             // generation makes the dataplane look (whoever holds it next).
             self.port.bump();
-        } else if last {
-            // The last user gone: the dataplane may take the runtime again.
+        } else if last && (carries || self.port.refused.swap(false, Ordering::SeqCst)) {
+            // The last user gone: the dataplane takes back a runtime that
+            // carries frames, or looks at one it found held.
             self.port.notify();
         }
     }
@@ -466,5 +478,72 @@ impl VfDevice for VfHw {
         self.port.new_session();
         drop(rt);
         self.port.bump();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmm_sys_util::eventfd::EFD_NONBLOCK;
+
+    fn port() -> (Port, Arc<EventFd>) {
+        let wake = Arc::new(EventFd::new(EFD_NONBLOCK).unwrap());
+        let p = Port::new(
+            "pf0",
+            0,
+            "0000:b1:00.0".into(),
+            "vf.sock".into(),
+            [2, 0, 0, 0, 0, 1],
+            wake.clone(),
+        );
+        (p, wake)
+    }
+
+    /// Wake-ups of the dataplane since the last call.
+    fn wakes(w: &EventFd) -> u64 {
+        w.read().unwrap_or(0)
+    }
+
+    /// A session-side hold of a runtime that carries no frames (a VF's set-up
+    /// messages) wakes the dataplane only if the dataplane came for it meanwhile.
+    #[test]
+    fn a_release_wakes_the_dataplane_only_when_it_has_business() {
+        let (p, w) = port();
+        for _ in 0..3 {
+            let mut rt = p.runtime();
+            rt.active = true;
+        }
+        assert_eq!(wakes(&w), 0, "set-up holds woke the dataplane");
+
+        // The dataplane comes while a user holds it: refused, then woken at the release.
+        let held = p.runtime();
+        assert!(p.take_runtime().is_none());
+        drop(held);
+        assert_eq!(wakes(&w), 1, "the refused dataplane was not woken");
+        let rt = p.take_runtime().expect("free again");
+        p.return_runtime(rt);
+        // Taken once: the refusal is forgotten.
+        drop(p.runtime());
+        assert_eq!(wakes(&w), 0);
+    }
+
+    /// A runtime that carries frames goes back to the dataplane: the release
+    /// that made it carry them is a new generation, a later release a wake-up.
+    #[test]
+    fn a_runtime_that_carries_frames_is_handed_back() {
+        let (p, w) = port();
+        let g0 = p.generation();
+        {
+            let mut rt = p.runtime();
+            rt.active = true;
+            let vr = &mut rt.vrings[0];
+            vr.queue.set_ready(true);
+            vr.enabled = true;
+            vr.kick = Some(Arc::new(EventFd::new(EFD_NONBLOCK).unwrap()));
+            assert!(rt.carries_frames());
+        }
+        assert_eq!((p.generation(), wakes(&w)), (g0 + 1, 1));
+        drop(p.runtime());
+        assert_eq!((p.generation(), wakes(&w)), (g0 + 1, 1));
     }
 }

@@ -48,7 +48,8 @@ fn open(socket: &std::path::Path, mem: &std::fs::File) -> Frontend {
     fe
 }
 
-/// Both rings handed over with no ack until the last SET_VRING_ENABLE;
+/// Both rings handed over (both set up, then both enabled) with no ack until the last
+/// SET_VRING_ENABLE;
 /// ring 0 gets `size0` entries.
 fn hand_over(fe: &mut Frontend, size0: u16, fds: &[EventFd]) -> Result<(), vhost::Error> {
     fe.set_features((1 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits())?;
@@ -72,6 +73,9 @@ fn hand_over(fe: &mut Frontend, size0: u16, fds: &[EventFd]) -> Result<(), vhost
         fe.set_vring_base(q, 0)?;
         fe.set_vring_call(q, &fds[2 * q])?;
         fe.set_vring_kick(q, &fds[2 * q + 1])?;
+    }
+    // Enabled once both are set up, as the VMM does.
+    for q in 0..2usize {
         if q == 1 {
             fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
         }

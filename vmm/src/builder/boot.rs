@@ -46,8 +46,11 @@ pub(super) fn load_guest(
             // are the only pages it touches that we did not write. Under lazy zeroing
             // that fault-around block is mapped ahead too, so the agent's boot takes no
             // userfault at all (each costs its vCPU a sleep and the handler a wake-up).
-            mem.map_ahead(RAM_FREE_START, 1)
-                .map_err(guest_write_err(sb, RAM_FREE_START, "agent heap"))?;
+            mem.map_ahead(RAM_FREE_START, 1).map_err(guest_write_err(
+                sb,
+                RAM_FREE_START,
+                "agent heap",
+            ))?;
             EntryMode::Long64 {
                 rip: guest::ENTRY_ADDR,
                 rsp: 0x8ff0,

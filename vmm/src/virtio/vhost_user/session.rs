@@ -254,7 +254,12 @@ impl Vf {
                 .map_err(|e| self.err("SET_VRING_ERR", e))?;
             f.set_vring_kick(i, &self.kicks[i])
                 .map_err(|e| self.err("SET_VRING_KICK", e))?;
-            if protocol {
+        }
+        // Every ring set up before any is enabled (as QEMU's vhost_dev_start does): the
+        // NIC's dataplane takes a VF's rings once one is enabled, and each later set-up
+        // message would have to take them back from it (a wake-up and a wait apiece).
+        if protocol {
+            for i in 0..d.queues.len() {
                 let step = if ack_last && i == last {
                     f.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
                     "SET_FEATURES..SET_VRING_ENABLE (acked at the last)"
