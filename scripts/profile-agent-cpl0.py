@@ -5,28 +5,26 @@ instructions by agent function, and the exits, from a `perf record -a -e
 kvm:kvm_emulate_insn,kvm:kvm_userspace_exit,kvm:kvm_mmio,kvm:kvm_pio` of one
 `bench startup --concurrency 1 --no-warmup` per variant (scripts/profile-agent-cpl0.sh).
 
-Usage: profile-agent-cpl0.py AGENT_ELF VARIANT=PERF_DATA...
+Usage: profile-agent-cpl0.py AGENT_MAP VARIANT=PERF_DATA...   (AGENT_MAP: `nm -n agent.elf`)
 """
 
 import bisect
 import collections
+import importlib.util
+import os
 import re
 import subprocess
 import sys
 
+# The symbol table reader of the guest-kernel profile (System.map and `nm -n` print alike).
+_spec = importlib.util.spec_from_file_location(
+    "profile_guest_boot", os.path.join(os.path.dirname(__file__), "profile-guest-boot.py")
+)
+_boot = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_boot)
+
 EMULATE = re.compile(r"kvm:kvm_emulate_insn: \w+:([0-9a-f]+):")
 MMIO = re.compile(r"kvm:kvm_mmio: mmio (\S+) len \d+ gpa (0x[0-9a-f]+)")
-
-
-def text_symbols(elf):
-    """(address, name) of the agent's functions, sorted."""
-    out = subprocess.run(["nm", "-n", elf], capture_output=True, text=True, check=True).stdout
-    syms = []
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 3 and parts[1] in "tT":
-            syms.append((int(parts[0], 16), parts[2]))
-    return syms
 
 
 def region(gpa):
@@ -38,7 +36,7 @@ def region(gpa):
 
 
 def count(perf_data, syms):
-    addrs = [a for a, _ in syms]
+    addrs, names = syms
     by_fn, mmio = collections.Counter(), collections.Counter()
     exits = pio = 0
     script = subprocess.run(
@@ -49,7 +47,7 @@ def count(perf_data, syms):
         if m:
             rip = int(m.group(1), 16)
             i = bisect.bisect_right(addrs, rip) - 1
-            by_fn[syms[i][1] if i >= 0 else "?"] += 1
+            by_fn[names[i] if i >= 0 else "?"] += 1
         elif "kvm:kvm_userspace_exit" in line:
             exits += 1
         elif "kvm:kvm_pio" in line:
@@ -64,7 +62,7 @@ def count(perf_data, syms):
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
-    syms = text_symbols(sys.argv[1])
+    syms = _boot.symbols(sys.argv[1])
     runs = [a.split("=", 1) for a in sys.argv[2:]]
     counted = {v: count(d, syms) for v, d in runs}
     names = [v for v, _ in runs]

@@ -27,4 +27,5 @@ for v in "${variants[@]}"; do
         ${BENCH_ARGS:-} > "$out/$v.txt"
     args+=("$v=$out/$v.data")
 done
-python3 scripts/profile-agent-cpl0.py "$elf" "${args[@]}" | tee "$out/profile.txt"
+nm -n "$elf" > "$out/agent.map"
+python3 scripts/profile-agent-cpl0.py "$out/agent.map" "${args[@]}" | tee "$out/profile.txt"
