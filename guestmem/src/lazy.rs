@@ -303,9 +303,9 @@ impl Lazy {
         };
         let ps = r.table.page_size();
         let first = (guest_addr - r.guest) as u64 / ps;
-        let last = ((guest_addr - r.guest) as u64 + len.max(1) - 1) / ps;
+        let last = (((guest_addr - r.guest) as u64 + len.max(1) - 1) / ps)
+            .min(r.table.npages().saturating_sub(1));
         let block = (FAULT_AROUND_BYTES / ps).max(1);
-        let last = last.min(r.table.npages().saturating_sub(1));
         let mut start = first / block * block;
         while start <= last {
             let end = (start + block).min(r.table.npages());

@@ -269,22 +269,37 @@ fn pre_policy_zeroes_only_what_was_not_zeroed_ahead() {
     assert_eq!(count_byte(r.guest_view_ptr(), SIZE, CANARY), 0);
 }
 
+const MIB: u64 = 1 << 20;
+/// Pages in lazy zeroing's fault-around block (64 KiB).
+const BLOCK: u64 = (64 << 10) / PAGE;
+
+/// 1 MiB of lazy guest RAM from a pool whose memory is full of a previous tenant's canary.
+/// The server is returned first, so it outlives the memory.
+fn dirty_lazy_mib(tag: &str) -> (guestmem::pool::PoolServer, GuestMemory) {
+    let server = canary_pool(tag, MIB, 1);
+    let gm = pool_ram(&server, MIB, MemoryPolicy::Lazy);
+    (server, gm)
+}
+
+/// The byte at `off` of the first region, read through the guest view (a fault, if lazy
+/// zeroing has not mapped it yet, as a KVM access would take).
+fn guest_byte(gm: &GuestMemory, off: u64) -> u8 {
+    let r = &gm.regions()[0];
+    assert!(off < r.size());
+    // SAFETY: `off` lies inside the guest view (checked), mapped while `gm` lives.
+    unsafe { std::ptr::read_volatile(r.guest_view_ptr().add(off as usize)) }
+}
+
 /// A guest's first touch under `lazy` zeroes and maps the aligned 64 KiB block around
 /// it (the kernel's fault-around size), no more: a touch in the same block takes no
 /// second fault, a touch in the next block takes one, and the rest stays dirty.
 #[test]
 fn a_guest_touch_zeroes_and_maps_its_64_kib_block() {
-    const SIZE: u64 = 1 << 20;
-    const BLOCK: u64 = (64 << 10) / PAGE;
-    let server = canary_pool("faultaround", SIZE, 1);
-    let gm = pool_ram(&server, SIZE, MemoryPolicy::Lazy);
+    let (_server, gm) = dirty_lazy_mib("faultaround");
     let r = &gm.regions()[0];
-    let total = SIZE / PAGE;
+    let total = MIB / PAGE;
     assert_eq!(r.page_stats().dirty, total);
-    // SAFETY: every offset read lies inside the guest view, mapped while `gm` lives.
-    let read = |page: u64| unsafe {
-        std::ptr::read_volatile(r.guest_view_ptr().add((page * PAGE + 100) as usize))
-    };
+    let read = |page: u64| guest_byte(&gm, page * PAGE + 100);
 
     assert_eq!(read(BLOCK + 5), 0, "the canary reached the guest");
     let s = gm.lazy_stats();
@@ -318,14 +333,10 @@ fn a_guest_touch_zeroes_and_maps_its_64_kib_block() {
 /// next block is still lazy.
 #[test]
 fn instant_writes_map_their_blocks_ahead_of_the_guest() {
-    const SIZE: u64 = 1 << 20;
-    const BLOCK: u64 = (64 << 10) / PAGE;
-    let server = canary_pool("mapahead", SIZE, 1);
-    let gm = pool_ram(&server, SIZE, MemoryPolicy::Lazy);
+    let (_server, gm) = dirty_lazy_mib("mapahead");
     let r = &gm.regions()[0];
-    let total = SIZE / PAGE;
-    // SAFETY: every offset read lies inside the guest view, mapped while `gm` lives.
-    let read = |off: u64| unsafe { std::ptr::read_volatile(r.guest_view_ptr().add(off as usize)) };
+    let total = MIB / PAGE;
+    let read = |off: u64| guest_byte(&gm, off);
 
     // Straddles the boundary of blocks 1 and 2.
     let at = 2 * BLOCK * PAGE - 2;
