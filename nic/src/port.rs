@@ -367,10 +367,20 @@ impl Port {
         self.refused.store(false, Ordering::Relaxed);
         g.take()
     }
-    /// Dataplane: hands the runtime back and wakes the users waiting for it.
+    /// Dataplane: hands the runtime back and wakes the users waiting for it,
+    /// if any (a condition-variable signal is a futex syscall even with no waiter,
+    /// and most hand-backs are of a runtime nobody asked for: `look_at`).
     pub fn return_runtime(&self, rt: Box<Runtime>) {
-        *lock(&self.runtime) = Some(rt);
-        self.returned.notify_all();
+        let mut g = lock(&self.runtime);
+        *g = Some(rt);
+        // Under the lock: a user waiting in `runtime` raised `want` before it took
+        // the lock, which it held before us; one that raises it later finds the
+        // runtime back when it locks.
+        let waiting = self.want.load(Ordering::SeqCst) != 0;
+        drop(g);
+        if waiting {
+            self.returned.notify_all();
+        }
     }
     /// Tells the dataplane something changed (rings, state, config).
     pub fn bump(&self) {
@@ -525,6 +535,37 @@ mod tests {
         // Taken once: the refusal is forgotten.
         drop(p.runtime());
         assert_eq!(wakes(&w), 0);
+    }
+
+    /// The dataplane signals a hand-back only when a user waits: one that waits
+    /// is woken, in every interleaving of its `want` and the hand-back.
+    #[test]
+    fn a_user_waiting_for_the_runtime_gets_it_back() {
+        let (p, _w) = port();
+        let p = Arc::new(p);
+        for round in 0..200 {
+            let rt = p.take_runtime().expect("no user holds it");
+            let (tx, rx) = std::sync::mpsc::channel();
+            let user = {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    let mut rt = p.runtime();
+                    rt.active = true;
+                    drop(rt);
+                    tx.send(()).unwrap();
+                })
+            };
+            // Sometimes before the user asked, sometimes after it waits.
+            if round % 2 == 1 {
+                while !p.wanted() {
+                    std::thread::yield_now();
+                }
+            }
+            p.return_runtime(rt);
+            rx.recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("round {round}: the waiting user was not woken"));
+            user.join().unwrap();
+        }
     }
 
     /// A runtime that carries frames goes back to the dataplane: the release

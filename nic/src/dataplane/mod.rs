@@ -569,15 +569,23 @@ impl Dataplane {
                     .map(|u| u.as_fd()),
             )
             .collect();
-        wait_readable(&fds, self.sleep_cap);
+        let ready = wait_readable(&fds, self.sleep_cap);
         self.peers.awake();
-        // Drain the eventfds that fired (non-blocking); the uplink fd is read by the loop.
-        for k in &kicks {
+        // Drain the eventfds that fired, and only those: with a burst of sandboxes
+        // starting, a read of every kick would be a syscall per VF per wake-up. One that
+        // fires after the poll stays readable and ends the next sleep at once. The
+        // uplink fd is read by the loop.
+        for (k, _) in kicks.iter().zip(&ready).filter(|(_, r)| **r) {
             let _ = k.read();
         }
+        let (wake, parked) = (ready[kicks.len()], ready[kicks.len() + 1]);
         // Parked queues stay parked unless kicked.
-        self.park.unpark_kicked();
-        let _ = self.wake.read();
+        if parked {
+            self.park.unpark_kicked();
+        }
+        if wake {
+            let _ = self.wake.read();
+        }
     }
 }
 
