@@ -6,7 +6,7 @@
 //! - CNI plugins: `wait4` rusage of each plugin process (it includes the
 //!   IPAM plugin it ran and waited for), summed per thread;
 //! - VMM: the sandbox cgroup's CPU usage at READY (the VMM is its only task);
-//! - NIC daemon: its utime+stime (`/proc/<pid>/stat`) from the round's issue
+//! - NIC daemon: its process CPU-time clock (`process_ns`) from the round's issue
 //!   to the instant the last sandbox was ready, divided by the sandboxes.
 //!
 //! The averages and their report are `bench::cpu`'s.
@@ -52,15 +52,16 @@ pub fn thread_ns() -> u64 {
     tv_ns(ru.ru_utime) + tv_ns(ru.ru_stime)
 }
 
-/// user+system CPU of a whole process (dead threads included), from
-/// `/proc/<pid>/stat`; None if it is gone.
+/// CPU of a whole process (dead threads included), in nanoseconds: its
+/// process CPU-time clock (`clock_getcpuclockid`). `/proc/<pid>/stat` counts
+/// in clock ticks (10 ms here), which a 50-sandbox round divides into steps
+/// of 0.04 ms per start, the size of what a change to the NIC daemon moves.
+/// None if it is gone.
 pub fn process_ns(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (ut, st) = procutil::stat_times(&s)?;
-    let ticks = ut + st;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Some(ticks * 1_000_000_000 / hz)
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).ok()?);
+    let clock = nix::time::clock_getcpuclockid(pid).ok()?;
+    let t = nix::time::clock_gettime(clock).ok()?;
+    Some(u64::try_from(t.tv_sec()).ok()? * 1_000_000_000 + u64::try_from(t.tv_nsec()).ok()?)
 }
 
 /// `Child::wait_with_output`, but reaps with `wait4` and books the child's
@@ -147,5 +148,26 @@ mod tests {
         assert!(thread_children_ns() > before, "the loop cost CPU");
         assert!(process_ns(std::process::id()).is_some());
         assert!(thread_ns() > 0);
+    }
+
+    /// A process's CPU is read to the nanosecond: a millisecond of this
+    /// thread's CPU shows in the process's count (a clock-tick count would
+    /// mostly not move).
+    #[test]
+    fn a_process_cpu_counts_less_than_a_tick() {
+        let me = std::process::id();
+        let (p0, t0) = (process_ns(me).unwrap(), thread_ns());
+        let mut x = 0u64;
+        while thread_ns() - t0 < 1_000_000 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let (p1, t1) = (process_ns(me).unwrap(), thread_ns());
+        assert!(
+            p1 - p0 >= t1 - t0 - 100_000,
+            "process CPU moved {} ns while this thread spent {} ns",
+            p1 - p0,
+            t1 - t0
+        );
+        assert!(process_ns(u32::MAX).is_none(), "no such process");
     }
 }

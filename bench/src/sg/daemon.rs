@@ -144,19 +144,7 @@ impl Daemon {
 
     /// CPU time (user + system) the daemon used so far.
     pub fn cpu(&self) -> Duration {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // Fields after the command name (which may hold spaces): utime, stime are 14, 15.
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        // SAFETY: sysconf has no preconditions.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        Duration::from_nanos(f.iter().sum::<u64>() * 1_000_000_000 / hz)
+        Duration::from_nanos(runtime::cpuacct::process_ns(self.child.id()).unwrap_or(0))
     }
 }
 
