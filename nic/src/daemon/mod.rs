@@ -4,11 +4,11 @@
 
 mod requests;
 mod serve;
+mod sessions;
 
 pub use serve::{run, run_until, run_with, BackgroundServer, LOCK_FILE};
 
-use std::collections::HashMap;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,6 +31,7 @@ use crate::session::Profile;
 use crate::sg::{SgConfig, SgPf};
 use crate::state::{self, Assignment, StateFile};
 use crate::{Error, NicConfig};
+use sessions::Sessions;
 
 #[derive(Debug)]
 pub struct Pf {

@@ -20,42 +20,6 @@ struct Running {
     wakes: Vec<Arc<EventFd>>,
 }
 
-#[derive(Debug, Default)]
-struct Sessions {
-    streams: HashMap<u64, UnixStream>,
-    threads: Vec<JoinHandle<()>>,
-    next: u64,
-}
-
-impl Sessions {
-    fn spawn(
-        this: &Arc<Mutex<Sessions>>,
-        stream: &UnixStream,
-        name: String,
-        f: impl FnOnce() + Send + 'static,
-    ) {
-        let mut s = lock(this);
-        s.threads.retain(|t| !t.is_finished());
-        let key = s.next;
-        s.next += 1;
-        if let Ok(c) = stream.try_clone() {
-            s.streams.insert(key, c);
-        }
-        let reg = this.clone();
-        let t = std::thread::Builder::new().name(name).spawn(move || {
-            f();
-            lock(&reg).streams.remove(&key);
-        });
-        match t {
-            Ok(t) => s.threads.push(t),
-            Err(e) => {
-                tracing::warn!("cannot spawn a session thread: {e}");
-                s.streams.remove(&key);
-            }
-        }
-    }
-}
-
 fn bind(path: &Path) -> Result<UnixListener, Error> {
     let io = |e| Error::Io {
         what: format!("socket {}", path.display()),
@@ -71,8 +35,9 @@ fn bind(path: &Path) -> Result<UnixListener, Error> {
     Ok(l)
 }
 
-/// One acceptor thread per PF: a connection on VF i's socket becomes a
-/// session thread (concurrent opens really run concurrently). The listeners
+/// One acceptor thread per PF: a connection on VF i's socket is served on a
+/// session thread of its own (concurrent opens really run concurrently; a
+/// thread serves one session after another: `sessions`). The listeners
 /// are in one epoll set, so a connection costs the same with 8 VFs as with
 /// 256 (a poll over every listener per wake-up would not).
 fn acceptor(
@@ -421,14 +386,7 @@ impl Running {
             let _ = t.join();
         }
         // Ends every vhost-user and control session; each closes its VF.
-        let threads = {
-            let mut s = lock(&self.sessions);
-            for st in s.streams.values() {
-                let _ = st.shutdown(std::net::Shutdown::Both);
-            }
-            std::mem::take(&mut s.threads)
-        };
-        for t in threads {
+        for t in Sessions::close(&self.sessions) {
             let _ = t.join();
         }
         for p in &self.sockets {
