@@ -107,45 +107,47 @@ impl Sessions {
     }
 }
 
-/// A session thread: serves `job`, then waits up to `IDLE` for the next.
+/// A session thread: serves `job`, then the next one that comes within `IDLE`.
 fn serve_sessions(reg: Arc<Mutex<Sessions>>, id: u64, mut job: Job) {
-    let mut first = true;
     loop {
-        if !first {
-            // The name profiles and `ps` show: the VF being served.
-            if let Ok(n) = CString::new(job.name.clone()) {
-                let _ = nix::sys::prctl::set_name(&n);
-            }
-        }
-        first = false;
         (job.serve)();
-        let (tx, rx) = mpsc::channel();
-        {
-            let mut s = lock(&reg);
-            s.streams.remove(&job.key);
-            if s.closed {
-                return;
-            }
-            s.idle.push((id, tx));
+        match next_job(&reg, id, job.key) {
+            Some(j) => job = j,
+            None => return,
         }
-        job = match rx.recv_timeout(IDLE) {
-            Ok(j) => j,
-            Err(RecvTimeoutError::Disconnected) => return, // closed
-            Err(RecvTimeoutError::Timeout) => {
-                let mut s = lock(&reg);
-                match s.idle.iter().position(|(i, _)| *i == id) {
-                    Some(i) => {
-                        s.idle.remove(i);
-                        return;
-                    }
-                    // Taken from the list: its job was sent under the lock.
-                    None => match rx.try_recv() {
-                        Ok(j) => j,
-                        Err(_) => return,
-                    },
+        // The name profiles and `ps` show: the VF being served.
+        if let Ok(n) = CString::new(job.name.clone()) {
+            let _ = nix::sys::prctl::set_name(&n);
+        }
+    }
+}
+
+/// After the session of stream `key`: waits up to `IDLE` for the next one
+/// (None: none came, or the daemon closes).
+fn next_job(reg: &Mutex<Sessions>, id: u64, key: u64) -> Option<Job> {
+    let (tx, rx) = mpsc::channel();
+    {
+        let mut s = lock(reg);
+        s.streams.remove(&key);
+        if s.closed {
+            return None;
+        }
+        s.idle.push((id, tx));
+    }
+    match rx.recv_timeout(IDLE) {
+        Ok(j) => Some(j),
+        Err(RecvTimeoutError::Disconnected) => None, // closed
+        Err(RecvTimeoutError::Timeout) => {
+            let mut s = lock(reg);
+            match s.idle.iter().position(|(i, _)| *i == id) {
+                Some(i) => {
+                    s.idle.remove(i);
+                    None
                 }
+                // Taken from the list: its job was sent under the lock.
+                None => rx.try_recv().ok(),
             }
-        };
+        }
     }
 }
 
