@@ -593,7 +593,7 @@ mod tests {
     }
 
     /// The idle group exists with cpu.idle set, a thread of a process can join it
-    /// alone (v1), and a second call finds it as it is.
+    /// alone (v1) by writing "0", and a second call finds it as it is.
     #[test]
     fn the_idle_cgroup_takes_a_single_thread() {
         let l = layout().expect("cgroup hierarchy (run as root)");
@@ -616,15 +616,15 @@ mod tests {
         };
         let main_before = cpu_cgroup();
         let (inside, home) = std::thread::spawn(move || {
-            // SAFETY: gettid has no arguments and cannot fail.
-            let tid = unsafe { libc::gettid() };
             let before = cpu_cgroup();
-            fs::write(dir.join("tasks"), tid.to_string()).unwrap();
+            // "0", as the VMM's background zeroer writes it: the writing
+            // thread alone, not its process.
+            fs::write(dir.join("tasks"), "0").unwrap();
             let inside = cpu_cgroup();
             // Back where it came from, so the test process stays in one cgroup.
             let root = Path::new(CGROUP_ROOT).join("cpu");
             let home = root.join(before.as_deref().unwrap_or("/").trim_start_matches('/'));
-            fs::write(home.join("tasks"), tid.to_string()).unwrap();
+            fs::write(home.join("tasks"), "0").unwrap();
             (inside, before)
         })
         .join()
