@@ -59,13 +59,10 @@ impl Vf {
             return Err(self.err("GET_FEATURES", "backend lacks VIRTIO_F_VERSION_1"));
         }
         let protocol = backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0;
-        // Features are final only at DRIVER_OK; until then VERSION_1 (and
-        // the protocol-features bit) lets the NIC interpret our messages.
-        let early = (1 << VIRTIO_F_VERSION_1)
-            | (backend_features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits());
-        frontend
-            .set_features(early)
-            .map_err(|e| self.err("SET_FEATURES", e))?;
+        // No SET_FEATURES yet (as QEMU's vhost_user_backend_init sends
+        // none): the features are the driver's, known at DRIVER_OK, and
+        // `start` sends them before any ring message; what comes before
+        // (protocol features, GET_CONFIG, SET_MEM_TABLE) does not depend on them.
         let mut reset_device = false;
         let mut reply_ack = false;
         if protocol {
