@@ -10,6 +10,9 @@ pub struct CpuPerSandbox {
     pub cni_ms: f64,
     pub nicd_ms: f64,
     pub vmm_ms: f64,
+    /// Of `vmm_ms`, the VMM's vCPU threads (`runtime::cpuacct::StartCpu::vcpu_ns`).
+    #[serde(default)]
+    pub vcpu_ms: f64,
     pub total_ms: f64,
     /// The VMM's CPU after READY until its background zeroer ended: the
     /// zeroing a lazy start defers, not part of `total_ms`.
@@ -33,6 +36,7 @@ pub fn per_sandbox(starts: &[StartCpu], nicd_ns: Option<u64>) -> Option<CpuPerSa
         runtime_ms: avg(|s| s.runtime_ns),
         cni_ms: avg(|s| s.cni_ns),
         vmm_ms: avg(|s| s.vmm_ns),
+        vcpu_ms: avg(|s| s.vcpu_ns),
         nicd_ms: nicd_ns.map_or(0.0, |d| d as f64 / n / 1e6),
         total_ms: 0.0,
         after_ready_ms: avg(|s| s.vmm_after_ready_ns),
@@ -45,8 +49,15 @@ pub fn per_sandbox(starts: &[StartCpu], nicd_ns: Option<u64>) -> Option<CpuPerSa
 /// One table line, beside the wall time.
 pub fn format_line(c: &CpuPerSandbox, wall_avg_ms: f64) -> String {
     format!(
-        "host CPU ms per sandbox start: total {:.2} = runtime {:.2} + CNI plugins {:.2} + NIC daemon {:.2} + VMM {:.2}  (wall avg {:.1} ms); after READY, the VMM's deferred zeroing: {:.2}\n",
-        c.total_ms, c.runtime_ms, c.cni_ms, c.nicd_ms, c.vmm_ms, wall_avg_ms, c.after_ready_ms
+        "host CPU ms per sandbox start: total {:.2} = runtime {:.2} + CNI plugins {:.2} + NIC daemon {:.2} + VMM {:.2} (of which vCPU {:.2})  (wall avg {:.1} ms); after READY, the VMM's deferred zeroing: {:.2}\n",
+        c.total_ms,
+        c.runtime_ms,
+        c.cni_ms,
+        c.nicd_ms,
+        c.vmm_ms,
+        c.vcpu_ms,
+        wall_avg_ms,
+        c.after_ready_ms
     )
 }
 
@@ -55,19 +66,21 @@ pub fn format_summary(groups: &[crate::stats::GroupStats]) -> String {
     let mut out = String::from(
         "\n== host CPU ms per sandbox start, by owner (wall avg beside)\n\
          (after READY: the VMM's deferred zeroing; pool refill: the network pool's netns\n\
-         and CNI ADD per attachment, made while the host is idle; neither in the total)\n\
-         variant             n  runtime      CNI      NIC      VMM    total   wall avg  after READY  pool refill\n",
+         and CNI ADD per attachment, made while the host is idle; neither in the total;\n\
+         vCPU: the part of VMM that the VMM's vCPU threads ran)\n\
+         variant             n  runtime      CNI      NIC      VMM   (vCPU)    total   wall avg  after READY  pool refill\n",
     );
     for g in groups {
         let Some(c) = &g.cpu else { continue };
         out.push_str(&format!(
-            "{:<16} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1} {:>12.2} {:>12.2}\n",
+            "{:<16} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10.1} {:>12.2} {:>12.2}\n",
             g.variant,
             g.concurrency,
             c.runtime_ms,
             c.cni_ms,
             c.nicd_ms,
             c.vmm_ms,
+            c.vcpu_ms,
             c.total_ms,
             g.avg_ms,
             c.after_ready_ms,
@@ -92,10 +105,54 @@ pub fn weighted_mean(rounds: &[(CpuPerSandbox, usize)]) -> Option<CpuPerSandbox>
         cni_ms: avg(|c| c.cni_ms),
         nicd_ms: avg(|c| c.nicd_ms),
         vmm_ms: avg(|c| c.vmm_ms),
+        vcpu_ms: avg(|c| c.vcpu_ms),
         total_ms: avg(|c| c.total_ms),
         after_ready_ms: avg(|c| c.after_ready_ms),
         pool_refill_ms: avg(|c| c.pool_refill_ms),
     })
+}
+
+/// Each group's extra CPU per start over `no-net`'s at the same concurrency,
+/// split into the vCPU threads' part (the guest's own code, KVM serving its
+/// exits and the VMM's handlers of them: what the hypervisor makes a guest
+/// driver cost) and the rest
+/// (runtime, CNI plugins, NIC daemon, the VMM's other threads), with the
+/// ratio of each side to no-net's. Empty without a no-net group.
+pub fn format_vcpu_split(groups: &[crate::stats::GroupStats]) -> String {
+    let mut rows = String::new();
+    for g in groups.iter().filter(|g| g.variant != "no-net") {
+        let base = groups
+            .iter()
+            .find(|b| b.variant == "no-net" && b.concurrency == g.concurrency)
+            .and_then(|b| b.cpu.as_ref());
+        let (Some(c), Some(b)) = (g.cpu.as_ref(), base) else {
+            continue;
+        };
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+        let (other, base_other) = (c.total_ms - c.vcpu_ms, b.total_ms - b.vcpu_ms);
+        rows.push_str(&format!(
+            "{:<16} {:>4} {:>8.2} {:>8.2} {:>8.2} {:>9.2} {:>9.2} {:>9.2}\n",
+            g.variant,
+            g.concurrency,
+            c.total_ms - b.total_ms,
+            c.vcpu_ms - b.vcpu_ms,
+            other - base_other,
+            ratio(c.total_ms, b.total_ms),
+            ratio(c.vcpu_ms, b.vcpu_ms),
+            ratio(other, base_other),
+        ));
+    }
+    if rows.is_empty() {
+        return rows;
+    }
+    String::from(
+        "\n== extra host CPU ms per start over no-net, the vCPU threads apart\n\
+         (vCPU: the guest's own code, KVM serving its exits, which under kvm_pvm includes\n\
+         emulating every instruction the guest runs at CPL0, and the VMM's exit handlers;\n\
+         other: runtime, CNI, NIC daemon and the VMM's other threads; x no-net: each side\n\
+         against no-net's)\n\
+         variant             n    extra     vCPU    other   total x    vCPU x   other x\n",
+    ) + &rows
 }
 
 /// With `--repeat`: each group's CPU per start against `no-net`'s of the same
@@ -148,26 +205,6 @@ pub fn format_repeats(groups: &[crate::stats::GroupStats]) -> String {
     out
 }
 
-/// CPU time (ns) all threads of process `pid` have run, from
-/// `/proc/PID/task/*/schedstat` (first field: time on a CPU, steal excluded).
-pub fn process_cpu_ns(pid: u32) -> std::io::Result<u64> {
-    let dir = std::path::PathBuf::from(format!("/proc/{pid}/task"));
-    let io = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display()));
-    let mut total = 0;
-    for task in std::fs::read_dir(&dir).map_err(io)? {
-        let path = task.map_err(io)?.path().join("schedstat");
-        // A thread that ended meanwhile is simply not counted.
-        if let Ok(s) = std::fs::read_to_string(&path) {
-            total += s
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    Ok(total)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,11 +243,37 @@ mod tests {
     }
 
     #[test]
+    fn the_vcpu_split_puts_each_side_against_no_net() {
+        let g = |name: &str, total: f64, vcpu: f64| {
+            let mut g = crate::stats::group_stats(name, 50, &[], 0);
+            g.cpu = Some(CpuPerSandbox {
+                total_ms: total,
+                vmm_ms: vcpu + 1.0,
+                vcpu_ms: vcpu,
+                ..Default::default()
+            });
+            g
+        };
+        let t = format_vcpu_split(&[g("no-net", 3.0, 1.0), g("window+pool", 4.5, 2.0)]);
+        let row = t.lines().find(|l| l.starts_with("window+pool")).unwrap();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        // extra 1.5 = vCPU 1.0 + other 0.5; 4.5/3, 2/1, 2.5/2.
+        assert_eq!(
+            cols[2..],
+            ["1.50", "1.00", "0.50", "1.50", "2.00", "1.25"],
+            "{t}"
+        );
+        assert!(!t.lines().any(|l| l.starts_with("no-net ")), "{t}");
+        assert_eq!(format_vcpu_split(&[g("fastiov", 5.0, 2.0)]), "", "no base");
+    }
+
+    #[test]
     fn averages_per_owner() {
         let s = |r, c, v| StartCpu {
             runtime_ns: r,
             cni_ns: c,
             vmm_ns: v,
+            vcpu_ns: v / 2,
             vmm_after_ready_ns: 2 * v,
         };
         let c = per_sandbox(
@@ -221,6 +284,7 @@ mod tests {
         assert_eq!(c.runtime_ms, 2.0);
         assert_eq!(c.cni_ms, 1.0);
         assert_eq!(c.vmm_ms, 5.0);
+        assert_eq!(c.vcpu_ms, 2.5);
         assert_eq!(c.nicd_ms, 2.0);
         assert_eq!(c.total_ms, 10.0);
         // Deferred zeroing is reported apart, never in the start's total.

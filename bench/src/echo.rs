@@ -12,7 +12,6 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::cpu::process_cpu_ns;
 use crate::{bad, Error};
 use runtime::variant::NetKind;
 use runtime::{burstvm_bin, cgroup, leaks, SandboxConfig, Variant};
@@ -60,7 +59,8 @@ impl EchoResult {
 
 fn cpu(pid: Option<u32>, what: &str) -> Result<u64, Error> {
     let pid = pid.ok_or_else(|| bad("--variants", format!("no {what} process to measure")))?;
-    process_cpu_ns(pid).map_err(|e| bad("--variants", format!("{what} {pid}: {e}")))
+    procutil::schedstat::process_ns(pid)
+        .map_err(|e| bad("--variants", format!("{what} {pid}: {e}")))
 }
 
 fn measure(rt: &Runtime, a: &BenchEchoConfig, variant: Variant) -> Result<EchoResult, Error> {

@@ -34,28 +34,17 @@ pub struct BenchNicRestartConfig {
     pub burstvm_bin: Option<PathBuf>,
 }
 
-/// CPU time of a process (or task), in ns from its `schedstat` (the time it ran).
+/// CPU time of all threads of a process.
 fn cpu_time(pid: u32) -> Option<Duration> {
-    schedstat(&format!("/proc/{pid}/schedstat"))
+    procutil::schedstat::process_ns(pid)
+        .ok()
+        .map(Duration::from_nanos)
 }
 
 /// CPU time of the threads of `pid` named `comm` (a VMM's VF monitor threads).
 fn threads_cpu(pid: u32, comm: &str) -> Duration {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Duration::ZERO;
-    };
-    tasks
-        .flatten()
-        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == comm))
-        .filter_map(|t| schedstat(&t.path().join("schedstat").to_string_lossy()))
-        .sum()
-}
-
-fn schedstat(path: &str) -> Option<Duration> {
-    let s = std::fs::read_to_string(path).ok()?;
-    Some(Duration::from_nanos(
-        s.split_whitespace().next()?.parse().ok()?,
-    ))
+    procutil::schedstat::named_threads_ns(pid, |c| c == comm)
+        .map_or(Duration::ZERO, Duration::from_nanos)
 }
 
 /// The VMM thread that reconnects and restores a VF (vmm/src/virtio/vhost_user.rs).

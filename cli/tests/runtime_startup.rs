@@ -66,7 +66,16 @@ fn every_variant_reaches_ready_with_its_stages() {
             g["net_overhead"]["ratio_avg"].as_f64().unwrap() > 0.0,
             "{v}: {g}"
         );
-        assert!(g["cpu"]["vmm_ms"].as_f64().unwrap() > 0.0, "{v}: {g}");
+        let (vmm, vcpu) = (
+            g["cpu"]["vmm_ms"].as_f64().unwrap(),
+            g["cpu"]["vcpu_ms"].as_f64().unwrap(),
+        );
+        assert!(vmm > 0.0, "{v}: {g}");
+        // The guest ran, and its vCPU thread is a part of the VMM's CPU.
+        assert!(
+            vcpu > 0.0 && vcpu <= vmm,
+            "{v}: vCPU {vcpu} of VMM {vmm}: {g}"
+        );
         assert!(g["cpu"]["runtime_ms"].as_f64().unwrap() > 0.0, "{v}: {g}");
         if v == "no-net" {
             assert!(g["answered"].is_null(), "{v}");

@@ -13,11 +13,13 @@
 //! holds on what it owns ([`DirLock`], `dirlock.rs`), and of spawning without
 //! a fork ([`spawn`]: clone with CLONE_VM | CLONE_VFORK, as posix_spawn does,
 //! for children that need pre-exec steps), and of a thread's scheduling
-//! class ([`sched`]).
+//! class ([`sched`]), and of reading the CPU a thread or process has run
+//! ([`schedstat`]).
 
 mod child;
 mod dirlock;
 pub mod sched;
+pub mod schedstat;
 pub mod spawn;
 
 pub use dirlock::{DirLock, LockError};

@@ -6,6 +6,9 @@
 //! - CNI plugins: `wait4` rusage of each plugin process (it includes the
 //!   IPAM plugin it ran and waited for), summed per thread;
 //! - VMM: the sandbox cgroup's CPU usage at READY (the VMM is its only task);
+//!   of it, the vCPU threads' (`vcpuN`): the guest's own code, KVM's
+//!   handling of its exits (under kvm_pvm that includes emulating every
+//!   instruction the guest runs at CPL0) and the VMM's exit handlers;
 //! - NIC daemon: its process CPU-time clock (`process_ns`) from the round's issue
 //!   to the instant the last sandbox was ready, divided by the sandboxes.
 //!
@@ -24,6 +27,9 @@ pub struct StartCpu {
     pub runtime_ns: u64,
     pub cni_ns: u64,
     pub vmm_ns: u64,
+    /// Of `vmm_ns`, the VMM's vCPU threads' (read just before it): the guest
+    /// running, and KVM serving its exits. 0 if they could not be read.
+    pub vcpu_ns: u64,
     /// The VMM's CPU after READY until its background zeroer ended (the
     /// zeroing a lazy sandbox defers past its start; `Sandbox::
     /// wait_background_zeroing`), 0 if not measured. Not part of the start.
@@ -62,6 +68,16 @@ pub fn process_ns(pid: u32) -> Option<u64> {
     let clock = nix::time::clock_getcpuclockid(pid).ok()?;
     let t = nix::time::clock_gettime(clock).ok()?;
     Some(u64::try_from(t.tv_sec()).ok()? * 1_000_000_000 + u64::try_from(t.tv_nsec()).ok()?)
+}
+
+/// The CPU of a VMM's vCPU threads (`vcpu0`, `vcpu1`, ...; vmm::vcpu names
+/// them), 0 if the VMM is gone.
+pub fn vcpu_threads_ns(vmm_pid: u32) -> u64 {
+    procutil::schedstat::named_threads_ns(vmm_pid, |c| {
+        c.strip_prefix("vcpu")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    })
+    .unwrap_or(0)
 }
 
 /// `Child::wait_with_output`, but reaps with `wait4` and books the child's

@@ -19,6 +19,21 @@ _start:
     /* 3: CPL0 MMIO write exit */
     mov $N, %ecx; mov $0xd0000000, %rbx
 1:  movl %eax, (%rbx); dec %ecx; jnz 1b
+    mov $12, %eax; out %eax, $0xf0
+    /* 12: CPL0 MMIO write KVM coalesces (a page the runner registered), 100 per
+     * batch, then a PIO exit at which the runner drains the ring: 20 batches */
+    mov $20, %edx; mov $0xd0001000, %rbx
+2:  mov $100, %ecx
+1:  movl %eax, (%rbx); dec %ecx; jnz 1b
+    out %al, $0xf1; dec %edx; jnz 2b
+    mov $13, %eax; out %eax, $0xf0
+    /* 13: CPL0 MMIO write to an ioeventfd (signalled in the kernel, no exit) */
+    mov $N, %ecx; mov $0xd0002000, %rbx
+1:  movl %eax, (%rbx); dec %ecx; jnz 1b
+    mov $14, %eax; out %eax, $0xf0
+    /* 14: CPL0 write to the in-kernel LAPIC (task priority register) */
+    mov $N, %ecx; mov $0xfee00080, %rbx; xor %eax, %eax
+1:  movl %eax, (%rbx); dec %ecx; jnz 1b
     mov $4, %eax; out %eax, $0xf0
     /* to CPL3 */
     pushq $0x23; pushq $0x70000; pushq $0x3202; pushq $0x2b

@@ -140,6 +140,8 @@ pub enum BenchDpError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Cpu(#[from] procutil::schedstat::SchedstatError),
     #[error("bench dataplane: {0}")]
     Run(String),
     #[error("bench dataplane: {0}")]
@@ -165,18 +167,9 @@ impl Sample {
     }
 }
 
-/// CPU time a thread of this process has run (ns), from
-/// `/proc/self/task/TID/schedstat` (first field: time on a CPU, no steal).
+/// CPU time a thread of this process has run (ns).
 pub fn thread_cpu_ns(tid: i32) -> Result<u64, BenchDpError> {
-    let path = format!("/proc/self/task/{tid}/schedstat");
-    let s = std::fs::read_to_string(&path).map_err(|source| BenchDpError::Io {
-        what: path.clone(),
-        source,
-    })?;
-    s.split_whitespace()
-        .next()
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| BenchDpError::Run(format!("{path}: unexpected {s:?}")))
+    Ok(procutil::schedstat::own_thread_ns(tid)?)
 }
 
 /// The CPU's nominal frequency (Hz) and where it came from: the "@ X GHz" of

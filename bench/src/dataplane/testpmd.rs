@@ -26,6 +26,12 @@ pub const PAGES_PER_TESTPMD: u64 = 48;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TestpmdError {
+    #[error("CPU time of process {pid}: {source}")]
+    Cpu {
+        pid: u32,
+        #[source]
+        source: procutil::schedstat::SchedstatError,
+    },
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -269,10 +275,7 @@ impl Drop for Testpmd {
     }
 }
 
-/// CPU time (ns) all threads of process `pid` have run (`crate::cpu`).
+/// CPU time (ns) all threads of process `pid` have run.
 pub fn process_cpu_ns(pid: u32) -> Result<u64, TestpmdError> {
-    crate::cpu::process_cpu_ns(pid).map_err(|source| TestpmdError::Io {
-        what: format!("CPU time of process {pid}"),
-        source,
-    })
+    procutil::schedstat::process_ns(pid).map_err(|source| TestpmdError::Cpu { pid, source })
 }

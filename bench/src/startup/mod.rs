@@ -385,6 +385,7 @@ pub fn run(
         + &stats::rootfs_comparison(&main)
         + &crate::overhead::format_summary(&groups)
         + &crate::cpu::format_summary(&groups)
+        + &crate::cpu::format_vcpu_split(&groups)
         + &crate::cpu::format_repeats(&groups);
     let mut sweep_table = String::new();
     if plan.levels.len() > 1 {

@@ -200,19 +200,30 @@ static const struct boot_info *boot;
  * caller's look and this call has counted already. The ack comes first: a
  * device signals an event after it only once its status is acknowledged. */
 static uint64_t k_sleep(void *seen) {
+  virtq_flush_later(); /* a request's notify rides on the sleep for its answer */
   for (uint32_t i = 0; i < boot->n_dev && i < 4; i++) virtio_ack_irq(boot->dev[i].mmio_base);
   if (irq_count == *(uint64_t *)seen) __asm__ volatile("sti; hlt; cli" ::: "memory");
   return 0;
 }
 
+static uint64_t k_flush_later(void *arg) {
+  (void)arg;
+  virtq_flush_later();
+  return 0;
+}
+
 /* Sleep until cond(arg) holds. The interrupt count is read before cond is
  * checked, so an interrupt that arrives after the check still ends the
- * sleep. */
+ * sleep. A deferred notify (virtq_notify_later) goes with the first sleep,
+ * or before returning if cond held without one. */
 void wait_until(int (*cond)(void *), void *arg, uint32_t err) {
   uint64_t start = timer_ticks;
   for (uint32_t wakeups = 0;; wakeups++) {
     uint64_t seen = irq_count;
-    if (cond(arg)) return;
+    if (cond(arg)) {
+      if (virtq_later_pending()) kcall(k_flush_later, 0);
+      return;
+    }
     if (timer_ticks - start >= WAIT_TICKS || wakeups >= MAX_WAKEUPS) fail(err);
     kcall(k_sleep, &seen);
   }
@@ -573,9 +584,10 @@ __attribute__((noreturn)) static void agent_run(struct boot_info *bi) {
   boot = bi;
   idt_setup();
   heap_init(bi);
-  if (bi->n_dev) kcall(k_irq_setup, bi);
-
   const struct boot_dev *dev = find_net(bi);
+  /* With a network device the interrupt set-up rides on its init's kernel call. */
+  if (bi->n_dev && !dev) kcall(k_irq_setup, bi);
+
   if (!dev) { /* no network: the app launch (and the warp pipes) is all there is */
     app_launch(bi);
     if (bi->flags & BI_PROBE_MODE) probe(bi);
@@ -594,7 +606,8 @@ __attribute__((noreturn)) static void agent_run(struct boot_info *bi) {
   /* FastIOV §4.2.2: the sync driver waits for the VF before the app starts;
    * the async one lets the app launch overlap the VF becoming ready, and
    * waits for the link only before its first packet. */
-  vnet_init(&net, dev, bi->flags & BI_TOUCH_RX, EV_VF_DRIVER_START, async ? EV_VF_DRIVER_END : 0);
+  vnet_init(&net, dev, bi->flags & BI_TOUCH_RX, EV_VF_DRIVER_START, async ? EV_VF_DRIVER_END : 0,
+            k_irq_setup, bi);
   if (!async) wait_until_dev(vnet_link_up, &net, ERR_LINK_TIMEOUT, EV_VF_DRIVER_END);
 
   app_launch(bi);
@@ -616,7 +629,7 @@ __attribute__((noreturn)) static void agent_run(struct boot_info *bi) {
       wait_until_dev(vnet_needs_reset, &net, ERR_NO_NEEDS_RESET, 0);
     }
     report_data(EV_VALUE, reply_len);
-    vnet_init(&net, dev, bi->flags & BI_TOUCH_RX, 0, 0);
+    vnet_init(&net, dev, bi->flags & BI_TOUCH_RX, 0, 0, 0, 0);
     wait_until_dev(vnet_link_up, &net, ERR_LINK_TIMEOUT, 0);
     exchange(&net);
   }

@@ -93,6 +93,7 @@ void virtq_alloc(struct virtq *q, uint16_t index) {
  * DRIVER_OK unless the device failed, so only NEEDS_RESET is looked at. */
 static uint64_t k_init(void *arg) {
   struct virtio_init *v = arg;
+  if (v->first) v->first(v->first_arg);
   if (v->report) k_report((void *)(uint64_t)v->report);
   v->features = start(v->base, v->device_id, v->wanted);
   for (uint16_t i = 0; i < v->nq; i++) setup_queue(v->base, v->q[i]);
@@ -140,6 +141,25 @@ void virtq_notify(uint64_t base, struct virtq *q) {
   struct notify_args a = {base, q->index};
   kcall(k_notify, &a);
 }
+
+/* One deferred notify at a time: a second one for another queue sends the
+ * first now. */
+static struct notify_args later; /* base 0: none */
+
+void virtq_notify_later(uint64_t base, struct virtq *q) {
+  mfence();
+  if (q->used->flags & VIRTQ_USED_F_NO_NOTIFY) return;
+  if (later.base && (later.base != base || later.index != q->index)) kcall(k_notify, &later);
+  later = (struct notify_args){base, q->index};
+}
+
+void virtq_flush_later(void) {
+  if (!later.base) return;
+  k_notify(&later);
+  later.base = 0;
+}
+
+int virtq_later_pending(void) { return later.base != 0; }
 
 /* Acknowledge whatever the device signalled; the driver then looks at the
  * rings and config itself (a vhost-user backend signals through irqfd

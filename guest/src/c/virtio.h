@@ -142,21 +142,32 @@ struct virtio_init {
   uint8_t report, report_after;
   uint16_t nq;
   struct virtq *q[2];
+  /* Run first in the same kernel call (0: none): the interrupt set-up. */
+  uint64_t (*first)(void *);
+  void *first_arg;
   uint64_t features; /* out */
 };
 void virtq_alloc(struct virtq *q, uint16_t index);
 uint64_t virtio_init(struct virtio_init *v);
 void virtq_post(struct virtq *q, uint16_t id);
 void virtq_notify(uint64_t base, struct virtq *q);
+/* The notify at the agent's next sleep instead of now (k_sleep; wait_until
+ * sends it if it returns without sleeping): a request and the wait for its
+ * answer in one kernel call. */
+void virtq_notify_later(uint64_t base, struct virtq *q);
+/* At CPL0: the deferred notify, if one is pending (k_sleep). */
+void virtq_flush_later(void);
+int virtq_later_pending(void);
 void virtio_ack_irq(uint64_t base);
 int virtio_needs_reset(uint64_t base);
 /* DEVICE_NEEDS_RESET of this device is awaited, not a failure, until its next virtio_init. */
 void virtio_await_reset(uint64_t base);
 
 /* `report`, `report_after`: agent events reported in the same kernel call,
- * before and after the init (0: none). */
+ * before and after the init (0: none); `irq_setup` (if not 0) runs first in
+ * that call with `irq_arg`. */
 void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx, uint8_t report,
-               uint8_t report_after);
+               uint8_t report_after, uint64_t (*irq_setup)(void *), void *irq_arg);
 int vnet_link_up(void *n);
 int vnet_tx_idle(void *n);
 uint8_t *vnet_tx_frame(struct vnet *n);

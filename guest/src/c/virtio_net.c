@@ -6,7 +6,7 @@
  * rings are filled before the one kernel call of virtio_init, at CPL3,
  * where stores are native (at CPL0 kvm_pvm emulates each). */
 void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx, uint8_t report,
-               uint8_t report_after) {
+               uint8_t report_after, uint64_t (*irq_setup)(void *), void *irq_arg) {
   memset(n, 0, sizeof *n);
   n->base = d->mmio_base;
   virtq_alloc(&n->rx, 0);
@@ -41,6 +41,8 @@ void vnet_init(struct vnet *n, const struct boot_dev *d, int touch_rx, uint8_t r
       .report_after = report_after,
       .nq = 2,
       .q = {&n->rx, &n->tx},
+      .first = irq_setup,
+      .first_arg = irq_arg,
   };
   n->features = virtio_init(&v);
 }
@@ -98,7 +100,8 @@ void vnet_send(struct vnet *n, uint32_t frame_len) {
    * it asks for the interrupt first. */
   n->tx.avail->flags = VIRTQ_AVAIL_F_NO_INTERRUPT;
   virtq_post(&n->tx, 0);
-  virtq_notify(n->base, &n->tx);
+  /* The agent waits next (for the reply, or TX idle): the notify rides on that sleep. */
+  virtq_notify_later(n->base, &n->tx);
 }
 
 /* Next received frame (without the virtio-net header), or 0 if none. */
