@@ -59,7 +59,7 @@ impl EchoResult {
 
 fn cpu(pid: Option<u32>, what: &str) -> Result<u64, Error> {
     let pid = pid.ok_or_else(|| bad("--variants", format!("no {what} process to measure")))?;
-    procutil::schedstat::process_ns(pid)
+    procutil::schedstat::live_threads_ns(pid)
         .map_err(|e| bad("--variants", format!("{what} {pid}: {e}")))
 }
 

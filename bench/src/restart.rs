@@ -36,7 +36,7 @@ pub struct BenchNicRestartConfig {
 
 /// CPU time of all threads of a process.
 fn cpu_time(pid: u32) -> Option<Duration> {
-    procutil::schedstat::process_ns(pid)
+    procutil::schedstat::live_threads_ns(pid)
         .ok()
         .map(Duration::from_nanos)
 }

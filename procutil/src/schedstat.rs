@@ -3,8 +3,10 @@
 //! runtime's vCPU accounting and the benches' per-thread and per-process CPU.
 //!
 //! `/proc/PID/schedstat` is the thread-group leader's alone; a process's
-//! CPU is the sum over `/proc/PID/task/*`, which is what [`process_ns`]
-//! reads. A thread that ends while the tasks are read is not counted.
+//! CPU is the sum over `/proc/PID/task/*`, which is what [`live_threads_ns`]
+//! reads. A thread that ends while the tasks are read is not counted, nor
+//! one that ended before (`runtime::cpuacct::process_ns`, the process
+//! CPU-time clock, counts those too).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -46,7 +48,7 @@ pub fn own_thread_ns(tid: i32) -> Result<u64, SchedstatError> {
 }
 
 /// The time on a CPU (ns) of all live threads of process `pid`.
-pub fn process_ns(pid: u32) -> Result<u64, SchedstatError> {
+pub fn live_threads_ns(pid: u32) -> Result<u64, SchedstatError> {
     sum_tasks(pid, None)
 }
 
@@ -115,7 +117,7 @@ mod tests {
             named >= 20_000_000,
             "the thread burnt 30 ms, counted {named} ns"
         );
-        assert!(process_ns(me).unwrap() >= named);
+        assert!(live_threads_ns(me).unwrap() >= named);
         assert_eq!(named_threads_ns(me, |c| c == "no-such-thread").unwrap(), 0);
         done_tx.send(()).unwrap();
         h.join().unwrap();
@@ -123,7 +125,7 @@ mod tests {
 
     #[test]
     fn a_missing_process_or_bad_file_names_the_path() {
-        let e = process_ns(u32::MAX).unwrap_err();
+        let e = live_threads_ns(u32::MAX).unwrap_err();
         assert!(
             e.to_string().contains(&format!("/proc/{}/task", u32::MAX)),
             "{e}"

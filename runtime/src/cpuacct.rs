@@ -28,7 +28,8 @@ pub struct StartCpu {
     pub cni_ns: u64,
     pub vmm_ns: u64,
     /// Of `vmm_ns`, the VMM's vCPU threads' (read just before it): the guest
-    /// running, and KVM serving its exits. 0 if they could not be read.
+    /// running, KVM serving its exits and the VMM's exit handlers. 0 if they
+    /// could not be read.
     pub vcpu_ns: u64,
     /// The VMM's CPU after READY until its background zeroer ended (the
     /// zeroing a lazy sandbox defers past its start; `Sandbox::

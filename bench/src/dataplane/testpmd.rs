@@ -277,5 +277,5 @@ impl Drop for Testpmd {
 
 /// CPU time (ns) all threads of process `pid` have run.
 pub fn process_cpu_ns(pid: u32) -> Result<u64, TestpmdError> {
-    procutil::schedstat::process_ns(pid).map_err(|source| TestpmdError::Cpu { pid, source })
+    procutil::schedstat::live_threads_ns(pid).map_err(|source| TestpmdError::Cpu { pid, source })
 }
