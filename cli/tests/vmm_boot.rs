@@ -11,6 +11,20 @@ use std::time::{Duration, Instant};
 use vmm_common::*;
 
 /// A pipe whose write end the child inherits (no O_CLOEXEC).
+/// Reads the VMM's READY line (`vmm::Ready`) from its ready pipe.
+fn read_ready(rd: &mut std::fs::File) -> vmm::Ready {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    loop {
+        if let Some(r) = vmm::Ready::parse(&got) {
+            return r.unwrap();
+        }
+        let n = rd.read(&mut buf).unwrap();
+        assert!(n > 0, "the ready pipe closed after {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 fn ready_pipe() -> (std::fs::File, OwnedFd) {
     let mut fds = [0i32; 2];
     // SAFETY: pipe writes two descriptors into the array.
@@ -53,9 +67,13 @@ fn agent_boots_to_ready_with_ordered_stages() {
             "{s} missing in {stdout}"
         );
     }
-    let mut msg = String::new();
-    rd.read_to_string(&mut msg).unwrap();
-    assert_eq!(msg, "ready\n");
+    let mut msg = Vec::new();
+    rd.read_to_end(&mut msg).unwrap();
+    let ready = vmm::Ready::parse(&msg)
+        .expect("a whole READY line")
+        .unwrap();
+    assert_eq!(msg, ready.line().as_bytes(), "one line, nothing after it");
+    assert!(ready.vcpu_ns > 0, "the guest ran on its vCPU: {ready:?}");
 
     let st = stages(&trace);
     assert!(st.iter().all(|s| s.0 == sb && s.2 <= s.3), "{st:?}");
@@ -151,9 +169,8 @@ fn sigterm_ends_a_kept_running_vm_promptly() {
         .spawn()
         .unwrap();
     drop(wr);
-    let mut buf = [0u8; 6];
-    rd.read_exact(&mut buf).unwrap();
-    assert_eq!(&buf, b"ready\n");
+    let ready = read_ready(&mut rd);
+    assert!(ready.vcpu_ns > 0, "the guest ran on its vCPU: {ready:?}");
     // Still running after READY.
     std::thread::sleep(Duration::from_millis(200));
     assert!(

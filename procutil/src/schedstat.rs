@@ -1,6 +1,6 @@
 //! The CPU time a thread has run, from its `schedstat` (first field: time on
 //! a CPU in nanoseconds, steal excluded): the one reader of it for the
-//! runtime's vCPU accounting and the benches' per-thread and per-process CPU.
+//! benches' per-thread and per-process CPU of other processes' threads.
 //!
 //! `/proc/PID/schedstat` is the thread-group leader's alone; a process's
 //! CPU is the sum over `/proc/PID/task/*`, which is what [`live_threads_ns`]

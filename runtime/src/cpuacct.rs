@@ -6,7 +6,8 @@
 //! - CNI plugins: `wait4` rusage of each plugin process (it includes the
 //!   IPAM plugin it ran and waited for), summed per thread;
 //! - VMM: the sandbox cgroup's CPU usage at READY (the VMM is its only task);
-//!   of it, the vCPU threads' (`vcpuN`): the guest's own code, KVM's
+//!   of it, the vCPU threads' (their CPU clocks, which the VMM reads and
+//!   sends in its READY line, `vmm::Ready`): the guest's own code, KVM's
 //!   handling of its exits (under kvm_pvm that includes emulating every
 //!   instruction the guest runs at CPL0) and the VMM's exit handlers;
 //! - NIC daemon: its process CPU-time clock (`process_ns`) from the round's issue
@@ -27,9 +28,9 @@ pub struct StartCpu {
     pub runtime_ns: u64,
     pub cni_ns: u64,
     pub vmm_ns: u64,
-    /// Of `vmm_ns`, the VMM's vCPU threads' (read just before it): the guest
-    /// running, KVM serving its exits and the VMM's exit handlers. 0 if they
-    /// could not be read.
+    /// Of `vmm_ns`, the VMM's vCPU threads' (the VMM's READY line,
+    /// `vmm::Ready`): the guest running, KVM serving its exits and the VMM's
+    /// exit handlers.
     pub vcpu_ns: u64,
     /// The VMM's CPU after READY until its background zeroer ended (the
     /// zeroing a lazy sandbox defers past its start; `Sandbox::
@@ -69,16 +70,6 @@ pub fn process_ns(pid: u32) -> Option<u64> {
     let clock = nix::time::clock_getcpuclockid(pid).ok()?;
     let t = nix::time::clock_gettime(clock).ok()?;
     Some(u64::try_from(t.tv_sec()).ok()? * 1_000_000_000 + u64::try_from(t.tv_nsec()).ok()?)
-}
-
-/// The CPU of a VMM's vCPU threads (`vcpu0`, `vcpu1`, ...; vmm::vcpu names
-/// them), 0 if the VMM is gone.
-pub fn vcpu_threads_ns(vmm_pid: u32) -> u64 {
-    procutil::schedstat::named_threads_ns(vmm_pid, |c| {
-        c.strip_prefix("vcpu")
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-    })
-    .unwrap_or(0)
 }
 
 /// `Child::wait_with_output`, but reaps with `wait4` and books the child's

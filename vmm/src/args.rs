@@ -122,7 +122,8 @@ pub struct VmParams {
     pub trace: Option<PathBuf>,
     /// Write the guest serial console here instead of stdout.
     pub serial_log: Option<PathBuf>,
-    /// Write "ready\n" to this inherited file descriptor when the guest is ready.
+    /// Write "ready vcpu-ns=N\n" to this inherited file descriptor when the
+    /// guest is ready (`launch::Ready`; N: the vCPU threads' CPU until then).
     pub ready_fd: Option<i32>,
     /// Keep the VM running after READY (until SIGTERM or guest exit).
     pub keep_running: bool,

@@ -209,3 +209,50 @@ impl Args {
         }
     }
 }
+
+/// What the VMM writes to `--ready-fd` at READY, one line: `ready
+/// vcpu-ns=N`, N the CPU its vCPU threads have run until then (the guest,
+/// KVM serving its exits, the VMM's exit handlers). The VMM reads it from
+/// the threads' CPU clocks itself: a VMM that exits after READY takes them
+/// with it before its parent could look in /proc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ready {
+    pub vcpu_ns: u64,
+}
+
+impl Ready {
+    pub fn line(&self) -> String {
+        format!("ready vcpu-ns={}\n", self.vcpu_ns)
+    }
+
+    /// The message, once `got` holds its whole line; None before.
+    pub fn parse(got: &[u8]) -> Option<Result<Ready, String>> {
+        let end = got.iter().position(|&b| b == b'\n')?;
+        let line = String::from_utf8_lossy(&got[..end]);
+        Some(
+            line.strip_prefix("ready vcpu-ns=")
+                .and_then(|n| n.parse().ok())
+                .map(|vcpu_ns| Ready { vcpu_ns })
+                .ok_or_else(|| format!("unexpected READY line {line:?}")),
+        )
+    }
+}
+
+#[cfg(test)]
+mod ready_tests {
+    use super::Ready;
+
+    #[test]
+    fn the_ready_line_round_trips_and_waits_for_its_end() {
+        let r = Ready { vcpu_ns: 1_234_567 };
+        assert_eq!(r.line(), "ready vcpu-ns=1234567\n");
+        assert_eq!(Ready::parse(r.line().as_bytes()), Some(Ok(r)));
+        assert_eq!(
+            Ready::parse(b"ready vcpu-ns=12"),
+            None,
+            "no end of line yet"
+        );
+        assert!(matches!(Ready::parse(b"ready\n"), Some(Err(e)) if e.contains("ready")));
+        assert!(Ready::parse(b"ready vcpu-ns=x\n").unwrap().is_err());
+    }
+}

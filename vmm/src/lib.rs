@@ -39,6 +39,8 @@ pub use args::{AgentMode, SgXf, VmConfig, VmParams};
 pub use bus::{BusDevice, DeviceContext};
 pub use devspec::{DiskSpec, NetBackend, VfInit, VsockSpec};
 pub use error::{Error, GuestFailure};
+/// The line the VMM writes to `--ready-fd` at READY.
+pub use launch::Ready;
 /// Where `--dma-window` places the window (the built-in agent's device pages).
 pub use layout::DMA_WINDOW_ADDR;
 /// Whether this host's KVM is kvm_pvm (guests get its kernel parameters).
@@ -148,7 +150,7 @@ fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<u8, E
         }
     }
 
-    let outcome = wait(cfg, &vm, sigfd);
+    let outcome = wait(cfg, &vm, &threads, sigfd);
 
     let stuck = vcpu::stop_all(&vm.stop, threads, Duration::from_secs(2));
     if stuck > 0 {
@@ -189,7 +191,12 @@ fn run_vm(cfg: &VmConfig, mut vm: builder::Vm, sigfd: &SignalFd) -> Result<u8, E
 
 /// The main loop: guest events, signals and the READY deadline. Returns the
 /// guest's EXIT status under --until-exit, else 0.
-fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<u32, GuestFailure> {
+fn wait(
+    cfg: &VmConfig,
+    vm: &builder::Vm,
+    threads: &vcpu::VcpuThreads,
+    sigfd: &SignalFd,
+) -> Result<u32, GuestFailure> {
     let deadline =
         (cfg.timeout_secs > 0).then(|| Instant::now() + Duration::from_secs(cfg.timeout_secs));
     let mut ready = false;
@@ -248,7 +255,8 @@ fn wait(cfg: &VmConfig, vm: &builder::Vm, sigfd: &SignalFd) -> Result<u32, Guest
                     }
                     print!("{}", vm.trace.summary());
                     if let Some(fd) = cfg.ready_fd {
-                        notify_ready(fd);
+                        let vcpu_ns = threads.cpu_ns();
+                        notify_ready(fd, Ready { vcpu_ns });
                     }
                     if !cfg.keep_running && !cfg.until_exit {
                         return Ok(0);
@@ -288,8 +296,9 @@ fn take_signal(sigfd: &SignalFd) -> Option<String> {
     )
 }
 
-fn notify_ready(fd: i32) {
-    let msg = b"ready\n";
+fn notify_ready(fd: i32, ready: Ready) {
+    let line = ready.line();
+    let msg = line.as_bytes();
     // SAFETY: writes from a valid buffer to a descriptor validated at startup.
     let n = unsafe { libc::write(fd, msg.as_ptr().cast(), msg.len()) };
     if n != msg.len() as isize {

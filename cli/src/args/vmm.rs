@@ -181,7 +181,8 @@ pub struct VmmArgs {
     /// Write the guest serial console here instead of stdout.
     #[arg(long)]
     pub serial_log: Option<PathBuf>,
-    /// Write "ready\n" to this inherited file descriptor when the guest is ready.
+    /// Write "ready vcpu-ns=N\n" to this inherited file descriptor when the
+    /// guest is ready (N: the CPU its vCPU threads have run until then).
     #[arg(long)]
     pub ready_fd: Option<i32>,
     /// Keep the VM running after READY (until SIGTERM or guest exit).

@@ -356,6 +356,8 @@ pub struct Vmm {
     pub child: Option<Child>,
     pub sandbox: String,
     pub ready: File,
+    /// What the ready pipe gave so far (the READY line may come in parts).
+    ready_got: Vec<u8>,
     pub stderr: PathBuf,
 }
 
@@ -418,6 +420,7 @@ impl Vmm {
             child: Some(child),
             sandbox: sandbox.to_string(),
             ready,
+            ready_got: Vec::new(),
             stderr,
         }
     }
@@ -438,13 +441,20 @@ impl Vmm {
         }
     }
 
-    /// True once the VMM wrote `ready\n` to its ready pipe.
+    /// True once the VMM wrote its READY line (`vmm::Ready`) to its ready pipe.
     pub fn is_ready(&mut self) -> bool {
-        let mut buf = [0u8; 16];
+        let mut buf = [0u8; 64];
         match self.ready.read(&mut buf) {
             Ok(n) if n > 0 => {
-                assert_eq!(&buf[..n], b"ready\n", "{}: ready pipe", self.sandbox);
-                true
+                self.ready_got.extend_from_slice(&buf[..n]);
+                match vmm::Ready::parse(&self.ready_got) {
+                    Some(r) => {
+                        let r = r.unwrap_or_else(|e| panic!("{}: ready pipe: {e}", self.sandbox));
+                        assert!(r.vcpu_ns > 0, "{}: {r:?}", self.sandbox);
+                        true
+                    }
+                    None => false,
+                }
             }
             _ => false,
         }

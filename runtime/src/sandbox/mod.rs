@@ -190,18 +190,13 @@ impl<'rt> Sandbox<'rt> {
         // BURSTVM_SPAWN_NS to its memory being set up.
         sb.spawn_vmm(vm, ready_w)
             .map_err(|e| sb.failed("vmm-spawn", e))?;
-        sb.wait_ready(ready_r)?;
-        // The vCPU threads before the cgroup: their CPU then never exceeds
-        // the VMM's. Reading them is measurement, not the start's own work.
-        let probe0 = crate::cpuacct::thread_ns();
-        let vcpu_ns = sb.vmm_pid().map_or(0, crate::cpuacct::vcpu_threads_ns);
-        let probe = crate::cpuacct::thread_ns().saturating_sub(probe0);
+        // The VMM read its vCPU threads' CPU before it wrote READY, so it
+        // never exceeds the cgroup's, read after.
+        let vcpu_ns = sb.wait_ready(ready_r)?;
         let vmm1 = sb.cgroup.as_ref().and_then(|c| c.cpu_usage_ns());
         sb.start_cpu = Some(crate::cpuacct::StartCpu {
             // The fork and exec ran on the keeper thread: the runtime's cost too.
-            runtime_ns: crate::cpuacct::thread_ns()
-                .saturating_sub(cpu0)
-                .saturating_sub(probe)
+            runtime_ns: crate::cpuacct::thread_ns().saturating_sub(cpu0)
                 + sb.keeper.as_ref().map_or(0, |k| k.spawn_cpu_ns),
             cni_ns: crate::cpuacct::thread_children_ns().saturating_sub(children0),
             vmm_ns: vmm1.zip(vmm0).map_or(0, |(a, b)| a.saturating_sub(b)),

@@ -17,8 +17,9 @@ use trace::Stage;
 use super::{Sandbox, SandboxFailure, VmmSpawnError};
 
 impl Sandbox<'_> {
-    /// Waits for "ready" on the pipe; EOF means the VMM ended without it.
-    pub(super) fn wait_ready(&mut self, ready_r: OwnedFd) -> Result<(), SandboxFailure> {
+    /// Waits for the READY line on the pipe (`vmm::Ready`) and returns the
+    /// vCPU threads' CPU it carries; EOF means the VMM ended without it.
+    pub(super) fn wait_ready(&mut self, ready_r: OwnedFd) -> Result<u64, SandboxFailure> {
         let deadline = Instant::now() + Duration::from_secs(self.spec.timeout_secs + 10);
         let mut f = File::from(ready_r);
         let mut got = Vec::new();
@@ -50,8 +51,10 @@ impl Sandbox<'_> {
                 Ok(0) => break,
                 Ok(n) => {
                     got.extend_from_slice(&buf[..n]);
-                    if got.starts_with(b"ready\n") {
-                        return Ok(());
+                    match vmm::Ready::parse(&got) {
+                        Some(Ok(r)) => return Ok(r.vcpu_ns),
+                        Some(Err(e)) => return Err(self.failure(&self.next_stage(), e)),
+                        None => {}
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
