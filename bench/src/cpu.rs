@@ -115,9 +115,9 @@ pub fn weighted_mean(rounds: &[(CpuPerSandbox, usize)]) -> Option<CpuPerSandbox>
 /// Each group's extra CPU per start over `no-net`'s at the same concurrency,
 /// split into the vCPU threads' part (the guest's own code, KVM serving its
 /// exits and the VMM's handlers of them: what the hypervisor makes a guest
-/// driver cost) and the rest
-/// (runtime, CNI plugins, NIC daemon, the VMM's other threads), with the
-/// ratio of each side to no-net's. Empty without a no-net group.
+/// driver cost) and the rest (runtime, CNI plugins, NIC daemon, the VMM's
+/// other threads), with the ratio of each side to no-net's. Empty without a
+/// no-net group.
 pub fn format_vcpu_split(groups: &[crate::stats::GroupStats]) -> String {
     let mut rows = String::new();
     for g in groups.iter().filter(|g| g.variant != "no-net") {
