@@ -2,24 +2,45 @@
 //! static and position-dependent (cli/build.rs): no loader, no relocations
 //! at exec. The shim, a long-running daemon per pod, keeps its ASLR.
 
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
+
+use linux_loader::elf::{self, Elf64_Ehdr as Ehdr, Elf64_Phdr as Phdr};
+use vm_memory::ByteValued;
 
 const ET_EXEC: u16 = 2;
 const ET_DYN: u16 = 3;
-const PT_INTERP: u32 = 3;
 
 /// (e_type, whether a PT_INTERP header names a dynamic loader).
 fn elf_kind(path: &Path) -> (u16, bool) {
-    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(&b[..4], b"\x7fELF", "{}", path.display());
-    assert_eq!(b[4], 2, "{}: not ELF64", path.display());
-    let le = |o: usize, n: usize| (0..n).rev().fold(0u64, |v, i| v << 8 | u64::from(b[o + i]));
-    let u16_at = |o: usize| le(o, 2) as u16;
-    let u32_at = |o: usize| le(o, 4) as u32;
-    let u64_at = |o: usize| le(o, 8);
-    let (phoff, phentsize, phnum) = (u64_at(32) as usize, u16_at(54) as usize, u16_at(56));
-    let interp = (0..phnum as usize).any(|i| u32_at(phoff + i * phentsize) == PT_INTERP);
-    (u16_at(16), interp)
+    let ctx = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut f = File::open(path).unwrap_or_else(|e| panic!("{}", ctx(e)));
+    let mut ehdr = Ehdr::default();
+    f.read_exact(ehdr.as_mut_slice())
+        .unwrap_or_else(|e| panic!("{}", ctx(e)));
+    assert_eq!(&ehdr.e_ident[..4], b"\x7fELF", "{}", path.display());
+    assert_eq!(
+        ehdr.e_ident[elf::EI_DATA],
+        elf::ELFDATA2LSB,
+        "{}",
+        path.display()
+    );
+    assert_eq!(
+        usize::from(ehdr.e_phentsize),
+        size_of::<Phdr>(),
+        "{}",
+        path.display()
+    );
+    f.seek(SeekFrom::Start(ehdr.e_phoff))
+        .unwrap_or_else(|e| panic!("{}", ctx(e)));
+    let interp = (0..ehdr.e_phnum).any(|_| {
+        let mut ph = Phdr::default();
+        f.read_exact(ph.as_mut_slice())
+            .unwrap_or_else(|e| panic!("{}", ctx(e)));
+        ph.p_type == elf::PT_INTERP
+    });
+    (ehdr.e_type, interp)
 }
 
 #[test]

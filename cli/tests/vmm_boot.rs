@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use vmm_common::*;
 
-/// A pipe whose write end the child inherits (no O_CLOEXEC).
 /// Reads the VMM's READY line (`vmm::Ready`) from its ready pipe.
 fn read_ready(rd: &mut std::fs::File) -> vmm::Ready {
     let mut got = Vec::new();
@@ -25,6 +24,7 @@ fn read_ready(rd: &mut std::fs::File) -> vmm::Ready {
     }
 }
 
+/// A pipe whose write end the child inherits (no O_CLOEXEC).
 fn ready_pipe() -> (std::fs::File, OwnedFd) {
     let mut fds = [0i32; 2];
     // SAFETY: pipe writes two descriptors into the array.
