@@ -380,6 +380,7 @@ pub fn bench_density_cli(a: &BenchDensityConfig) -> Result<(), Error> {
         rootfs_layer_bytes: None,
         net_pool: 0,
         sgfs: 0,
+        cni_server: true,
     })?;
     rt.prepare_variant(a.variant)?;
     eprintln!(

@@ -119,10 +119,18 @@ fn main() -> std::process::ExitCode {
             Ok(status) => return std::process::ExitCode::from(status),
             Err(e) => Err(anyhow::Error::new(e).context("burstvm vmm")),
         },
-        Command::Nic(a) => a
-            .into_config()
-            .and_then(|c| Ok(nic::run_cli(&c)?))
-            .context("burstvm nic"),
+        Command::Nic(a) => {
+            let cni_socket = a.cni_socket.clone();
+            a.into_config()
+                .and_then(|c| {
+                    // Serves for as long as the daemon runs (dropped after it: socket removed).
+                    let _cni = cni_socket
+                        .map(|p| cni::server::CniServer::start(&p))
+                        .transpose()?;
+                    Ok(nic::run_cli(&c)?)
+                })
+                .context("burstvm nic")
+        }
         Command::Pool(a) => pool::run(&a).context("burstvm pool"),
         // With --kernel the exit status is the container's.
         Command::Run(a) => match runtime::run_cli(&a.into_config()) {

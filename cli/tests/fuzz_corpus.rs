@@ -36,6 +36,11 @@ fn targets() -> Vec<(&'static str, Body, Vec<Vec<u8>>)> {
             cni::fuzz::fuzz_config,
             cni::fuzz::config_seeds(),
         ),
+        (
+            "cni_server",
+            cni::fuzz::fuzz_server_request,
+            cni::fuzz::server_seeds(),
+        ),
     ]
 }
 
@@ -117,4 +122,9 @@ fn fuzz_corpus_control_request() {
 #[test]
 fn fuzz_corpus_cni_config() {
     replay("cni_config");
+}
+
+#[test]
+fn fuzz_corpus_cni_server() {
+    replay("cni_server");
 }

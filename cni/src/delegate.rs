@@ -8,7 +8,7 @@ use std::process::{Command as Process, Stdio};
 
 use serde_json::Value;
 
-use crate::env::Command;
+use crate::env::{Command, Env};
 use crate::error::{code, PluginError};
 
 /// The first executable named `plugin` in the CNI_PATH directories.
@@ -32,10 +32,17 @@ pub fn find(plugin: &str, dirs: &[PathBuf]) -> Result<PathBuf, PluginError> {
         })
 }
 
-/// Runs `plugin` with CNI_COMMAND=`command`, the rest of our environment and
-/// `stdin`; returns its stdout as JSON (`None` if it printed nothing), or
-/// its error result.
-pub fn exec(plugin: &Path, command: Command, stdin: &[u8]) -> Result<Option<Value>, PluginError> {
+/// Runs `plugin` with the invocation's CNI_* variables `env` (CNI_COMMAND
+/// set to `command`), the rest of our environment and `stdin`; returns its
+/// stdout as JSON (`None` if it printed nothing), or its error result. The
+/// variables come from `env`, not from our environment: a served plugin
+/// (`crate::server`) has none of its caller's.
+pub fn exec(
+    plugin: &Path,
+    env: &Env,
+    command: Command,
+    stdin: &[u8],
+) -> Result<Option<Value>, PluginError> {
     let name = plugin.display();
     let io = |what: &str, e: std::io::Error| {
         PluginError::caused(
@@ -44,7 +51,14 @@ pub fn exec(plugin: &Path, command: Command, stdin: &[u8]) -> Result<Option<Valu
             e,
         )
     };
-    let mut child = Process::new(plugin)
+    let mut process = Process::new(plugin);
+    for (k, v) in env.vars() {
+        match v {
+            Some(v) => process.env(k, v),
+            None => process.env_remove(k),
+        };
+    }
+    let mut child = process
         .env("CNI_COMMAND", command.as_str())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -133,17 +147,29 @@ mod tests {
         let echo = script(
             d,
             "echo",
-            r#"read -r line; printf '{"cmd":"%s","in":%s}' "$CNI_COMMAND" "$line""#,
+            r#"read -r line; printf '{"cmd":"%s","id":"%s","args":"%s","in":%s}' "$CNI_COMMAND" "$CNI_CONTAINERID" "${CNI_ARGS-unset}" "$line""#,
         );
-        let out = exec(&echo, Command::Del, b"{\"a\":1}\n").unwrap().unwrap();
+        // The variables are the invocation's, not this process's: an unset
+        // one is not inherited.
+        let env = Env {
+            container_id: Some("c7".into()),
+            ..Env::default()
+        };
+        std::env::set_var("CNI_ARGS", "IP=10.0.0.9");
+        let out = exec(&echo, &env, Command::Del, b"{\"a\":1}\n")
+            .unwrap()
+            .unwrap();
         assert_eq!(out["cmd"], "DEL");
+        assert_eq!(out["id"], "c7");
+        assert_eq!(out["args"], "unset");
         assert_eq!(out["in"]["a"], 1);
+        let env = &Env::default();
         let fail = script(
             d,
             "fail",
             r#"echo '{"cniVersion":"1.0.0","code":11,"msg":"no addresses","details":"range full"}'; exit 1"#,
         );
-        let e = exec(&fail, Command::Add, b"{}").unwrap_err();
+        let e = exec(&fail, env, Command::Add, b"{}").unwrap_err();
         assert_eq!(e.code, 11);
         assert!(
             e.msg.contains("no addresses") && e.details == "range full",
@@ -151,15 +177,15 @@ mod tests {
         );
         let crash = script(d, "crash", "echo boom; exit 3");
         assert_eq!(
-            exec(&crash, Command::Add, b"{}").unwrap_err().code,
+            exec(&crash, env, Command::Add, b"{}").unwrap_err().code,
             code::DELEGATE_FAILURE
         );
         let garbage = script(d, "garbage", "echo '{nope'");
         assert_eq!(
-            exec(&garbage, Command::Add, b"{}").unwrap_err().code,
+            exec(&garbage, env, Command::Add, b"{}").unwrap_err().code,
             code::DECODE_FAILURE
         );
         let quiet = script(d, "quiet", "cat >/dev/null");
-        assert_eq!(exec(&quiet, Command::Del, b"{}").unwrap(), None);
+        assert_eq!(exec(&quiet, env, Command::Del, b"{}").unwrap(), None);
     }
 }

@@ -41,15 +41,44 @@ pub struct Env {
 
 impl Env {
     pub fn from_process() -> Env {
-        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-        Env {
-            command: get("CNI_COMMAND"),
-            container_id: get("CNI_CONTAINERID"),
-            netns: get("CNI_NETNS"),
-            ifname: get("CNI_IFNAME"),
-            path: get("CNI_PATH"),
-            args: get("CNI_ARGS"),
+        Env::from_vars(
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+        )
+    }
+
+    /// The CNI_* variables among `vars` (others are ignored; an empty value
+    /// is unset, and of a name given twice the last counts, as in a process
+    /// environment).
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Env {
+        let mut env = Env::default();
+        for (k, v) in vars {
+            let slot = match k.as_str() {
+                "CNI_COMMAND" => &mut env.command,
+                "CNI_CONTAINERID" => &mut env.container_id,
+                "CNI_NETNS" => &mut env.netns,
+                "CNI_IFNAME" => &mut env.ifname,
+                "CNI_PATH" => &mut env.path,
+                "CNI_ARGS" => &mut env.args,
+                _ => continue,
+            };
+            *slot = Some(v).filter(|v| !v.is_empty());
         }
+        env
+    }
+
+    /// The variables as a plugin's environment carries them: (name, value)
+    /// for the set ones, (name, None) for the unset (a delegated plugin
+    /// must not inherit them from the calling process).
+    pub fn vars(&self) -> [(&'static str, Option<&str>); 6] {
+        [
+            ("CNI_COMMAND", self.command.as_deref()),
+            ("CNI_CONTAINERID", self.container_id.as_deref()),
+            ("CNI_NETNS", self.netns.as_deref()),
+            ("CNI_IFNAME", self.ifname.as_deref()),
+            ("CNI_PATH", self.path.as_deref()),
+            ("CNI_ARGS", self.args.as_deref()),
+        ]
     }
 
     pub fn command(&self) -> Result<Command, PluginError> {
@@ -177,6 +206,27 @@ mod tests {
             ..Env::default()
         };
         assert_eq!(e.command().unwrap(), Command::Gc);
+    }
+
+    #[test]
+    fn vars_pick_the_cni_ones_and_empty_is_unset() {
+        let e = Env::from_vars(
+            [
+                ("HOME", "/root"),
+                ("CNI_COMMAND", "DEL"),
+                ("CNI_IFNAME", "eth0"),
+                ("CNI_IFNAME", "net1"),
+                ("CNI_ARGS", ""),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        assert_eq!(e.command().unwrap(), Command::Del);
+        assert_eq!(e.ifname().unwrap(), "net1");
+        assert_eq!(e.args, None);
+        assert_eq!(e.container_id, None);
+        let vars = e.vars();
+        assert!(vars.contains(&("CNI_IFNAME", Some("net1"))));
+        assert!(vars.contains(&("CNI_ARGS", None)));
     }
 
     #[test]

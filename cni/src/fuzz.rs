@@ -1,7 +1,8 @@
-//! Fuzz body of the CNI plugin's input: the CNI_* environment and the
-//! network config on stdin, as a container runtime hands them over. Called
-//! by the cargo-fuzz target `cni_config` in `fuzz/` and by the corpus replay
-//! test (docs/fuzzing.md).
+//! Fuzz bodies of the CNI plugin's input: the CNI_* environment and the
+//! network config on stdin, as a container runtime hands them over
+//! (`cni_config`), and a request to the CNI server as a client sends it
+//! (`cni_server`). Called by the cargo-fuzz targets in `fuzz/` and by the
+//! corpus replay test (docs/fuzzing.md).
 
 use crate::config;
 use crate::env::Env;
@@ -19,22 +20,14 @@ pub fn fuzz_config(data: &[u8]) {
         Some(i) => (&data[..i], &data[i + 1..]),
         None => (&[][..], data),
     };
-    let mut env = Env::default();
-    for line in String::from_utf8_lossy(env_part).lines() {
-        let Some((k, v)) = line.split_once('=') else {
-            continue;
-        };
-        let v = (!v.is_empty()).then(|| v.to_string());
-        match k {
-            "CNI_COMMAND" => env.command = v,
-            "CNI_CONTAINERID" => env.container_id = v,
-            "CNI_NETNS" => env.netns = v,
-            "CNI_IFNAME" => env.ifname = v,
-            "CNI_PATH" => env.path = v,
-            "CNI_ARGS" => env.args = v,
-            _ => {}
-        }
-    }
+    let env = Env::from_vars(
+        String::from_utf8_lossy(env_part)
+            .lines()
+            .filter_map(|line| {
+                let (k, v) = line.split_once('=')?;
+                Some((k.to_string(), v.to_string()))
+            }),
+    );
     let _ = env.command();
     if let Ok(id) = env.container_id() {
         assert!(id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()));
@@ -133,4 +126,45 @@ pub fn config_seeds() -> Vec<Vec<u8>> {
         seeds.push(s);
     }
     seeds
+}
+
+/// `data` = the bytes a client of the CNI server (`crate::server`) sends.
+/// Parses them as the server does, within its bounds, and checks what it
+/// accepts; nothing is run (the command is the plugin's, `fuzz_config`).
+pub fn fuzz_server_request(data: &[u8]) {
+    let mut r = data;
+    let Ok((env, config)) = crate::server::read_request(&mut r) else {
+        return;
+    };
+    assert!(data.starts_with(crate::server::MAGIC));
+    let env_len = u32::from_le_bytes(data[4..8].try_into().expect("4 bytes")) as usize;
+    assert!(env_len <= crate::server::MAX_ENV);
+    match config {
+        Ok(c) => assert!(c.len() <= plugin::MAX_STDIN),
+        Err(e) => assert_eq!(e.code, code::DECODE_FAILURE),
+    }
+    for (_, v) in env.vars() {
+        assert!(v.is_none_or(|v| !v.is_empty() && !v.contains('\0')));
+    }
+}
+
+/// Seeds of `cni_server`: a VERSION and an ADD request, and one cut short.
+pub fn server_seeds() -> Vec<Vec<u8>> {
+    let request = |vars: &str, config: &str| {
+        let vars = vars.replace('\n', "\0");
+        let mut r = crate::server::MAGIC.to_vec();
+        r.extend_from_slice(&(vars.len() as u32).to_le_bytes());
+        r.extend_from_slice(vars.as_bytes());
+        r.extend_from_slice(&(config.len() as u32).to_le_bytes());
+        r.extend_from_slice(config.as_bytes());
+        r
+    };
+    let conf = r#"{"cniVersion":"1.1.0","name":"n","type":"burstvm-cni-thin","cniSocket":"/run/burstvm/cni.sock","pf":"pf0"}"#;
+    let add = request(
+        "CNI_COMMAND=ADD\nCNI_CONTAINERID=abc-1\nCNI_NETNS=/run/netns/x\nCNI_IFNAME=eth0\nCNI_PATH=/opt/cni/bin\n",
+        conf,
+    );
+    let mut short = add.clone();
+    short.truncate(add.len() - 5);
+    vec![request("CNI_COMMAND=VERSION\n", conf), add, short]
 }

@@ -16,13 +16,15 @@ pub mod fuzz;
 pub mod ipam;
 pub mod placeholder;
 mod plugin;
+pub mod server;
 mod version;
 
+pub use env::Env;
 pub use error::{code, PluginError};
 pub use netutil::IpNet;
 pub use netutil::NetnsError;
 pub use placeholder::{read_placeholder, Placeholder, PlaceholderError, PlaceholderRoute};
-pub use plugin::MAX_STDIN;
+pub use plugin::{Outcome, MAX_STDIN};
 pub use version::SUPPORTED as SUPPORTED_VERSIONS;
 
 /// The plugin executable's main: reads the CNI_* environment and the config

@@ -151,8 +151,11 @@ impl Netns {
     /// Runs `f` on the calling thread inside this namespace, then moves the
     /// thread back to the namespace it was in, also when `f` panics. No
     /// thread is started: for a short single-purpose process (a CNI plugin)
+    /// or a thread that serves one call at a time (the CNI server's workers),
     /// where starting one is a fair part of the work. Nothing else may run
-    /// on the thread meanwhile (no async executor on it).
+    /// on the thread meanwhile (no async executor on it). A thread that
+    /// cannot go back aborts its process: its next call would run in this
+    /// sandbox's namespace.
     pub fn run_here<T>(&self, f: impl FnOnce() -> T) -> Result<T, NetnsError> {
         let home = File::open("/proc/thread-self/ns/net")
             .map_err(io_err(&self.path, "open the calling thread's namespace"))?;

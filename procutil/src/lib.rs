@@ -14,10 +14,12 @@
 //! a fork ([`spawn`]: clone with CLONE_VM | CLONE_VFORK, as posix_spawn does,
 //! for children that need pre-exec steps), and of a thread's scheduling
 //! class ([`sched`]), and of reading the CPU a thread or process has run
-//! ([`schedstat`]).
+//! ([`schedstat`]), and of the entry of an executable exec'd per start
+//! without std's runtime start-up ([`entry`]).
 
 mod child;
 mod dirlock;
+pub mod entry;
 pub mod sched;
 pub mod schedstat;
 pub mod spawn;

@@ -52,6 +52,28 @@ pub fn set_thread_nice(nice: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// The calling thread's nice value.
+pub fn thread_nice() -> io::Result<i32> {
+    // SAFETY: gettid has no arguments.
+    nice_of(unsafe { libc::gettid() } as libc::id_t)
+}
+
+/// The nice value of process (or thread) `pid`.
+pub fn nice_of(pid: libc::id_t) -> io::Result<i32> {
+    // -1 is a valid nice value: only errno tells a failure.
+    // SAFETY: errno is this thread's; getpriority reads the priority of
+    // `pid` and takes no memory.
+    let n = unsafe {
+        *libc::__errno_location() = 0;
+        libc::getpriority(libc::PRIO_PROCESS, pid)
+    };
+    let e = io::Error::last_os_error();
+    if n == -1 && e.raw_os_error() != Some(0) {
+        return Err(e);
+    }
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,11 +105,15 @@ mod tests {
 
     #[test]
     fn nice_applies_to_the_calling_thread() {
+        let before = thread_nice().unwrap();
         let t = std::thread::spawn(|| {
             set_thread_nice(7).unwrap();
-            // SAFETY: getpriority of this thread's tid.
-            unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+            thread_nice().unwrap()
         });
         assert_eq!(t.join().unwrap(), 7);
+        assert_eq!(thread_nice().unwrap(), before);
+        // Of another process: its own value; of none, an error.
+        assert_eq!(nice_of(std::process::id()).unwrap(), before);
+        assert!(nice_of(u32::MAX >> 1).is_err());
     }
 }

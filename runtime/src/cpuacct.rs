@@ -11,7 +11,10 @@
 //!   handling of its exits (under kvm_pvm that includes emulating every
 //!   instruction the guest runs at CPL0) and the VMM's exit handlers;
 //! - NIC daemon: its process CPU-time clock (`process_ns`) from the round's issue
-//!   to the instant the last sandbox was ready, divided by the sandboxes.
+//!   to the instant the last sandbox was ready, divided by the sandboxes; the
+//!   part of it its CNI server's threads ran (`cni::server`, serving the
+//!   plugin's commands for `burstvm-cni-thin`) is booked to the CNI plugins
+//!   instead (`nic_cpu`).
 //!
 //! The averages and their report are `bench::cpu`'s.
 
@@ -70,6 +73,37 @@ pub fn process_ns(pid: u32) -> Option<u64> {
     let clock = nix::time::clock_getcpuclockid(pid).ok()?;
     let t = nix::time::clock_gettime(clock).ok()?;
     Some(u64::try_from(t.tv_sec()).ok()? * 1_000_000_000 + u64::try_from(t.tv_nsec()).ok()?)
+}
+
+/// The NIC daemon's CPU at one instant: all of it, and its CNI server's part.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NicCpu {
+    pub total_ns: u64,
+    /// The threads of its CNI server (`cni::server::THREAD_PREFIX`).
+    pub cni_server_ns: u64,
+}
+
+impl NicCpu {
+    /// What was spent from `earlier` to this sample.
+    pub fn since(self, earlier: NicCpu) -> NicCpu {
+        NicCpu {
+            total_ns: self.total_ns.saturating_sub(earlier.total_ns),
+            cni_server_ns: self.cni_server_ns.saturating_sub(earlier.cni_server_ns),
+        }
+    }
+}
+
+/// The NIC daemon `pid`'s CPU (None if it is gone). Its CNI server's
+/// threads live as long as the daemon, so their sum only grows.
+pub fn nic_cpu(pid: u32) -> Option<NicCpu> {
+    let total_ns = process_ns(pid)?;
+    let cni_server_ns =
+        procutil::schedstat::named_threads_ns(pid, |n| n.starts_with(cni::server::THREAD_PREFIX))
+            .ok()?;
+    Some(NicCpu {
+        total_ns,
+        cni_server_ns,
+    })
 }
 
 /// `Child::wait_with_output`, but reaps with `wait4` and books the child's

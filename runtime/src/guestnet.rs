@@ -50,9 +50,35 @@ pub enum GuestNetError {
     },
 }
 
-/// The placeholder link the CNI plugin left in the sandbox netns: VF id,
-/// MAC, address and gateway (as Kata reads a VF's host interface).
+/// The guest's link: from the ADD result `att` when it names the VF, its
+/// MAC and an IPv4 address (burstvm-cni's does), else from the placeholder
+/// link the CNI plugin left in the sandbox netns (as Kata reads a VF's host
+/// interface: an engine's ADD, whose result the runtime never sees). The
+/// result spares a start a thread in the netns and three rtnetlink dumps.
 pub fn read_link(netns: &Path, ifname: &str, att: &Attachment) -> Result<GuestLink, GuestNetError> {
+    match link_from_result(att) {
+        Some(link) => Ok(link),
+        None => read_placeholder_link(netns, ifname, att),
+    }
+}
+
+/// The link an ADD result describes in full: VF id, MAC and IPv4 address.
+fn link_from_result(att: &Attachment) -> Option<GuestLink> {
+    let (ip, prefix) = att.ip_cidr.as_deref()?.split_once('/')?;
+    Some(GuestLink {
+        vf_id: att.vf_id.clone()?,
+        mac: att.mac.as_deref()?.parse().ok()?,
+        ip: ip.parse().ok()?,
+        prefix_len: prefix.parse().ok().filter(|p| *p <= 32)?,
+        gateway: att.gateway.as_deref().and_then(|g| g.parse().ok()),
+    })
+}
+
+fn read_placeholder_link(
+    netns: &Path,
+    ifname: &str,
+    att: &Attachment,
+) -> Result<GuestLink, GuestNetError> {
     let p = cni::read_placeholder(netns, ifname)
         .map_err(|e| GuestNetError::Placeholder(Box::new(e)))?;
     let (ip, prefix_len) = p
@@ -133,4 +159,48 @@ pub fn tap_join(id: &str, ns: &Netns, att: &Attachment) -> Result<GuestLink, Gue
         prefix_len,
         gateway,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn att() -> Attachment {
+        Attachment {
+            ifname: "eth0".into(),
+            mac: Some("02:42:bf:00:00:03".into()),
+            ip_cidr: Some("10.77.0.5/16".into()),
+            gateway: Some("10.77.0.1".into()),
+            vf_id: Some("0000:b1:00.3".into()),
+            vf_socket: None,
+            kind: nic_api::DevKind::Vf,
+        }
+    }
+
+    /// A complete ADD result is the link: the netns (which does not exist
+    /// here) is never read. A result short of any part of it falls back to
+    /// the placeholder, whose read names the netns.
+    #[test]
+    fn a_complete_result_is_the_link_and_anything_less_reads_the_placeholder() {
+        let gone = Path::new("/run/netns/burstvm-guestnet-test-does-not-exist");
+        let link = read_link(gone, "eth0", &att()).unwrap();
+        assert_eq!(link.vf_id, "0000:b1:00.3");
+        assert_eq!(link.mac.to_string(), "02:42:bf:00:00:03");
+        assert_eq!(link.ip, Ipv4Addr::new(10, 77, 0, 5));
+        assert_eq!(link.netmask(), Ipv4Addr::new(255, 255, 0, 0));
+        assert_eq!(link.gateway, Some(Ipv4Addr::new(10, 77, 0, 1)));
+        let short: [fn(&mut Attachment); 5] = [
+            |a| a.vf_id = None,
+            |a| a.mac = Some("not-a-mac".into()),
+            |a| a.ip_cidr = Some("fd00::5/64".into()),
+            |a| a.ip_cidr = Some("10.77.0.5/33".into()),
+            |a| a.ip_cidr = None,
+        ];
+        for cut in short {
+            let mut a = att();
+            cut(&mut a);
+            let e = read_link(gone, "eth0", &a).unwrap_err();
+            assert!(e.to_string().contains(&*gone.to_string_lossy()), "{e}");
+        }
+    }
 }

@@ -273,7 +273,10 @@ impl ServicesInfo {
 
 /// The CNI config for an engine's CNI conf dir: the runtime's network with
 /// cniVersion 1.0.0 (containerd 1.6's libcni predates 1.1.0; burstvm-cni
-/// speaks both, and the VF socket is then asked from the NIC).
+/// speaks both, and the VF socket is then asked from the NIC). The engine
+/// execs burstvm-cni itself: its CNI bin dir is its own, and holds
+/// burstvm-cni-thin only if installed there, which a config then names
+/// with the NIC daemon's `cniSocket` (docs/cni.md, "The CNI server").
 pub fn engine_cni_config(rt_conf: &Path) -> Result<Vec<u8>, HostError> {
     let data = std::fs::read(rt_conf).map_err(|source| HostError::Io {
         path: rt_conf.to_path_buf(),
@@ -285,6 +288,10 @@ pub fn engine_cni_config(rt_conf: &Path) -> Result<Vec<u8>, HostError> {
             source,
         })?;
     v["cniVersion"] = "1.0.0".into();
+    if let Some(m) = v.as_object_mut() {
+        m.insert("type".into(), "burstvm-cni".into());
+        m.remove("cniSocket");
+    }
     Ok(serde_json::to_vec_pretty(&v).expect("json"))
 }
 
@@ -514,4 +521,29 @@ pub fn reap_sandbox(
         }
     }
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine's config names burstvm-cni at 1.0.0, whatever the runtime's
+    /// own uses (the forwarder and its server socket stay the runtime's).
+    #[test]
+    fn the_engine_config_execs_burstvm_cni_at_1_0_0() {
+        let d = tempfile::tempdir().unwrap();
+        let conf = d.path().join("net.conf");
+        std::fs::write(
+            &conf,
+            r#"{"cniVersion":"1.1.0","name":"n","type":"burstvm-cni-thin","cniSocket":"/run/x/cni.sock","pf":["pf0"]}"#,
+        )
+        .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&engine_cni_config(&conf).unwrap()).unwrap();
+        assert_eq!(v["cniVersion"], "1.0.0");
+        assert_eq!(v["type"], "burstvm-cni");
+        assert!(v.get("cniSocket").is_none(), "{v}");
+        assert_eq!(v["pf"][0], "pf0");
+        assert!(engine_cni_config(&d.path().join("missing")).is_err());
+    }
 }

@@ -126,14 +126,20 @@ pub struct NetPool {
     stopped: bool,
 }
 
+/// The CPU (ns) the NIC daemon's CNI server has run so far (`NetPool::start`).
+pub type ServedCpu = Box<dyn Fn() -> u64 + Send>;
+
 impl NetPool {
     /// Starts the refill thread: `target` attachments of `cni`, named
     /// `<prefix>pool<n>`, each with its entry in `neigh` (the server's).
+    /// `served` reads the CPU (ns) the NIC daemon's CNI server has run so
+    /// far: the part of an ADD that burstvm-cni-thin forwarded to it.
     pub fn start(
         cni: CniNetwork,
         neigh: Arc<NeighborTable>,
         prefix: String,
         target: usize,
+        served: ServedCpu,
     ) -> std::io::Result<NetPool> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
@@ -145,7 +151,7 @@ impl NetPool {
             let (shared, cni, neigh) = (shared.clone(), cni.clone(), neigh.clone());
             std::thread::Builder::new()
                 .name("net-pool".into())
-                .spawn(move || refill(&shared, &cni, &neigh, &prefix))?
+                .spawn(move || refill(&shared, &cni, &neigh, &prefix, &*served))?
         };
         Ok(NetPool {
             shared,
@@ -266,7 +272,13 @@ impl Drop for NetPool {
 
 /// The refill thread: keeps `target` attachments ready, one ADD at a time,
 /// at the lowest CPU priority (its CNI plugins inherit it).
-fn refill(shared: &Shared, cni: &CniNetwork, neigh: &NeighborTable, prefix: &str) {
+fn refill(
+    shared: &Shared,
+    cni: &CniNetwork,
+    neigh: &NeighborTable,
+    prefix: &str,
+    served: &(dyn Fn() -> u64 + Send),
+) {
     let _ = procutil::sched::set_thread_nice(19);
     let mut seq = 0u64;
     let mut st = shared.lock();
@@ -291,9 +303,12 @@ fn refill(shared: &Shared, cni: &CniNetwork, neigh: &NeighborTable, prefix: &str
         seq += 1;
         st.owned.insert(id.clone());
         drop(st);
-        let cpu0 = crate::cpuacct::thread_ns() + crate::cpuacct::thread_children_ns();
+        // A refill runs while no sandbox starts: the CNI server's CPU meanwhile
+        // is this ADD's (a teardown's DEL that overlaps it is counted too).
+        let cpu = || crate::cpuacct::thread_ns() + crate::cpuacct::thread_children_ns() + served();
+        let cpu0 = cpu();
         let made = make(cni, neigh, &id);
-        let cpu = crate::cpuacct::thread_ns() + crate::cpuacct::thread_children_ns() - cpu0;
+        let cpu = cpu().saturating_sub(cpu0);
         st = shared.lock();
         match made {
             Ok(p) => {

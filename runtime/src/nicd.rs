@@ -53,6 +53,8 @@ impl NicDaemon {
             .args(["--sgfs", &rt.config().sgfs.to_string()])
             .arg("--control")
             .arg(&sock)
+            .arg("--cni-socket")
+            .arg(rt.cni_socket())
             .arg("--state-dir")
             .arg(rt.state_dir().join("nic"))
             // VF memory tables hold pool memory: the NIC registers it with our pool so

@@ -213,6 +213,7 @@ pub fn run_cli(a: &RunConfig) -> Result<i32, Error> {
         rootfs_layer_bytes: image.as_ref().map(|(_, b)| *b),
         net_pool: a.net_pool,
         sgfs,
+        cni_server: true,
     })?;
     rt.prepare_variant(a.variant)?;
     if let Some((ready, target, err)) = rt.wait_net_pool(NET_POOL_FILL_BOUND) {

@@ -84,6 +84,7 @@ pub fn worker_main(a: &ChaosWorkerConfig) -> Result<(), Error> {
         rootfs_layer_bytes: None,
         net_pool: 0,
         sgfs: 0,
+        cni_server: true,
     })?;
     rt.prepare_variant(a.variant)?;
     let hello = Hello {

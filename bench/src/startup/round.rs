@@ -3,6 +3,8 @@
 //! a round (enough host memory, the pre-zeroing pool idle).
 
 use super::*;
+use runtime::cpuacct::NicCpu;
+use std::sync::Mutex;
 
 /// How long a round waits after its last READY for the VMMs' background
 /// zeroing (64 MiB each at idle priority) before it tears them down.
@@ -79,8 +81,8 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
     let done = Barrier::new(n);
     // The NIC daemon's CPU from the issue to the last READY.
     let nic_pid = rt.nic_pid();
-    let nicd0 = nic_pid.and_then(runtime::cpuacct::process_ns);
-    let nicd1 = AtomicU64::new(0);
+    let nicd0 = nic_pid.and_then(runtime::cpuacct::nic_cpu);
+    let nicd1 = Mutex::new(None);
     type Outcome = Result<
         (
             Option<String>,
@@ -190,7 +192,10 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
         answered,
         rootfs: spec.rootfs.as_ref().map(|r| r.layer_mode),
         rootfs_costs,
-        cpu: crate::cpu::per_sandbox(&starts, nicd0.map(|a| nicd1.into_inner().saturating_sub(a))),
+        cpu: crate::cpu::per_sandbox(
+            &starts,
+            nicd0.and_then(|a| Some(nicd1.into_inner().ok()??.since(a))),
+        ),
         prezero: None,
         nic,
     }
@@ -260,14 +265,14 @@ pub fn idle_prezero(rt: &Runtime, v: Variant) -> Option<PrezeroWait> {
 }
 
 /// Waits on the barrier when dropped, so a thread arrives even if it panics.
-/// The last to arrive samples the NIC daemon's CPU (pid, into the atomic).
-struct ArriveOnDrop<'a>(&'a Barrier, Option<u32>, &'a AtomicU64);
+/// The last to arrive samples the NIC daemon's CPU (pid, into the slot).
+struct ArriveOnDrop<'a>(&'a Barrier, Option<u32>, &'a Mutex<Option<NicCpu>>);
 
 impl Drop for ArriveOnDrop<'_> {
     fn drop(&mut self) {
         if self.0.wait().is_leader() {
-            if let Some(ns) = self.1.and_then(runtime::cpuacct::process_ns) {
-                self.2.store(ns, Ordering::Relaxed);
+            if let Some(c) = self.1.and_then(runtime::cpuacct::nic_cpu) {
+                *self.2.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
             }
         }
     }

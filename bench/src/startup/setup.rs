@@ -43,6 +43,10 @@ pub struct BenchStartupConfig {
     /// Switch the page pool's pinning off (`guestmem::pool::Pool::set_pinning`):
     /// DMA mappings of pool memory pin every page themselves, at every start.
     pub no_pool_pinning: bool,
+    /// Run burstvm-cni in a process of its own per ADD and DEL, as an
+    /// exec'd CNI plugin, instead of in the NIC daemon's CNI server
+    /// (`RuntimeConfig::cni_server`): the A/B of the server.
+    pub cni_exec: bool,
     /// The built-in agent does all its work at CPL0 (`burstvm vmm --agent-cpl0`), as
     /// before its switch to CPL3: on kvm_pvm every instruction of it is then emulated.
     pub agent_cpl0: bool,
@@ -199,6 +203,7 @@ pub fn bench_setup(a: &BenchStartupConfig) -> Result<(Runtime, BenchPlan), Error
         rootfs_layer_bytes: image.as_ref().map(|(_, b)| *b),
         net_pool: a.net_pool,
         sgfs: 0,
+        cni_server: !a.cni_exec,
     })?;
     if a.no_pool_pinning {
         rt.pool().set_pinning(false);

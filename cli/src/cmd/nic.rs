@@ -88,6 +88,10 @@ pub struct NicArgs {
     /// under --sg-policy prio always go first).
     #[arg(long = "sg-gen-budget", default_value_t = 32)]
     pub sg_gen_budget: usize,
+    /// Serve burstvm-cni's commands on this socket, for `burstvm-cni-thin`
+    /// (a network config's `cniSocket`; docs/cni.md, "The CNI server").
+    #[arg(long, value_name = "PATH")]
+    pub cni_socket: Option<PathBuf>,
 }
 
 impl NicArgs {

@@ -315,6 +315,11 @@ pub struct BenchStartupArgs {
     /// keeping its memory pinned once (docs/guestmem.md).
     #[arg(long)]
     pub no_pool_pinning: bool,
+    /// Run burstvm-cni in a process of its own per ADD and DEL (an exec'd CNI
+    /// plugin) instead of in the NIC daemon's CNI server through
+    /// burstvm-cni-thin: the A/B of the server (docs/cni.md).
+    #[arg(long)]
+    pub cni_exec: bool,
     /// The built-in agent does all its work at CPL0, as before its switch to CPL3
     /// (kvm_pvm then emulates every instruction of it): the A/B of the switch.
     #[arg(long)]
@@ -375,6 +380,7 @@ impl BenchStartupArgs {
             net_pool: self.net_pool,
             net_pool_compare: self.net_pool_compare,
             no_pool_pinning: self.no_pool_pinning,
+            cni_exec: self.cni_exec,
             agent_cpl0: self.agent_cpl0,
             repeat: self.repeat as usize,
             cgroup_pool: self.cgroup_pool,

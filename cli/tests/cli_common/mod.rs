@@ -57,6 +57,7 @@ pub fn networked_runtime_pooled(vfs: usize, sgfs: usize, net_pool: usize) -> run
         rootfs_layer_bytes: None,
         net_pool,
         sgfs,
+        cni_server: true,
     })
     .expect("runtime")
 }

@@ -17,6 +17,7 @@ use nic_api::{Client, VfInfo};
 use serde_json::{json, Value};
 
 pub const PLUGIN: &str = env!("CARGO_BIN_EXE_burstvm-cni");
+pub const THIN: &str = env!("CARGO_BIN_EXE_burstvm-cni-thin");
 pub const BURSTVM: &str = env!("CARGO_BIN_EXE_burstvm");
 
 pub fn unique(tag: &str) -> String {
@@ -153,6 +154,11 @@ impl NicDaemon {
         self.dir.path().join("state")
     }
 
+    /// Where the daemon serves burstvm-cni's commands (`--cni-socket`).
+    pub fn cni_socket(&self) -> PathBuf {
+        self.dir.path().join("cni.sock")
+    }
+
     /// Starts the daemon (again, on the same state dir and sockets) and waits
     /// until it answers.
     pub fn spawn(&mut self) {
@@ -171,6 +177,8 @@ impl NicDaemon {
             .arg(&self.socket)
             .arg("--state-dir")
             .arg(self.state_dir())
+            .arg("--cni-socket")
+            .arg(self.cni_socket())
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn burstvm nic");
@@ -186,6 +194,10 @@ impl NicDaemon {
                 Client::connect(socket).map_err(|e| e.to_string())
             },
         );
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
     }
 
     pub fn signal(&self, sig: libc::c_int) {
@@ -287,6 +299,11 @@ impl Network {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Plugins are looked up in `dirs` only (instead of burstvm-cni's and host-local's).
+    pub fn set_cni_path(&mut self, dirs: &[&Path]) {
+        self.cni_path = std::env::join_paths(dirs).unwrap().into_string().unwrap();
     }
 
     pub fn conf_dir(&self) -> PathBuf {

@@ -5,15 +5,18 @@
 //! every change happens under an exclusive flock(2) of `<network>/lock`
 //! (host-local's go-filemutex takes the same lock).
 
+use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::Mode;
 
 /// host-local's default data directory.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
@@ -46,6 +49,8 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> Sto
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
+    /// `dir`, open: leases are read relative to it.
+    dir_fd: File,
     _lock: Flock<File>,
 }
 
@@ -78,12 +83,21 @@ pub fn parse_owner(text: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// A lease file's text. Every ADD reads every lease of its network (the
-/// one-lease-per-attachment check, as host-local does), so this is one
-/// open, one read and one close: no size query, no second read for the
-/// end of a file shorter than the buffer.
-fn read_lease(path: &Path) -> io::Result<String> {
-    let mut f = File::open(path)?;
+/// A lease file's text, `name` opened in the network's directory `dir`.
+/// Every ADD reads every lease of its network (the one-lease-per-attachment
+/// check, as host-local does), so this is one open relative to the
+/// directory (no walk of the full path per lease), one read and one close:
+/// no size query, no second read for the end of a file shorter than the buffer.
+fn read_lease(dir: &File, name: &OsStr) -> io::Result<String> {
+    let fd = nix::fcntl::openat(
+        Some(dir.as_raw_fd()),
+        name,
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io::Error::from)?;
+    // SAFETY: openat just returned this descriptor; nothing else owns it.
+    let mut f = unsafe { File::from_raw_fd(fd) };
     let mut buf = [0u8; 512];
     let n = f.read(&mut buf)?;
     let mut bytes = buf[..n].to_vec();
@@ -100,6 +114,11 @@ impl Store {
     pub fn open(data_dir: &Path, network: &str, wait: Duration) -> Result<Store, StoreError> {
         let dir = data_dir.join(network);
         std::fs::create_dir_all(&dir).map_err(io_err(&dir, "create the directory"))?;
+        let dir_fd = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(&dir)
+            .map_err(io_err(&dir, "open the directory"))?;
         let path = dir.join("lock");
         let file = OpenOptions::new()
             .read(true)
@@ -116,7 +135,13 @@ impl Store {
         let mut file = file;
         loop {
             match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-                Ok(lock) => return Ok(Store { dir, _lock: lock }),
+                Ok(lock) => {
+                    return Ok(Store {
+                        dir,
+                        dir_fd,
+                        _lock: lock,
+                    })
+                }
                 Err((f, Errno::EWOULDBLOCK)) if Instant::now() < deadline => {
                     file = f;
                     std::thread::sleep(pause);
@@ -179,7 +204,7 @@ impl Store {
             else {
                 continue;
             };
-            match read_lease(&e.path()) {
+            match read_lease(&self.dir_fd, &e.file_name()) {
                 Ok(text) => out.push((ip, text)),
                 // Released between the listing and the read: not a lease.
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}

@@ -11,7 +11,7 @@ use attach::{add, del};
 use inspect::{check, gc, status};
 
 use std::collections::HashSet;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
@@ -63,30 +63,68 @@ pub fn main() -> i32 {
 
 /// A plugin executable's body (burstvm-cni, burstvm-ipam): env and stdin
 /// in, `run`'s result or error result out, the exit status returned.
-pub(crate) fn serve(name: &str, run: fn(&Env, &[u8]) -> Result<Option<Value>, PluginError>) -> i32 {
+pub(crate) fn serve(name: &str, run: Run) -> i32 {
     let env = Env::from_process();
-    let (stdin, result) = match read_stdin(std::io::stdin().lock()) {
+    let stdin = read_stdin(std::io::stdin().lock());
+    let out = outcome(name, run, &env, stdin);
+    // One write each: a result cut by a failed write is still a failure to the caller.
+    let _ = std::io::stdout().write_all(&out.stdout);
+    let _ = std::io::stderr().write_all(&out.stderr);
+    out.status
+}
+
+/// A plugin command's body: `run` on the environment and the config read
+/// from stdin.
+pub(crate) type Run = fn(&Env, &[u8]) -> Result<Option<Value>, PluginError>;
+
+/// What one invocation prints and its exit status (spec §2: the result, or
+/// the error result, on stdout; a line for people on stderr).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub status: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Runs `run` as the executable `name` would, with `stdin` as `read_stdin`
+/// returned it: the one path of the exec'd plugin and the served one
+/// (`crate::server`).
+pub(crate) fn outcome(
+    name: &str,
+    run: Run,
+    env: &Env,
+    stdin: Result<Vec<u8>, PluginError>,
+) -> Outcome {
+    let (stdin, result) = match stdin {
         Ok(stdin) => {
-            let r = run(&env, &stdin);
+            let r = run(env, &stdin);
             (stdin, r)
         }
         // An oversized config is not looked into (its version neither).
         Err(e) => (Vec::new(), Err(e)),
     };
     match result {
-        Ok(Some(out)) => {
-            println!("{out}");
-            0
-        }
-        Ok(None) => 0,
-        Err(e) => {
-            let version =
-                config::peek_version(&stdin).unwrap_or_else(|| Version::V1_1_0.as_str().into());
-            println!("{}", e.to_json(&version));
-            eprintln!("{name} {}: {e}", env.command.as_deref().unwrap_or("?"));
-            1
-        }
+        Ok(Some(out)) => Outcome {
+            status: 0,
+            stdout: format!("{out}\n").into_bytes(),
+            stderr: Vec::new(),
+        },
+        Ok(None) => Outcome {
+            status: 0,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        },
+        Err(e) => Outcome {
+            status: 1,
+            stdout: format!("{}\n", e.to_json(&version_or_default(&stdin))).into_bytes(),
+            stderr: format!("{name} {}: {e}\n", env.command.as_deref().unwrap_or("?")).into_bytes(),
+        },
     }
+}
+
+/// The config's `cniVersion` for an error result, the newest if it has none.
+pub(crate) fn version_or_default(stdin: &[u8]) -> String {
+    config::peek_version(stdin).unwrap_or_else(|| Version::V1_1_0.as_str().into())
 }
 
 /// INCOMPATIBLE_VERSION unless version `v` has `cmd`: CHECK exists since
@@ -239,7 +277,7 @@ impl Ipam {
             Ipam::Exec(p) => p,
         };
         let what = || format!("result of IPAM plugin {}", p.display());
-        let out = delegate::exec(p, Command::Add, &conf.raw)?
+        let out = delegate::exec(p, env, Command::Add, &conf.raw)?
             .ok_or_else(|| PluginError::decode(&what(), "empty output"))?;
         CniResult::from_json(&out).map_err(|e| PluginError::decode_json(&what(), e))
     }
@@ -247,7 +285,7 @@ impl Ipam {
     /// DEL, CHECK, STATUS or GC: commands whose IPAM result is only success.
     fn call(&self, env: &Env, conf: &NetConf, cmd: Command) -> Result<(), PluginError> {
         let c = match self {
-            Ipam::Exec(p) => return delegate::exec(p, cmd, &conf.raw).map(|_| ()),
+            Ipam::Exec(p) => return delegate::exec(p, env, cmd, &conf.raw).map(|_| ()),
             Ipam::Builtin(c) => c,
         };
         match cmd {

@@ -13,6 +13,10 @@ use super::{state_err, Runtime, RuntimeError};
 use crate::cni_exec::CniNetwork;
 use crate::server_netns;
 
+/// The plugin executable, and the forwarder to the NIC daemon's CNI server.
+const PLUGIN: &str = "burstvm-cni";
+const THIN: &str = "burstvm-cni-thin";
+
 /// The runtime's first PF (its SG functions' PF).
 pub const PF: &str = "pf0";
 
@@ -86,33 +90,46 @@ impl Runtime {
     }
 
     pub(super) fn write_cni_config(&mut self) -> Result<(), RuntimeError> {
-        let conf = serde_json::json!({
-            "cniVersion": "1.1.0",
-            "name": format!("burstvm-{}", self.tag),
-            "type": "burstvm-cni",
-            "nicSocket": self.nic_socket(),
-            "pf": pf_plan(self.cfg.vfs).into_iter().map(|(pf, _)| pf).collect::<Vec<_>>(),
-            "ipam": self.ipam(cni::ipam::TYPE, VF_RANGE),
-        });
-        let path = self.write_conf("net.conf", &conf)?;
         let cni_path = cni_path(&self.cfg.bin);
-        if !cni_path.iter().any(|d| d.join("burstvm-cni").is_file()) {
+        if !cni_path.iter().any(|d| d.join(PLUGIN).is_file()) {
             return Err(RuntimeError::NoCniPlugin {
                 bin: self.cfg.bin.clone(),
                 path: cni_path,
             });
         }
+        // The NIC daemon serves the plugin's commands (cni::server): the
+        // forwarder runs in the plugin's place, sparing each ADD and DEL a
+        // glibc executable's start-up (docs/cni.md, "The CNI server").
+        let served = (self.cfg.cni_server && cni_path.iter().any(|d| d.join(THIN).is_file()))
+            .then(|| self.cni_socket().display().to_string());
+        let plugin = |conf: serde_json::Value| match (&served, conf) {
+            (Some(socket), serde_json::Value::Object(mut m)) => {
+                m.insert("type".into(), THIN.into());
+                m.insert("cniSocket".into(), socket.as_str().into());
+                serde_json::Value::Object(m)
+            }
+            (_, conf) => conf,
+        };
+        let conf = plugin(serde_json::json!({
+            "cniVersion": "1.1.0",
+            "name": format!("burstvm-{}", self.tag),
+            "type": PLUGIN,
+            "nicSocket": self.nic_socket(),
+            "pf": pf_plan(self.cfg.vfs).into_iter().map(|(pf, _)| pf).collect::<Vec<_>>(),
+            "ipam": self.ipam(cni::ipam::TYPE, VF_RANGE),
+        }));
+        let path = self.write_conf("net.conf", &conf)?;
         self.cni = Some(CniNetwork::load(&path, cni_path.clone())?);
         if self.cfg.sgfs > 0 {
             // An SG function has no MAC, VLAN or address: no IPAM (docs/cni.md).
-            let conf = serde_json::json!({
+            let conf = plugin(serde_json::json!({
                 "cniVersion": "1.1.0",
                 "name": format!("burstvm-sg-{}", self.tag),
-                "type": "burstvm-cni",
+                "type": PLUGIN,
                 "kind": "sg",
                 "nicSocket": self.nic_socket(),
                 "pf": PF,
-            });
+            }));
             let path = self.write_conf("sg.conf", &conf)?;
             self.sg_cni = Some(CniNetwork::load(&path, cni_path)?);
         }

@@ -114,6 +114,10 @@ pub struct RuntimeConfig {
     /// more than 0 the runtime also writes its SG network (`sg.conf`, `"kind":"sg"`),
     /// which sandboxes with `SandboxSpec::sg` are attached to. One per live SG sandbox.
     pub sgfs: usize,
+    /// Run burstvm-cni's commands in the NIC daemon's CNI server, through
+    /// `burstvm-cni-thin` (when it is installed beside burstvm-cni), instead
+    /// of in a burstvm-cni process per call (docs/cni.md, "The CNI server").
+    pub cni_server: bool,
 }
 
 impl RuntimeConfig {
@@ -131,6 +135,7 @@ impl RuntimeConfig {
             rootfs_layer_bytes: None,
             net_pool: 0,
             sgfs: 0,
+            cni_server: true,
         }
     }
 }
@@ -150,7 +155,8 @@ pub struct Runtime {
     layout: Layout,
     cgroup_pool: Option<Arc<CgroupPool>>,
     pool: Option<PoolServer>,
-    nic: Mutex<Option<NicDaemon>>,
+    /// Shared with the network pool's refill thread (its CNI server's CPU).
+    nic: Arc<Mutex<Option<NicDaemon>>>,
     cni: Option<CniNetwork>,
     /// The SG network (`"kind":"sg"`), when the NIC daemon serves SG functions.
     sg_cni: Option<CniNetwork>,
@@ -202,7 +208,7 @@ impl Runtime {
             layout: layout.clone(),
             cgroup_pool: None,
             pool: None,
-            nic: Mutex::new(None),
+            nic: Arc::new(Mutex::new(None)),
             cni: None,
             sg_cni: None,
             server: None,

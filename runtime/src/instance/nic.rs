@@ -46,6 +46,11 @@ impl Runtime {
         self.state_dir.join("nic.sock")
     }
 
+    /// Where the NIC daemon serves burstvm-cni's commands (`cni::server`).
+    pub fn cni_socket(&self) -> PathBuf {
+        self.state_dir.join("cni.sock")
+    }
+
     /// The running NIC daemon's pid (CPU accounting).
     pub fn nic_pid(&self) -> Option<u32> {
         let nic = self.nic();

@@ -25,12 +25,23 @@ impl Runtime {
             return Ok(());
         };
         cni.require_vf("the network pool (--net-pool)")?;
+        // The ADDs burstvm-cni-thin forwards run in the NIC daemon's CNI server.
+        let nic = self.nic.clone();
+        let served = move || {
+            let pid = nic
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()?
+                .pid();
+            crate::cpuacct::nic_cpu(pid).map(|c| c.cni_server_ns)
+        };
         *pool = Some(
             NetPool::start(
                 cni,
                 self.server().neighbors(),
                 self.sandbox_prefix(),
                 self.cfg.net_pool,
+                Box::new(move || served().unwrap_or(0)),
             )
             .map_err(state_err(&self.state_dir))?,
         );
