@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CpuPerSandbox {
     pub runtime_ms: f64,
+    /// Of `runtime_ms`, the runtime's page-pool server's threads.
+    #[serde(default)]
+    pub pool_server_ms: f64,
     pub cni_ms: f64,
     pub nicd_ms: f64,
     pub vmm_ms: f64,
@@ -24,20 +27,32 @@ pub struct CpuPerSandbox {
     pub pool_refill_ms: f64,
 }
 
+/// The CPU a round's starts share, from its issue to its last READY.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Shared {
+    /// The NIC daemon's (None: no daemon, or it was restarted meanwhile).
+    pub nicd: Option<NicCpu>,
+    /// The runtime's page-pool server's (`guestmem::pool::PoolServer::cpu_ns`).
+    pub pool_server_ns: u64,
+}
+
 /// Per-sandbox averages of a round: `starts` from the sandboxes that reached
-/// READY, `nicd` the daemon's CPU over the round. Its CNI server's part is
-/// the CNI plugins' (the commands burstvm-cni-thin forwarded to it), the
-/// rest the NIC daemon's.
-pub fn per_sandbox(starts: &[StartCpu], nicd: Option<NicCpu>) -> Option<CpuPerSandbox> {
+/// READY, `shared` what they shared over the round (None: not measured). The
+/// NIC daemon's CNI server's part is the CNI plugins' (the commands
+/// burstvm-cni-thin forwarded to it), the rest the NIC daemon's; the page-pool
+/// server's is the runtime's.
+pub fn per_sandbox(starts: &[StartCpu], shared: Option<Shared>) -> Option<CpuPerSandbox> {
     if starts.is_empty() {
         return None;
     }
     let n = starts.len() as f64;
     let avg = |f: fn(&StartCpu) -> u64| starts.iter().map(f).sum::<u64>() as f64 / n / 1e6;
-    let nicd = nicd.unwrap_or_default();
+    let shared = shared.unwrap_or_default();
+    let nicd = shared.nicd.unwrap_or_default();
     let served = nicd.cni_server_ns.min(nicd.total_ns);
     let mut c = CpuPerSandbox {
-        runtime_ms: avg(|s| s.runtime_ns),
+        runtime_ms: avg(|s| s.runtime_ns) + shared.pool_server_ns as f64 / n / 1e6,
+        pool_server_ms: shared.pool_server_ns as f64 / n / 1e6,
         cni_ms: avg(|s| s.cni_ns) + served as f64 / n / 1e6,
         vmm_ms: avg(|s| s.vmm_ns),
         vcpu_ms: avg(|s| s.vcpu_ns),
@@ -53,9 +68,10 @@ pub fn per_sandbox(starts: &[StartCpu], nicd: Option<NicCpu>) -> Option<CpuPerSa
 /// One table line, beside the wall time.
 pub fn format_line(c: &CpuPerSandbox, wall_avg_ms: f64) -> String {
     format!(
-        "host CPU ms per sandbox start: total {:.2} = runtime {:.2} + CNI plugins {:.2} + NIC daemon {:.2} + VMM {:.2} (of which vCPU {:.2})  (wall avg {:.1} ms); after READY, the VMM's deferred zeroing: {:.2}\n",
+        "host CPU ms per sandbox start: total {:.2} = runtime {:.2} (of which its page-pool server {:.2}) + CNI plugins {:.2} + NIC daemon {:.2} + VMM {:.2} (of which vCPU {:.2})  (wall avg {:.1} ms); after READY, the VMM's deferred zeroing: {:.2}\n",
         c.total_ms,
         c.runtime_ms,
+        c.pool_server_ms,
         c.cni_ms,
         c.nicd_ms,
         c.vmm_ms,
@@ -106,6 +122,7 @@ pub fn weighted_mean(rounds: &[(CpuPerSandbox, usize)]) -> Option<CpuPerSandbox>
     };
     Some(CpuPerSandbox {
         runtime_ms: avg(|c| c.runtime_ms),
+        pool_server_ms: avg(|c| c.pool_server_ms),
         cni_ms: avg(|c| c.cni_ms),
         nicd_ms: avg(|c| c.nicd_ms),
         vmm_ms: avg(|c| c.vmm_ms),
@@ -282,22 +299,27 @@ mod tests {
         };
         let c = per_sandbox(
             &[s(1_000_000, 2_000_000, 10_000_000), s(3_000_000, 0, 0)],
-            Some(NicCpu {
-                total_ns: 6_000_000,
-                cni_server_ns: 2_000_000,
+            Some(Shared {
+                nicd: Some(NicCpu {
+                    total_ns: 6_000_000,
+                    cni_server_ns: 2_000_000,
+                }),
+                pool_server_ns: 1_000_000,
             }),
         )
         .unwrap();
-        assert_eq!(c.runtime_ms, 2.0);
+        // The sandbox threads' 2.0 per start, and the page-pool server's 0.5.
+        assert_eq!(c.runtime_ms, 2.5);
+        assert_eq!(c.pool_server_ms, 0.5);
         // The plugin processes' 1.0 per start, and the daemon's CNI server's 1.0.
         assert_eq!(c.cni_ms, 2.0);
         assert_eq!(c.vmm_ms, 5.0);
         assert_eq!(c.vcpu_ms, 2.5);
         assert_eq!(c.nicd_ms, 2.0);
-        assert_eq!(c.total_ms, 11.0);
+        assert_eq!(c.total_ms, 11.5);
         // Deferred zeroing is reported apart, never in the start's total.
         assert_eq!(c.after_ready_ms, 10.0);
         assert!(per_sandbox(&[], None).is_none());
-        assert!(format_line(&c, 50.0).contains("total 11.00"));
+        assert!(format_line(&c, 50.0).contains("total 11.50"));
     }
 }

@@ -92,8 +92,20 @@ fn socket_protocol_and_bad_requests() {
     let ctl = client(&server);
     let st = ctl.stats().unwrap();
     assert_eq!(st.cached_memfds, 2);
+    // The server's threads count the CPU of what they serve, each right
+    // after its answer (the client may read before the add): once the
+    // count is still, a request's work must show in it.
+    let still = || loop {
+        let c = server.cpu_ns();
+        std::thread::sleep(Duration::from_millis(20));
+        if server.cpu_ns() == c {
+            return c;
+        }
+    };
+    let cpu0 = still();
     ctl.fill(1 << 20, false, 3, None).unwrap();
     assert_eq!(ctl.stats().unwrap().cached_memfds, 5);
+    assert!(still() > cpu0, "the requests' CPU was not counted");
     assert!(ctl.take(1 << 20, false, MemoryPolicy::Vanilla).is_err());
     let e = ctl.take(12345, false, MemoryPolicy::Lazy).unwrap_err();
     assert!(e.to_string().contains("page size"), "{e}");

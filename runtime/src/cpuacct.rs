@@ -1,8 +1,11 @@
 //! Host CPU per sandbox start, by owner (issue #11): what a variant costs on
 //! a 56-core host is decided by CPU, not by wall time on 2 cores.
 //!
-//! - runtime: the sandbox thread's own CPU (`RUSAGE_THREAD`) from the start
-//!   of `Sandbox::start` to READY;
+//! - runtime: the sandbox thread's own CPU (its CPU-time clock) from the
+//!   start of `Sandbox::start` to READY, plus the CPU the runtime's page-pool
+//!   server ran over the round (lending memory to the VMMs, taking the NIC's
+//!   registrations: `guestmem::pool::PoolServer::cpu_ns`), divided by the
+//!   sandboxes;
 //! - CNI plugins: `wait4` rusage of each plugin process (it includes the
 //!   IPAM plugin it ran and waited for), summed per thread;
 //! - VMM: the sandbox cgroup's CPU usage at READY (the VMM is its only task);
@@ -54,13 +57,9 @@ fn tv_ns(tv: libc::timeval) -> u64 {
     tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1_000
 }
 
-/// The calling thread's user+system CPU.
+/// The calling thread's CPU.
 pub fn thread_ns() -> u64 {
-    // SAFETY: rusage is plain data; all-zero is a valid value.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: getrusage writes into the struct we pass.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    tv_ns(ru.ru_utime) + tv_ns(ru.ru_stime)
+    procutil::schedstat::this_thread_ns()
 }
 
 /// CPU of a whole process (dead threads included), in nanoseconds: its

@@ -80,9 +80,15 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
     let issue = AtomicU64::new(u64::MAX);
     let done = Barrier::new(n);
     // The NIC daemon's CPU from the issue to the last READY.
+    // The NIC daemon's and the page-pool server's CPU from the issue to the last READY.
     let nic_pid = rt.nic_pid();
-    let nicd0 = nic_pid.and_then(runtime::cpuacct::nic_cpu);
-    let nicd1 = Mutex::new(None);
+    let sample = || SharedCpu {
+        nic: nic_pid.and_then(runtime::cpuacct::nic_cpu),
+        pool_server_ns: rt.pool_server_cpu_ns(),
+    };
+    let cpu0 = sample();
+    let cpu1 = Mutex::new(None);
+    let sample_end = || *cpu1.lock().unwrap_or_else(|p| p.into_inner()) = Some(sample());
     type Outcome = Result<
         (
             Option<String>,
@@ -96,7 +102,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
         let handles: Vec<_> = ids
             .iter()
             .map(|id| {
-                let (barrier, issue, done, nicd1) = (&barrier, &issue, &done, &nicd1);
+                let (barrier, issue, done, sample_end) = (&barrier, &issue, &done, &sample_end);
                 let sspec = SandboxSpec {
                     cpus: spec.cpus,
                     app_size: spec.app_size,
@@ -119,7 +125,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                         // Every thread passes `done` (also on error or panic)
                         // before any sandbox is torn down: teardown (VM
                         // destruction) must not compete with startups.
-                        let done_guard = ArriveOnDrop(done, nic_pid, nicd1);
+                        let done_guard = ArriveOnDrop(done, sample_end);
                         let mut sb = match Sandbox::start(rt, sspec) {
                             Ok(sb) => sb,
                             Err(f) => {
@@ -194,7 +200,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
         rootfs_costs,
         cpu: crate::cpu::per_sandbox(
             &starts,
-            nicd0.and_then(|a| Some(nicd1.into_inner().ok()??.since(a))),
+            cpu1.into_inner().ok().flatten().map(|end| end.since(&cpu0)),
         ),
         prezero: None,
         nic,
@@ -265,15 +271,30 @@ pub fn idle_prezero(rt: &Runtime, v: Variant) -> Option<PrezeroWait> {
 }
 
 /// Waits on the barrier when dropped, so a thread arrives even if it panics.
-/// The last to arrive samples the NIC daemon's CPU (pid, into the slot).
-struct ArriveOnDrop<'a>(&'a Barrier, Option<u32>, &'a Mutex<Option<NicCpu>>);
+/// The last to arrive samples the CPU of the processes and threads the
+/// starts share (the closure).
+struct ArriveOnDrop<'a>(&'a Barrier, &'a (dyn Fn() + Sync));
 
 impl Drop for ArriveOnDrop<'_> {
     fn drop(&mut self) {
         if self.0.wait().is_leader() {
-            if let Some(c) = self.1.and_then(runtime::cpuacct::nic_cpu) {
-                *self.2.lock().unwrap_or_else(|p| p.into_inner()) = Some(c);
-            }
+            (self.1)();
+        }
+    }
+}
+
+/// The CPU the starts of a round share, at one instant.
+#[derive(Debug, Clone, Copy)]
+struct SharedCpu {
+    nic: Option<NicCpu>,
+    pool_server_ns: u64,
+}
+
+impl SharedCpu {
+    fn since(&self, start: &SharedCpu) -> crate::cpu::Shared {
+        crate::cpu::Shared {
+            nicd: self.nic.zip(start.nic).map(|(e, s)| e.since(s)),
+            pool_server_ns: self.pool_server_ns.saturating_sub(start.pool_server_ns),
         }
     }
 }

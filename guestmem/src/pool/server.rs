@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -30,6 +30,8 @@ pub struct PoolServer {
     conns: Arc<Mutex<HashMap<u64, Arc<OwnedFd>>>>,
     threads: Vec<JoinHandle<()>>,
     conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// CPU (ns) the accept and connection threads have run so far.
+    cpu: Arc<CpuMeter>,
     /// `<socket>.lock` beside the socket: one server per socket. Dropped
     /// after `stop_all` removed the socket.
     _lock: procutil::DirLock,
@@ -96,23 +98,30 @@ impl PoolServer {
         let stop = Arc::new(AtomicBool::new(false));
         let conns = Arc::new(Mutex::new(HashMap::new()));
         let conn_threads = Arc::new(Mutex::new(Vec::new()));
+        let cpu = Arc::new(CpuMeter::default());
 
         let leases = Arc::new(Leases::new(pool.clone()));
         let mut threads = Vec::new();
         {
-            let (leases, stop, wake, conns, conn_threads, p) = (
+            let (leases, stop, wake, conns, conn_threads, p, cpu) = (
                 leases.clone(),
                 stop.clone(),
                 wake.clone(),
                 conns.clone(),
                 conn_threads.clone(),
                 path.clone(),
+                cpu.clone(),
             );
             threads.push(
                 std::thread::Builder::new()
                     .name("pool-accept".into())
                     .spawn(move || {
-                        accept_loop(listener, &p, leases, stop, &wake, conns, conn_threads)
+                        let threads = Threads {
+                            conns,
+                            conn_threads,
+                            cpu,
+                        };
+                        accept_loop(listener, &p, leases, stop, &wake, threads)
                     })
                     .map_err(&serr)?,
             );
@@ -135,8 +144,16 @@ impl PoolServer {
             conns,
             threads,
             conn_threads,
+            cpu,
             _lock: lock,
         })
+    }
+
+    /// CPU (ns) the server's accept and connection threads have run so far,
+    /// up to each one's last accept or request: per start, a bench divides
+    /// its growth over a burst by the sandboxes (`runtime::cpuacct`).
+    pub fn cpu_ns(&self) -> u64 {
+        self.cpu.total()
     }
 
     pub fn path(&self) -> &Path {
@@ -199,17 +216,51 @@ impl Drop for PoolServer {
     }
 }
 
+/// What the accept loop shares with the server: the connections, their
+/// threads and the CPU meter.
+struct Threads {
+    conns: Arc<Mutex<HashMap<u64, Arc<OwnedFd>>>>,
+    conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    cpu: Arc<CpuMeter>,
+}
+
+/// The CPU the server's threads ran: each adds its own clock's growth after
+/// every accept or request it served (a clock read, no file), and at its end.
+#[derive(Debug, Default)]
+struct CpuMeter(AtomicU64);
+
+impl CpuMeter {
+    fn total(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// Adds what the calling thread ran since `*last` (its clock), and moves `*last`.
+    fn add_since(&self, last: &mut u64) {
+        let now = procutil::schedstat::this_thread_ns();
+        self.0
+            .fetch_add(now.saturating_sub(*last), Ordering::Relaxed);
+        *last = now;
+    }
+}
+
 fn accept_loop(
     listener: OwnedFd,
     path: &Path,
     leases: Arc<Leases>,
     stop: Arc<AtomicBool>,
     wake: &EventFd,
-    conns: Arc<Mutex<HashMap<u64, Arc<OwnedFd>>>>,
-    conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    threads: Threads,
 ) {
+    let Threads {
+        conns,
+        conn_threads,
+        cpu,
+    } = threads;
     let mut next_id = 0u64;
+    let mut clock = 0;
+    cpu.add_since(&mut clock);
     while !stop.load(Ordering::Acquire) {
+        cpu.add_since(&mut clock);
         match sys::poll_readable(&[listener.as_fd(), sys::borrow(wake)], PollTimeout::NONE) {
             Ok(r) if r[0] => {}
             Ok(_) => continue,
@@ -239,16 +290,17 @@ fn accept_loop(
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, fd.clone());
-        let (leases, conns2, p, stop2) = (
+        let (leases, conns2, p, stop2, cpu2) = (
             leases.clone(),
             conns.clone(),
             path.to_path_buf(),
             stop.clone(),
+            cpu.clone(),
         );
         let h = std::thread::Builder::new()
             .name(format!("pool-conn-{id}"))
             .spawn(move || {
-                serve_conn(&fd, id, &p, &leases, &stop2);
+                serve_conn(&fd, id, &p, &leases, &stop2, &cpu2);
                 conns2.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             });
         match h {
@@ -278,8 +330,17 @@ fn peer_trusted(fd: &OwnedFd) -> bool {
 }
 
 /// Serves one client until it disconnects, then ends its leases and registrations.
-fn serve_conn(fd: &OwnedFd, conn: u64, path: &Path, leases: &Leases, stop: &AtomicBool) {
+fn serve_conn(
+    fd: &OwnedFd,
+    conn: u64,
+    path: &Path,
+    leases: &Leases,
+    stop: &AtomicBool,
+    cpu: &CpuMeter,
+) {
+    let mut clock = 0;
     loop {
+        cpu.add_since(&mut clock);
         let msg = match recv_msg(fd.as_raw_fd()) {
             Ok(Some((body, _fds))) => body,
             Ok(None) => break,
@@ -319,6 +380,7 @@ fn serve_conn(fd: &OwnedFd, conn: u64, path: &Path, leases: &Leases, stop: &Atom
     // The server stopping is not the client going away: its VMM may still run on that
     // memory, so it must not be marked dirty (nor reused). Only drop our reference.
     leases.conn_closed(conn, stop.load(Ordering::Acquire));
+    cpu.add_since(&mut clock);
 }
 
 /// One request of connection `conn`; a `take` answers with the lease fd to pass.

@@ -358,6 +358,12 @@ impl Runtime {
         self.pool.as_ref().map(|p| p.path())
     }
 
+    /// CPU (ns) the page-pool server's threads have run so far (its share of
+    /// every start: lending the VMMs their memory, the NIC's registrations).
+    pub fn pool_server_cpu_ns(&self) -> u64 {
+        self.pool.as_ref().map_or(0, |p| p.cpu_ns())
+    }
+
     pub fn layout(&self) -> &Layout {
         &self.layout
     }

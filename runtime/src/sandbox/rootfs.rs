@@ -133,20 +133,13 @@ pub struct Prepared {
     pub cpu_ns: u64,
 }
 
-/// CPU time of the calling thread, ns.
-pub fn thread_cpu_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
-}
-
 /// The `rootfs` stage: the sandbox's writable layer.
 pub fn prepare(
     layers: &WritableLayers,
     id: &str,
     mode: LayerMode,
 ) -> Result<Prepared, ::rootfs::Error> {
-    let (t0, c0) = (trace::monotonic_ns(), thread_cpu_ns());
+    let (t0, c0) = (trace::monotonic_ns(), procutil::schedstat::this_thread_ns());
     let layer = match mode {
         LayerMode::Reflink => layers.clone_for(id),
         LayerMode::Copy => layers.copy_for(id),
@@ -154,7 +147,7 @@ pub fn prepare(
     Ok(Prepared {
         layer,
         wall_ns: trace::monotonic_ns() - t0,
-        cpu_ns: thread_cpu_ns().saturating_sub(c0),
+        cpu_ns: procutil::schedstat::this_thread_ns().saturating_sub(c0),
     })
 }
 
