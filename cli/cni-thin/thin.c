@@ -32,6 +32,7 @@
 #define SYS_setsockopt 54
 #define SYS_execve 59
 #define SYS_exit_group 231
+#define SYS_newfstatat 262
 #define SYS_memfd_create 319
 
 #define EINTR 4
@@ -41,8 +42,10 @@
 #define SOL_SOCKET 1
 #define SO_RCVTIMEO 20
 #define SO_SNDTIMEO 21
+#define AT_FDCWD -100
 
-/* cni::plugin::MAX_STDIN and cni::server::MAX_ENV (a test keeps them equal). */
+/* cni::MAX_STDIN and cni::server::MAX_ENV (cli/tests/cni_thin.rs keeps them
+ * equal). */
 #define MAX_STDIN (1 << 20)
 #define MAX_ENV (64 << 10)
 /* A reply's stdout: the result, which carries a prevResult of up to MAX_STDIN. */
@@ -252,10 +255,26 @@ static int member(const char *p, const char *end, const char *key, const char **
 
 /* --- Running burstvm-cni itself ----------------------------------------- */
 
+/* Device and inode of `path` (struct stat's first two fields on x86-64);
+ * 0 if it cannot be read. */
+static int file_id(const char *path, uint64_t id[2])
+{
+	uint64_t st[18]; /* struct stat: 144 bytes */
+	if (sys6(SYS_newfstatat, AT_FDCWD, (long)path, (long)st, 0, 0, 0) != 0)
+		return 0;
+	id[0] = st[0];
+	id[1] = st[1];
+	return 1;
+}
+
 /* Execs burstvm-cni from CNI_PATH with the config on stdin; returns only
- * if there is none to exec, after saying so. */
+ * if there is none to exec, after saying so. A burstvm-cni that is this
+ * very executable (the forwarder installed under the plugin's name) is
+ * skipped: it would exec itself for ever. */
 static void run_plugin(char **envp, const char *cfg, size_t n)
 {
+	uint64_t self[2] = {0, 0}, other[2] = {0, 0};
+	int know_self = file_id("/proc/self/exe", self);
 	long fd = sys3(SYS_memfd_create, (long)"cni-config", 0, 0);
 	if (fd < 0 || write_all((int)fd, cfg, n) < 0 || sys3(SYS_lseek, fd, 0, 0) != 0 ||
 	    sys3(SYS_dup2, fd, 0, 0) != 0) {
@@ -277,7 +296,9 @@ static void run_plugin(char **envp, const char *cfg, size_t n)
 			copy(exe, path, d);
 			exe[d] = '/';
 			copy(exe + d + 1, PLUGIN, sizeof(PLUGIN));
-			sys3(SYS_execve, (long)exe, (long)argv, (long)envp);
+			if (!know_self || !file_id(exe, other) || other[0] != self[0] ||
+			    other[1] != self[1])
+				sys3(SYS_execve, (long)exe, (long)argv, (long)envp);
 		}
 		path += d + (path[d] == ':');
 	}

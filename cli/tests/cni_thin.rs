@@ -88,7 +88,13 @@ fn with_no_server_burstvm_cni_runs_in_its_place() {
 }
 
 fn run_thin(env: &[(&str, &str)], stdin: &[u8]) -> Output {
-    let mut c = Command::new(THIN)
+    run_thin_at(Path::new(THIN), env, stdin)
+}
+
+/// Runs `exe` as a CNI caller does; one still running after 20 s (a
+/// forwarder that would exec itself for ever) is killed and fails the test.
+fn run_thin_at(exe: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Output {
+    let mut c = Command::new(exe)
         .env_clear()
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
@@ -97,6 +103,15 @@ fn run_thin(env: &[(&str, &str)], stdin: &[u8]) -> Output {
         .spawn()
         .unwrap();
     c.stdin.take().unwrap().write_all(stdin).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while c.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("{} still running after 20 s", exe.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     c.wait_with_output().unwrap()
 }
 
@@ -185,4 +200,47 @@ fn a_reply_is_relayed_a_lost_server_is_try_again_and_a_silent_one_runs_the_plugi
         assert_eq!(e.container_id.as_deref(), Some("c9"));
         assert_eq!(e.path.as_deref(), Some(plugin_dir));
     }
+}
+
+/// The forwarder's bounds are the server's (thin.c has no access to them).
+#[test]
+fn the_forwarders_bounds_are_the_servers() {
+    let src =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/cni-thin/thin.c")).unwrap();
+    let define = |name: &str| -> usize {
+        let line = src
+            .lines()
+            .find(|l| l.starts_with(&format!("#define {name} (")))
+            .unwrap_or_else(|| panic!("no #define {name} (A << B) in thin.c"));
+        let expr = line.split_once('(').unwrap().1.trim_end_matches(')');
+        let (a, b) = expr.split_once("<<").unwrap();
+        a.trim().parse::<usize>().unwrap() << b.trim().parse::<u32>().unwrap()
+    };
+    assert_eq!(define("MAX_STDIN"), cni::MAX_STDIN);
+    assert_eq!(define("MAX_ENV"), cni::server::MAX_ENV);
+    // A result carries a prevResult of up to a whole config.
+    assert!(define("MAX_OUT") > cni::MAX_STDIN);
+}
+
+/// Installed under the plugin's own name, the forwarder does not exec
+/// itself when no server takes the call: it says there is no plugin.
+#[test]
+fn a_forwarder_named_burstvm_cni_does_not_exec_itself() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::copy(THIN, d.path().join("burstvm-cni")).unwrap();
+    let conf = br#"{"cniVersion":"1.0.0","name":"n","type":"burstvm-cni","pf":"pf0"}"#;
+    let out = run_thin_at(
+        &d.path().join("burstvm-cni"),
+        &[
+            ("CNI_COMMAND", "VERSION"),
+            ("CNI_PATH", d.path().to_str().unwrap()),
+        ],
+        conf,
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let e: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (e["code"].as_u64(), e["cniVersion"].as_str()),
+        (Some(11), Some("1.0.0"))
+    );
 }
