@@ -15,6 +15,7 @@ const THIN_SRC: &str = "cni-thin/thin.c";
 
 fn thin(out: &std::path::Path) {
     println!("cargo:rerun-if-changed={THIN_SRC}");
+    println!("cargo:rerun-if-env-changed=CC");
     let obj = out.join("thin.o");
     let status = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "gcc".into()))
         .args([

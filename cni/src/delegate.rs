@@ -156,9 +156,9 @@ mod tests {
             ..Env::default()
         };
         std::env::set_var("CNI_ARGS", "IP=10.0.0.9");
-        let out = exec(&echo, &env, Command::Del, b"{\"a\":1}\n")
-            .unwrap()
-            .unwrap();
+        let out = exec(&echo, &env, Command::Del, b"{\"a\":1}\n");
+        std::env::remove_var("CNI_ARGS");
+        let out = out.unwrap().unwrap();
         assert_eq!(out["cmd"], "DEL");
         assert_eq!(out["id"], "c7");
         assert_eq!(out["args"], "unset");

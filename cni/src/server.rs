@@ -146,8 +146,12 @@ fn worker(listener: &UnixListener, stop: &AtomicBool, socket: &Path) {
                 continue;
             }
         };
-        if let Err(e) = serve_one(stream, socket) {
-            eprintln!("CNI server {}: {e}", socket.display());
+        // A panic in the plugin's code ends that call (its client sees the
+        // server go away), not the worker: the exec'd plugin would exit 101.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve_one(stream, socket))) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("CNI server {}: {e}", socket.display()),
+            Err(_) => eprintln!("CNI server {}: a call panicked", socket.display()),
         }
     }
 }

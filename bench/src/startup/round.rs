@@ -79,7 +79,6 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
     let barrier = Barrier::new(n + 1);
     let issue = AtomicU64::new(u64::MAX);
     let done = Barrier::new(n);
-    // The NIC daemon's CPU from the issue to the last READY.
     // The NIC daemon's and the page-pool server's CPU from the issue to the last READY.
     let nic_pid = rt.nic_pid();
     let sample = || SharedCpu {

@@ -151,7 +151,8 @@ impl PoolServer {
 
     /// CPU (ns) the server's accept and connection threads have run so far,
     /// up to each one's last accept or request: per start, a bench divides
-    /// its growth over a burst by the sandboxes (`runtime::cpuacct`).
+    /// its growth over a burst by the sandboxes (`runtime::cpuacct`). The
+    /// idle pre-zeroer's is not in it: idle-time work, reported apart.
     pub fn cpu_ns(&self) -> u64 {
         self.cpu.total()
     }
@@ -258,7 +259,6 @@ fn accept_loop(
     } = threads;
     let mut next_id = 0u64;
     let mut clock = 0;
-    cpu.add_since(&mut clock);
     while !stop.load(Ordering::Acquire) {
         cpu.add_since(&mut clock);
         match sys::poll_readable(&[listener.as_fd(), sys::borrow(wake)], PollTimeout::NONE) {
