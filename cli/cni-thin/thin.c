@@ -107,24 +107,12 @@ __attribute__((noreturn)) static void leave(int status)
 		sys3(SYS_exit_group, status, 0, 0);
 }
 
-static int write_all(int fd, const char *p, size_t n)
+/* All `n` bytes of `p` through `nr` (SYS_read or SYS_write); -1 on an
+ * error or an end before them. */
+static int transfer(long nr, int fd, char *p, size_t n)
 {
 	while (n > 0) {
-		long w = sys3(SYS_write, fd, (long)p, (long)n);
-		if (w == -EINTR)
-			continue;
-		if (w <= 0)
-			return -1;
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
-static int read_all(int fd, char *p, size_t n)
-{
-	while (n > 0) {
-		long r = sys3(SYS_read, fd, (long)p, (long)n);
+		long r = sys3(nr, fd, (long)p, (long)n);
 		if (r == -EINTR)
 			continue;
 		if (r <= 0)
@@ -133,6 +121,16 @@ static int read_all(int fd, char *p, size_t n)
 		n -= (size_t)r;
 	}
 	return 0;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+	return transfer(SYS_write, fd, (char *)p, n);
+}
+
+static int read_all(int fd, char *p, size_t n)
+{
+	return transfer(SYS_read, fd, p, n);
 }
 
 /* Up to `cap` bytes of `fd` until its end; -1 on an error. */

@@ -205,10 +205,7 @@ fn answer(
         "burstvm CNI server went away mid-call, try again later",
         format!("server {}", socket.display()),
     );
-    let version = match &stdin {
-        Ok(s) => plugin::version_or_default(s),
-        Err(_) => plugin::version_or_default(b""),
-    };
+    let version = plugin::version_or_default(stdin.as_deref().unwrap_or_default());
     let mut reply = Vec::new();
     put_frame(
         &mut reply,

@@ -5,15 +5,17 @@
 //! every change happens under an exclusive flock(2) of `<network>/lock`
 //! (host-local's go-filemutex takes the same lock).
 
-use std::ffi::OsStr;
+use std::cell::RefCell;
+use std::ffi::CStr;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use nix::dir::Dir;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
@@ -49,8 +51,9 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> Sto
 #[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
-    /// `dir`, open: leases are read relative to it.
-    dir_fd: File,
+    /// `dir`, open once: listed through it (a listing rewinds it when done)
+    /// and leases read relative to it, with no walk of the full path.
+    dir_fd: RefCell<Dir>,
     _lock: Flock<File>,
 }
 
@@ -88,9 +91,9 @@ pub fn parse_owner(text: &str) -> (&str, Option<&str>) {
 /// check, as host-local does), so this is one open relative to the
 /// directory (no walk of the full path per lease), one read and one close:
 /// no size query, no second read for the end of a file shorter than the buffer.
-fn read_lease(dir: &File, name: &OsStr) -> io::Result<String> {
+fn read_lease(dir: RawFd, name: &CStr) -> io::Result<String> {
     let fd = nix::fcntl::openat(
-        Some(dir.as_raw_fd()),
+        Some(dir),
         name,
         OFlag::O_RDONLY | OFlag::O_CLOEXEC,
         Mode::empty(),
@@ -114,11 +117,13 @@ impl Store {
     pub fn open(data_dir: &Path, network: &str, wait: Duration) -> Result<Store, StoreError> {
         let dir = data_dir.join(network);
         std::fs::create_dir_all(&dir).map_err(io_err(&dir, "create the directory"))?;
-        let dir_fd = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY)
-            .open(&dir)
-            .map_err(io_err(&dir, "open the directory"))?;
+        let dir_fd = Dir::open(
+            &dir,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map(RefCell::new)
+        .map_err(|e| io_err(&dir, "open the directory")(e.into()))?;
         let path = dir.join("lock");
         let file = OpenOptions::new()
             .read(true)
@@ -195,20 +200,23 @@ impl Store {
     /// not addresses (the lock, the last reservations) are not leases.
     pub fn leases(&self) -> Result<Vec<(IpAddr, String)>, StoreError> {
         let mut out = Vec::new();
-        for e in std::fs::read_dir(&self.dir).map_err(io_err(&self.dir, "read the directory"))? {
-            let e = e.map_err(io_err(&self.dir, "read the directory"))?;
-            let Some(ip) = e
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<IpAddr>().ok())
-            else {
+        let mut dir = self.dir_fd.borrow_mut();
+        let fd = dir.as_raw_fd();
+        for e in dir.iter() {
+            let e = e.map_err(|e| io_err(&self.dir, "read the directory")(e.into()))?;
+            let name = e.file_name();
+            let Some(ip) = name.to_str().ok().and_then(|n| n.parse::<IpAddr>().ok()) else {
                 continue;
             };
-            match read_lease(&self.dir_fd, &e.file_name()) {
+            match read_lease(fd, name) {
                 Ok(text) => out.push((ip, text)),
                 // Released between the listing and the read: not a lease.
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                Err(err) => return Err(io_err(&e.path(), "read the lease")(err)),
+                Err(err) => {
+                    return Err(io_err(&self.dir.join(ip.to_string()), "read the lease")(
+                        err,
+                    ))
+                }
             }
         }
         Ok(out)
