@@ -19,7 +19,8 @@
 //! Wire format (little-endian lengths): request `MAGIC`, u32 + the CNI_*
 //! variables as `NAME=VALUE` entries each ended by a NUL, u32 + the config;
 //! reply u32 + the error result for a lost server, then i32 exit status,
-//! u32 + stdout, u32 + stderr.
+//! u32 + stdout, u32 + stderr. `call` is the client for callers that are
+//! processes of their own already (the runtime): no forwarder exec at all.
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -32,6 +33,9 @@ use std::time::Duration;
 use crate::env::Env;
 use crate::error::{code, PluginError};
 use crate::plugin::{self, MAX_STDIN};
+
+mod client;
+pub use client::{call, encode_request, NotServed, REPLY_TIMEOUT};
 
 /// The first bytes of a request (version 1 of this format).
 pub const MAGIC: &[u8; 4] = b"BVC1";

@@ -2,8 +2,11 @@
 //! network config from a file on stdin, the `CNI_*` environment, the result
 //! or error JSON on stdout.
 
+use std::ffi::OsStr;
 use std::io::Write;
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use procutil::spawn::{Command, Stdio};
@@ -65,7 +68,7 @@ pub enum CniError {
         command: &'static str,
         container: String,
         plugin: PathBuf,
-        status: std::process::ExitStatus,
+        status: ExitStatus,
         output: String,
     },
     #[error("CNI ADD of sandbox {container}: result: {source}: {output}")]
@@ -90,6 +93,9 @@ pub struct NoInterface {
     pub ifname: String,
 }
 
+/// burstvm-cni's forwarder to the NIC daemon's CNI server (docs/cni.md).
+pub const FORWARDER: &str = "burstvm-cni-thin";
+
 #[derive(Debug, Deserialize)]
 struct ErrorJson {
     code: u64,
@@ -113,6 +119,10 @@ pub struct CniNetwork {
     /// The namespace the engine runs the plugin in (its "host" netns);
     /// None: the runtime's own.
     host_netns: Option<PathBuf>,
+    /// The NIC daemon's CNI server, when the plugin is its forwarder
+    /// (`burstvm-cni-thin` with a `cniSocket`): the runtime asks it itself,
+    /// sparing the forwarder's exec.
+    served: Option<PathBuf>,
 }
 
 /// What a sandbox's ADD returned, reduced to what the VMM needs.
@@ -158,6 +168,9 @@ impl CniNetwork {
             .find(|p| p.is_file())
             .ok_or_else(|| bad(format!("plugin {ty:?} not found in CNI_PATH {path:?}")))?;
         let field = |key: &str| v.get(key).and_then(|x| x.as_str());
+        let served = (ty == FORWARDER)
+            .then(|| field("cniSocket").map(PathBuf::from))
+            .flatten();
         Ok(CniNetwork {
             config_path: config_path.to_path_buf(),
             name: field("name").unwrap_or_default().to_string(),
@@ -168,6 +181,7 @@ impl CniNetwork {
             plugin,
             path,
             host_netns: None,
+            served,
         })
     }
 
@@ -211,6 +225,32 @@ impl CniNetwork {
             path: self.config_path.clone(),
             source,
         })?;
+        // The forwarder's own path, without its exec: in the runtime's netns
+        // only, where the forwarder would have run.
+        if let (Some(socket), None) = (&self.served, &self.host_netns) {
+            let mut vars = vec![
+                ("CNI_COMMAND", OsStr::new(command)),
+                ("CNI_CONTAINERID", OsStr::new(container)),
+                ("CNI_NETNS", netns.as_os_str()),
+                ("CNI_IFNAME", OsStr::new(ifname)),
+                ("CNI_PATH", &cni_path),
+            ];
+            // The exec'd plugin would inherit the others (CNI_ARGS, say).
+            let inherited: Vec<_> = std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v)))
+                .filter(|(k, _)| k.starts_with("CNI_") && !vars.iter().any(|(n, _)| n == k))
+                .collect();
+            vars.extend(inherited.iter().map(|(k, v)| (k.as_str(), v.as_os_str())));
+            match cni::server::call(socket, &vars, &self.config) {
+                Ok(o) => {
+                    let status = ExitStatus::from_raw((o.status & 0xff) << 8);
+                    return self.output(command, container, status, o.stdout, o.stderr);
+                }
+                // Nothing was done: the forwarder, exec'd, tries again and
+                // falls back to the full plugin.
+                Err(e) => tracing::debug!("{e}; executing {}", self.plugin.display()),
+            }
+        }
         let mut cmd = Command::new(&self.plugin);
         let host_ns = match &self.host_netns {
             Some(p) => Some(std::fs::File::open(p).map_err(|source| CniError::Exec {
@@ -252,6 +292,19 @@ impl CniNetwork {
                 plugin: self.plugin.clone(),
                 source,
             })?;
+        self.output(command, container, status, stdout, stderr)
+    }
+
+    /// The plugin's result on success, else its error result (or its
+    /// output, if it printed none).
+    fn output(
+        &self,
+        command: &'static str,
+        container: &str,
+        status: ExitStatus,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+    ) -> Result<Vec<u8>, CniError> {
         let out = std::process::Output {
             status,
             stdout,
@@ -501,6 +554,96 @@ mod tests {
             "{e}"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A forwarder network is asked of its server by the runtime itself (the
+    /// forwarder is not exec'd), with the variables the forwarder would
+    /// send; a server that went away mid-call is TRY_AGAIN_LATER; with no
+    /// server, the forwarder is exec'd as before.
+    #[test]
+    fn a_served_network_is_asked_without_the_forwarders_exec() {
+        use std::os::unix::net::UnixListener;
+        let dir = tempfile::tempdir().unwrap();
+        let execd = dir.path().join("execd");
+        testutil::write_executable(
+            &dir.path().join(FORWARDER),
+            &format!(
+                "#!/bin/sh\ncat >/dev/null\necho \"$CNI_COMMAND\" >> {}\n\
+                 printf '{{\"interfaces\":[{{\"name\":\"eth0\",\"mac\":\"02:00:00:00:00:02\"}}]}}'\n",
+                execd.display()
+            ),
+        );
+        let sock = dir.path().join("cni.sock");
+        let conf = dir.path().join("net.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                r#"{{"cniVersion":"1.1.0","name":"n","type":"{FORWARDER}","cniSocket":"{}"}}"#,
+                sock.display()
+            ),
+        )
+        .unwrap();
+        let net = CniNetwork::load(&conf, vec![dir.path().to_path_buf()]).unwrap();
+        let ns = Path::new("/run/netns/sb1");
+        let frame = |b: &[u8]| [&(b.len() as u32).to_le_bytes()[..], b].concat();
+        // A stand-in server: records the request, replies in full or goes away after the
+        // result it sends ahead.
+        let serve = |full: bool| {
+            let l = UnixListener::bind(&sock).unwrap();
+            std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let (env, config) = cni::server::read_request(&mut s).unwrap();
+                let mut reply = frame(b"{\"code\":11,\"msg\":\"server went away\"}\n");
+                if full {
+                    reply.extend_from_slice(&0i32.to_le_bytes());
+                    reply.extend(frame(
+                        br#"{"interfaces":[{"name":"eth0","mac":"02:00:00:00:00:01"}]}"#,
+                    ));
+                    reply.extend(frame(b""));
+                }
+                s.write_all(&reply).unwrap();
+                (env, config.unwrap())
+            })
+        };
+        let t = serve(true);
+        let a = net.add("sb1", ns, "eth0").unwrap();
+        let (env, config) = t.join().unwrap();
+        assert_eq!(
+            a.mac.as_deref(),
+            Some("02:00:00:00:00:01"),
+            "the server's result"
+        );
+        assert_eq!(config, std::fs::read(&conf).unwrap());
+        assert_eq!(env.command.as_deref(), Some("ADD"));
+        assert_eq!(env.container_id.as_deref(), Some("sb1"));
+        assert_eq!(env.netns.as_deref(), Some("/run/netns/sb1"));
+        assert_eq!(env.ifname.as_deref(), Some("eth0"));
+        let cni_path = env.path.unwrap_or_default();
+        assert!(
+            std::env::split_paths(&cni_path).any(|d| d == dir.path()),
+            "{cni_path}"
+        );
+        assert!(!execd.exists(), "the forwarder was exec'd");
+
+        std::fs::remove_file(&sock).unwrap();
+        let t = serve(false);
+        let e = net.del("sb1", ns, "eth0").unwrap_err();
+        t.join().unwrap();
+        assert!(
+            matches!(&e, CniError::Plugin { code: 11, msg, .. } if msg == "server went away"),
+            "{e}"
+        );
+        assert!(!execd.exists(), "the forwarder was exec'd");
+
+        // No server: the forwarder runs (and would run burstvm-cni itself).
+        std::fs::remove_file(&sock).unwrap();
+        let a = net.add("sb1", ns, "eth0").unwrap();
+        assert_eq!(
+            a.mac.as_deref(),
+            Some("02:00:00:00:00:02"),
+            "the forwarder's result"
+        );
+        assert_eq!(std::fs::read_to_string(&execd).unwrap(), "ADD\n");
     }
 
     /// The network pool and the shim's attach path read a VF's placeholder link: an SG

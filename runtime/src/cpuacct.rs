@@ -16,8 +16,8 @@
 //! - NIC daemon: its process CPU-time clock (`process_ns`) from the round's issue
 //!   to the instant the last sandbox was ready, divided by the sandboxes; the
 //!   part of it its CNI server's threads ran (`cni::server`, serving the
-//!   plugin's commands for `burstvm-cni-thin`) is booked to the CNI plugins
-//!   instead (`nic_cpu`).
+//!   plugin's commands the runtime sends itself or `burstvm-cni-thin`
+//!   forwards) is booked to the CNI plugins instead (`nic_cpu`).
 //!
 //! The averages and their report are `bench::cpu`'s.
 

@@ -30,8 +30,9 @@ use crate::sandbox::{DEL_PATIENCE, IFNAME};
 /// burst of starts (its ADDs would take the NIC daemon's devset lock and CPU
 /// from them). A host that never idles falls back to per-start ADDs.
 const QUIET: Duration = Duration::from_millis(100);
-/// After a failed ADD (e.g. the NIC daemon restarting for another lock
-/// policy) the refill tries again after this.
+/// After a failed ADD (e.g. the NIC daemon killed mid-call; one replaced
+/// for another lock policy waits for the ADD in flight, `quiesce`) the
+/// refill tries again after this.
 const RETRY: Duration = Duration::from_millis(500);
 
 /// Making or releasing one pooled attachment failed: which one, which step.
@@ -92,6 +93,8 @@ struct State {
     last_activity: Option<Instant>,
     /// Sandbox starts in progress (`NetPool::busy`).
     busy: usize,
+    /// An attachment is being made (its ADD may be in the NIC daemon).
+    making: bool,
     last_error: Option<Arc<PoolError>>,
     stop: bool,
     /// Attachments made, and the host CPU that took: the refill thread's
@@ -114,6 +117,26 @@ impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// `NetPool::quiesce`.
+    fn quiesce(this: &Arc<Shared>, bound: Duration) -> Busy {
+        let mut st = this.lock();
+        st.busy += 1;
+        let busy = Busy(this.clone());
+        let end = Instant::now() + bound;
+        while st.making {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = this
+                .changed
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        busy
+    }
 }
 
 /// The pool and its refill thread; dropping it DELs every entry it holds.
@@ -133,7 +156,7 @@ impl NetPool {
     /// Starts the refill thread: `target` attachments of `cni`, named
     /// `<prefix>pool<n>`, each with its entry in `neigh` (the server's).
     /// `served` reads the CPU (ns) the NIC daemon's CNI server has run so
-    /// far: the part of an ADD that burstvm-cni-thin forwarded to it.
+    /// far: the part of an ADD that ran there (docs/cni.md "The CNI server").
     pub fn start(
         cni: CniNetwork,
         neigh: Arc<NeighborTable>,
@@ -179,6 +202,13 @@ impl NetPool {
     pub fn busy(&self) -> Busy {
         self.shared.lock().busy += 1;
         Busy(self.shared.clone())
+    }
+
+    /// As `busy`, after the attachment being made, if any, is done (waited
+    /// for at most `bound`): held while the NIC daemon is replaced, so that
+    /// no ADD is cut off by it (it would fail, TRY_AGAIN_LATER, and be undone).
+    pub fn quiesce(&self, bound: Duration) -> Busy {
+        Shared::quiesce(&self.shared, bound)
     }
 
     pub fn target(&self) -> usize {
@@ -302,6 +332,7 @@ fn refill(
         let id = format!("{prefix}pool{seq}");
         seq += 1;
         st.owned.insert(id.clone());
+        st.making = true;
         drop(st);
         // A refill runs while no sandbox starts: the CNI server's CPU meanwhile
         // is this ADD's (a teardown's DEL that overlaps it is counted too).
@@ -310,6 +341,7 @@ fn refill(
         let made = make(cni, neigh, &id);
         let cpu = cpu().saturating_sub(cpu0);
         st = shared.lock();
+        st.making = false;
         match made {
             Ok(p) => {
                 st.made += 1;
@@ -403,4 +435,50 @@ fn release(cni: &CniNetwork, id: &str, netns: &mut NamedNetns) -> Vec<PoolError>
         });
     }
     errs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `quiesce` holds refills off at once and returns when the attachment
+    /// being made is done (or at its bound).
+    #[test]
+    fn quiesce_waits_for_the_attachment_being_made() {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                making: true,
+                ..State::default()
+            }),
+            wake: Condvar::new(),
+            changed: Condvar::new(),
+            target: 1,
+        });
+        let maker = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                // The refill sees the hold before its next attachment.
+                while shared.lock().busy == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                shared.lock().making = false;
+                shared.changed.notify_all();
+            })
+        };
+        let busy = Shared::quiesce(&shared, Duration::from_secs(30));
+        assert!(!shared.lock().making, "returned before the ADD was done");
+        assert_eq!(shared.lock().busy, 1);
+        maker.join().unwrap();
+        drop(busy);
+        assert_eq!(shared.lock().busy, 0);
+
+        // Never done: the bound.
+        shared.lock().making = true;
+        let t = Instant::now();
+        let busy = Shared::quiesce(&shared, Duration::from_millis(100));
+        assert!(t.elapsed() >= Duration::from_millis(100));
+        assert!(shared.lock().making);
+        drop(busy);
+    }
 }

@@ -1,4 +1,5 @@
 use super::*;
+use std::ffi::OsStr;
 use std::os::unix::process::CommandExt;
 
 /// A request's CNI_* variables.
@@ -7,24 +8,8 @@ type Vars<'a> = &'a [(&'a str, &'a str)];
 const CONF: &str = r#"{"cniVersion":"0.4.0","name":"n","type":"burstvm-cni","pf":"pf0","nicSocket":"/nonexistent/nic.sock"}"#;
 
 fn request(vars: &[(&str, &str)], config: &[u8]) -> Vec<u8> {
-    let mut env = Vec::new();
-    for (k, v) in vars {
-        env.extend_from_slice(format!("{k}={v}").as_bytes());
-        env.push(0);
-    }
-    let mut r = MAGIC.to_vec();
-    r.extend_from_slice(&(env.len() as u32).to_le_bytes());
-    r.extend_from_slice(&env);
-    r.extend_from_slice(&(config.len() as u32).to_le_bytes());
-    r.extend_from_slice(config);
-    r
-}
-
-fn frame(r: &mut impl Read) -> io::Result<Vec<u8>> {
-    let n = read_len(r, "frame", usize::MAX)?;
-    let mut b = vec![0; n];
-    r.read_exact(&mut b)?;
-    Ok(b)
+    let vars: Vec<_> = vars.iter().map(|(k, v)| (*k, OsStr::new(v))).collect();
+    encode_request(&vars, config).unwrap()
 }
 
 /// (lost-server error result, then the outcome), as the forwarder reads them.
@@ -32,18 +17,8 @@ fn ask(sock: &Path, req: &[u8]) -> io::Result<(Vec<u8>, plugin::Outcome)> {
     let mut s = UnixStream::connect(sock)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     s.write_all(req)?;
-    let lost = frame(&mut s)?;
-    let mut st = [0u8; 4];
-    s.read_exact(&mut st)?;
-    let (stdout, stderr) = (frame(&mut s)?, frame(&mut s)?);
-    Ok((
-        lost,
-        plugin::Outcome {
-            status: i32::from_le_bytes(st),
-            stdout,
-            stderr,
-        },
-    ))
+    let lost = client::frame(&mut s, "lost", usize::MAX)?;
+    Ok((lost, client::outcome(&mut s)?))
 }
 
 fn server() -> (tempfile::TempDir, CniServer) {
@@ -235,4 +210,61 @@ fn a_served_call_runs_at_its_callers_nice() {
     }
     let got = std::fs::read_to_string(d.path().join("nice")).unwrap();
     assert_eq!(got.split_whitespace().collect::<Vec<_>>(), ["5", "0", "19"]);
+}
+
+/// `call` answers as the forwarder does: the plugin's outcome; exit status
+/// 1 with the result sent ahead when the server goes away mid-call; and
+/// `NotServed` (nothing done) when the server never had the call.
+#[test]
+fn call_answers_as_the_forwarder_does() {
+    let (d, srv) = server();
+    let vars = [
+        ("CNI_COMMAND", OsStr::new("ADD")),
+        ("CNI_IFNAME", OsStr::new("eth0")),
+    ];
+    let env = Env::from_vars(
+        [("CNI_COMMAND", "ADD"), ("CNI_IFNAME", "eth0")].map(|(k, v)| (k.into(), v.into())),
+    );
+    let direct = plugin::outcome(
+        "burstvm-cni",
+        plugin::run,
+        &env,
+        plugin::read_stdin(CONF.as_bytes()),
+    );
+    assert_eq!(call(srv.path(), &vars, CONF.as_bytes()).unwrap(), direct);
+    assert_eq!(direct.status, 1, "no container id: INVALID_ENV");
+
+    let e = call(&d.path().join("none.sock"), &vars, b"{}").unwrap_err();
+    assert_eq!(e.op, "connect");
+    assert!(e.to_string().contains("none.sock"), "{e}");
+    let e = call(srv.path(), &[("CNI_ARGS", OsStr::new("a\0b"))], b"{}").unwrap_err();
+    assert_eq!(e.op, "encode the request");
+
+    // Stand-ins: one takes the request and goes away after the result it
+    // sends ahead, one before sending anything.
+    for ahead in [true, false] {
+        let sock = d.path().join(format!("stand-in-{ahead}.sock"));
+        let l = UnixListener::bind(&sock).unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let (env, conf) = read_request(&mut s).unwrap();
+            assert_eq!(env.command.as_deref(), Some("ADD"));
+            assert_eq!(conf.unwrap(), CONF.as_bytes());
+            if ahead {
+                let mut r = Vec::new();
+                put_frame(&mut r, b"{\"code\":11}\n");
+                s.write_all(&r).unwrap();
+            }
+        });
+        let got = call(&sock, &vars, CONF.as_bytes());
+        t.join().unwrap();
+        match (ahead, got) {
+            (true, Ok(o)) => {
+                assert_eq!(o.status, 1);
+                assert_eq!(o.stdout, b"{\"code\":11}\n");
+            }
+            (false, Err(e)) => assert_eq!(e.op, "read the reply", "{e}"),
+            (_, got) => panic!("sent ahead: {ahead}: {got:?}"),
+        }
+    }
 }

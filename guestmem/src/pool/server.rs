@@ -1,17 +1,19 @@
-//! The pool behind a unix socket: an accept thread, one thread per client connection, and
-//! the idle pre-zeroer. What a connection took comes back when it closes and no device
-//! maps it any more (`lease`).
+//! The pool behind a unix socket: a few workers on one epoll set serve every client
+//! connection (no thread per client: a thread's start and end cost more here than a
+//! sandbox's requests, and an idle sandbox should cost no thread), and the idle
+//! pre-zeroer. What a connection took comes back when its client closes it and no device
+//! maps it any more (`lease`); the server never closes a client's connection itself.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::socket::{self, Backlog, SockFlag};
-
-use nix::poll::PollTimeout;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::lease::{LeaseKey, Leases};
@@ -20,21 +22,39 @@ use super::{Error, Pool, SizeClass};
 use crate::sys;
 use crate::MemoryPolicy;
 
+/// Worker threads: each waits on the one epoll set and serves one ready connection
+/// at a time. A request is short (a take, a registration, stats) or bounded work on the
+/// pool (fill, prezero, a fresh memfd's pinning): four let a few run at once on any host
+/// without a thread per client.
+const WORKERS: usize = 4;
+/// Epoll keys of the listener and the stop eventfd; connections count up from 1.
+const LISTENER: u64 = u64::MAX;
+const WAKE: u64 = u64::MAX - 1;
+
 /// The pool behind a unix socket.
 pub struct PoolServer {
     path: PathBuf,
     pool: Arc<Pool>,
-    leases: Arc<Leases>,
-    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     wake: Arc<EventFd>,
-    conns: Arc<Mutex<HashMap<u64, Arc<OwnedFd>>>>,
     threads: Vec<JoinHandle<()>>,
-    conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    /// CPU (ns) the accept and connection threads have run so far.
-    cpu: Arc<CpuMeter>,
     /// `<socket>.lock` beside the socket: one server per socket. Dropped
     /// after `stop_all` removed the socket.
     _lock: procutil::DirLock,
+}
+
+/// What the workers share.
+struct Shared {
+    path: PathBuf,
+    epoll: Epoll,
+    listener: OwnedFd,
+    leases: Arc<Leases>,
+    stop: AtomicBool,
+    /// Open connections by epoll key.
+    conns: Mutex<HashMap<u64, Arc<OwnedFd>>>,
+    next_id: AtomicU64,
+    /// CPU (ns) the workers have run so far.
+    cpu: CpuMeter,
 }
 
 /// Takes `<socket>.lock` in the socket's directory (`procutil::DirLock`).
@@ -94,67 +114,72 @@ impl PoolServer {
         }
         let backlog = Backlog::new(256).map_err(|e| serr(e.into()))?;
         socket::listen(&listener, backlog).map_err(|e| serr(e.into()))?;
+        fcntl(listener.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK))
+            .map_err(|e| serr(e.into()))?;
         let wake = Arc::new(sys::wake_fd().map_err(&serr)?);
-        let stop = Arc::new(AtomicBool::new(false));
-        let conns = Arc::new(Mutex::new(HashMap::new()));
-        let conn_threads = Arc::new(Mutex::new(Vec::new()));
-        let cpu = Arc::new(CpuMeter::default());
-
-        let leases = Arc::new(Leases::new(pool.clone()));
-        let mut threads = Vec::new();
-        {
-            let (leases, stop, wake, conns, conn_threads, p, cpu) = (
-                leases.clone(),
-                stop.clone(),
-                wake.clone(),
-                conns.clone(),
-                conn_threads.clone(),
-                path.clone(),
-                cpu.clone(),
-            );
-            threads.push(
-                std::thread::Builder::new()
-                    .name("pool-accept".into())
-                    .spawn(move || {
-                        let threads = Threads {
-                            conns,
-                            conn_threads,
-                            cpu,
-                        };
-                        accept_loop(listener, &p, leases, stop, &wake, threads)
-                    })
-                    .map_err(&serr)?,
-            );
+        let epoll = Epoll::new().map_err(&serr)?;
+        epoll
+            .ctl(
+                ControlOperation::Add,
+                listener.as_raw_fd(),
+                EpollEvent::new(EventSet::IN | EventSet::ONE_SHOT, LISTENER),
+            )
+            .map_err(&serr)?;
+        // Level-triggered, never read: once signalled, every worker sees it.
+        epoll
+            .ctl(
+                ControlOperation::Add,
+                wake.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, WAKE),
+            )
+            .map_err(&serr)?;
+        let shared = Arc::new(Shared {
+            path: path.clone(),
+            epoll,
+            listener,
+            leases: Arc::new(Leases::new(pool.clone())),
+            stop: AtomicBool::new(false),
+            conns: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            cpu: CpuMeter::default(),
+        });
+        let mut server = PoolServer {
+            path,
+            pool: pool.clone(),
+            shared: shared.clone(),
+            wake,
+            threads: Vec::new(),
+            _lock: lock,
+        };
+        for i in 0..WORKERS {
+            let sh = shared.clone();
+            let w = std::thread::Builder::new()
+                .name(format!("pool-serve-{i}"))
+                .spawn(move || sh.worker())
+                .map_err(&serr);
+            match w {
+                Ok(h) => server.threads.push(h),
+                // Dropping the server stops the workers started so far.
+                Err(e) => return Err(e),
+            }
         }
         if idle_prezero {
-            let (pool, stop) = (pool.clone(), stop.clone());
-            threads.push(
-                std::thread::Builder::new()
-                    .name("pool-prezero".into())
-                    .spawn(move || pool.idle_prezero_loop(&stop))
-                    .map_err(&serr)?,
-            );
+            let (pool, sh) = (pool, shared);
+            let h = std::thread::Builder::new()
+                .name("pool-prezero".into())
+                .spawn(move || pool.idle_prezero_loop(&sh.stop))
+                .map_err(&serr)?;
+            server.threads.push(h);
         }
-        Ok(PoolServer {
-            path,
-            pool,
-            leases,
-            stop,
-            wake,
-            conns,
-            threads,
-            conn_threads,
-            cpu,
-            _lock: lock,
-        })
+        Ok(server)
     }
 
-    /// CPU (ns) the server's accept and connection threads have run so far,
-    /// up to each one's last accept or request: per start, a bench divides
-    /// its growth over a burst by the sandboxes (`runtime::cpuacct`). The
-    /// idle pre-zeroer's is not in it: idle-time work, reported apart.
+    /// CPU (ns) the server's worker threads have run so far, up to each
+    /// one's last accept or request: per start, a bench divides its growth
+    /// over a burst by the sandboxes (`runtime::cpuacct`). The idle
+    /// pre-zeroer's is not in it: idle-time work, reported apart.
     pub fn cpu_ns(&self) -> u64 {
-        self.cpu.total()
+        self.shared.cpu.total()
     }
 
     pub fn path(&self) -> &Path {
@@ -167,12 +192,12 @@ impl PoolServer {
 
     /// Device registrations currently held (`PoolClient::register`), over all leases.
     pub fn registrations(&self) -> usize {
-        self.leases.registrations()
+        self.shared.leases.registrations()
     }
 
     /// Number of connected clients.
     pub fn clients(&self) -> usize {
-        self.conns.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.shared.conns().len()
     }
 
     /// Stops serving: closes every connection (their memfds come back), joins the threads
@@ -182,28 +207,17 @@ impl PoolServer {
     }
 
     fn stop_all(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.shared.stop.store(true, Ordering::Release);
         sys::signal(&self.wake);
         self.pool.idle_wake.notify_all();
         for h in self.threads.drain(..) {
             let _ = h.join();
         }
-        for c in self
-            .conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
-            let _ = socket::shutdown(c.as_raw_fd(), socket::Shutdown::Both);
-        }
-        let hs: Vec<_> = self
-            .conn_threads
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-            .collect();
-        for h in hs {
-            let _ = h.join();
+        // The server stopping is not a client going away: its VMM may still run on that
+        // memory, so it must not be marked dirty (nor reused). Only our references go.
+        let left: Vec<u64> = self.shared.conns().drain().map(|(id, _)| id).collect();
+        for id in left {
+            self.shared.leases.conn_closed(id, true);
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -211,18 +225,10 @@ impl PoolServer {
 
 impl Drop for PoolServer {
     fn drop(&mut self) {
-        if !self.threads.is_empty() {
+        if !self.shared.stop.load(Ordering::Acquire) {
             self.stop_all();
         }
     }
-}
-
-/// What the accept loop shares with the server: the connections, their
-/// threads and the CPU meter.
-struct Threads {
-    conns: Arc<Mutex<HashMap<u64, Arc<OwnedFd>>>>,
-    conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    cpu: Arc<CpuMeter>,
 }
 
 /// The CPU the server's threads ran: each adds its own clock's growth after
@@ -244,74 +250,174 @@ impl CpuMeter {
     }
 }
 
-fn accept_loop(
-    listener: OwnedFd,
-    path: &Path,
-    leases: Arc<Leases>,
-    stop: Arc<AtomicBool>,
-    wake: &EventFd,
-    threads: Threads,
-) {
-    let Threads {
-        conns,
-        conn_threads,
-        cpu,
-    } = threads;
-    let mut next_id = 0u64;
-    let mut clock = 0;
-    while !stop.load(Ordering::Acquire) {
-        cpu.add_since(&mut clock);
-        match sys::poll_readable(&[listener.as_fd(), sys::borrow(wake)], PollTimeout::NONE) {
-            Ok(r) if r[0] => {}
-            Ok(_) => continue,
-            Err(e) => {
-                tracing::error!("pool {}: poll: {e}", path.display());
+/// What a served connection waits for next.
+enum Next {
+    /// Its next request.
+    Request,
+    /// Only its end: it stopped reading replies (one was dropped), so it is
+    /// not served any more; its leases stay its own until it goes away.
+    End,
+    /// It went away.
+    Gone,
+}
+
+impl Shared {
+    fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OwnedFd>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits on the epoll set and serves what is ready, one event at a time
+    /// (one-shot: a connection is served by one worker at once).
+    fn worker(&self) {
+        let mut clock = 0;
+        let mut events = [EpollEvent::default(); 1];
+        loop {
+            self.cpu.add_since(&mut clock);
+            if self.stop.load(Ordering::Acquire) {
                 return;
             }
+            match self.epoll.wait(-1, &mut events) {
+                Ok(1) => {}
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::error!("pool {}: epoll: {e}", self.path.display());
+                    return;
+                }
+            }
+            match events[0].data() {
+                WAKE => {}
+                LISTENER => self.accept_all(),
+                id => self.serve(id, events[0].event_set()),
+            }
         }
-        if stop.load(Ordering::Acquire) {
+    }
+
+    /// Accepts every pending client, then waits for the next.
+    fn accept_all(&self) {
+        loop {
+            match socket::accept4(
+                self.listener.as_raw_fd(),
+                SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            ) {
+                // SAFETY: accept4 returned a new fd that we now own.
+                Ok(fd) => self.add(unsafe { OwnedFd::from_raw_fd(fd) }),
+                Err(nix::errno::Errno::EAGAIN) => break,
+                Err(nix::errno::Errno::EINTR | nix::errno::Errno::ECONNABORTED) => {}
+                // Out of fds and the like: the next try may succeed; not in a hot loop.
+                Err(e) => {
+                    tracing::warn!("pool {}: accept: {e}", self.path.display());
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    break;
+                }
+            }
+        }
+        self.arm(self.listener.as_raw_fd(), LISTENER, EventSet::IN);
+    }
+
+    fn add(&self, fd: OwnedFd) {
+        if !peer_trusted(&fd) {
+            tracing::warn!(
+                "pool {}: refused a client of another user",
+                self.path.display()
+            );
             return;
         }
-        let fd = match socket::accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
-            // SAFETY: accept4 returned a new fd that we now own.
-            Ok(fd) => Arc::new(unsafe { OwnedFd::from_raw_fd(fd) }),
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let raw = fd.as_raw_fd();
+        // In the table before its first event can reach another worker.
+        self.conns().insert(id, Arc::new(fd));
+        let ev = EpollEvent::new(EventSet::IN | EventSet::ONE_SHOT, id);
+        if let Err(e) = self.epoll.ctl(ControlOperation::Add, raw, ev) {
+            tracing::error!("pool {}: epoll add: {e}", self.path.display());
+            // Never served: it took nothing.
+            self.conns().remove(&id);
+        }
+    }
+
+    /// Re-arms one-shot interest in `set` (plus hang-ups, always reported).
+    fn arm(&self, fd: RawFd, key: u64, set: EventSet) {
+        let ev = EpollEvent::new(set | EventSet::ONE_SHOT, key);
+        if let Err(e) = self.epoll.ctl(ControlOperation::Modify, fd, ev) {
+            tracing::error!("pool {}: epoll re-arm: {e}", self.path.display());
+        }
+    }
+
+    /// Serves connection `id`, which epoll reported ready with `set`.
+    fn serve(&self, id: u64, set: EventSet) {
+        let Some(fd) = self.conns().get(&id).cloned() else {
+            return;
+        };
+        let next = if set.contains(EventSet::IN) {
+            self.serve_request(&fd, id)
+        } else if set.intersects(EventSet::HANG_UP | EventSet::READ_HANG_UP | EventSet::ERROR) {
+            Next::Gone
+        } else {
+            Next::Request
+        };
+        match next {
+            Next::Request => self.arm(fd.as_raw_fd(), id, EventSet::IN),
+            Next::End => self.arm(fd.as_raw_fd(), id, EventSet::READ_HANG_UP),
+            Next::Gone => {
+                // The client went away (its process's mappings are gone):
+                // what it took comes back (`lease`), before it leaves the
+                // table (`clients()` == 0 means all is back).
+                self.leases.conn_closed(id, false);
+                // Closed here: epoll forgets it, nothing else holds it.
+                self.conns().remove(&id);
+                drop(fd);
+            }
+        }
+    }
+
+    /// Receives, handles and answers one request of connection `conn`.
+    fn serve_request(&self, fd: &OwnedFd, conn: u64) -> Next {
+        let msg = match recv_msg(fd.as_raw_fd()) {
+            Ok(Some((body, _fds))) => body,
+            Ok(None) => return Next::Gone,
+            // Readiness without a message: a signal, or another wake-up.
+            Err(nix::errno::Errno::EAGAIN) => return Next::Request,
             Err(e) => {
-                tracing::warn!("pool {}: accept: {e}", path.display());
-                continue;
+                tracing::debug!("pool {}: client gone: {e}", self.path.display());
+                return Next::Gone;
             }
         };
-        if !peer_trusted(&fd) {
-            tracing::warn!("pool {}: refused a client of another user", path.display());
-            continue;
-        }
-        next_id += 1;
-        let id = next_id;
-        conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, fd.clone());
-        let (leases, conns2, p, stop2, cpu2) = (
-            leases.clone(),
-            conns.clone(),
-            path.to_path_buf(),
-            stop.clone(),
-            cpu.clone(),
-        );
-        let h = std::thread::Builder::new()
-            .name(format!("pool-conn-{id}"))
-            .spawn(move || {
-                serve_conn(&fd, id, &p, &leases, &stop2, &cpu2);
-                conns2.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-            });
-        match h {
-            Ok(h) => {
-                let mut ts = conn_threads.lock().unwrap_or_else(|p| p.into_inner());
-                ts.retain(|t| !t.is_finished());
-                ts.push(h);
+        let (resp, pass) = match serde_json::from_slice::<Request>(&msg) {
+            Err(e) => (
+                Response {
+                    error: Some(format!("bad request: {e}")),
+                    ..Default::default()
+                },
+                None,
+            ),
+            Ok(req) => match handle(&self.leases, conn, req) {
+                Ok(r) => r,
+                Err(e) => (
+                    Response {
+                        error: Some(e.to_string()),
+                        ..Default::default()
+                    },
+                    None,
+                ),
+            },
+        };
+        let body = serde_json::to_vec(&resp).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
+        // A lease whose fd could not be sent is still this connection's: it comes back when
+        // the connection closes.
+        match send_msg(fd.as_raw_fd(), &body, pass.as_ref().map(|f| f.as_raw_fd())) {
+            Ok(()) => Next::Request,
+            // Its replies fill its socket: it sends without reading. A worker
+            // does not wait for it; closing it here would not end its mappings.
+            Err(nix::errno::Errno::EAGAIN) => {
+                tracing::warn!(
+                    "pool {}: a client stopped reading its replies; it is not served any more",
+                    self.path.display()
+                );
+                Next::End
             }
             Err(e) => {
-                tracing::error!("pool {}: spawn connection thread: {e}", path.display());
-                conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                tracing::debug!("pool {}: send to client: {e}", self.path.display());
+                Next::Gone
             }
         }
     }
@@ -327,60 +433,6 @@ fn peer_trusted(fd: &OwnedFd) -> bool {
         }
         Err(_) => false,
     }
-}
-
-/// Serves one client until it disconnects, then ends its leases and registrations.
-fn serve_conn(
-    fd: &OwnedFd,
-    conn: u64,
-    path: &Path,
-    leases: &Leases,
-    stop: &AtomicBool,
-    cpu: &CpuMeter,
-) {
-    let mut clock = 0;
-    loop {
-        cpu.add_since(&mut clock);
-        let msg = match recv_msg(fd.as_raw_fd()) {
-            Ok(Some((body, _fds))) => body,
-            Ok(None) => break,
-            Err(e) => {
-                tracing::debug!("pool {}: client gone: {e}", path.display());
-                break;
-            }
-        };
-        let (resp, pass) = match serde_json::from_slice::<Request>(&msg) {
-            Err(e) => (
-                Response {
-                    error: Some(format!("bad request: {e}")),
-                    ..Default::default()
-                },
-                None,
-            ),
-            Ok(req) => match handle(leases, conn, req) {
-                Ok(r) => r,
-                Err(e) => (
-                    Response {
-                        error: Some(e.to_string()),
-                        ..Default::default()
-                    },
-                    None,
-                ),
-            },
-        };
-        let body = serde_json::to_vec(&resp).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
-        // A lease whose fd could not be sent is still this connection's: it comes back when
-        // the connection closes, below.
-        let sent = send_msg(fd.as_raw_fd(), &body, pass.as_ref().map(|f| f.as_raw_fd()));
-        if let Err(e) = sent {
-            tracing::debug!("pool {}: send to client: {e}", path.display());
-            break;
-        }
-    }
-    // The server stopping is not the client going away: its VMM may still run on that
-    // memory, so it must not be marked dirty (nor reused). Only drop our reference.
-    leases.conn_closed(conn, stop.load(Ordering::Acquire));
-    cpu.add_since(&mut clock);
 }
 
 /// One request of connection `conn`; a `take` answers with the lease fd to pass.

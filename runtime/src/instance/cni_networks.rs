@@ -15,7 +15,7 @@ use crate::server_netns;
 
 /// The plugin executable, and the forwarder to the NIC daemon's CNI server.
 const PLUGIN: &str = "burstvm-cni";
-const THIN: &str = "burstvm-cni-thin";
+const THIN: &str = crate::cni_exec::FORWARDER;
 
 /// The runtime's first PF (its SG functions' PF).
 pub const PF: &str = "pf0";

@@ -14,6 +14,8 @@ use crate::variant::Variant;
 
 /// How often `keep_nic_up_while` looks at the NIC daemon.
 pub const NIC_WATCH_PERIOD: Duration = Duration::from_millis(100);
+/// How long a NIC daemon's replacement waits for the network pool's ADD in flight.
+const QUIESCE_BOUND: Duration = Duration::from_secs(30);
 
 /// NIC daemon restarts while sandboxes ran (`Runtime::keep_nic_up_while`).
 #[derive(Debug, Default)]
@@ -63,10 +65,12 @@ impl Runtime {
         let Some(lock) = variant.policy().devset_lock else {
             return Ok(());
         };
-        let mut nic = self.nic();
-        if nic.as_ref().is_some_and(|n| n.lock == lock) {
+        if self.nic().as_ref().is_some_and(|n| n.lock == lock) {
             return Ok(());
         }
+        // Before the NIC lock: the refill's CPU meter reads the daemon's pid under it.
+        let _quiet = self.net_pool().as_ref().map(|p| p.quiesce(QUIESCE_BOUND));
+        let mut nic = self.nic();
         if let Some(old) = nic.take() {
             old.stop();
         }

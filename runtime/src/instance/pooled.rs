@@ -11,7 +11,7 @@ use crate::netpool::{NetPool, PoolError};
 
 impl Runtime {
     /// The network pool's slot (None until started, and after `stop_net_pool`).
-    fn net_pool(&self) -> MutexGuard<'_, Option<NetPool>> {
+    pub(super) fn net_pool(&self) -> MutexGuard<'_, Option<NetPool>> {
         self.net_pool.lock().unwrap_or_else(|e| e.into_inner())
     }
 
