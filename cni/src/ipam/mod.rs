@@ -6,6 +6,7 @@
 //! on the README's host, most of a CNI ADD). The `burstvm-ipam` executable
 //! serves other plugins (e.g. `bridge`) as any IPAM plugin does.
 
+mod known;
 mod range;
 mod store;
 

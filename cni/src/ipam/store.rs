@@ -20,6 +20,8 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
 
+use super::known;
+
 /// host-local's default data directory.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
 const LAST_RESERVED: &str = "last_reserved_ip.";
@@ -54,6 +56,11 @@ pub struct Store {
     /// `dir`, open once: listed through it (a listing rewinds it when done)
     /// and leases read relative to it, with no walk of the full path.
     dir_fd: RefCell<Dir>,
+    /// `dir`'s (device, inode), under which this process remembers its
+    /// files (`known`); None unless `dir` is on tmpfs, whose inode numbers
+    /// are not reused (ext4's are, at once: a name and inode would not tell
+    /// a lease from the next one).
+    dir_id: Option<(u64, u64)>,
     _lock: Flock<File>,
 }
 
@@ -122,8 +129,13 @@ impl Store {
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .map(RefCell::new)
         .map_err(|e| io_err(&dir, "open the directory")(e.into()))?;
+        let st = nix::sys::stat::fstat(dir_fd.as_raw_fd())
+            .map_err(|e| io_err(&dir, "stat the directory")(e.into()))?;
+        let on_tmpfs = nix::sys::statfs::statfs(&dir)
+            .is_ok_and(|f| f.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+        let dir_id = on_tmpfs.then_some((st.st_dev, st.st_ino));
+        let dir_fd = RefCell::new(dir_fd);
         let path = dir.join("lock");
         let file = OpenOptions::new()
             .read(true)
@@ -144,6 +156,7 @@ impl Store {
                     return Ok(Store {
                         dir,
                         dir_fd,
+                        dir_id,
                         _lock: lock,
                     })
                 }
@@ -199,7 +212,17 @@ impl Store {
     /// Every lease: its address and its file's text. Files whose names are
     /// not addresses (the lock, the last reservations) are not leases.
     pub fn leases(&self) -> Result<Vec<(IpAddr, String)>, StoreError> {
+        self.list(None)
+    }
+
+    /// As `leases`; with `known`, a file whose name and inode it holds is
+    /// not read again, and `known` becomes what this listing saw.
+    fn list(
+        &self,
+        mut known: Option<&mut known::Files>,
+    ) -> Result<Vec<(IpAddr, String)>, StoreError> {
         let mut out = Vec::new();
+        let mut seen = known::Files::new();
         let mut dir = self.dir_fd.borrow_mut();
         let fd = dir.as_raw_fd();
         for e in dir.iter() {
@@ -208,9 +231,52 @@ impl Store {
             let Some(ip) = name.to_str().ok().and_then(|n| n.parse::<IpAddr>().ok()) else {
                 continue;
             };
-            match read_lease(fd, name) {
-                Ok(text) => out.push((ip, text)),
-                // Released between the listing and the read: not a lease.
+            let key = name.to_bytes();
+            let text = match known.as_deref_mut().and_then(|k| k.remove(key)) {
+                Some((ino, text)) if ino == e.ino() => text,
+                _ => match read_lease(fd, name) {
+                    Ok(text) => text,
+                    // Released between the listing and the read: not a lease.
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                    Err(err) => {
+                        return Err(io_err(&self.dir.join(ip.to_string()), "read the lease")(
+                            err,
+                        ))
+                    }
+                },
+            };
+            if known.is_some() {
+                seen.insert(key.to_vec(), (e.ino(), text.clone()));
+            }
+            out.push((ip, text));
+        }
+        if let Some(k) = known {
+            *k = seen;
+        }
+        Ok(out)
+    }
+
+    /// The addresses `owner` holds (old id-only leases of its id included).
+    /// Only the files that are new since this process last listed the
+    /// directory are read (`known`); a lease found for `owner` is read again
+    /// before it counts.
+    pub fn owned_by(&self, owner: Owner) -> Result<Vec<IpAddr>, StoreError> {
+        let listed = match self.dir_id {
+            Some(id) => {
+                let mut files = known::take(id);
+                let listed = self.list(Some(&mut files));
+                known::put(id, files);
+                listed
+            }
+            None => self.list(None),
+        };
+        let fd = self.dir_fd.borrow().as_raw_fd();
+        let mut out = Vec::new();
+        for (ip, _) in listed?.into_iter().filter(|(_, t)| owner.owns(t, true)) {
+            let name = std::ffi::CString::new(ip.to_string()).expect("an address has no NUL");
+            match read_lease(fd, &name) {
+                Ok(t) if owner.owns(&t, true) => out.push(ip),
+                Ok(_) => {}
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}
                 Err(err) => {
                     return Err(io_err(&self.dir.join(ip.to_string()), "read the lease")(
@@ -220,16 +286,6 @@ impl Store {
             }
         }
         Ok(out)
-    }
-
-    /// The addresses `owner` holds (old id-only leases of its id included).
-    pub fn owned_by(&self, owner: Owner) -> Result<Vec<IpAddr>, StoreError> {
-        Ok(self
-            .leases()?
-            .into_iter()
-            .filter(|(_, t)| owner.owns(t, true))
-            .map(|(ip, _)| ip)
-            .collect())
     }
 
     /// Removes `owner`'s leases, or, when it has none in the current
@@ -324,6 +380,48 @@ mod tests {
         assert!(s.leases().unwrap().is_empty());
         assert_eq!(parse_owner("c1\r\neth0"), ("c1", Some("eth0")));
         assert_eq!(parse_owner("c1"), ("c1", None));
+    }
+
+    /// The one-lease check reads only lease files it has not seen (by name
+    /// and inode), and believes what it finds for an owner only as read again.
+    #[test]
+    fn owned_by_reads_only_new_lease_files() {
+        let d = tempfile::tempdir_in("/dev/shm").unwrap();
+        let s = Store::open(d.path(), "net", WAIT).unwrap();
+        let ip = |k: u8| -> IpAddr { format!("10.0.0.{k}").parse().unwrap() };
+        for k in 2..6 {
+            s.reserve(owner(&format!("c{k}"), "eth0"), ip(k), 0)
+                .unwrap();
+        }
+        assert_eq!(s.owned_by(owner("c3", "eth0")).unwrap(), vec![ip(3)]);
+        // Rewritten in place (same inode; no writer does that): not read again.
+        std::fs::write(s.dir().join("10.0.0.4"), "c9\r\neth0").unwrap();
+        assert!(s.owned_by(owner("c9", "eth0")).unwrap().is_empty());
+        // ... and what the remembered text claims is read again before it counts.
+        assert!(s.owned_by(owner("c4", "eth0")).unwrap().is_empty());
+        // Released and leased again (a new file): read.
+        std::fs::remove_file(s.dir().join("10.0.0.5")).unwrap();
+        s.reserve(owner("c7", "eth0"), ip(5), 0).unwrap();
+        assert_eq!(s.owned_by(owner("c7", "eth0")).unwrap(), vec![ip(5)]);
+        assert!(s.owned_by(owner("c5", "eth0")).unwrap().is_empty());
+        // A new store on the same directory (the next ADD) knows the same.
+        drop(s);
+        let s = Store::open(d.path(), "net", WAIT).unwrap();
+        assert!(s.owned_by(owner("c9", "eth0")).unwrap().is_empty());
+        // The full listing (releases) reads every file.
+        assert_eq!(s.release(owner("c9", "eth0")).unwrap(), vec![ip(4)]);
+
+        // Elsewhere than on tmpfs every file is read each time.
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(d.path(), "net", WAIT).unwrap();
+        s.reserve(owner("c2", "eth0"), ip(2), 0).unwrap();
+        assert_eq!(s.owned_by(owner("c2", "eth0")).unwrap(), vec![ip(2)]);
+        std::fs::write(s.dir().join("10.0.0.2"), "c9\r\neth0").unwrap();
+        let on_tmpfs = s.dir_id.is_some();
+        assert_eq!(
+            s.owned_by(owner("c9", "eth0")).unwrap().is_empty(),
+            on_tmpfs
+        );
     }
 
     #[test]
