@@ -6,7 +6,7 @@
 //! (host-local's go-filemutex takes the same lock).
 
 use std::cell::RefCell;
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::net::IpAddr;
@@ -212,15 +212,20 @@ impl Store {
     /// Every lease: its address and its file's text. Files whose names are
     /// not addresses (the lock, the last reservations) are not leases.
     pub fn leases(&self) -> Result<Vec<(IpAddr, String)>, StoreError> {
-        self.list(None)
+        Ok(self
+            .list(None)?
+            .into_iter()
+            .map(|(ip, _, text)| (ip, text))
+            .collect())
     }
 
-    /// As `leases`; with `known`, a file whose name and inode it holds is
-    /// not read again, and `known` becomes what this listing saw.
+    /// As `leases`, with each file's name; with `known`, a file whose name
+    /// and inode it holds is not read again, and `known` becomes what this
+    /// listing saw.
     fn list(
         &self,
         mut known: Option<&mut known::Files>,
-    ) -> Result<Vec<(IpAddr, String)>, StoreError> {
+    ) -> Result<Vec<(IpAddr, CString, String)>, StoreError> {
         let mut out = Vec::new();
         let mut seen = known::Files::new();
         let mut dir = self.dir_fd.borrow_mut();
@@ -248,7 +253,7 @@ impl Store {
             if known.is_some() {
                 seen.insert(key.to_vec(), (e.ino(), text.clone()));
             }
-            out.push((ip, text));
+            out.push((ip, name.to_owned(), text));
         }
         if let Some(k) = known {
             *k = seen;
@@ -257,23 +262,24 @@ impl Store {
     }
 
     /// The addresses `owner` holds (old id-only leases of its id included).
-    /// Only the files that are new since this process last listed the
-    /// directory are read (`known`); a lease found for `owner` is read again
-    /// before it counts.
+    /// On tmpfs only the files that are new since this process last listed
+    /// the directory are read (`known`), and a lease found for `owner` is
+    /// read again before it counts; elsewhere every file is read.
     pub fn owned_by(&self, owner: Owner) -> Result<Vec<IpAddr>, StoreError> {
-        let listed = match self.dir_id {
-            Some(id) => {
-                let mut files = known::take(id);
-                let listed = self.list(Some(&mut files));
-                known::put(id, files);
-                listed
-            }
-            None => self.list(None),
+        let Some(id) = self.dir_id else {
+            return Ok(self
+                .leases()?
+                .into_iter()
+                .filter(|(_, t)| owner.owns(t, true))
+                .map(|(ip, _)| ip)
+                .collect());
         };
+        let mut files = known::take(id);
+        let listed = self.list(Some(&mut files));
+        known::put(id, files);
         let fd = self.dir_fd.borrow().as_raw_fd();
         let mut out = Vec::new();
-        for (ip, _) in listed?.into_iter().filter(|(_, t)| owner.owns(t, true)) {
-            let name = std::ffi::CString::new(ip.to_string()).expect("an address has no NUL");
+        for (ip, name, _) in listed?.into_iter().filter(|(_, _, t)| owner.owns(t, true)) {
             match read_lease(fd, &name) {
                 Ok(t) if owner.owns(&t, true) => out.push(ip),
                 Ok(_) => {}

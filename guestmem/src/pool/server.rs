@@ -288,7 +288,23 @@ impl Shared {
             match events[0].data() {
                 WAKE => {}
                 LISTENER => self.accept_all(),
-                id => self.serve(id, events[0].event_set()),
+                id => {
+                    let set = events[0].event_set();
+                    // A bug in a request's handling ends that client's service, not the
+                    // worker. What it holds stays lent (never reused) until the server
+                    // stops: where the panic left the leases is unknown.
+                    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.serve(id, set)
+                    }));
+                    if served.is_err() {
+                        tracing::error!(
+                            "pool {}: serving client {id} panicked; its connection is closed and \
+                             its memory stays lent until the server stops",
+                            self.path.display()
+                        );
+                        self.conns().remove(&id);
+                    }
+                }
             }
         }
     }
