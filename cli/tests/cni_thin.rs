@@ -10,7 +10,7 @@ mod cni_common;
 use std::io::Write;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use cni_common::*;
 use serde_json::{json, Value};
@@ -94,25 +94,9 @@ fn run_thin(env: &[(&str, &str)], stdin: &[u8]) -> Output {
 /// Runs `exe` as a CNI caller does; one still running after 20 s (a
 /// forwarder that would exec itself for ever) is killed and fails the test.
 fn run_thin_at(exe: &Path, env: &[(&str, &str)], stdin: &[u8]) -> Output {
-    let mut c = Command::new(exe)
-        .env_clear()
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(stdin).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while c.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = c.kill();
-            let _ = c.wait();
-            panic!("{} still running after 20 s", exe.display());
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    c.wait_with_output().unwrap()
+    let mut cmd = Command::new(exe);
+    cmd.env_clear().envs(env.iter().copied());
+    testutil::run_bounded(&mut cmd, stdin, std::time::Duration::from_secs(20))
 }
 
 #[test]

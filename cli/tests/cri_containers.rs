@@ -144,28 +144,7 @@ const EXITED: i64 = 2;
 
 /// Runs `cmd` with `input` on its stdin to its end, or kills it after `limit`.
 fn bounded(mut cmd: Command, input: &[u8], limit: Duration) -> Out {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let o = child.wait_with_output().unwrap();
-            panic!(
-                "{cmd:?} still running after {limit:?}: {} / {}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let o = child.wait_with_output().unwrap();
+    let o = testutil::run_bounded(&mut cmd, input, limit);
     Out {
         code: o.status.code(),
         stdout: String::from_utf8_lossy(&o.stdout).into_owned(),

@@ -6,7 +6,7 @@ pub mod nic;
 pub mod tap;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// `/tmp/<prefix><pid>-<name>`, emptied and created: a test's own directory (pid and name
@@ -41,6 +41,34 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
     }
 }
 
+/// Runs `cmd` with `input` on its stdin to its end and returns its output;
+/// one still running after `limit` is killed and fails the test, with what
+/// it printed.
+pub fn run_bounded(cmd: &mut Command, input: &[u8], limit: Duration) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "{cmd:?} still running after {limit:?}: {} / {}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// Runs `cmd` (a second daemon on a directory a first one, pid `holder`,
 /// owns) and checks that it is refused: it exits non-zero within `limit`
 /// (killed if not) with a message on stderr naming the holder's pid, which
@@ -48,9 +76,9 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
 pub fn assert_refused_owner(cmd: &mut Command, holder: u32, limit: Duration) -> String {
     use std::io::Read;
     let mut child = ChildGuard(
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}")),
     );
