@@ -128,7 +128,14 @@ pub(crate) fn setup(
     let _ = std::fs::remove_dir_all(&dir);
     let cni_bin = dir.join("cni-bin");
     std::fs::create_dir_all(&cni_bin).with_context(|| cni_bin.display().to_string())?;
-    for p in ["burstvm-cni", "host-local", "loopback"] {
+    // The forwarder too, so the NIC daemon serves containerd's ADD and DEL
+    // (`runtime::host::engine_cni_config`).
+    for p in [
+        "burstvm-cni",
+        runtime::cni_exec::FORWARDER,
+        "host-local",
+        "loopback",
+    ] {
         std::os::unix::fs::symlink(find_plugin(rt.bin(), p)?, cni_bin.join(p))
             .with_context(|| format!("link {p}"))?;
     }
@@ -136,6 +143,7 @@ pub(crate) fn setup(
         rt,
         &dir.join("services"),
         &dir.join("cni-conf/10-burstvm.conf"),
+        &cni_bin,
     )?;
     let trace = dir.join("cri-trace.jsonl");
     let shim_config = dir.join("shim.json");

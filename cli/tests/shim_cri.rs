@@ -1,5 +1,7 @@
 //! `burstvm cri runp/stopp/rmp` through containerd's CRI plugin: the plugin
-//! makes the netns and runs burstvm-cni, the shim attaches the VF named by
+//! makes the netns and runs the forwarder, burstvm-cni-thin, which the NIC
+//! daemon's CNI server answers (the engine's bin dir has no burstvm-cni to
+//! fall back to); the shim attaches the VF named by
 //! the placeholder link, and the guest's request reaches the echo server
 //! over it (root, KVM; docs/shim.md).
 #![allow(clippy::unwrap_used)] // test code: a failed step fails the test
@@ -30,6 +32,11 @@ fn cri(f: &Fixture, args: &[&str]) -> (bool, String, String) {
 #[test]
 fn cri_runp_reaches_the_echo_server_over_the_vf_and_rmp_leaves_nothing() {
     let f = Fixture::new("cri", 8);
+    let conf: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.dir.join("cni-conf/10-burstvm.conf")).unwrap())
+            .unwrap();
+    assert_eq!(conf["type"], "burstvm-cni-thin", "{conf}");
+    assert!(conf["cniSocket"].is_string(), "{conf}");
     f.containerd
         .import("k8s.io", &f.dir.join("images/pause.tar"))
         .unwrap();

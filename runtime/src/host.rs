@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{Cgroup, CgroupError, Layout, Limits};
-use crate::cni_exec::CniNetwork;
+use crate::cni_exec::{CniNetwork, FORWARDER};
 use crate::instance::Runtime;
 use crate::server_netns::{self, Addressing};
 use netutil::MacAddr;
@@ -274,10 +274,12 @@ impl ServicesInfo {
 /// The CNI config for an engine's CNI conf dir: the runtime's network with
 /// cniVersion 1.0.0 (containerd 1.6's libcni predates 1.1.0; burstvm-cni
 /// speaks both, and the VF socket is then asked from the NIC). The engine
-/// execs burstvm-cni itself: its CNI bin dir is its own, and holds
-/// burstvm-cni-thin only if installed there, which a config then names
-/// with the NIC daemon's `cniSocket` (docs/cni.md, "The CNI server").
-pub fn engine_cni_config(rt_conf: &Path) -> Result<Vec<u8>, HostError> {
+/// execs the plugin from its own CNI bin dir, `engine_bin`: when that holds
+/// the forwarder and the runtime's network is served, the config keeps the
+/// forwarder and the NIC daemon's `cniSocket`, so the engine's ADD and DEL
+/// cost the forwarder's exec instead of burstvm-cni's (docs/cni.md, "The CNI
+/// server"); otherwise it names burstvm-cni.
+pub fn engine_cni_config(rt_conf: &Path, engine_bin: &Path) -> Result<Vec<u8>, HostError> {
     let data = std::fs::read(rt_conf).map_err(|source| HostError::Io {
         path: rt_conf.to_path_buf(),
         source,
@@ -288,7 +290,10 @@ pub fn engine_cni_config(rt_conf: &Path) -> Result<Vec<u8>, HostError> {
             source,
         })?;
     v["cniVersion"] = "1.0.0".into();
-    if let Some(m) = v.as_object_mut() {
+    let served = v["type"] == FORWARDER
+        && v["cniSocket"].is_string()
+        && engine_bin.join(FORWARDER).is_file();
+    if let (false, Some(m)) = (served, v.as_object_mut()) {
         m.insert("type".into(), "burstvm-cni".into());
         m.remove("cniSocket");
     }
@@ -313,11 +318,17 @@ pub fn claim_services_dir(dir: &Path) -> Result<procutil::DirLock, HostError> {
 }
 
 /// Makes `rt`'s services usable by attached sandboxes: writes the engine's
-/// CNI config to `cni_conf` and `services.json` into `dir`. `rt` must have
+/// CNI config to `cni_conf` (for an engine whose CNI bin dir is
+/// `engine_bin`) and `services.json` into `dir`. `rt` must have
 /// a network and its NIC daemon running (`prepare_variant`). `rt` holds
 /// `dir`'s lock from then on (taken here unless it holds it already,
 /// `Runtime::hold_dir_lock`), so the file's readers see it alive.
-pub fn export(rt: &Runtime, dir: &Path, cni_conf: &Path) -> Result<ServicesInfo, HostError> {
+pub fn export(
+    rt: &Runtime,
+    dir: &Path,
+    cni_conf: &Path,
+    engine_bin: &Path,
+) -> Result<ServicesInfo, HostError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| HostError::Io { path, source }
@@ -333,7 +344,8 @@ pub fn export(rt: &Runtime, dir: &Path, cni_conf: &Path) -> Result<ServicesInfo,
     if let Some(parent) = cni_conf.parent() {
         std::fs::create_dir_all(parent).map_err(io(parent))?;
     }
-    std::fs::write(cni_conf, engine_cni_config(&net.config_path)?).map_err(io(cni_conf))?;
+    std::fs::write(cni_conf, engine_cni_config(&net.config_path, engine_bin)?)
+        .map_err(io(cni_conf))?;
     let a = rt.server().addressing();
     let info = ServicesInfo {
         owner_pid: std::process::id(),
@@ -527,23 +539,42 @@ pub fn reap_sandbox(
 mod tests {
     use super::*;
 
-    /// The engine's config names burstvm-cni at 1.0.0, whatever the runtime's
-    /// own uses (the forwarder and its server socket stay the runtime's).
+    /// The engine's config is the runtime's at 1.0.0; it keeps the forwarder
+    /// and its server socket only if the engine's CNI bin dir holds the
+    /// forwarder, and names burstvm-cni otherwise.
     #[test]
-    fn the_engine_config_execs_burstvm_cni_at_1_0_0() {
+    fn the_engine_config_names_the_forwarder_only_if_the_engine_has_it() {
         let d = tempfile::tempdir().unwrap();
         let conf = d.path().join("net.conf");
-        std::fs::write(
-            &conf,
-            r#"{"cniVersion":"1.1.0","name":"n","type":"burstvm-cni-thin","cniSocket":"/run/x/cni.sock","pf":["pf0"]}"#,
-        )
-        .unwrap();
-        let v: serde_json::Value =
-            serde_json::from_slice(&engine_cni_config(&conf).unwrap()).unwrap();
+        let served = r#"{"cniVersion":"1.1.0","name":"n","type":"burstvm-cni-thin","cniSocket":"/run/x/cni.sock","pf":["pf0"]}"#;
+        std::fs::write(&conf, served).unwrap();
+        let engine_bin = d.path().join("bin");
+        std::fs::create_dir(&engine_bin).unwrap();
+        let engine = |bin: &Path| -> serde_json::Value {
+            serde_json::from_slice(&engine_cni_config(&conf, bin).unwrap()).unwrap()
+        };
+        let v = engine(&engine_bin);
         assert_eq!(v["cniVersion"], "1.0.0");
         assert_eq!(v["type"], "burstvm-cni");
         assert!(v.get("cniSocket").is_none(), "{v}");
         assert_eq!(v["pf"][0], "pf0");
-        assert!(engine_cni_config(&d.path().join("missing")).is_err());
+
+        std::fs::write(engine_bin.join(FORWARDER), "").unwrap();
+        let v = engine(&engine_bin);
+        assert_eq!(v["cniVersion"], "1.0.0");
+        assert_eq!(v["type"], FORWARDER);
+        assert_eq!(v["cniSocket"], "/run/x/cni.sock");
+        assert_eq!(v["pf"][0], "pf0");
+
+        // A runtime whose network is not served: the engine execs burstvm-cni.
+        std::fs::write(
+            &conf,
+            r#"{"cniVersion":"1.1.0","name":"n","type":"burstvm-cni","pf":["pf0"]}"#,
+        )
+        .unwrap();
+        let v = engine(&engine_bin);
+        assert_eq!(v["type"], "burstvm-cni");
+        assert!(v.get("cniSocket").is_none(), "{v}");
+        assert!(engine_cni_config(&d.path().join("missing"), &engine_bin).is_err());
     }
 }

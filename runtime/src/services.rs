@@ -17,6 +17,10 @@ pub struct ServicesConfig {
     pub dir: PathBuf,
     /// Where to write the burstvm-cni network config (containerd's CNI conf dir).
     pub cni_conf: PathBuf,
+    /// The engine's CNI bin dir (containerd's `bin_dir`): if it holds
+    /// burstvm-cni-thin, the config names it and the NIC daemon serves the
+    /// engine's ADD and DEL.
+    pub cni_bin: PathBuf,
     /// VFs the NIC daemon creates: at least the pods that run at once.
     pub vfs: usize,
     /// The NIC daemon runs this variant's devset lock policy.
@@ -51,7 +55,7 @@ pub fn services_cli(a: &ServicesConfig) -> Result<(), Error> {
     ))?;
     rt.hold_dir_lock(lock);
     rt.prepare_variant(a.variant)?;
-    let info = host::export(&rt, &a.dir, &a.cni_conf)?;
+    let info = host::export(&rt, &a.dir, &a.cni_conf, &a.cni_bin)?;
     println!(
         "services ready: {} (NIC {}, CNI config {})",
         a.dir.join("services.json").display(),

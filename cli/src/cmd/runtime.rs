@@ -452,6 +452,11 @@ pub struct ServicesArgs {
     /// Where to write the burstvm-cni network config (containerd's CNI conf dir).
     #[arg(long, default_value = "/etc/cni/net.d/10-burstvm.conf")]
     pub cni_conf: PathBuf,
+    /// The engine's CNI bin dir (containerd's `bin_dir`): if it holds
+    /// burstvm-cni-thin, the config names it with the NIC daemon's CNI server,
+    /// which then serves the engine's ADD and DEL (docs/cni.md).
+    #[arg(long, default_value = "/opt/cni/bin")]
+    pub cni_bin: PathBuf,
     /// VFs the NIC daemon creates: at least the pods that run at once.
     #[arg(long, default_value_t = 64)]
     pub vfs: usize,
@@ -468,6 +473,7 @@ impl ServicesArgs {
         ServicesConfig {
             dir: self.dir,
             cni_conf: self.cni_conf,
+            cni_bin: self.cni_bin,
             vfs: self.vfs,
             variant: self.variant,
             burstvm_bin: self.burstvm_bin,

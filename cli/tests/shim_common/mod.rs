@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use shim::containerd::{Containerd, ContainerdConfig};
 
 pub const BURSTVM: &str = env!("CARGO_BIN_EXE_burstvm");
-pub const CNI: &str = env!("CARGO_BIN_EXE_burstvm-cni");
+pub const THIN: &str = env!("CARGO_BIN_EXE_burstvm-cni-thin");
 pub const SHIM: &str = env!("CARGO_BIN_EXE_containerd-shim-burstvm-v2");
 pub const APP_IMAGE: &str = "burstvm.local/app:1";
 pub const PAUSE_IMAGE: &str = "burstvm.local/pause:1";
@@ -38,7 +38,9 @@ impl Fixture {
             std::fs::create_dir_all(dir.join(d)).unwrap();
         }
         link(SHIM, &dir.join("bin/containerd-shim-burstvm-v2"));
-        link(CNI, &dir.join("cni-bin/burstvm-cni"));
+        // Only the forwarder, no burstvm-cni to fall back to: containerd's ADD
+        // and DEL work only if the NIC daemon's CNI server serves them.
+        link(THIN, &dir.join("cni-bin/burstvm-cni-thin"));
         for p in ["host-local", "loopback"] {
             link(&format!("/opt/cni/bin/{p}"), &dir.join("cni-bin").join(p));
         }
@@ -49,6 +51,8 @@ impl Fixture {
             .arg(&services_dir)
             .arg("--cni-conf")
             .arg(dir.join("cni-conf/10-burstvm.conf"))
+            .arg("--cni-bin")
+            .arg(dir.join("cni-bin"))
             .args(["--vfs", &vfs.to_string()])
             .env(
                 "PATH",
