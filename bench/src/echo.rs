@@ -72,6 +72,7 @@ fn measure(rt: &Runtime, a: &BenchEchoConfig, variant: Variant) -> Result<EchoRe
         app_size,
         keep_running: true,
         echo: true,
+        watch_zeroing: true,
         ..SandboxSpec::new(id, variant, memory, a.timeout)
     };
     let mut sb = Sandbox::start(rt, spec)?;

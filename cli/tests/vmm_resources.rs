@@ -188,6 +188,62 @@ fn the_background_zeroer_joins_the_idle_cgroup() {
     wait_exit(&mut vmm.0, Duration::from_secs(20));
 }
 
+/// A lazy VMM writes "zeroed" on its ready pipe after READY, once its
+/// background zeroer has gone over the rest of RAM, and keeps running; its
+/// parent waits on the pipe instead of looking for the thread in /proc.
+#[test]
+fn a_lazy_vmm_says_on_its_ready_pipe_when_the_deferred_zeroing_is_over() {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let (_dir, sock, _pool) = pool_in_tempdir();
+    let (mut rd, wr) = ready_pipe();
+    let child = burstvm()
+        .args(["--sandbox", &unique("vmmzeroed"), "--memory", "32M"])
+        .args(["--memory-policy", "lazy", "--dma-ram", "true"])
+        .args(["--pool-socket", sock.to_str().unwrap(), "--keep-running"])
+        .args(["--ready-fd", &wr.as_raw_fd().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(wr);
+    let mut vmm = ChildGuard(child);
+    let (ready, mut rest) = read_ready_and_rest(&mut rd);
+    assert!(ready.vcpu_ns > 0, "{ready:?}");
+    // Bounded: the pipe is read on a thread, the test waits at most 60 s.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while !rest.ends_with(b"\n") {
+            match rd.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => rest.extend_from_slice(&buf[..n]),
+            }
+        }
+        let _ = tx.send(rest);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("no line after READY within 60 s");
+    assert_eq!(line, vmm::ZEROED_LINE.as_bytes());
+    assert!(
+        vmm.0.try_wait().unwrap().is_none(),
+        "the VMM exited: --keep-running"
+    );
+    // The zeroer went over all of RAM through the device view first: every
+    // page of the 32 MiB memfd is mapped in the VMM by then.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", vmm.0.id())).unwrap();
+    let shmem_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssShmem:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(shmem_kib >= 32 << 10, "RssShmem {shmem_kib} kB");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(vmm.0.id() as i32, libc::SIGTERM) };
+    wait_exit(&mut vmm.0, Duration::from_secs(20));
+}
+
 /// Peak RSS (KiB) of a VMM that boots `elf` in 64 MiB to READY.
 fn peak_rss_kib(elf: &Path) -> i64 {
     // Reaped by wait4 below (for its rusage), not by Child::wait.

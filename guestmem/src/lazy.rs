@@ -20,7 +20,7 @@ const UFFD_FEATURE_MINOR_HUGETLBFS: u64 = 1 << 9;
 const UFFD_FEATURE_MINOR_SHMEM: u64 = 1 << 10;
 /// Pages zeroed per background batch: short enough that a waiter never waits long.
 const BATCH_PAGES: u64 = 256;
-/// The background zeroer's thread name (a bench waits for it to end).
+/// The background zeroer's thread name.
 pub const ZEROER_THREAD: &str = "bg-zeroer";
 /// Bytes the fault handler zeroes and maps per fault (one page at least): the kernel's
 /// default `fault_around_bytes`. The built-in agent touches ~21 pages in three clusters, so
@@ -45,9 +45,10 @@ pub struct LazyStats {
     pub instant_zeroed: u64,
 }
 
-/// Run first on the background zeroer's own thread (`GuestMemory::start_lazy_zeroing_with`):
-/// e.g. to move that thread into an idle cgroup.
-pub type ZeroerStartHook = Box<dyn FnOnce() + Send>;
+/// Run on the background zeroer's own thread: first (`GuestMemory::start_lazy_zeroing_with`),
+/// e.g. to move that thread into an idle cgroup, or last (`GuestMemory::on_zeroing_end`),
+/// e.g. to tell a waiter the deferred zeroing is over.
+pub type ZeroerHook = Box<dyn FnOnce() + Send>;
 
 /// Told the first lazy-zeroing error, once (`GuestMemory::set_lazy_error_callback`).
 pub type LazyErrorCallback = Box<dyn Fn(&Arc<LazyError>) + Send + Sync>;
@@ -174,6 +175,28 @@ struct Shared {
     background_mapped: AtomicU64,
     instant_mapped: AtomicU64,
     instant_zeroed: AtomicU64,
+    zeroer_end: Mutex<ZeroerEnd>,
+}
+
+/// Whether the background zeroer has ended, and what runs when it does.
+#[derive(Default)]
+struct ZeroerEnd {
+    ended: bool,
+    hooks: Vec<ZeroerHook>,
+}
+
+impl Shared {
+    /// The zeroer thread's last act: marks it ended and runs the hooks given so far.
+    fn zeroer_ended(&self) {
+        let hooks = {
+            let mut e = self.zeroer_end.lock().unwrap_or_else(|p| p.into_inner());
+            e.ended = true;
+            std::mem::take(&mut e.hooks)
+        };
+        for h in hooks {
+            h();
+        }
+    }
 }
 
 /// The uffd, its handler thread and (once started) the background zeroer.
@@ -244,6 +267,7 @@ impl Lazy {
             background_mapped: AtomicU64::new(0),
             instant_mapped: AtomicU64::new(0),
             instant_zeroed: AtomicU64::new(0),
+            zeroer_end: Mutex::new(ZeroerEnd::default()),
         });
         let s = shared.clone();
         let handler = std::thread::Builder::new()
@@ -257,11 +281,7 @@ impl Lazy {
         })
     }
 
-    pub fn start_zeroer(
-        &mut self,
-        idle: bool,
-        on_start: Option<ZeroerStartHook>,
-    ) -> Result<(), Error> {
+    pub fn start_zeroer(&mut self, idle: bool, on_start: Option<ZeroerHook>) -> Result<(), Error> {
         if self.zeroer.is_some() {
             return Ok(());
         }
@@ -273,7 +293,8 @@ impl Lazy {
                     if let Some(f) = on_start {
                         f();
                     }
-                    zeroer_loop(&s, idle)
+                    zeroer_loop(&s, idle);
+                    s.zeroer_ended();
                 })
                 .map_err(|e| Error::io("spawn background zeroer thread", e))?,
         );
@@ -329,6 +350,22 @@ impl Lazy {
         }
         if let Some(h) = self.zeroer.take() {
             let _ = h.join();
+        }
+    }
+
+    /// Runs `hook` when the background zeroer has ended (on its thread), or now if it
+    /// already has. Never run if no zeroer is started before `self` is dropped.
+    pub fn on_zeroer_end(&self, hook: ZeroerHook) {
+        let mut e = self
+            .shared
+            .zeroer_end
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if e.ended {
+            drop(e);
+            hook();
+        } else {
+            e.hooks.push(hook);
         }
     }
 

@@ -15,7 +15,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use device::DeviceMemory;
-pub use lazy::{LazyError, LazyErrorCallback, LazyStats, ZeroerStartHook, ZEROER_THREAD};
+pub use lazy::{LazyError, LazyErrorCallback, LazyStats, ZeroerHook, ZEROER_THREAD};
 pub use memory::{GuestMemory, MemorySource};
 pub use region::Region;
 pub use sys::{page_size_for, HUGE_PAGE_SIZE};

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use vm_memory::{FileOffset, GuestAddress, GuestMemoryMmap};
 
-use crate::lazy::{ErrorSlot, Lazy, LazyStats, ZeroerStartHook};
+use crate::lazy::{ErrorSlot, Lazy, LazyStats, ZeroerHook};
 use crate::pool::PoolClient;
 use crate::region::Region;
 use crate::sys;
@@ -382,11 +382,11 @@ impl GuestMemory {
     /// As `start_lazy_zeroing_shared`, with `on_start` run first on the zeroer's thread
     /// (the VMM moves that thread into an idle cgroup there). Not run when there is no
     /// zeroer to start.
-    pub fn start_lazy_zeroing_with(&self, on_start: ZeroerStartHook) -> Result<(), Error> {
+    pub fn start_lazy_zeroing_with(&self, on_start: ZeroerHook) -> Result<(), Error> {
         self.start_zeroer(true, Some(on_start))
     }
 
-    fn start_zeroer(&self, idle: bool, on_start: Option<ZeroerStartHook>) -> Result<(), Error> {
+    fn start_zeroer(&self, idle: bool, on_start: Option<ZeroerHook>) -> Result<(), Error> {
         match &mut *self.lazy.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(l) => l.start_zeroer(idle, on_start),
             None => Ok(()),
@@ -451,6 +451,16 @@ impl GuestMemory {
             .as_ref()
             .map(|l| l.stats())
             .unwrap_or_default()
+    }
+
+    /// Runs `hook` once the background zeroer has ended, on its thread; at once if it
+    /// already has, or if this memory has nothing to zero lazily. Never run if the
+    /// zeroer is not started before this memory is dropped.
+    pub fn on_zeroing_end(&self, hook: ZeroerHook) {
+        match &*self.lazy.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(l) => l.on_zeroer_end(hook),
+            None => hook(),
+        }
     }
 
     /// Blocks until the background zeroer finished its pass (tests and benchmarks).

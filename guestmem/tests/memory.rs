@@ -327,6 +327,41 @@ fn a_guest_touch_zeroes_and_maps_its_64_kib_block() {
     assert!(gm.lazy_error().is_none(), "{:?}", gm.lazy_error());
 }
 
+/// The end hook runs once the background zeroer has gone over every page, on its
+/// thread; one given after that runs at once; memory with nothing lazy runs it at once.
+#[test]
+fn the_zeroing_end_hook_runs_when_every_page_is_zeroed() {
+    let (_server, gm) = dirty_lazy_mib("endhook");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = tx.clone();
+    gm.on_zeroing_end(Box::new(move || {
+        t.send(std::thread::current().name().map(String::from))
+            .unwrap();
+    }));
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_millis(200))
+            .is_err(),
+        "ran before the zeroer started"
+    );
+    assert_eq!(gm.regions()[0].page_stats().dirty, MIB / PAGE);
+    gm.start_lazy_zeroing_shared().unwrap();
+    let thread = rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
+    assert_eq!(thread.as_deref(), Some(guestmem::ZEROER_THREAD));
+    // The zeroer had gone over every page before it ran the hook.
+    assert_eq!(gm.regions()[0].page_stats().dirty, 0);
+    let t = tx.clone();
+    gm.on_zeroing_end(Box::new(move || t.send(None).unwrap()));
+    assert_eq!(rx.try_recv().unwrap(), None, "a late hook runs at once");
+
+    let fresh = fresh_ram(MIB);
+    fresh.on_zeroing_end(Box::new(move || tx.send(Some("fresh".into())).unwrap()));
+    assert_eq!(
+        rx.try_recv().unwrap().as_deref(),
+        Some("fresh"),
+        "nothing lazy: at once"
+    );
+}
+
 /// Pages the VMM writes before the guest runs (the instant-zero list) are not lazy
 /// zeroing's to manage: `write_instant` maps their 64 KiB blocks into the guest view, so
 /// the guest reads them (and the rest of those blocks, zeroed) without a fault, while the

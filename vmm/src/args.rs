@@ -123,7 +123,8 @@ pub struct VmParams {
     /// Write the guest serial console here instead of stdout.
     pub serial_log: Option<PathBuf>,
     /// Write "ready vcpu-ns=N\n" to this inherited file descriptor when the
-    /// guest is ready (`launch::Ready`; N: the vCPU threads' CPU until then).
+    /// guest is ready (`launch::Ready`; N: the vCPU threads' CPU until then),
+    /// and "zeroed\n" once the zeroing deferred past READY is over.
     pub ready_fd: Option<i32>,
     /// Keep the VM running after READY (until SIGTERM or guest exit).
     pub keep_running: bool,

@@ -220,6 +220,12 @@ pub struct Ready {
     pub vcpu_ns: u64,
 }
 
+/// The line the VMM writes to `--ready-fd` after READY's once the zeroing
+/// it deferred past READY is over (its background zeroer has ended; at once
+/// if it has none), so its parent can wait for that on the pipe instead of
+/// looking for the zeroer thread in /proc.
+pub const ZEROED_LINE: &str = "zeroed\n";
+
 impl Ready {
     pub fn line(&self) -> String {
         format!("ready vcpu-ns={}\n", self.vcpu_ns)

@@ -40,7 +40,7 @@ pub use bus::{BusDevice, DeviceContext};
 pub use devspec::{DiskSpec, NetBackend, VfInit, VsockSpec};
 pub use error::{Error, GuestFailure};
 /// The line the VMM writes to `--ready-fd` at READY.
-pub use launch::Ready;
+pub use launch::{Ready, ZEROED_LINE};
 /// Where `--dma-window` places the window (the built-in agent's device pages).
 pub use layout::DMA_WINDOW_ADDR;
 /// Whether this host's KVM is kvm_pvm (guests get its kernel parameters).
@@ -257,6 +257,11 @@ fn wait(
                     if let Some(fd) = cfg.ready_fd {
                         let vcpu_ns = threads.cpu_ns();
                         notify_ready(fd, Ready { vcpu_ns });
+                        // A parent that has closed its end gets nothing: the
+                        // write fails with EPIPE (SIGPIPE is ignored).
+                        vm.on_background_zeroing_end(Box::new(move || {
+                            write_line(fd, ZEROED_LINE);
+                        }));
                     }
                     if !cfg.keep_running && !cfg.until_exit {
                         return Ok(0);
@@ -297,11 +302,15 @@ fn take_signal(sigfd: &SignalFd) -> Option<String> {
 }
 
 fn notify_ready(fd: i32, ready: Ready) {
-    let line = ready.line();
+    if !write_line(fd, &ready.line()) {
+        tracing::warn!("--ready-fd {fd}: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// One write of `line` to `fd` (a pipe: whole, up to PIPE_BUF); whether it went.
+fn write_line(fd: i32, line: &str) -> bool {
     let msg = line.as_bytes();
     // SAFETY: writes from a valid buffer to a descriptor validated at startup.
     let n = unsafe { libc::write(fd, msg.as_ptr().cast(), msg.len()) };
-    if n != msg.len() as isize {
-        tracing::warn!("--ready-fd {fd}: {}", std::io::Error::last_os_error());
-    }
+    n == msg.len() as isize
 }

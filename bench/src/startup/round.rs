@@ -111,6 +111,7 @@ pub fn run_round(rt: &Runtime, variant: Variant, n: usize, label: &str, spec: &R
                     net_pool: spec.net_pool,
                     hugepages: spec.hugepages,
                     agent_cpl0: spec.agent_cpl0,
+                    watch_zeroing: true,
                     ..SandboxSpec::new(id.clone(), variant, spec.memory_bytes, spec.timeout_secs)
                 };
                 std::thread::Builder::new()

@@ -1,6 +1,8 @@
 // Shared helpers for the vmm_* integration tests (included with `mod`).
 #![allow(dead_code)]
 
+use std::io::Read;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -90,4 +92,39 @@ pub fn agent_event(event: u8, data: u32) -> Vec<u8> {
     c.extend_from_slice(&[0xef, 0x66, 0xba, 0x00, 0x0f, 0xb0, event, 0xee]); // out; mov dx, 0x0f00; mov al, ev; out
     c.extend_from_slice(&[0xeb, 0xfe]);
     c
+}
+
+/// A pipe whose write end the child inherits (no O_CLOEXEC): `--ready-fd`.
+pub fn ready_pipe() -> (std::fs::File, OwnedFd) {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe writes two descriptors into the array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned here.
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(fds[0]),
+            OwnedFd::from_raw_fd(fds[1]),
+        )
+    }
+}
+
+/// Reads the VMM's READY line (`vmm::Ready`) from its ready pipe; also
+/// returns what came after it in the same reads.
+pub fn read_ready_and_rest(rd: &mut std::fs::File) -> (vmm::Ready, Vec<u8>) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    loop {
+        if let Some(r) = vmm::Ready::parse(&got) {
+            let end = got.iter().position(|&b| b == b'\n').unwrap();
+            return (r.unwrap(), got.split_off(end + 1));
+        }
+        let n = rd.read(&mut buf).unwrap();
+        assert!(n > 0, "the ready pipe closed after {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// As `read_ready_and_rest`, the READY line alone.
+pub fn read_ready(rd: &mut std::fs::File) -> vmm::Ready {
+    read_ready_and_rest(rd).0
 }

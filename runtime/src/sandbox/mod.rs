@@ -70,6 +70,9 @@ pub struct Sandbox<'rt> {
     pub start_cpu: Option<crate::cpuacct::StartCpu>,
     /// The sandbox cgroup's CPU usage at READY.
     vmm_cpu_at_ready: Option<u64>,
+    /// With `SandboxSpec::watch_zeroing`: the ready pipe after READY, and
+    /// what was read past the READY line.
+    ready_pipe: Option<(std::fs::File, Vec<u8>)>,
     torn_down: bool,
 }
 
@@ -119,6 +122,7 @@ impl<'rt> Sandbox<'rt> {
             guest_ip: None,
             start_cpu: None,
             vmm_cpu_at_ready: None,
+            ready_pipe: None,
             torn_down: false,
         };
         // On any error below, `sb` is dropped and torn down.

@@ -56,6 +56,10 @@ pub struct SandboxSpec {
     /// The built-in agent does all its work at CPL0 (`burstvm vmm --agent-cpl0`: the
     /// A/B of its switch to CPL3, docs/guest.md).
     pub agent_cpl0: bool,
+    /// Keep the VMM's ready pipe after READY (one descriptor per sandbox), so
+    /// `Sandbox::wait_background_zeroing` can wait for its "zeroed" line
+    /// (`vmm::ZEROED_LINE`); benchmarks that count the deferred zeroing.
+    pub watch_zeroing: bool,
 }
 
 /// The id (virtio serial) of a pod sandbox's empty disk slot `i`.
@@ -106,6 +110,7 @@ impl SandboxSpec {
             sg: None,
             hugepages: false,
             agent_cpl0: false,
+            watch_zeroing: false,
         }
     }
 }

@@ -52,7 +52,13 @@ impl Sandbox<'_> {
                 Ok(n) => {
                     got.extend_from_slice(&buf[..n]);
                     match vmm::Ready::parse(&got) {
-                        Some(Ok(r)) => return Ok(r.vcpu_ns),
+                        Some(Ok(r)) => {
+                            if self.spec.watch_zeroing {
+                                let end = got.iter().position(|&b| b == b'\n').unwrap_or(0);
+                                self.ready_pipe = Some((f, got.split_off(end + 1)));
+                            }
+                            return Ok(r.vcpu_ns);
+                        }
                         Some(Err(e)) => return Err(self.failure(&self.next_stage(), e)),
                         None => {}
                     }
@@ -150,17 +156,33 @@ impl Sandbox<'_> {
     /// After READY: waits (at most `patience`) until the VMM's background
     /// zeroer (the `bg-zeroer` thread a lazy VMM starts at READY) has ended,
     /// then returns the VMM's CPU since READY (`StartCpu::vmm_after_ready_ns`):
-    /// the zeroing deferred past the start, counted apart from it. None if
-    /// the VMM or its cgroup is gone or the zeroer still runs.
+    /// the zeroing deferred past the start, counted apart from it. The VMM
+    /// says so on the ready pipe (`vmm::ZEROED_LINE`), which the sandbox keeps
+    /// under `SandboxSpec::watch_zeroing`: no look into the VMM's /proc, whose
+    /// entries every reader instantiates and the VMM's exit must then purge.
+    /// None without `watch_zeroing`, if the VMM or its cgroup is gone, or if
+    /// the zeroer still runs.
     pub fn wait_background_zeroing(&mut self, patience: Duration) -> Option<u64> {
-        let pid = self.vmm_pid()?;
+        let (mut f, mut got) = self.ready_pipe.take()?;
         let deadline = Instant::now() + patience;
-        while zeroer_running(pid) {
-            if Instant::now() >= deadline || self.rt.interrupted() {
+        let line = vmm::ZEROED_LINE.as_bytes();
+        while !got.windows(line.len()).any(|w| w == line) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.rt.interrupted() {
                 return None;
             }
-            // Polls another process's thread list; the work is the zeroer's.
-            std::thread::sleep(Duration::from_millis(5));
+            match poll_in(f.as_fd(), left.min(Duration::from_millis(200))) {
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(_) => return None,
+            }
+            let mut buf = [0u8; 64];
+            match f.read(&mut buf) {
+                Ok(0) => return None, // the VMM is gone
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
         }
         let now = self.cgroup.as_ref()?.cpu_usage_ns()?;
         let ns = now.saturating_sub(self.vmm_cpu_at_ready?);
@@ -268,17 +290,6 @@ fn poll_in(fd: BorrowedFd<'_>, timeout: Duration) -> std::io::Result<bool> {
         Err(nix::Error::EINTR) => Ok(false),
         Err(e) => Err(e.into()),
     }
-}
-
-/// Whether process `pid` still has guestmem's lazy background zeroer thread.
-fn zeroer_running(pid: u32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    tasks.flatten().any(|t| {
-        std::fs::read_to_string(t.path().join("comm"))
-            .is_ok_and(|c| c.trim_end() == guestmem::ZEROER_THREAD)
-    })
 }
 
 #[cfg(test)]

@@ -79,6 +79,12 @@ impl Vm {
     ) -> Result<(), guestmem::Error> {
         memory::start_background_zeroing(&self._memory, idle_cgroup)
     }
+
+    /// Runs `hook` once the background zeroer has ended (on its thread), at
+    /// once if it has or there is nothing to zero lazily.
+    pub fn on_background_zeroing_end(&self, hook: guestmem::ZeroerHook) {
+        self._memory.on_zeroing_end(hook);
+    }
 }
 
 pub(crate) fn kvm_err(
