@@ -73,6 +73,35 @@ pub fn named_threads_ns(pid: u32, pick: impl Fn(&str) -> bool) -> Result<u64, Sc
     sum_tasks(pid, Some(&pick))
 }
 
+/// The threads (tids) of process `pid` whose name `pick` accepts: for a
+/// caller that samples the same long-lived threads again and again
+/// ([`threads_ns`]) without reading every thread's name each time.
+pub fn named_threads(pid: u32, pick: impl Fn(&str) -> bool) -> Result<Vec<u32>, SchedstatError> {
+    let dir = PathBuf::from(format!("/proc/{pid}/task"));
+    let mut tids = Vec::new();
+    for task in std::fs::read_dir(&dir).map_err(|e| err(&dir, e))? {
+        let task = task.map_err(|e| err(&dir, e))?;
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        // Gone meanwhile: not listed.
+        if let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) {
+            if pick(comm.trim_end()) {
+                tids.push(tid);
+            }
+        }
+    }
+    Ok(tids)
+}
+
+/// The time on a CPU (ns) of threads `tids` of process `pid`; an error
+/// (NotFound or ESRCH) if one of them has ended.
+pub fn threads_ns(pid: u32, tids: &[u32]) -> Result<u64, SchedstatError> {
+    tids.iter().try_fold(0, |sum, tid| {
+        Ok(sum + read(Path::new(&format!("/proc/{pid}/task/{tid}/schedstat")))?)
+    })
+}
+
 fn sum_tasks(pid: u32, pick: Option<&dyn Fn(&str) -> bool>) -> Result<u64, SchedstatError> {
     let dir = PathBuf::from(format!("/proc/{pid}/task"));
     let mut total = 0;
@@ -134,8 +163,21 @@ mod tests {
         );
         assert!(live_threads_ns(me).unwrap() >= named);
         assert_eq!(named_threads_ns(me, |c| c == "no-such-thread").unwrap(), 0);
+        // The same thread found once by name, then sampled by its tid.
+        let tids = named_threads(me, |c| c == "sched-burner").unwrap();
+        assert_eq!(tids.len(), 1);
+        assert!(threads_ns(me, &tids).unwrap() >= named);
+        assert!(named_threads(me, |c| c == "no-such-thread")
+            .unwrap()
+            .is_empty());
         done_tx.send(()).unwrap();
         h.join().unwrap();
+        // Once it has ended, sampling it is an error, not a silent 0.
+        let t = std::time::Instant::now();
+        while threads_ns(me, &tids).is_ok() {
+            assert!(t.elapsed().as_secs() < 10, "the thread never went away");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     #[test]

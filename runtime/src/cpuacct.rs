@@ -96,13 +96,36 @@ impl NicCpu {
 /// threads live as long as the daemon, so their sum only grows.
 pub fn nic_cpu(pid: u32) -> Option<NicCpu> {
     let total_ns = process_ns(pid)?;
-    let cni_server_ns =
-        procutil::schedstat::named_threads_ns(pid, |n| n.starts_with(cni::server::THREAD_PREFIX))
-            .ok()?;
+    let cni_server_ns = cni_server_ns(pid)?;
     Some(NicCpu {
         total_ns,
         cni_server_ns,
     })
+}
+
+/// The CPU of NIC daemon `pid`'s CNI server threads. Their tids are found by
+/// name once per daemon and kept: the network pool samples this at every
+/// refill, and reading the name of each of a busy daemon's hundreds of
+/// session threads every time cost more than the refill's own CNI ADD (and
+/// left dentries for every one of those threads' exits to purge).
+fn cni_server_ns(pid: u32) -> Option<u64> {
+    static TIDS: std::sync::Mutex<Option<(u32, Vec<u32>)>> = std::sync::Mutex::new(None);
+    let mut cached = TIDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((p, tids)) = cached.as_ref() {
+        if *p == pid {
+            if let Ok(ns) = procutil::schedstat::threads_ns(pid, tids) {
+                return Some(ns);
+            }
+        }
+    }
+    // Another daemon, or one of its server threads is gone: look again.
+    let tids =
+        procutil::schedstat::named_threads(pid, |n| n.starts_with(cni::server::THREAD_PREFIX))
+            .ok()?;
+    let ns = procutil::schedstat::threads_ns(pid, &tids).ok()?;
+    // Kept only once all of them are up (a daemon may still be starting them).
+    *cached = (tids.len() == cni::server::WORKERS).then_some((pid, tids));
+    Some(ns)
 }
 
 /// `Child::wait_with_output`, but reaps with `wait4` and books the child's
@@ -210,5 +233,53 @@ mod tests {
             t1 - t0
         );
         assert!(process_ns(u32::MAX).is_none(), "no such process");
+    }
+
+    /// The CNI server's threads are counted by name, kept by tid while they
+    /// all live, and looked up again when one of them ends.
+    #[test]
+    fn the_cni_servers_threads_are_sampled_until_one_ends() {
+        let me = std::process::id();
+        let burn = |ms: u64| {
+            let t0 = thread_ns();
+            let mut x = 0u64;
+            while thread_ns() - t0 < ms * 1_000_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+        };
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let mut stops = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..cni::server::WORKERS {
+            let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+            let ready = ready_tx.clone();
+            stops.push(stop_tx);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("{}-{i}", cni::server::THREAD_PREFIX))
+                    .spawn(move || {
+                        burn(5);
+                        ready.send(()).unwrap();
+                        let _ = stop_rx.recv();
+                    })
+                    .unwrap(),
+            );
+        }
+        for _ in 0..cni::server::WORKERS {
+            ready_rx.recv().unwrap();
+        }
+        let all = cni_server_ns(me).unwrap();
+        assert!(all >= 4 * 5_000_000, "{all} ns for 4 × 5 ms");
+        assert!(cni_server_ns(me).unwrap() >= all, "sampled again");
+        // One ends: the others are found again, and counted without it.
+        drop(stops.remove(0));
+        threads.remove(0).join().unwrap();
+        let rest = cni_server_ns(me).unwrap();
+        assert!(rest >= 3 * 5_000_000 && rest < all, "{rest} of {all} ns");
+        drop(stops);
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(cni_server_ns(me), Some(0));
     }
 }
