@@ -353,20 +353,20 @@ impl Lazy {
         }
     }
 
-    /// Runs `hook` when the background zeroer has ended (on its thread), or now if it
-    /// already has. Never run if no zeroer is started before `self` is dropped.
-    pub fn on_zeroer_end(&self, hook: ZeroerHook) {
+    /// Has `hook` run when the background zeroer has ended (on its thread), or hands it
+    /// back to be run now if it already has. Never run if no zeroer is started before
+    /// `self` is dropped.
+    pub fn on_zeroer_end(&self, hook: ZeroerHook) -> Option<ZeroerHook> {
         let mut e = self
             .shared
             .zeroer_end
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if e.ended {
-            drop(e);
-            hook();
-        } else {
-            e.hooks.push(hook);
+            return Some(hook);
         }
+        e.hooks.push(hook);
+        None
     }
 
     /// Waits until the background zeroer has gone over every page (tests, benchmark).

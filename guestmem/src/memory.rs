@@ -457,9 +457,13 @@ impl GuestMemory {
     /// already has, or if this memory has nothing to zero lazily. Never run if the
     /// zeroer is not started before this memory is dropped.
     pub fn on_zeroing_end(&self, hook: ZeroerHook) {
-        match &*self.lazy.lock().unwrap_or_else(|p| p.into_inner()) {
+        let now = match &*self.lazy.lock().unwrap_or_else(|p| p.into_inner()) {
             Some(l) => l.on_zeroer_end(hook),
-            None => hook(),
+            None => Some(hook),
+        };
+        // Run with the lock released: a hook may ask this memory for its stats.
+        if let Some(hook) = now {
+            hook();
         }
     }
 

@@ -220,10 +220,11 @@ pub struct Ready {
     pub vcpu_ns: u64,
 }
 
-/// The line the VMM writes to `--ready-fd` after READY's once the zeroing
-/// it deferred past READY is over (its background zeroer has ended; at once
-/// if it has none), so its parent can wait for that on the pipe instead of
-/// looking for the zeroer thread in /proc.
+/// The line the VMM writes to `--ready-fd` after the READY line, once the
+/// zeroing it deferred past READY is over: its background zeroer has ended
+/// (its pass done, or cut short by the VM's end), or at once if it has none.
+/// Its parent waits for it on the pipe instead of looking for the zeroer
+/// thread in /proc.
 pub const ZEROED_LINE: &str = "zeroed\n";
 
 impl Ready {
