@@ -3,7 +3,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use userfaultfd::{Event, EventBuffer, FeatureFlags, RegisterMode, Uffd, UffdBuilder};
@@ -176,6 +176,8 @@ struct Shared {
     instant_mapped: AtomicU64,
     instant_zeroed: AtomicU64,
     zeroer_end: Mutex<ZeroerEnd>,
+    /// Signalled when the zeroer has ended (`Lazy::wait_zeroer_done`).
+    zeroer_ended: Condvar,
 }
 
 /// Whether the background zeroer has ended, and what runs when it does.
@@ -193,6 +195,7 @@ impl Shared {
             e.ended = true;
             std::mem::take(&mut e.hooks)
         };
+        self.zeroer_ended.notify_all();
         for h in hooks {
             h();
         }
@@ -268,6 +271,7 @@ impl Lazy {
             instant_mapped: AtomicU64::new(0),
             instant_zeroed: AtomicU64::new(0),
             zeroer_end: Mutex::new(ZeroerEnd::default()),
+            zeroer_ended: Condvar::new(),
         });
         let s = shared.clone();
         let handler = std::thread::Builder::new()
@@ -371,10 +375,13 @@ impl Lazy {
 
     /// Waits until the background zeroer has gone over every page (tests, benchmark).
     pub fn wait_zeroer_done(&self) {
-        if let Some(h) = &self.zeroer {
-            while !h.is_finished() {
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
+        if self.zeroer.is_none() {
+            return;
+        }
+        let s = &self.shared;
+        let mut e = s.zeroer_end.lock().unwrap_or_else(|p| p.into_inner());
+        while !e.ended {
+            e = s.zeroer_ended.wait(e).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
